@@ -1,0 +1,34 @@
+# so101d: the two commands of the README.
+#   make run   - set up .venv and run the daemon on the virtual bench (emulated arms)
+#   make test  - set up .venv and run the test suite
+# Everything installs into .venv; nothing is installed system-wide.
+
+VENV   := .venv
+STAMP  := $(VENV)/.installed
+# pyenv's 3.12 is on every workstation and CI machine here; `python3` may be another version.
+PYTHON312 := $(shell for p in "$$PYENV_ROOT"/versions/3.12*/bin/python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 /usr/local/bin/python3.12; do [ -x "$$p" ] && { echo "$$p"; break; }; done)
+
+.PHONY: run test setup bench clean
+
+$(STAMP): pyproject.toml
+	@if [ -z "$(PYTHON312)" ]; then \
+	  echo "error: Python 3.12 not found (looked in pyenv's versions and /usr/bin). Install it with 'pyenv install 3.12' and retry." >&2; exit 1; fi
+	@echo "using $(PYTHON312)"
+	@[ -x $(VENV)/bin/python ] || $(PYTHON312) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/so101d demo
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q tests
+
+bench: $(STAMP)
+	for b in bench/bench_*.py; do $(VENV)/bin/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

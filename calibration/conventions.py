@@ -1,0 +1,210 @@
+"""Every unit conversion of the system, in one place.
+
+Three unit systems meet here:
+
+- **ticks**: what the STS3215 reports and accepts (0..4095 per turn, after the servo subtracts
+  its Homing_Offset).
+- **LeRobot units** (LeRobot 0.6.1's SO follower, ``use_degrees=True``, the default since 0.6):
+  the five body joints in degrees, ``(ticks - mid) * 360 / 4095`` with ``mid`` the middle of the
+  calibrated range (no clamp); the gripper in 0..100 of its calibrated range, **0 closed,
+  100 open**. The legacy body mode ``range_m100_100`` (-100..100 of the range, clamped) is
+  supported for old datasets and for LeIsaac's remote-leader stream.
+  These are the units of the daemon's control loop, of every dataset we write, and of the
+  simulation protocol.
+- **LeIsaac simulation radians**: joint positions of the Isaac Lab SO-101 (and of our MuJoCo
+  follower). LeIsaac maps LeRobot's normalised units linearly onto its USD joint-limit table
+  (``LEISAAC_USD_LIMITS_DEG``): -100 -> lower limit, +100 -> upper (gripper 0 -> lower,
+  100 -> upper). We treat the simulated arm as an arm whose calibrated range *is* that table, so
+  a body joint's LeRobot degrees are its sim angle measured from the middle of the table's range
+  and the gripper's 0..100 spans the table's gripper range. Composed with a calibration that
+  spans the table this is exactly LeIsaac's map, and degrees stay degrees.
+
+Rounding: ticks are integers; we round to nearest (LeRobot truncates with ``int()``), which makes
+ticks -> units -> ticks the identity. The difference from LeRobot is under one tick.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from calibration.calibration_file import ArmCalibration
+
+JOINT_NAMES: tuple[str, ...] = (
+    "shoulder_pan",
+    "shoulder_lift",
+    "elbow_flex",
+    "wrist_flex",
+    "wrist_roll",
+    "gripper",
+)
+JOINT_IDS: dict[str, int] = {name: i + 1 for i, name in enumerate(JOINT_NAMES)}
+NUM_JOINTS = len(JOINT_NAMES)
+GRIPPER_INDEX = JOINT_NAMES.index("gripper")
+BODY_INDICES = tuple(i for i in range(NUM_JOINTS) if i != GRIPPER_INDEX)
+# Dataset / LeRobot feature names, in joint order.
+FEATURE_NAMES: tuple[str, ...] = tuple(f"{name}.pos" for name in JOINT_NAMES)
+
+MAX_TICK = 4095  # LeRobot's model_resolution - 1 for the STS3215
+GRIPPER_CLOSED = 0.0
+GRIPPER_OPEN = 100.0
+
+BodyMode = Literal["degrees", "range_m100_100"]
+
+# LeIsaac 0.4 (leisaac.assets.robots.lerobot): SO-101 joint limits written in the USD, degrees.
+LEISAAC_USD_LIMITS_DEG: dict[str, tuple[float, float]] = {
+    "shoulder_pan": (-110.0, 110.0),
+    "shoulder_lift": (-100.0, 100.0),
+    "elbow_flex": (-100.0, 90.0),
+    "wrist_flex": (-95.0, 95.0),
+    "wrist_roll": (-160.0, 160.0),
+    "gripper": (-10.0, 100.0),
+}
+# LeIsaac's "motor limits": the normalised LeRobot ranges its linear map starts from.
+LEISAAC_MOTOR_LIMITS: dict[str, tuple[float, float]] = {
+    **{name: (-100.0, 100.0) for name in JOINT_NAMES if name != "gripper"},
+    "gripper": (0.0, 100.0),
+}
+
+_SIM_LO_DEG = np.array([LEISAAC_USD_LIMITS_DEG[n][0] for n in JOINT_NAMES])
+_SIM_HI_DEG = np.array([LEISAAC_USD_LIMITS_DEG[n][1] for n in JOINT_NAMES])
+_SIM_MID_DEG = (_SIM_LO_DEG + _SIM_HI_DEG) / 2
+_MOTOR_LO = np.array([LEISAAC_MOTOR_LIMITS[n][0] for n in JOINT_NAMES])
+_MOTOR_HI = np.array([LEISAAC_MOTOR_LIMITS[n][1] for n in JOINT_NAMES])
+
+
+def _ranges(cal: "ArmCalibration") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    lo = np.array([cal[n].range_min for n in JOINT_NAMES], dtype=np.float64)
+    hi = np.array([cal[n].range_max for n in JOINT_NAMES], dtype=np.float64)
+    drive = np.array([cal[n].drive_mode for n in JOINT_NAMES], dtype=bool)
+    return lo, hi, drive
+
+
+# ---------------------------------------------------------------------------------------------
+# ticks <-> LeRobot units
+# ---------------------------------------------------------------------------------------------
+def ticks_to_units(ticks: np.ndarray, cal: "ArmCalibration", body_mode: BodyMode = "degrees") -> np.ndarray:
+    """Present_Position ticks (6,) -> LeRobot units (6,), exactly as LeRobot 0.6.1 normalises.
+
+    Body joints: degrees from the middle of the calibrated range (not clamped), or
+    -100..100 of the range (clamped, sign flipped when drive_mode is 1). Gripper: 0..100 of its
+    range, clamped, ``100 - x`` when drive_mode is 1.
+    """
+    t = np.asarray(ticks, dtype=np.float64)
+    lo, hi, drive = _ranges(cal)
+    out = np.empty(NUM_JOINTS, dtype=np.float64)
+    bounded = np.clip(t, lo, hi)
+    for i in BODY_INDICES:
+        if body_mode == "degrees":
+            out[i] = (t[i] - (lo[i] + hi[i]) / 2) * 360.0 / MAX_TICK
+        elif body_mode == "range_m100_100":
+            norm = (bounded[i] - lo[i]) / (hi[i] - lo[i]) * 200.0 - 100.0
+            out[i] = -norm if drive[i] else norm
+        else:
+            raise ValueError(f"unknown body mode {body_mode!r}")
+    g = GRIPPER_INDEX
+    norm = (bounded[g] - lo[g]) / (hi[g] - lo[g]) * 100.0
+    out[g] = 100.0 - norm if drive[g] else norm
+    return out
+
+
+def units_to_ticks(units: np.ndarray, cal: "ArmCalibration", body_mode: BodyMode = "degrees") -> np.ndarray:
+    """LeRobot units (6,) -> Goal_Position ticks (6,), int64, the inverse of ``ticks_to_units``.
+
+    Non-finite input raises ValueError: NaN or inf must never reach a bus.
+    Normalised modes clamp to their range like LeRobot; degrees do not (the safety layer clamps
+    to the calibrated limits before this is called).
+    """
+    u = np.asarray(units, dtype=np.float64)
+    if u.shape != (NUM_JOINTS,):
+        raise ValueError(f"expected {NUM_JOINTS} joint values, got shape {u.shape}")
+    if not np.all(np.isfinite(u)):
+        raise ValueError(f"non-finite joint value(s): {u.tolist()}")
+    lo, hi, drive = _ranges(cal)
+    out = np.empty(NUM_JOINTS, dtype=np.float64)
+    for i in BODY_INDICES:
+        if body_mode == "degrees":
+            out[i] = u[i] * MAX_TICK / 360.0 + (lo[i] + hi[i]) / 2
+        elif body_mode == "range_m100_100":
+            v = -u[i] if drive[i] else u[i]
+            v = min(100.0, max(-100.0, v))
+            out[i] = (v + 100.0) / 200.0 * (hi[i] - lo[i]) + lo[i]
+        else:
+            raise ValueError(f"unknown body mode {body_mode!r}")
+    g = GRIPPER_INDEX
+    v = 100.0 - u[g] if drive[g] else u[g]
+    v = min(100.0, max(0.0, v))
+    out[g] = v / 100.0 * (hi[g] - lo[g]) + lo[g]
+    return np.rint(out).astype(np.int64)
+
+
+def unit_limits(cal: "ArmCalibration", body_mode: BodyMode = "degrees") -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) reachable positions in LeRobot units from an arm's calibrated ranges."""
+    lo, hi, _ = _ranges(cal)
+    a = ticks_to_units(lo, cal, body_mode)
+    b = ticks_to_units(hi, cal, body_mode)
+    return np.minimum(a, b), np.maximum(a, b)
+
+
+def leader_ticks_to_follower_ticks(
+    leader_ticks: np.ndarray, leader_cal: "ArmCalibration", follower_cal: "ArmCalibration"
+) -> np.ndarray:
+    """Map a leader pose onto the follower through both arms' own calibrations.
+
+    Leader ticks -> LeRobot units (leader calibration) -> follower ticks (follower calibration),
+    with the follower's calibrated range as a hard clamp.
+    """
+    units = ticks_to_units(leader_ticks, leader_cal)
+    ticks = units_to_ticks(units, follower_cal)
+    lo, hi, _ = _ranges(follower_cal)
+    return np.clip(ticks, lo, hi).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# LeRobot units <-> LeIsaac simulation radians
+# ---------------------------------------------------------------------------------------------
+def normalized_to_sim_rad(normalized: np.ndarray) -> np.ndarray:
+    """LeIsaac's own map: normalised LeRobot units (body -100..100, gripper 0..100) -> sim radians."""
+    n = np.asarray(normalized, dtype=np.float64)
+    deg = (n - _MOTOR_LO) / (_MOTOR_HI - _MOTOR_LO) * (_SIM_HI_DEG - _SIM_LO_DEG) + _SIM_LO_DEG
+    return np.deg2rad(deg)
+
+
+def sim_rad_to_normalized(rad: np.ndarray) -> np.ndarray:
+    """Inverse of ``normalized_to_sim_rad``."""
+    deg = np.rad2deg(np.asarray(rad, dtype=np.float64))
+    return (deg - _SIM_LO_DEG) / (_SIM_HI_DEG - _SIM_LO_DEG) * (_MOTOR_HI - _MOTOR_LO) + _MOTOR_LO
+
+
+def units_to_sim_rad(units: np.ndarray) -> np.ndarray:
+    """LeRobot units (body degrees, gripper 0..100) -> LeIsaac joint radians.
+
+    Body: the sim angle is the LeRobot angle measured from the middle of LeIsaac's limit range.
+    Gripper: 0 (closed) -> LeIsaac's lower gripper limit, 100 (open) -> its upper limit.
+    """
+    u = np.asarray(units, dtype=np.float64)
+    deg = u + _SIM_MID_DEG
+    g = GRIPPER_INDEX
+    deg[..., g] = u[..., g] / 100.0 * (_SIM_HI_DEG[g] - _SIM_LO_DEG[g]) + _SIM_LO_DEG[g]
+    return np.deg2rad(deg)
+
+
+def sim_rad_to_units(rad: np.ndarray) -> np.ndarray:
+    """LeIsaac joint radians -> LeRobot units (inverse of ``units_to_sim_rad``)."""
+    deg = np.rad2deg(np.asarray(rad, dtype=np.float64))
+    units = deg - _SIM_MID_DEG
+    g = GRIPPER_INDEX
+    units[..., g] = (deg[..., g] - _SIM_LO_DEG[g]) / (_SIM_HI_DEG[g] - _SIM_LO_DEG[g]) * 100.0
+    return units
+
+
+def sim_unit_limits() -> tuple[np.ndarray, np.ndarray]:
+    """Joint limits of the simulated arm in LeRobot units (its 'calibrated range')."""
+    return sim_rad_to_units(np.deg2rad(_SIM_LO_DEG)), sim_rad_to_units(np.deg2rad(_SIM_HI_DEG))
+
+
+def degrees_to_rad(deg: float) -> float:
+    return deg * math.pi / 180.0

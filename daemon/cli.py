@@ -1,0 +1,60 @@
+"""`so101d` console entry point.
+
+Each subcommand lives in its own module, imported only when that subcommand runs (so `--help`
+stays instant and the control loop never imports torch it does not need). A command module
+exposes ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Keep alphabetical within each group.
+COMMANDS: dict[str, tuple[str, str]] = {
+    # the daemon and its control socket
+    "demo": ("daemon.commands.demo", "run the daemon on the virtual bench (emulated leader and follower)"),
+    "run": ("daemon.commands.run", "run the daemon in the foreground (what systemd runs)"),
+    "status": ("daemon.commands.status", "show the running daemon's status"),
+    "teleop": ("daemon.commands.teleop", "start or stop teleoperation (stop = hold)"),
+    "torque": ("daemon.commands.torque", "switch the follower's torque on or off"),
+    # hardware and calibration
+    "calibrate": ("calibration.cli", "calibrate a leader or follower arm"),
+    "emulate": ("drivers.emulator.cli", "serve emulated SO-101 arms on pseudo-terminals"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """Top-level parser; only the chosen subcommand's module is imported to add its options."""
+    chosen = next((tok for tok in argv if tok in COMMANDS), None)
+    parser = argparse.ArgumentParser(
+        prog="so101d",
+        description="Teleoperation, recording and local inference daemon for the SO-101 arm.",
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
+    from daemon.logs import setup_logging
+
+    setup_logging(args.log_level)
+    module = importlib.import_module(args._module)
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

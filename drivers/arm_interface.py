@@ -1,0 +1,107 @@
+"""The small interface between the control loop and an arm.
+
+The loop works in LeRobot 0.6.1 units only (degrees for the five body joints, gripper 0..100 with
+0 closed and 100 open, see ``calibration.conventions``). Serial bytes, ticks and simulator radians
+stay behind these classes, so a real STS3215 follower, the emulated one and a simulated follower
+over ZeroMQ are interchangeable (GELLO's process split, LeRobot's robot/teleoperator split).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+class ArmError(RuntimeError):
+    """Base of every arm failure the loop must handle (it never sees a bare serial exception)."""
+
+
+class PortGoneError(ArmError):
+    """The serial port (or simulator endpoint) disappeared: unplugged, or the process died."""
+
+
+class BusTimeoutError(ArmError):
+    """A transaction got no (or no valid) reply within its retries."""
+
+
+class HandshakeError(ArmError):
+    """Connected, but the servos found do not match what was expected (names the servo and port)."""
+
+
+@dataclass(frozen=True)
+class ServoHealth:
+    """Slow-changing health registers of one servo, read at a lower rate than positions."""
+
+    temperature_c: float
+    voltage_v: float
+    load_pct: float  # Present_Load in percent of max torque, signed
+    current_ma: float
+    status_bits: int  # STS3215 error bits (voltage 1, angle 2, overheat 4, overcurrent 8, overload 32)
+    torque_enabled: bool
+
+
+@dataclass(frozen=True)
+class ArmHealth:
+    """Health of every servo of an arm, keyed by joint name, plus when it was read."""
+
+    servos: dict[str, ServoHealth] = field(default_factory=dict)
+    read_at_s: float = 0.0  # time.monotonic() of the read
+    missing: tuple[str, ...] = ()  # joints that did not answer
+
+    @property
+    def faults(self) -> dict[str, int]:
+        return {name: h.status_bits for name, h in self.servos.items() if h.status_bits}
+
+
+@dataclass
+class BusCounters:
+    """Transaction counters every arm keeps and the daemon reports."""
+
+    transactions: int = 0
+    retries: int = 0
+    failures: int = 0  # transactions that failed after all retries
+    reconnects: int = 0
+
+
+@runtime_checkable
+class LeaderArm(Protocol):
+    """The arm the operator moves by hand (torque off)."""
+
+    def connect(self) -> None: ...
+
+    def read_joints(self) -> np.ndarray:
+        """Joint positions, float64 shape (6,), LeRobot units, in ``JOINT_NAMES`` order.
+
+        Raises ArmError (never returns a stale value silently)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class FollowerArm(Protocol):
+    """The arm that follows: real STS3215 bus, emulated bus, or simulator."""
+
+    kind: str  # "feetech" or "sim"
+
+    def connect(self) -> None: ...
+
+    def read_joints(self) -> np.ndarray:
+        """Measured joint positions, float64 shape (6,), LeRobot units."""
+        ...
+
+    def write_goals(self, goals: np.ndarray) -> None:
+        """Absolute joint targets, shape (6,), LeRobot units. Values must already be safe."""
+        ...
+
+    def set_torque(self, enabled: bool) -> None: ...
+
+    def read_health(self) -> ArmHealth: ...
+
+    def joint_limits(self) -> tuple[np.ndarray, np.ndarray]:
+        """(lower, upper) joint limits in LeRobot units, from the follower's calibration."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""Simulated followers over ZeroMQ: the protocol, the daemon-side client, MuJoCo and LeIsaac servers."""
