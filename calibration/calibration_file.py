@@ -101,21 +101,43 @@ class ArmCalibration:
 
 
 def calibration_root() -> Path:
-    """LeRobot's calibration root: $HF_LEROBOT_CALIBRATION, else ~/.cache/huggingface/lerobot/calibration."""
+    """LeRobot 0.6.1's calibration root, resolved the way LeRobot resolves it.
+
+    ``$HF_LEROBOT_CALIBRATION``, else ``$HF_LEROBOT_HOME/calibration``, else
+    ``<HF_HOME>/lerobot/calibration`` with huggingface_hub's HF_HOME default
+    (``$HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else ``~/.cache/huggingface``).
+    Read from the environment on every call (LeRobot freezes it at import time).
+    """
     env = os.environ.get("HF_LEROBOT_CALIBRATION")
     if env:
         return Path(env).expanduser()
-    hf_home = Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser()
-    return hf_home / "lerobot" / "calibration"
+    lerobot_home = os.environ.get("HF_LEROBOT_HOME")
+    if lerobot_home:
+        return Path(lerobot_home).expanduser() / "calibration"
+    hf_home = os.environ.get("HF_HOME")
+    if not hf_home:
+        xdg = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+        hf_home = str(Path(xdg) / "huggingface")
+    return Path(hf_home).expanduser() / "lerobot" / "calibration"
+
+
+def _check_role_and_id(role: str, arm_id: str) -> None:
+    if role not in _ROLE_DIRS:
+        raise CalibrationError(f"unknown arm role {role!r}: expected 'follower' or 'leader'")
+    # The id becomes a file name: refuse anything that could leave the calibration folder.
+    if not arm_id or arm_id in (".", "..") or "/" in arm_id or "\\" in arm_id or "\0" in arm_id:
+        raise CalibrationError(f"invalid arm id {arm_id!r}: use a plain name such as 'my_follower'")
 
 
 def calibration_path(role: Role, arm_id: str, root: Path | None = None) -> Path:
     """Where LeRobot 0.6.1 keeps (and where we write) this arm's calibration."""
+    _check_role_and_id(role, arm_id)
     return (root or calibration_root()) / _ROLE_DIRS[role][0] / f"{arm_id}.json"
 
 
 def find_calibration(role: Role, arm_id: str, root: Path | None = None) -> Path | None:
     """The existing calibration file for an arm: current folder first, then the legacy one."""
+    _check_role_and_id(role, arm_id)
     base = root or calibration_root()
     for sub in _ROLE_DIRS[role]:
         path = base / sub / f"{arm_id}.json"
@@ -147,19 +169,47 @@ def load_calibration(role: Role, arm_id: str, root: Path | None = None) -> ArmCa
     return load_calibration_file(path)
 
 
-def save_calibration(cal: ArmCalibration, role: Role, arm_id: str, root: Path | None = None) -> Path:
-    """Write atomically (temp file + rename) so a crash never leaves half a calibration."""
-    path = calibration_path(role, arm_id, root)
+def save_calibration_file(cal: ArmCalibration, path: Path, keep_backup: bool = True) -> Path:
+    """Write ``cal`` to ``path`` atomically (temp file, fsync, rename): a crash never leaves half a file.
+
+    With ``keep_backup`` an existing file at ``path`` is first copied to ``<name>.bak`` so that
+    recalibrating never loses the previous calibration.
+    """
+    path = Path(path)
+    # Validate before touching the disk: a file we write must load.
+    ArmCalibration.from_json_dict(cal.to_json_dict(), source=str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{arm_id}.", suffix=".json.tmp")
+    if keep_backup and path.is_file():
+        backup = path.with_name(path.name + ".bak")
+        _atomic_write_text(backup, path.read_text())
+    _atomic_write_text(path, json.dumps(cal.to_json_dict(), indent=4) + "\n")
+    return path
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as fh:
-            json.dump(cal.to_json_dict(), fh, indent=4)
-            fh.write("\n")
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+    # Make the rename itself durable.
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save_calibration(
+    cal: ArmCalibration, role: Role, arm_id: str, root: Path | None = None, keep_backup: bool = True
+) -> Path:
+    """Write an arm's calibration where LeRobot 0.6.1 looks for it (atomic; see save_calibration_file)."""
+    return save_calibration_file(cal, calibration_path(role, arm_id, root), keep_backup=keep_backup)
