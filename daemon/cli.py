@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     # hardware and calibration
     "calibrate": ("calibration.cli", "calibrate a leader or follower arm"),
     "emulate": ("drivers.emulator.cli", "serve emulated SO-101 arms on pseudo-terminals"),
+    "find-ports": ("daemon.commands.find_ports", "identify the leader's and follower's serial ports; write udev rules"),
+    "install-service": ("daemon.commands.install_service", "install the systemd unit, udev rules and configuration"),
 }
 
 
