@@ -1,0 +1,43 @@
+"""`so101d run --config FILE`: the daemon in the foreground until SIGTERM/SIGINT (what systemd runs)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+log = logging.getLogger("so101d.run")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration (default: built-in defaults, leader on /dev/ttyACM0)")
+    parser.add_argument("--socket", metavar="PATH", help="control socket path (overrides [socket] path)")
+    parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (scripted runs)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from daemon.config import ConfigError, load_config  # noqa: PLC0415
+    from daemon.control_socket import SocketInUseError  # noqa: PLC0415
+    from daemon.service import Daemon, StartupError  # noqa: PLC0415
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"so101d: configuration error: {exc}", file=sys.stderr)
+        return 2
+    notifier = None
+    try:
+        from daemon.sd_notify import Notifier  # noqa: PLC0415
+
+        notifier = Notifier.from_env()
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        daemon = Daemon(cfg, notifier=notifier, socket_path=args.socket)
+        return daemon.run_forever(duration_s=args.duration)
+    except (StartupError, SocketInUseError) as exc:
+        print(f"so101d: cannot start: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"so101d: cannot start: {exc}", file=sys.stderr)
+        return 2

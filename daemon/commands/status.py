@@ -1,0 +1,132 @@
+"""`so101d status [--json] [--watch]`: the running daemon's mode, loop timing, bus and servo health.
+
+``--watch`` redraws a compact table in place (rich Live, fixed layout: no flicker) until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from daemon.control_client import ControlClient, DaemonUnavailable, add_socket_arguments, socket_path_from_args
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the raw status JSON")
+    parser.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
+    parser.add_argument("--interval", type=float, default=0.5, metavar="S", help="--watch refresh period (default 0.5 s)")
+    add_socket_arguments(parser)
+
+
+def _fmt(v: Any, spec: str = ".2f", none: str = "-") -> str:
+    if v is None:
+        return none
+    try:
+        return format(v, spec)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def render(st: dict[str, Any]) -> Any:
+    """A rich renderable of a status dict (also used by `so101d demo`)."""
+    from rich.console import Group  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+    from rich.text import Text  # noqa: PLC0415
+
+    mode = st.get("mode", "?")
+    colour = {"teleop": "green", "policy": "green", "aligning": "yellow", "hold": "yellow", "idle": "cyan",
+              "fault": "bold red", "disconnected": "red"}.get(mode, "white")
+    head = Text()
+    head.append("mode ", style="dim")
+    head.append(f"{mode:<12}", style=colour)
+    head.append(f" {st.get('reason', '')}\n")
+    t = st.get("timing_ms", {})
+    period, jitter, cycle = t.get("period", {}), t.get("jitter", {}), t.get("cycle", {})
+    head.append(
+        f"loop {_fmt(st.get('rate_hz'), '.1f')}/{_fmt(st.get('rate_hz_target'), '.0f')} Hz  "
+        f"jitter p50/p99/max {_fmt(jitter.get('p50'), '.3f')}/{_fmt(jitter.get('p99'), '.3f')}/{_fmt(jitter.get('max'), '.3f')} ms  "
+        f"cycle p50/p99 {_fmt(cycle.get('p50'), '.3f')}/{_fmt(cycle.get('p99'), '.3f')} ms  "
+        f"overruns {st.get('overruns', 0)} (skipped {st.get('missed_cycles', 0)})\n"
+    )
+    head.append(
+        f"follower {st.get('follower_kind', '?')}  uptime {_fmt(st.get('uptime_s'), '.0f')} s  cycles {st.get('cycles', 0)}  "
+        f"step-limited {st.get('limited_cycles', 0)}"
+    )
+    if st.get("fault"):
+        head.append(f"\nFAULT: {st['fault']}", style="bold red")
+
+    stages = Table(box=None, pad_edge=False, show_edge=False)
+    stages.add_column("stage ms", style="dim")
+    for col in ("p50", "p99", "max"):
+        stages.add_column(col, justify="right")
+    for name in ("leader_read", "follower_read", "update", "follower_write", "hooks", "cycle"):
+        s = t.get(name, {})
+        stages.add_row(name, _fmt(s.get("p50"), ".3f"), _fmt(s.get("p99"), ".3f"), _fmt(s.get("max"), ".3f"))
+
+    arms = Table(box=None, pad_edge=False, show_edge=False)
+    for col in ("arm", "connected", "port", "transactions", "retries", "failures", "reconnects", "last error"):
+        arms.add_column(col)
+    for name in ("leader", "follower"):
+        a = st.get(name)
+        if not a:
+            continue
+        bus = a.get("bus") or {}
+        arms.add_row(name, "yes" if a.get("connected") else "NO", str(a.get("port") or "-"),
+                     str(bus.get("transactions", "-")), str(bus.get("retries", "-")), str(bus.get("failures", "-")),
+                     str(bus.get("reconnects", a.get("losses", "-"))), (a.get("last_error") or "")[:60])
+
+    joints = Table(box=None, pad_edge=False, show_edge=False)
+    for col in ("joint", "leader", "command", "follower", "temp C", "volt V", "load %", "status"):
+        joints.add_column(col, justify="right" if col != "joint" else "left")
+    j = st.get("joints", {})
+    servos = st.get("servos") or {}
+    names = list((j.get("follower") or j.get("leader") or servos or {}).keys())
+    for n in names:
+        h = servos.get(n, {})
+        joints.add_row(
+            n, _fmt((j.get("leader") or {}).get(n), ".1f"), _fmt((j.get("command") or {}).get(n), ".1f"),
+            _fmt((j.get("follower") or {}).get(n), ".1f"), _fmt(h.get("temperature_c"), ".0f"), _fmt(h.get("voltage_v"), ".1f"),
+            _fmt(h.get("load_pct"), ".0f"), f"0x{h['status']:02x}" if "status" in h else "-",
+        )
+    return Group(head, Text(""), stages, Text(""), arms, Text(""), joints)
+
+
+def run(args: argparse.Namespace) -> int:
+    path = socket_path_from_args(args)
+    try:
+        client = ControlClient(path).connect()
+    except DaemonUnavailable as exc:
+        print(f"so101d: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if not args.watch:
+            reply = client.call("status")
+            if not reply.get("ok"):
+                print(f"so101d: status: {reply.get('error')}", file=sys.stderr)
+                return 1
+            reply.pop("ok", None)
+            if args.json:
+                print(json.dumps(reply, indent=2, sort_keys=True))
+            else:
+                from rich.console import Console  # noqa: PLC0415
+
+                Console().print(render(reply))
+            return 0
+        from rich.live import Live  # noqa: PLC0415
+
+        with Live(refresh_per_second=max(1, int(1 / max(args.interval, 0.05))), screen=False, auto_refresh=False) as live:
+            while True:
+                try:
+                    reply = client.call("status")
+                except DaemonUnavailable as exc:
+                    print(f"so101d: {exc}", file=sys.stderr)
+                    return 2
+                live.update(render(reply), refresh=True)
+                time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        client.close()

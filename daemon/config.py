@@ -1,0 +1,366 @@
+"""The daemon's configuration: one TOML file, one dataclass per section.
+
+Every key has a default here, and ``daemon/configs/so101d.example.toml`` documents each one (a test
+checks the two agree). Adding a key is one dataclass field; the loader validates types from the
+annotations, so a typo ("follower.prot") or a bad value ("control.rate_hz = -5") is an error that
+names the key, never a silently ignored setting: on a robot arm a misspelt safety limit must not
+fall back to a default unnoticed.
+
+Sections: [leader] [follower] [calibration] [control] [safety] [socket] [recording]
+[cameras.<name>] [leisaac_remote_leader] [policy] [service].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from calibration.conventions import JOINT_NAMES
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message starts with the dotted key (or the file)."""
+
+
+def default_socket_path() -> str:
+    """Root (the service) -> /run/so101d/control.sock; a user -> $XDG_RUNTIME_DIR/so101d/control.sock.
+
+    Falls back to /tmp/so101d-<uid>/control.sock when there is no runtime dir (containers, CI).
+    """
+    if os.geteuid() == 0:
+        return "/run/so101d/control.sock"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return os.path.join(runtime, "so101d", "control.sock")
+    return f"/tmp/so101d-{os.geteuid()}/control.sock"
+
+
+# -------------------------------------------------------------------------------------------------
+# sections
+# -------------------------------------------------------------------------------------------------
+@dataclass
+class LeaderConfig:
+    port: str = "/dev/ttyACM0"  # serial port of the leader arm (a udev name like /dev/so101-leader is better)
+    id: str = "leader"  # calibration id: <calibration root>/teleoperators/so_leader/<id>.json
+    baudrate: int = 1_000_000
+
+
+@dataclass
+class FollowerConfig:
+    kind: Literal["feetech", "sim"] = "feetech"  # real/emulated STS3215 bus, or a simulator over ZeroMQ
+    port: str = "/dev/ttyACM1"  # serial port (kind = "feetech")
+    endpoint: str = "tcp://127.0.0.1:5555"  # simulator endpoint (kind = "sim")
+    id: str = "follower"  # calibration id: <calibration root>/robots/so_follower/<id>.json
+    baudrate: int = 1_000_000
+    torque_off_on_shutdown: bool = False  # False: hold the last pose (torque on) when the daemon stops
+    # Gripper protection written to the servo at connect (LeRobot 0.6.1's values; LR#3942).
+    gripper_max_torque_limit: int = 500  # 0..1000 (0.1 % of stall torque)
+    gripper_protection_current: int = 250  # 6.5 mA units
+    gripper_overload_torque: int = 25  # percent
+    stale_timeout_s: float = 0.2  # sim only: state older than this counts as a lost follower
+
+
+@dataclass
+class CalibrationConfig:
+    root: str = ""  # empty: LeRobot's ($HF_LEROBOT_CALIBRATION or ~/.cache/huggingface/lerobot/calibration)
+
+
+@dataclass
+class ControlConfig:
+    rate_hz: float = 100.0  # control loop rate; one leader read + follower write + read is ~1.5 ms at 1 Mbaud
+    start_mode: Literal["idle", "teleop"] = "teleop"  # mode once both arms are connected
+    overlap_io: bool = True  # read the leader on a worker thread while the follower is written/read
+    health_period_s: float = 0.5  # how often follower health registers (temperature, load...) are read
+    reconnect_backoff_min_s: float = 0.2  # retry a lost arm after this, doubling...
+    reconnect_backoff_max_s: float = 2.0  # ...up to this
+
+
+@dataclass
+class SafetyConfig:
+    align_speed_deg_s: float = 30.0  # start-up / after-hold alignment speed (body joints, deg/s)
+    align_gripper_speed_pct_s: float = 50.0  # gripper alignment speed (percent of range per second)
+    align_tolerance_deg: float = 2.0  # aligned when every joint is within this of the target
+    max_step_deg: float = 10.0  # per-cycle step limit while tracking (body joints, degrees)
+    max_step_gripper_pct: float = 20.0  # per-cycle step limit of the gripper (percent of range)
+    leader_stale_s: float = 0.1  # leader unreadable this long -> follower holds its measured pose
+    on_fault: Literal["hold", "torque_off"] = "hold"  # reaction to overload/overheat/voltage/missing servo
+    fault_bits: int = 1 | 4 | 8 | 32  # STS3215 status bits that count as a fault (voltage, overheat, overcurrent, overload)
+    max_temperature_c: float = 70.0  # a servo hotter than this is a fault
+
+
+@dataclass
+class SocketConfig:
+    path: str = ""  # empty: /run/so101d/control.sock as root, else $XDG_RUNTIME_DIR/so101d/control.sock
+    mode: int = 0o660  # file mode of the socket: who may command the arm (owner + group)
+    max_request_bytes: int = 65536  # larger requests get an error reply
+
+    def resolved_path(self) -> str:
+        return self.path or default_socket_path()
+
+
+@dataclass
+class RecordingConfig:
+    enabled: bool = False
+    dataset_root: str = "~/so101d/datasets"  # datasets live under <dataset_root>/<repo_id>
+    repo_id: str = "local/so101d"
+    fps: int = 30
+    task: str = "teleoperation"  # default task string of an episode
+
+
+@dataclass
+class CameraConfig:
+    kind: Literal["opencv", "virtual", "sim"] = "opencv"
+    device: str = "/dev/video0"  # opencv: device path or index
+    width: int = 640
+    height: int = 480
+    fps: int = 30
+
+
+@dataclass
+class LeisaacRemoteLeaderConfig:
+    enabled: bool = False  # publish the leader in LeIsaac's 24-byte remote-leader format
+    bind: str = "tcp://127.0.0.1:5556"
+
+
+@dataclass
+class PolicyConfig:
+    enabled: bool = False
+    path: str = ""  # checkpoint directory (safetensors)
+    device: str = "cpu"
+
+
+@dataclass
+class ServiceConfig:
+    watchdog: bool = True  # pet systemd's watchdog from the loop's own health (when WATCHDOG_USEC is set)
+    lock_memory: bool = False  # mlockall at start (avoids page-fault stalls in the loop)
+
+
+@dataclass
+class Config:
+    leader: LeaderConfig = field(default_factory=LeaderConfig)
+    follower: FollowerConfig = field(default_factory=FollowerConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+    safety: SafetyConfig = field(default_factory=SafetyConfig)
+    socket: SocketConfig = field(default_factory=SocketConfig)
+    recording: RecordingConfig = field(default_factory=RecordingConfig)
+    cameras: dict[str, CameraConfig] = field(default_factory=dict)
+    leisaac_remote_leader: LeisaacRemoteLeaderConfig = field(default_factory=LeisaacRemoteLeaderConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+
+    def calibration_root(self) -> Path | None:
+        return Path(self.calibration.root).expanduser() if self.calibration.root else None
+
+
+# -------------------------------------------------------------------------------------------------
+# semantic checks beyond types: (dotted key, predicate, what it must be)
+# -------------------------------------------------------------------------------------------------
+_POSITIVE = "must be > 0"
+_CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
+    ("leader.baudrate", lambda v: v > 0, _POSITIVE),
+    ("follower.baudrate", lambda v: v > 0, _POSITIVE),
+    ("follower.gripper_max_torque_limit", lambda v: 0 <= v <= 1000, "must be 0..1000"),
+    ("follower.gripper_protection_current", lambda v: 0 <= v <= 2047, "must be 0..2047"),
+    ("follower.gripper_overload_torque", lambda v: 0 <= v <= 100, "must be 0..100"),
+    ("follower.stale_timeout_s", lambda v: v > 0, _POSITIVE),
+    ("control.rate_hz", lambda v: 0 < v <= 1000, "must be in (0, 1000]"),
+    ("control.health_period_s", lambda v: v > 0, _POSITIVE),
+    ("control.reconnect_backoff_min_s", lambda v: v > 0, _POSITIVE),
+    ("control.reconnect_backoff_max_s", lambda v: v > 0, _POSITIVE),
+    ("safety.align_speed_deg_s", lambda v: 0 < v <= 360, "must be in (0, 360]"),
+    ("safety.align_gripper_speed_pct_s", lambda v: 0 < v <= 1000, "must be in (0, 1000]"),
+    ("safety.align_tolerance_deg", lambda v: v > 0, _POSITIVE),
+    ("safety.max_step_deg", lambda v: 0 < v <= 90, "must be in (0, 90]"),
+    ("safety.max_step_gripper_pct", lambda v: 0 < v <= 100, "must be in (0, 100]"),
+    ("safety.leader_stale_s", lambda v: v > 0, _POSITIVE),
+    ("safety.fault_bits", lambda v: 0 <= v <= 255, "must be 0..255"),
+    ("socket.mode", lambda v: 0 <= v <= 0o777, "must be a file mode 0..0o777"),
+    ("socket.max_request_bytes", lambda v: 256 <= v <= 16 * 1024 * 1024, "must be 256..16 MiB"),
+    ("recording.fps", lambda v: 0 < v <= 120, "must be 1..120"),
+]
+_CAMERA_CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
+    ("width", lambda v: 0 < v <= 8192, "must be 1..8192"),
+    ("height", lambda v: 0 < v <= 8192, "must be 1..8192"),
+    ("fps", lambda v: 0 < v <= 240, "must be 1..240"),
+]
+
+
+# -------------------------------------------------------------------------------------------------
+# loading
+# -------------------------------------------------------------------------------------------------
+def _describe(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check ``value`` against annotation ``tp``; ints are accepted where floats are expected."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(repr(c) for c in choices)}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arm in typing.get_args(tp):
+            if arm is type(None):
+                continue
+            try:
+                return _coerce(key, value, arm)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {_describe(value)}")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {_describe(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {_describe(value)}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {_describe(value)}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {_describe(value)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _build(key, value, tp)
+    raise ConfigError(f"{key}: unsupported type {tp!r}")  # a bug in a dataclass, not in the file
+
+
+def _build(prefix: str, data: Any, cls: type) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix}: expected a table ([{prefix}]), got {_describe(data)}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            known = ", ".join(sorted(names))
+            raise ConfigError(f"{prefix}.{key}: unknown key (known keys of [{prefix}]: {known})")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        tp = hints[name]
+        key = f"{prefix}.{name}"
+        if typing.get_origin(tp) is dict:
+            _, val_tp = typing.get_args(tp)
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key}: expected a table of tables ([{key}.<name>])")
+            kwargs[name] = {k: _coerce(f"{key}.{k}", v, val_tp) for k, v in value.items()}
+        else:
+            kwargs[name] = _coerce(key, value, tp)
+    return cls(**kwargs)
+
+
+def validate(cfg: Config) -> Config:
+    """Range checks that types cannot express; raises ConfigError naming the key."""
+    for key, ok, what in _CHECKS:
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if not ok(value):
+            raise ConfigError(f"{key}: {value!r} {what}")
+    for cam_name, cam in cfg.cameras.items():
+        if not cam_name.isidentifier():
+            raise ConfigError(f"cameras.{cam_name}: camera names must be identifiers (letters, digits, _)")
+        for name, ok, what in _CAMERA_CHECKS:
+            value = getattr(cam, name)
+            if not ok(value):
+                raise ConfigError(f"cameras.{cam_name}.{name}: {value!r} {what}")
+    if cfg.control.reconnect_backoff_max_s < cfg.control.reconnect_backoff_min_s:
+        raise ConfigError("control.reconnect_backoff_max_s: must be >= control.reconnect_backoff_min_s")
+    for name in ("leader", "follower"):
+        arm_id = getattr(cfg, name).id
+        if not arm_id or "/" in arm_id:
+            raise ConfigError(f"{name}.id: {arm_id!r} must be a non-empty name without '/'")
+    return cfg
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    return validate(_build_root(data))
+
+
+def _build_root(data: dict[str, Any]) -> Config:
+    hints = typing.get_type_hints(Config)
+    names = {f.name for f in dataclasses.fields(Config)}
+    for key in data:
+        if key not in names:
+            raise ConfigError(f"{key}: unknown section (known sections: {', '.join(sorted(names))})")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        tp = hints[name]
+        if typing.get_origin(tp) is dict:
+            _, val_tp = typing.get_args(tp)
+            if not isinstance(value, dict):
+                raise ConfigError(f"{name}: expected tables [{name}.<name>]")
+            kwargs[name] = {k: _coerce(f"{name}.{k}", v, val_tp) for k, v in value.items()}
+        else:
+            kwargs[name] = _coerce(name, value, tp)
+    return Config(**kwargs)
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Load and validate a TOML file; ``None`` gives the defaults (leader on /dev/ttyACM0)."""
+    if path is None:
+        return validate(Config())
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read configuration: {exc.strerror or exc}") from exc
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from exc
+    try:
+        return config_from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    s = str(v).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{s}"'
+
+
+def dump_toml(cfg: Config) -> str:
+    """Serialise a Config as TOML (used to write the virtual bench's generated configuration)."""
+    lines: list[str] = []
+    for section, value in config_to_dict(cfg).items():
+        if section == "cameras":
+            for cam, cam_values in value.items():
+                lines.append(f"[cameras.{cam}]")
+                lines.extend(f"{k} = {_toml_value(v)}" for k, v in cam_values.items())
+                lines.append("")
+            continue
+        lines.append(f"[{section}]")
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in value.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "CalibrationConfig", "CameraConfig", "Config", "ConfigError", "ControlConfig", "FollowerConfig",
+    "LeaderConfig", "LeisaacRemoteLeaderConfig", "PolicyConfig", "RecordingConfig", "SafetyConfig",
+    "ServiceConfig", "SocketConfig", "config_from_dict", "default_socket_path", "dump_toml",
+    "load_config", "validate", "JOINT_NAMES",
+]

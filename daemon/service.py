@@ -1,0 +1,217 @@
+"""The daemon object: configuration -> arms -> control loop -> control socket (-> recorder, policy,
+notifier), with start/stop. `so101d run` and `so101d demo` use it; tests run it in-process.
+
+Others plug in here:
+- ``make_follower(cfg)``: the follower factory; the sim bridge adds kind "sim".
+- ``daemon.server.register(verb, handler)``: recording and policy add their socket verbs.
+- ``daemon.loop.add_hook(obj)``: recorder (``on_cycle``), remote-leader publisher (``on_leader``).
+- ``daemon.loop.policy_source``: the policy runner's TargetSource for mode ``policy``.
+- ``daemon.on_stop``: callables run on shutdown before the follower is released (episode save).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from calibration.calibration_file import ArmCalibration, CalibrationError, load_calibration
+from daemon.config import Config
+from daemon.control_loop import ControlLoop
+from daemon.control_socket import ControlServer, RequestError
+
+log = logging.getLogger("so101d.daemon")
+
+
+class StartupError(RuntimeError):
+    """The daemon cannot start with this configuration (missing calibration, socket in use...)."""
+
+
+# -------------------------------------------------------------------------------------------------
+# factories
+# -------------------------------------------------------------------------------------------------
+def load_arm_calibration(cfg: Config, role: str) -> ArmCalibration:
+    arm_id = cfg.leader.id if role == "leader" else cfg.follower.id
+    try:
+        return load_calibration(role, arm_id, cfg.calibration_root())  # type: ignore[arg-type]
+    except CalibrationError as exc:
+        raise StartupError(f"{role}: {exc}") from exc
+
+
+def make_leader(cfg: Config) -> Any:
+    """The leader arm (a FeetechLeader on ``leader.port``), not yet connected."""
+    from drivers.feetech_arm import FeetechLeader  # noqa: PLC0415 - only when a real bus is used
+
+    from drivers.feetech_arm import LeaderBusConfig  # noqa: PLC0415
+
+    return FeetechLeader(cfg.leader.port, load_arm_calibration(cfg, "leader"), LeaderBusConfig(baudrate=cfg.leader.baudrate))
+
+
+def follower_bus_config(cfg: Config) -> Any:
+    """The driver's FollowerBusConfig from [follower] (gripper protection limits)."""
+    from drivers.feetech_arm import FollowerBusConfig  # noqa: PLC0415
+
+    wanted = {
+        "baudrate": cfg.follower.baudrate,
+        "gripper_max_torque_limit": cfg.follower.gripper_max_torque_limit,
+        "gripper_protection_current": cfg.follower.gripper_protection_current,
+        "gripper_overload_torque": cfg.follower.gripper_overload_torque,
+    }
+    import dataclasses  # noqa: PLC0415
+
+    fields = {f.name for f in dataclasses.fields(FollowerBusConfig)} if dataclasses.is_dataclass(FollowerBusConfig) else set()
+    return FollowerBusConfig(**{k: v for k, v in wanted.items() if k in fields})
+
+
+def make_follower(cfg: Config) -> Any:
+    """The follower arm for ``follower.kind``, not yet connected."""
+    kind = cfg.follower.kind
+    if kind == "feetech":
+        from drivers.feetech_arm import FeetechFollower  # noqa: PLC0415
+
+        return FeetechFollower(cfg.follower.port, load_arm_calibration(cfg, "follower"), follower_bus_config(cfg))
+    raise StartupError(f"follower.kind: {kind!r} is not available in this build")
+
+
+# -------------------------------------------------------------------------------------------------
+# the daemon
+# -------------------------------------------------------------------------------------------------
+class Daemon:
+    def __init__(self, cfg: Config, leader: Any = None, follower: Any = None, *, notifier: Any = None,
+                 socket_path: str | None = None) -> None:
+        self.cfg = cfg
+        self.leader = leader if leader is not None else make_leader(cfg)
+        self.follower = follower if follower is not None else make_follower(cfg)
+        self.loop = ControlLoop(self.leader, self.follower, cfg)
+        self.socket_path = socket_path or cfg.socket.resolved_path()
+        self.server = ControlServer(self.socket_path, cfg.socket.mode, cfg.socket.max_request_bytes)
+        self.notifier = notifier
+        self.on_stop: list[Callable[[], None]] = []
+        self.status_extras: dict[str, Callable[[], Any]] = {}  # name -> fn() added to `status`
+        self._stop = threading.Event()
+        self._started = False
+        self._ready_sent = False
+        self._register_verbs()
+
+    # ---------------------------------------------------------------- verbs
+    def _register_verbs(self) -> None:
+        reg = self.server.register
+        reg("status", lambda req: self.status())
+        reg("teleop.start", lambda req: self._loop_call(lambda: self.loop.set_intent("teleop"), "teleop: aligning, then following the leader"))
+        reg("teleop.stop", lambda req: self._loop_call(lambda: self.loop.set_intent("hold"), "teleop stopped: holding"))
+        reg("hold", lambda req: self._loop_call(lambda: self.loop.set_intent("hold"), "holding"))
+        reg("idle", lambda req: self._loop_call(lambda: self.loop.set_intent("idle"), "idle"))
+        reg("torque.on", lambda req: self._loop_call(lambda: self.loop.set_torque_wanted(True), "torque on"))
+        reg("torque.off", lambda req: self._loop_call(lambda: self.loop.set_torque_wanted(False), "torque off (idle)"))
+
+    def _loop_call(self, fn: Callable[[], Any], message: str) -> dict[str, Any]:
+        try:
+            self.loop.call(fn, timeout_s=3.0)
+        except (ValueError, RuntimeError) as exc:
+            raise RequestError(str(exc)) from None
+        except TimeoutError:
+            raise RequestError("control loop did not answer within 3 s") from None
+        return {"message": message, "mode": self.loop.state.mode}
+
+    def status(self) -> dict[str, Any]:
+        st = self.loop.status()
+        st["socket"] = self.socket_path
+        st["verbs"] = self.server.verbs()
+        for name, fn in list(self.status_extras.items()):
+            try:
+                st[name] = fn()
+            except Exception as exc:  # noqa: BLE001 - a broken extra must not break status
+                st[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        return st
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        if self.notifier is not None and self.cfg.service.watchdog:
+            try:
+                from daemon.sd_notify import WatchdogGate  # noqa: PLC0415
+
+                gate = WatchdogGate(self.notifier)
+                if gate.enabled:
+                    self.loop.watchdog = gate
+            except ImportError:  # pragma: no cover - the service helper's module
+                pass
+        self.server.start()
+        try:
+            self.loop.start()
+        except Exception:
+            self.server.stop()
+            raise
+        self._started = True
+        log.info("daemon started: leader %s, follower %s (%s), %.0f Hz, socket %s",
+                 getattr(self.leader, "port", "?"), getattr(self.follower, "port", getattr(self.follower, "endpoint", "?")),
+                 self.cfg.follower.kind, self.cfg.control.rate_hz, self.socket_path)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        if self.notifier is not None:
+            self.notifier.stopping()
+        for fn in self.on_stop:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - keep stopping
+                log.exception("shutdown hook failed")
+        self.loop.stop()
+        self.server.stop()
+        log.info("daemon stopped")
+
+    def tick(self) -> None:
+        """Housekeeping from the main thread (READY / STATUS for systemd): cheap, ~5 Hz."""
+        if self.notifier is None:
+            return
+        both = self.loop.follower_link.connected and (self.loop.leader_link is None or self.loop.leader_link.connected)
+        st = self.loop.state
+        if not self._ready_sent and both:
+            self.notifier.ready(f"{st.mode}: arms connected")
+            self._ready_sent = True
+        elif not self._ready_sent:
+            missing = [n for n, link in (("leader", self.loop.leader_link), ("follower", self.loop.follower_link)) if link is not None and not link.connected]
+            self.notifier.status(f"waiting for {' and '.join(missing)}")
+        reporter = getattr(self, "_reporter", None)
+        if reporter is None:
+            try:
+                from daemon.sd_notify import ServiceStatus, StatusReporter  # noqa: PLC0415
+            except ImportError:  # pragma: no cover
+                return
+            self._reporter = reporter = StatusReporter(self.notifier)
+            self._service_status = ServiceStatus
+        period = self.loop.stats.period.summary()
+        hz = 1.0 / period.mean if period.mean else None
+        reporter.update(self._service_status(mode=st.mode, loop_hz=hz, detail=st.reason))
+
+    def run_forever(self, duration_s: float | None = None, on_tick: Callable[[], None] | None = None) -> int:
+        """Start, wait for SIGTERM/SIGINT (or ``duration_s``), stop. Returns the exit code (0)."""
+        old: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                old[sig] = signal.signal(sig, lambda signum, frame: self.request_stop())
+        try:
+            self.start()
+            end = None if duration_s is None else time.monotonic() + duration_s
+            while not self._stop.wait(0.2):
+                if not self.loop.is_running():
+                    log.error("control loop stopped unexpectedly")
+                    return 1
+                self.tick()
+                if on_tick is not None:
+                    on_tick()
+                if end is not None and time.monotonic() >= end:
+                    break
+            return 0
+        finally:
+            self.stop()
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+

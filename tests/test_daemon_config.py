@@ -1,0 +1,81 @@
+"""Configuration: defaults, the documented example, errors that name the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from daemon.config import Config, ConfigError, config_from_dict, dump_toml, load_config
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "daemon" / "configs" / "so101d.example.toml"
+
+
+def test_no_file_gives_defaults_with_leader_on_ttyacm0():
+    cfg = load_config(None)
+    assert cfg.leader.port == "/dev/ttyACM0"
+    assert cfg.control.rate_hz == 100.0
+    assert cfg.follower.kind == "feetech"
+
+
+def test_example_documents_every_key_with_its_default():
+    data = tomllib.loads(EXAMPLE.read_text())
+    assert load_config(EXAMPLE) == Config()
+    for section in dataclasses.fields(Config):
+        if section.name == "cameras":
+            continue
+        keys = {f.name for f in dataclasses.fields(getattr(Config(), section.name))}
+        assert set(data.get(section.name, {})) == keys, f"[{section.name}] in the example differs from the dataclass"
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"follower": {"prot": "/dev/x"}}, "follower.prot"),
+        ({"folower": {}}, "folower"),
+        ({"control": {"rate_hz": -5}}, "control.rate_hz"),
+        ({"control": {"rate_hz": "fast"}}, "control.rate_hz"),
+        ({"control": {"rate_hz": float("nan")}}, "control.rate_hz"),
+        ({"safety": {"on_fault": "explode"}}, "safety.on_fault"),
+        ({"safety": {"max_step_deg": 0}}, "safety.max_step_deg"),
+        ({"follower": {"kind": "ur5"}}, "follower.kind"),
+        ({"follower": {"torque_off_on_shutdown": "yes"}}, "follower.torque_off_on_shutdown"),
+        ({"leader": {"baudrate": 1.5}}, "leader.baudrate"),
+        ({"leader": {"id": ""}}, "leader.id"),
+        ({"cameras": {"front": {"widht": 640}}}, "cameras.front.widht"),
+        ({"cameras": {"front": {"width": 0}}}, "cameras.front.width"),
+        ({"socket": {"mode": 0o7777}}, "socket.mode"),
+        ({"control": 3}, "control"),
+    ],
+)
+def test_bad_keys_and_values_name_the_key(data, key):
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict(data)
+    assert str(ei.value).startswith(key + ":"), str(ei.value)
+
+
+def test_file_errors_name_file_and_key(tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text('[follower]\nprot = "/dev/ttyACM1"\n')
+    with pytest.raises(ConfigError, match=r"bad\.toml: follower\.prot: unknown key"):
+        load_config(p)
+    p.write_text("[follower\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_ints_accepted_for_floats_and_cameras_parsed():
+    cfg = config_from_dict({"control": {"rate_hz": 50}, "cameras": {"front": {"kind": "virtual", "width": 320}}})
+    assert cfg.control.rate_hz == 50.0 and isinstance(cfg.control.rate_hz, float)
+    assert cfg.cameras["front"].kind == "virtual" and cfg.cameras["front"].height == 480
+
+
+def test_dump_round_trips(tmp_path):
+    cfg = config_from_dict({"follower": {"port": "/tmp/x \"y\""}, "cameras": {"wrist": {"kind": "virtual"}}})
+    p = tmp_path / "c.toml"
+    p.write_text(dump_toml(cfg))
+    assert load_config(p) == cfg
