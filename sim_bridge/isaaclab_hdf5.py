@@ -1,0 +1,547 @@
+"""Isaac Lab / LeIsaac HDF5 demos <-> our LeRobot v3.0 dataset (the Mimic bridge).
+
+Isaac Lab Mimic turns ~10 seed demos into hundreds, but speaks robomimic-style HDF5; trainers
+want LeRobot. This module does both directions with h5py alone (no simulator):
+
+- import: ``data/demo_N/{actions, obs/joint_pos, obs/<camera>}`` in LeIsaac joint radians at the
+  sim step rate (60 Hz by default) -> episodes in exactly the schema of the daemon's own
+  recordings (``daemon.dataset_schema``): LeRobot units through ``calibration.conventions``
+  (LeIsaac's limit table), resampled onto the dataset's fps grid so timestamps tell the truth
+  (LeIsaac's own converter writes 60 Hz steps into a dataset that claims 30 fps).
+- export: dataset episodes -> LeIsaac-style HDF5 seed demos for Mimic's annotate step, in sim
+  radians at the sim step rate, with the attributes Isaac Lab's HDF5DatasetFileHandler reads
+  (``data.attrs["env_args"]`` JSON, ``data.attrs["total"]``, per demo ``num_samples``,
+  ``success``, ``seed``).
+
+Import validates every selected demo completely (every key, every chunk of every dataset is
+read, shapes and values checked) *before* the dataset is touched, so a truncated or corrupt file
+is refused with an error that names the file, the demo and the key, and nothing is half-written.
+Both directions stream demo by demo and frame chunk by frame chunk: memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from calibration.conventions import NUM_JOINTS, sim_rad_to_units, units_to_sim_rad
+from daemon.dataset_schema import (
+    ACTION_KEY,
+    DEFAULT_FPS,
+    IMAGE_KEY_PREFIX,
+    ROBOT_TYPE,
+    STATE_KEY,
+    TELEOP_ACTION_KEY,
+    EpisodeTag,
+    append_episode_tag,
+    dataset_features,
+    feature_differences,
+    read_episode_tags,
+)
+
+log = logging.getLogger("so101d.hdf5")
+
+DEFAULT_STEP_HZ = 60.0  # LeIsaac: sim step 1/60 s, decimation 1
+CAMERA_NAMES = ("front", "wrist")
+DEFAULT_CHUNK_FRAMES = 32  # 32 x 640x480x3 = 29 MB per camera per chunk
+_DEMO_RE = re.compile(r"^demo_(\d+)$")
+
+
+class HDF5FormatError(ValueError):
+    """A file that is not a readable LeIsaac / Isaac Lab demo file. Names file, demo and key."""
+
+
+@dataclass(frozen=True)
+class DemoInfo:
+    path: Path
+    name: str  # e.g. "demo_3"
+    num_samples: int
+    success: bool | None
+    step_hz: float
+    cameras: dict[str, tuple[int, int]]  # name -> (height, width)
+    generated: bool
+
+    def where(self, key: str = "") -> str:
+        return f"{self.path}: {self.name}" + (f"/{key}" if key else "")
+
+
+@dataclass
+class ImportSummary:
+    files: list[str] = field(default_factory=list)
+    demos_seen: int = 0
+    demos_imported: int = 0
+    demos_skipped_failed: int = 0
+    demos_skipped_short: int = 0
+    frames_written: int = 0
+    seconds: float = 0.0
+    episode_indices: list[int] = field(default_factory=list)
+
+    @property
+    def frames_per_s(self) -> float:
+        return self.frames_written / self.seconds if self.seconds > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and validating
+# ---------------------------------------------------------------------------------------------
+def _demo_sort_key(name: str) -> tuple[int, str]:
+    m = _DEMO_RE.match(name)
+    return (int(m.group(1)) if m else 1 << 30, name)
+
+
+def _attr_float(attrs: h5py.AttributeManager, *names: str) -> float | None:
+    for n in names:
+        if n in attrs:
+            try:
+                return float(np.asarray(attrs[n]).item())
+            except (TypeError, ValueError):
+                continue
+    return None
+
+
+def _file_step_hz(f: h5py.File, default: float) -> float:
+    """Sim step rate from the file's attributes where present, else ``default``."""
+    data = f["data"]
+    hz = _attr_float(data.attrs, "step_hz", "fps", "control_hz")
+    if hz:
+        return hz
+    dt = _attr_float(data.attrs, "step_dt", "dt")
+    if dt:
+        return 1.0 / dt
+    if "env_args" in data.attrs:
+        try:
+            env_args = json.loads(data.attrs["env_args"])
+        except (TypeError, ValueError):
+            env_args = {}
+        if isinstance(env_args, dict):
+            for k in ("step_hz", "fps"):
+                if isinstance(env_args.get(k), (int, float)) and env_args[k] > 0:
+                    return float(env_args[k])
+            sim_dt, decimation = env_args.get("sim_dt"), env_args.get("decimation", 1)
+            if isinstance(sim_dt, (int, float)) and sim_dt > 0 and isinstance(decimation, (int, float)):
+                return 1.0 / (sim_dt * decimation)
+    return default
+
+
+def scan_file(path: Path, step_hz: float | None = None, generated: bool | None = None) -> list[DemoInfo]:
+    """List the demos of one file (structure and attributes only; no bulk reads).
+
+    ``generated``: None = auto (a file written by Mimic's generation step is usually named
+    ``generated_*.hdf5``; the demos then carry no human origin), else forced.
+    """
+    path = Path(path)
+    try:
+        f = h5py.File(path, "r")
+    except (OSError, ValueError) as exc:
+        raise HDF5FormatError(f"{path}: not a readable HDF5 file ({exc})") from exc
+    with f:
+        if "data" not in f or not isinstance(f["data"], h5py.Group):
+            raise HDF5FormatError(f"{path}: no 'data' group (not an Isaac Lab / LeIsaac demo file)")
+        hz = step_hz or _file_step_hz(f, DEFAULT_STEP_HZ)
+        is_generated = generated if generated is not None else ("generated" in path.name.lower())
+        demos: list[DemoInfo] = []
+        for name in sorted(f["data"].keys(), key=_demo_sort_key):
+            g = f["data"][name]
+            if not isinstance(g, h5py.Group):
+                continue
+            info_where = f"{path}: {name}"
+            for key in ("actions", "obs/joint_pos"):
+                if key not in g:
+                    raise HDF5FormatError(f"{info_where}: missing key '{key}'")
+            n = int(g["actions"].shape[0]) if g["actions"].ndim >= 1 else 0
+            if "num_samples" in g.attrs:
+                declared = int(np.asarray(g.attrs["num_samples"]).item())
+                if declared != n:
+                    raise HDF5FormatError(
+                        f"{info_where}: attribute num_samples={declared} but 'actions' has {n} rows (truncated file?)"
+                    )
+            success: bool | None = None
+            if "success" in g.attrs:
+                success = bool(np.asarray(g.attrs["success"]).item())
+            cameras: dict[str, tuple[int, int]] = {}
+            obs = g["obs"]
+            for cam in CAMERA_NAMES:
+                if cam in obs:
+                    ds = obs[cam]
+                    if ds.ndim != 4 or ds.shape[-1] != 3:
+                        raise HDF5FormatError(f"{info_where}: key 'obs/{cam}' has shape {ds.shape}, expected (N, H, W, 3)")
+                    cameras[cam] = (int(ds.shape[1]), int(ds.shape[2]))
+            demos.append(DemoInfo(path, name, n, success, hz, cameras, is_generated))
+        return demos
+
+
+def _check_rows(info: DemoInfo, key: str, ds: h5py.Dataset, n: int, row_shape: tuple[int, ...]) -> None:
+    if ds.shape[0] != n:
+        raise HDF5FormatError(f"{info.where(key)}: {ds.shape[0]} rows, expected {n} (like 'actions')")
+    if tuple(ds.shape[1:]) != row_shape:
+        what = "joint count" if len(row_shape) == 1 else "shape"
+        raise HDF5FormatError(f"{info.where(key)}: {what} {tuple(ds.shape[1:])}, expected {row_shape}")
+
+
+def validate_demo(f: h5py.File, info: DemoInfo, chunk_frames: int = DEFAULT_CHUNK_FRAMES) -> None:
+    """Read every chunk of every dataset the import needs; raise HDF5FormatError on any problem."""
+    g = f["data"][info.name]
+    n = info.num_samples
+    keys: list[tuple[str, tuple[int, ...]]] = [("actions", (NUM_JOINTS,)), ("obs/joint_pos", (NUM_JOINTS,))]
+    keys += [(f"obs/{cam}", (h, w, 3)) for cam, (h, w) in info.cameras.items()]
+    for key, row_shape in keys:
+        ds = g[key]
+        _check_rows(info, key, ds, n, row_shape)
+        step = chunk_frames if len(row_shape) > 1 else max(chunk_frames, 4096)
+        for start in range(0, n, step):
+            try:
+                block = ds[start : start + step]
+            except (OSError, ValueError, KeyError) as exc:
+                raise HDF5FormatError(f"{info.where(key)}: unreadable rows {start}..{start + step} ({exc})") from exc
+            if len(row_shape) == 1:
+                if not np.all(np.isfinite(block)):
+                    bad = int(np.argwhere(~np.isfinite(block))[0][0]) + start
+                    raise HDF5FormatError(f"{info.where(key)}: non-finite value at row {bad}")
+            elif block.dtype != np.uint8:
+                raise HDF5FormatError(f"{info.where(key)}: dtype {block.dtype}, expected uint8 RGB")
+
+
+def resample_indices(num_samples: int, step_hz: float, fps: float, skip_frames: int = 0) -> np.ndarray:
+    """Source row for each output frame on the fps grid (nearest sample, never past the end).
+
+    Output frame k sits at k / fps seconds after the first kept sample; a 60 Hz demo of 2 s
+    becomes 60 frames at 30 fps whose timestamps are exactly the sim time of their samples.
+    """
+    usable = num_samples - skip_frames
+    if usable <= 0:
+        return np.zeros(0, dtype=np.int64)
+    duration_s = (usable - 1) / step_hz
+    n_out = int(np.floor(duration_s * fps + 1e-9)) + 1
+    src = np.rint(np.arange(n_out) * step_hz / fps).astype(np.int64)
+    return np.minimum(src, usable - 1) + skip_frames
+
+
+# ---------------------------------------------------------------------------------------------
+# The dataset side
+# ---------------------------------------------------------------------------------------------
+def _offline() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def repo_id_for(root: Path) -> str:
+    return f"local/{Path(root).name}"
+
+
+def open_dataset_for_append(root: Path, cameras: dict[str, tuple[int, int]], fps: int, repo_id: str | None = None):
+    """Resume the dataset at ``root`` (refusing a schema mismatch) or create it."""
+    _offline()
+    from lerobot.configs.video import RGBEncoderConfig
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    root = Path(root)
+    features = dataset_features(cameras)
+    # h264 through PyAV's bundled encoder: AV1 (LeRobot's default) is far too slow on 2 cores.
+    encoder = RGBEncoderConfig(vcodec="h264", crf=23, g=2, preset="veryfast") if cameras else None
+    if (root / "meta" / "info.json").exists():
+        info = json.loads((root / "meta" / "info.json").read_text())
+        diffs = feature_differences(features, info.get("features", {}))
+        if diffs:
+            raise HDF5FormatError(f"dataset {root} does not match the demos' schema:\n  " + "\n  ".join(diffs))
+        if int(info.get("fps", fps)) != fps:
+            log.info("dataset %s is %s fps; resampling to that", root, info["fps"])
+        return LeRobotDataset.resume(repo_id or repo_id_for(root), root=root, rgb_encoder=encoder)
+    return LeRobotDataset.create(
+        repo_id or repo_id_for(root),
+        fps=fps,
+        features=features,
+        root=root,
+        robot_type=ROBOT_TYPE,
+        use_videos=True,
+        rgb_encoder=encoder,
+    )
+
+
+def dataset_fps(root: Path, default: int = DEFAULT_FPS) -> int:
+    info_path = Path(root) / "meta" / "info.json"
+    if info_path.exists():
+        return int(json.loads(info_path.read_text()).get("fps", default))
+    return default
+
+
+# ---------------------------------------------------------------------------------------------
+# Import
+# ---------------------------------------------------------------------------------------------
+def select_demos(
+    demos: Sequence[DemoInfo], successful_only: bool, skip_frames: int, max_episodes: int | None
+) -> tuple[list[DemoInfo], int, int]:
+    chosen: list[DemoInfo] = []
+    failed = short = 0
+    for d in demos:
+        if successful_only and d.success is False:
+            failed += 1
+            continue
+        if d.num_samples - skip_frames < 2:
+            short += 1
+            continue
+        if max_episodes is not None and len(chosen) >= max_episodes:
+            break
+        chosen.append(d)
+    return chosen, failed, short
+
+
+def _frames_of(
+    f: h5py.File, info: DemoInfo, rows: np.ndarray, chunk_frames: int
+) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+    """Yield (state_units, action_units, {camera: rgb}) for each output row, reading in chunks."""
+    g = f["data"][info.name]
+    for start in range(0, len(rows), chunk_frames):
+        sel = rows[start : start + chunk_frames]
+        lo, hi = int(sel[0]), int(sel[-1]) + 1  # a contiguous slab: h5py reads it in one go
+        joint = g["obs/joint_pos"][lo:hi][sel - lo]
+        act = g["actions"][lo:hi][sel - lo]
+        images = {cam: g[f"obs/{cam}"][lo:hi][sel - lo] for cam in info.cameras}
+        state_units = sim_rad_to_units(joint.astype(np.float64)).astype(np.float32)
+        action_units = sim_rad_to_units(act.astype(np.float64)).astype(np.float32)
+        for i in range(len(sel)):
+            yield state_units[i], action_units[i], {cam: images[cam][i] for cam in info.cameras}
+
+
+def import_hdf5(
+    files: Sequence[Path],
+    dataset_root: Path,
+    task: str = "",
+    successful_only: bool = True,
+    skip_frames: int = 0,
+    max_episodes: int | None = None,
+    step_hz: float | None = None,
+    fps: int | None = None,
+    generated: bool | None = None,
+    chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+    progress: Callable[[str], None] | None = None,
+) -> ImportSummary:
+    """Append the selected demos of ``files`` to the dataset at ``dataset_root``.
+
+    Everything is validated before the dataset is opened; on any format error nothing is written.
+    """
+    say = progress or (lambda msg: log.info("%s", msg))
+    summary = ImportSummary(files=[str(p) for p in files])
+    plan: list[DemoInfo] = []
+    remaining = max_episodes
+    for path in files:
+        demos = scan_file(Path(path), step_hz=step_hz, generated=generated)
+        summary.demos_seen += len(demos)
+        chosen, failed, short = select_demos(demos, successful_only, skip_frames, remaining)
+        summary.demos_skipped_failed += failed
+        summary.demos_skipped_short += short
+        plan += chosen
+        if remaining is not None:
+            remaining -= len(chosen)
+            if remaining <= 0:
+                break
+    if not plan:
+        say("nothing to import (no demo selected)")
+        return summary
+    cameras = plan[0].cameras
+    for d in plan:
+        if d.cameras != cameras:
+            raise HDF5FormatError(f"{d.where()}: cameras {d.cameras} differ from {plan[0].where()}'s {cameras}")
+    # Pass 1: validate every byte we will read.
+    for d in plan:
+        with h5py.File(d.path, "r") as f:
+            validate_demo(f, d, chunk_frames)
+    target_fps = fps or dataset_fps(dataset_root)
+    # Pass 2: write.
+    t0 = time.monotonic()
+    ds = open_dataset_for_append(dataset_root, cameras, target_fps)
+    try:
+        next_index = ds.meta.total_episodes
+        for d in plan:
+            rows = resample_indices(d.num_samples, d.step_hz, target_fps, skip_frames)
+            label = task or f"imported from {d.path.name}"
+            with h5py.File(d.path, "r") as f:
+                for state, action, images in _frames_of(f, d, rows, chunk_frames):
+                    frame = {STATE_KEY: state, ACTION_KEY: action, TELEOP_ACTION_KEY: action, "task": label}
+                    for cam, img in images.items():
+                        frame[IMAGE_KEY_PREFIX + cam] = img
+                    ds.add_frame(frame)
+            ds.save_episode()
+            append_episode_tag(
+                dataset_root,
+                EpisodeTag(
+                    episode_index=next_index,
+                    success=d.success,
+                    origin="import",
+                    follower_kind="sim-leisaac",
+                    source={"file": str(d.path), "demo": d.name, "generated": d.generated, "step_hz": d.step_hz},
+                    frames=len(rows),
+                ),
+            )
+            summary.episode_indices.append(next_index)
+            next_index += 1
+            summary.demos_imported += 1
+            summary.frames_written += len(rows)
+            say(f"imported {d.where()} -> episode {next_index - 1} ({len(rows)} frames at {target_fps} fps)")
+    finally:
+        ds.finalize()
+    summary.seconds = time.monotonic() - t0
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------
+# Export
+# ---------------------------------------------------------------------------------------------
+def parse_episode_selection(sel: str, total: int) -> list[int]:
+    """'all', '3', '0-4', '1,3,7-9' -> sorted episode indices (each checked against ``total``)."""
+    if sel.strip().lower() == "all":
+        return list(range(total))
+    out: set[int] = set()
+    for part in sel.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", part)
+        try:
+            idx = range(int(m.group(1)), int(m.group(2)) + 1) if m else [int(part)]
+        except ValueError as exc:
+            raise ValueError(f"bad episode selection {part!r} (use e.g. 'all', '3', '0-4', '1,3,7-9')") from exc
+        for i in idx:
+            if not 0 <= i < total:
+                raise ValueError(f"episode {i} does not exist (dataset has {total})")
+            out.add(i)
+    if not out:
+        raise ValueError("empty episode selection")
+    return sorted(out)
+
+
+def upsample_rows(n_frames: int, fps: float, step_hz: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each sim step of the exported demo: (frame below, frame above, blend weight)."""
+    duration_s = (n_frames - 1) / fps
+    n_steps = int(np.floor(duration_s * step_hz + 1e-9)) + 1
+    pos = np.arange(n_steps) * fps / step_hz
+    lo = np.minimum(np.floor(pos).astype(np.int64), n_frames - 1)
+    hi = np.minimum(lo + 1, n_frames - 1)
+    return lo, hi, (pos - lo).astype(np.float64)
+
+
+def export_hdf5(
+    dataset_root: Path,
+    episodes: str,
+    out: Path,
+    env_name: str = "LeIsaac-SO101-PickOrange-v0",
+    step_hz: float = DEFAULT_STEP_HZ,
+    progress: Callable[[str], None] | None = None,
+) -> int:
+    """Write dataset episodes as LeIsaac-style seed demos (sim radians at the sim step rate).
+
+    Joint values are linearly interpolated between frames; images repeat the nearest earlier
+    frame. Returns the number of demos written. The file is written to a temp name and renamed,
+    so a crash never leaves a half file at ``out``.
+    """
+    _offline()
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    say = progress or (lambda msg: log.info("%s", msg))
+    root = Path(dataset_root)
+    ds = LeRobotDataset(repo_id_for(root), root=root, video_backend="pyav")
+    tags = read_episode_tags(root)
+    indices = parse_episode_selection(episodes, ds.meta.total_episodes)
+    cams = [k[len(IMAGE_KEY_PREFIX):] for k in ds.meta.video_keys]
+    fps = float(ds.meta.fps)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.partial")
+    total_steps = 0
+    with h5py.File(tmp, "w") as f:
+        data = f.create_group("data")
+        data.attrs["env_args"] = json.dumps({"env_name": env_name, "type": 2, "step_hz": step_hz})
+        data.attrs["step_hz"] = step_hz
+        for demo_i, ep in enumerate(indices):
+            meta = ds.meta.episodes[ep]
+            start, stop = int(meta["dataset_from_index"]), int(meta["dataset_to_index"])
+            n = stop - start
+            state = np.empty((n, NUM_JOINTS), np.float64)
+            action = np.empty((n, NUM_JOINTS), np.float64)
+            images: dict[str, np.ndarray] = {}
+            for j in range(n):
+                item = ds[start + j]
+                state[j] = item[STATE_KEY].numpy()
+                action[j] = item[ACTION_KEY].numpy()
+                for cam in cams:
+                    img = item[IMAGE_KEY_PREFIX + cam]  # (3, H, W) float in 0..1
+                    rgb = (img.permute(1, 2, 0).numpy() * 255.0 + 0.5).clip(0, 255).astype(np.uint8)
+                    if j == 0:
+                        images[cam] = np.empty((n, *rgb.shape), np.uint8)
+                    images[cam][j] = rgb
+            lo, hi, w = upsample_rows(n, fps, step_hz)
+            blend = lambda a: (a[lo] * (1 - w)[:, None] + a[hi] * w[:, None])  # noqa: E731
+            joint_rad = units_to_sim_rad(blend(state)).astype(np.float32)
+            action_rad = units_to_sim_rad(blend(action)).astype(np.float32)
+            joint_vel = np.gradient(joint_rad, 1.0 / step_hz, axis=0).astype(np.float32) if len(lo) > 1 else np.zeros_like(joint_rad)
+            g = data.create_group(f"demo_{demo_i}")
+            g.attrs["num_samples"] = len(lo)
+            g.attrs["seed"] = 0
+            tag = tags.get(ep)
+            g.attrs["success"] = bool(tag.success) if tag and tag.success is not None else True
+            g.attrs["so101d_episode_index"] = ep
+            g.create_dataset("actions", data=action_rad, compression="gzip")
+            obs = g.create_group("obs")
+            obs.create_dataset("joint_pos", data=joint_rad, compression="gzip")
+            obs.create_dataset("joint_vel", data=joint_vel, compression="gzip")
+            obs.create_dataset("actions", data=action_rad, compression="gzip")
+            for cam, arr in images.items():
+                obs.create_dataset(cam, data=arr[lo], compression="lzf", chunks=(1, *arr.shape[1:]))
+            robot_state = g.create_group("states/articulation/robot")
+            robot_state.create_dataset("joint_position", data=joint_rad)
+            robot_state.create_dataset("joint_velocity", data=joint_vel)
+            init = g.create_group("initial_state/articulation/robot")
+            init.create_dataset("joint_position", data=joint_rad[:1])
+            init.create_dataset("joint_velocity", data=np.zeros_like(joint_rad[:1]))
+            total_steps += len(lo)
+            say(f"episode {ep} -> demo_{demo_i} ({n} frames at {fps:g} fps -> {len(lo)} steps at {step_hz:g} Hz)")
+        data.attrs["total"] = total_steps
+    os.replace(tmp, out)
+    return len(indices)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dataset summary
+# ---------------------------------------------------------------------------------------------
+def dataset_summary(root: Path) -> dict:
+    """Counts of real / sim / generated episodes (from our tags) plus LeRobot's own totals."""
+    root = Path(root)
+    info_path = root / "meta" / "info.json"
+    if not info_path.exists():
+        raise FileNotFoundError(f"{root}: no LeRobot dataset here (meta/info.json missing)")
+    info = json.loads(info_path.read_text())
+    tags = read_episode_tags(root)
+    counts = {"real": 0, "sim": 0, "generated": 0, "untagged": 0}
+    by_origin: dict[str, int] = {}
+    success = {"success": 0, "failure": 0, "unknown": 0}
+    for i in range(int(info.get("total_episodes", 0))):
+        tag = tags.get(i)
+        if tag is None:
+            counts["untagged"] += 1
+            continue
+        by_origin[tag.origin] = by_origin.get(tag.origin, 0) + 1
+        if tag.source.get("generated"):
+            counts["generated"] += 1
+        elif tag.follower_kind.startswith("sim"):
+            counts["sim"] += 1
+        else:
+            counts["real"] += 1
+        success["unknown" if tag.success is None else ("success" if tag.success else "failure")] += 1
+    return {
+        "root": str(root),
+        "fps": info.get("fps"),
+        "robot_type": info.get("robot_type"),
+        "total_episodes": info.get("total_episodes"),
+        "total_frames": info.get("total_frames"),
+        "features": sorted(info.get("features", {})),
+        "episodes_by_kind": counts,
+        "episodes_by_origin": by_origin,
+        "episodes_by_outcome": success,
+    }

@@ -1,0 +1,258 @@
+"""The Isaac Lab Mimic bridge, as a user runs it.
+
+Build demo files in LeIsaac's layout (data/demo_N/{actions, obs/joint_pos, obs/front, obs/wrist},
+attributes success and num_samples; LZF or gzip), import them, load the dataset with LeRobot,
+check values against the source, the time base (60 Hz -> 30 fps), round-trip export -> import,
+and refuse corrupt files without touching the dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from calibration.conventions import sim_rad_to_units, units_to_sim_rad
+from daemon.cli import main as so101d
+from daemon.dataset_schema import read_episode_tags
+from sim_bridge.isaaclab_hdf5 import (
+    HDF5FormatError,
+    dataset_summary,
+    export_hdf5,
+    import_hdf5,
+    parse_episode_selection,
+    resample_indices,
+)
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+H, W = 32, 48
+
+
+def demo_units(n: int, phase: float) -> np.ndarray:
+    """A smooth joint trajectory in LeRobot units (body degrees, gripper 0..100)."""
+    t = np.arange(n) / 60.0
+    return np.stack(
+        [30 * np.sin(t + phase), 20 * np.cos(t), 10 * t - 20, -5 * t, 40 * np.sin(2 * t), 50 + 40 * np.sin(3 * t)], 1
+    )
+
+
+def write_leisaac_file(
+    path: Path,
+    lengths: tuple[int, ...] = (61, 61, 61),
+    failed: tuple[int, ...] = (1,),
+    compression: str | None = "lzf",
+    cameras: tuple[str, ...] = ("front", "wrist"),
+) -> dict[str, np.ndarray]:
+    """Write a LeIsaac-layout file; returns the joint radians per demo name."""
+    truth: dict[str, np.ndarray] = {}
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        data.attrs["env_args"] = json.dumps({"env_name": "LeIsaac-SO101-PickOrange-v0", "type": 2})
+        for i, n in enumerate(lengths):
+            g = data.create_group(f"demo_{i}")
+            rad = units_to_sim_rad(demo_units(n, phase=i)).astype(np.float32)
+            truth[f"demo_{i}"] = rad
+            g.create_dataset("actions", data=rad, compression=compression)
+            obs = g.create_group("obs")
+            obs.create_dataset("joint_pos", data=rad, compression=compression)
+            obs.create_dataset("joint_vel", data=np.zeros_like(rad), compression=compression)
+            for c, cam in enumerate(cameras):
+                img = np.zeros((n, H, W, 3), np.uint8)
+                img[..., c] = (np.arange(n) * 3 % 200 + 20)[:, None, None]  # brightness encodes the step
+                obs.create_dataset(cam, data=img, compression=compression)
+            g.attrs["num_samples"] = n
+            g.attrs["success"] = i not in failed
+            g.attrs["seed"] = 7
+    return truth
+
+
+def tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    if not root.exists():
+        return "absent"
+    for p in sorted(root.rglob("*")):
+        h.update(str(p.relative_to(root)).encode())
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def load(root: Path):
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    return LeRobotDataset(f"local/{root.name}", root=root, video_backend="pyav")
+
+
+def test_resample_grid_is_exact_for_60hz_to_30fps() -> None:
+    assert resample_indices(61, 60, 30).tolist() == list(range(0, 61, 2))
+    assert resample_indices(60, 60, 30).tolist() == list(range(0, 60, 2))  # odd duration: no frame past the end
+    assert resample_indices(65, 60, 30, skip_frames=5).tolist() == list(range(5, 65, 2))
+    assert resample_indices(3, 60, 30, skip_frames=5).size == 0
+    assert resample_indices(11, 50, 30).tolist() == [0, 2, 3, 5, 7, 8, 10]  # nearest sample, non-integer ratio
+
+
+def test_import_successful_demos_at_30fps_with_lerobot_loading(tmp_path: Path) -> None:
+    src = tmp_path / "leisaac.hdf5"
+    truth = write_leisaac_file(src)
+    root = tmp_path / "ds"
+    summary = import_hdf5([src], root, task="pick the orange")
+    assert summary.demos_seen == 3 and summary.demos_imported == 2 and summary.demos_skipped_failed == 1
+    assert summary.frames_written == 2 * 31
+
+    ds = load(root)
+    assert ds.meta.fps == 30 and ds.meta.total_episodes == 2 and len(ds) == 62
+    assert set(ds.meta.video_keys) == {"observation.images.front", "observation.images.wrist"}
+    assert ds.meta.features["observation.state"]["names"][0] == "shoulder_pan.pos"
+    # episode 1 is demo_2 (demo_1 failed): frame k is sim step 2k, timestamps k/30 s.
+    ep = ds.meta.episodes[1]
+    start = int(ep["dataset_from_index"])
+    for k in (0, 7, 30):
+        item = ds[start + k]
+        assert float(item["timestamp"]) == pytest.approx(k / 30, abs=1e-6)
+        expect = sim_rad_to_units(truth["demo_2"][2 * k].astype(np.float64))
+        np.testing.assert_allclose(item["observation.state"].numpy(), expect, atol=1e-3)
+        np.testing.assert_allclose(item["action"].numpy(), expect, atol=1e-3)
+        np.testing.assert_allclose(item["teleop.action"].numpy(), expect, atol=1e-3)
+        img = item["observation.images.front"]
+        assert tuple(img.shape) == (3, H, W)
+        # brightness of the red channel carries the source step (lossy video: loose tolerance)
+        assert float(img[0].mean()) * 255 == pytest.approx((2 * k) * 3 % 200 + 20, abs=8)
+    tags = read_episode_tags(root)
+    assert tags[1].source["demo"] == "demo_2" and tags[1].origin == "import" and tags[1].success is True
+
+
+def test_all_flag_keeps_failed_demos_tagged_and_max_episodes_caps(tmp_path: Path) -> None:
+    src = tmp_path / "generated_dataset.hdf5"
+    write_leisaac_file(src, lengths=(21, 21, 21, 21), failed=(0, 2))
+    root = tmp_path / "ds"
+    s = import_hdf5([src], root, successful_only=False, max_episodes=3)
+    assert s.demos_imported == 3
+    tags = read_episode_tags(root)
+    assert [tags[i].success for i in range(3)] == [False, True, False]
+    info = dataset_summary(root)
+    assert info["episodes_by_kind"]["generated"] == 3  # guessed from the Mimic output file name
+    assert info["episodes_by_outcome"] == {"success": 1, "failure": 2, "unknown": 0}
+
+
+def test_skip_frames_gzip_and_odd_lengths(tmp_path: Path) -> None:
+    src = tmp_path / "gz.hdf5"
+    truth = write_leisaac_file(src, lengths=(66, 40), failed=(), compression="gzip", cameras=("front",))
+    root = tmp_path / "ds"
+    s = import_hdf5([src], root, skip_frames=5, step_hz=60)
+    assert s.demos_imported == 2
+    ds = load(root)
+    lengths = [int(e["length"]) for e in ds.meta.episodes]
+    assert lengths == [31, 18]  # 61 usable steps -> 31 frames; 35 usable -> floor(34/2)+1 = 18
+    first = ds[0]["observation.state"].numpy()
+    np.testing.assert_allclose(first, sim_rad_to_units(truth["demo_0"][5].astype(np.float64)), atol=1e-3)
+
+
+def test_appends_to_an_existing_dataset_and_refuses_a_schema_mismatch(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.hdf5", tmp_path / "b.hdf5"
+    write_leisaac_file(a, lengths=(21,), failed=())
+    write_leisaac_file(b, lengths=(21,), failed=(), cameras=("front",))
+    root = tmp_path / "ds"
+    import_hdf5([a], root)
+    import_hdf5([a], root)
+    assert load(root).meta.total_episodes == 2
+    before = tree_digest(root)
+    with pytest.raises(HDF5FormatError, match="feature 'observation.images.wrist'"):
+        import_hdf5([b], root)
+    assert tree_digest(root) == before
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("drop_joint_pos", r"demo_1: missing key 'obs/joint_pos'"),
+        ("five_joints", r"demo_1/actions: joint count \(5,\), expected \(6,\)"),
+        ("short_rows", r"demo_1/obs/joint_pos: 20 rows, expected 21"),
+        ("nan", r"demo_1/obs/joint_pos: non-finite value at row 3"),
+        ("num_samples", r"demo_1: attribute num_samples=99 but 'actions' has 21 rows"),
+        ("truncate", r"a.hdf5"),
+    ],
+)
+def test_corrupt_files_are_refused_and_the_dataset_is_untouched(tmp_path: Path, damage: str, message: str) -> None:
+    good = tmp_path / "good.hdf5"
+    write_leisaac_file(good, lengths=(21,), failed=())
+    root = tmp_path / "ds"
+    import_hdf5([good], root)
+    before = tree_digest(root)
+
+    bad = tmp_path / "a.hdf5"
+    write_leisaac_file(bad, lengths=(21, 21), failed=(), compression=None)
+    if damage == "truncate":
+        size = bad.stat().st_size
+        with open(bad, "r+b") as fh:
+            fh.truncate(size // 2)
+    else:
+        with h5py.File(bad, "r+") as f:
+            g = f["data/demo_1"]
+            if damage == "drop_joint_pos":
+                del g["obs/joint_pos"]
+            elif damage == "five_joints":
+                del g["actions"]
+                g.create_dataset("actions", data=np.zeros((21, 5), np.float32))
+            elif damage == "short_rows":
+                del g["obs/joint_pos"]
+                g.create_dataset("obs/joint_pos", data=np.zeros((20, 6), np.float32))
+            elif damage == "nan":
+                g["obs/joint_pos"][3, 2] = np.nan
+            elif damage == "num_samples":
+                g.attrs["num_samples"] = 99
+    with pytest.raises(HDF5FormatError, match=message):
+        import_hdf5([good, bad], root)
+    assert tree_digest(root) == before
+    assert load(root).meta.total_episodes == 1
+
+
+def test_export_then_import_round_trips_values_and_time_base(tmp_path: Path) -> None:
+    src = tmp_path / "seed.hdf5"
+    write_leisaac_file(src, lengths=(41, 41), failed=())
+    root = tmp_path / "ds"
+    import_hdf5([src], root)
+    out = tmp_path / "seeds" / "mimic_seed.hdf5"
+    assert export_hdf5(root, "0-1", out) == 2
+    with h5py.File(out, "r") as f:
+        data = f["data"]
+        assert json.loads(data.attrs["env_args"])["env_name"] == "LeIsaac-SO101-PickOrange-v0"
+        g = data["demo_1"]
+        assert g.attrs["num_samples"] == g["actions"].shape[0] == 41  # 21 frames at 30 fps -> 41 steps at 60 Hz
+        assert data.attrs["total"] == 82
+        assert g["obs/front"].shape == (41, H, W, 3) and g["obs/joint_pos"].dtype == np.float32
+        assert "initial_state" in g and bool(g.attrs["success"]) is True
+    back = tmp_path / "back"
+    import_hdf5([out], back)
+    a, b = load(root), load(back)
+    assert len(a) == len(b) == 42
+    for i in (0, 10, 20, 21, 41):
+        np.testing.assert_allclose(b[i]["observation.state"].numpy(), a[i]["observation.state"].numpy(), atol=1e-3)
+        np.testing.assert_allclose(b[i]["action"].numpy(), a[i]["action"].numpy(), atol=1e-3)
+        assert float(b[i]["timestamp"]) == pytest.approx(float(a[i]["timestamp"]), abs=1e-6)
+
+
+def test_episode_selection_parsing() -> None:
+    assert parse_episode_selection("all", 3) == [0, 1, 2]
+    assert parse_episode_selection("1,3-4", 5) == [1, 3, 4]
+    with pytest.raises(ValueError, match="episode 7 does not exist"):
+        parse_episode_selection("7", 5)
+    with pytest.raises(ValueError, match="bad episode selection"):
+        parse_episode_selection("x", 5)
+
+
+def test_cli_import_info_and_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "demos.hdf5"
+    write_leisaac_file(src, lengths=(21, 21), failed=(), cameras=())
+    root = tmp_path / "ds"
+    assert so101d(["import-hdf5", str(src), "--dataset", str(root), "--task", "lift", "--human"]) == 0
+    assert "frames/s" in capsys.readouterr().out
+    assert so101d(["dataset", "info", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "sim 2" in out and "generated 0" in out
+    assert so101d(["import-hdf5", str(tmp_path / "missing.hdf5"), "--dataset", str(root)]) == 1
+    assert "not a readable HDF5 file" in capsys.readouterr().err
