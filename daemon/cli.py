@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "emulate": ("drivers.emulator.cli", "serve emulated SO-101 arms on pseudo-terminals"),
     "find-ports": ("daemon.commands.find_ports", "identify the leader's and follower's serial ports; write udev rules"),
     "install-service": ("daemon.commands.install_service", "install the systemd unit, udev rules and configuration"),
+    # datasets
+    "dataset": ("daemon.commands.dataset", "summarise a dataset (real / sim / generated episodes)"),
+    "export-hdf5": ("daemon.commands.export_hdf5", "export episodes as Isaac Lab Mimic seed demos (HDF5)"),
+    "import-hdf5": ("daemon.commands.import_hdf5", "import Isaac Lab / LeIsaac HDF5 demos into a dataset"),
 }
 
 
