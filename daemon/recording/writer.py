@@ -1,0 +1,373 @@
+"""The writer process: drains the shared-memory rings, encodes, stages and commits episodes.
+
+Runs in its own (spawned) process so encoding and parquet writing never touch the control loop's
+interpreter. Three activities:
+
+- the **drain** (main thread) reads records in order; frames go to one encoder thread per camera
+  (PyAV libx264, GIL released while encoding) through a small bounded queue. When the encoders
+  fall behind, the drain blocks, the pixel ring fills up and the recorder starts sending frames
+  without pixels (counted as missing, loudly) instead of growing memory;
+- at SAVE the encoders are flushed (they are nearly caught up: encoding streams during capture)
+  and the episode is **staged** durably, then queued for commit; the drain goes straight on with
+  the next episode;
+- the **commit** thread moves staged episodes into the LeRobot dataset (store.DatasetStore).
+
+Events to the parent are plain dicts on a Pipe. If the parent dies, the writer drains what is in
+the ring, stages and commits every episode that was saved, drops the one in progress, and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import asdict
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from daemon.recording.ring import KIND_DISCARD, KIND_FRAME, KIND_SAVE, KIND_START, Ring, RingSpec
+from daemon.recording.store import DatasetMismatchError, DatasetStore, StoreConfig, write_json_atomic
+
+log = logging.getLogger("so101d.recording.writer")
+
+ENCODER_QUEUE_FRAMES = 6
+
+
+class CameraEncoder(threading.Thread):
+    """Encodes one camera's frames of one episode into an MP4, computing LeRobot's image stats."""
+
+    def __init__(self, path: Path, fps: int, cfg: StoreConfig) -> None:
+        super().__init__(name=f"encode-{path.parent.name}", daemon=True)
+        self.path = path
+        self.fps = fps
+        self.cfg = cfg
+        self.q: queue.Queue[np.ndarray | None] = queue.Queue(maxsize=ENCODER_QUEUE_FRAMES)
+        self.frames = 0
+        self.error: BaseException | None = None
+        self.stats: dict[str, Any] | None = None
+        self._cancel = threading.Event()
+
+    def feed(self, img: np.ndarray) -> None:
+        """Blocks while the queue is full (back-pressure), but never on a dead encoder."""
+        while True:
+            if self.error is not None:
+                raise RuntimeError(f"encoder for {self.path.parent.name} failed: {self.error}")
+            try:
+                self.q.put(img, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def run(self) -> None:
+        import av
+        from lerobot.configs.video import RGBEncoderConfig
+        from lerobot.datasets.compute_stats import RunningQuantileStats, auto_downsample_height_width
+
+        enc = RGBEncoderConfig(vcodec=self.cfg.vcodec, preset=self.cfg.preset, crf=self.cfg.crf, g=self.cfg.gop)
+        container = stream = None
+        tracker = RunningQuantileStats()
+        try:
+            while True:
+                img = self.q.get()
+                if img is None or self._cancel.is_set():
+                    break
+                if container is None:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    container = av.open(str(self.path), "w")
+                    stream = container.add_stream(enc.vcodec, self.fps,
+                                                  options=enc.get_codec_options(self.cfg.encoder_threads, as_strings=True))
+                    stream.pix_fmt = enc.pix_fmt
+                    stream.height, stream.width = img.shape[:2]
+                    stream.time_base = Fraction(1, self.fps)
+                frame = av.VideoFrame.from_ndarray(img, format="rgb24")
+                frame.pts = self.frames
+                frame.time_base = Fraction(1, self.fps)
+                for packet in stream.encode(frame):
+                    container.mux(packet)
+                small = auto_downsample_height_width(img.transpose(2, 0, 1))
+                tracker.update(small.transpose(1, 2, 0).reshape(-1, small.shape[0]))
+                self.frames += 1
+            if container is not None:
+                if not self._cancel.is_set():
+                    for packet in stream.encode():
+                        container.mux(packet)
+                container.close()
+            if self.frames >= 2:
+                self.stats = {k: np.asarray(v).tolist() for k, v in tracker.get_statistics().items()}
+        except BaseException as exc:  # noqa: BLE001 - surfaced through feed()/finish()
+            self.error = exc
+            if container is not None:
+                try:
+                    container.close()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def finish(self) -> None:
+        self.q.put(None)
+        self.join()
+        if self.error is not None:
+            raise RuntimeError(f"encoder for {self.path.parent.name} failed: {self.error}")
+
+    def cancel(self) -> None:
+        self._cancel.set()
+        try:
+            self.q.put_nowait(None)
+        except queue.Full:
+            pass
+        self.join(timeout=5)
+
+
+class EpisodeBuild:
+    """One episode being recorded: rows, timing and its camera encoders."""
+
+    def __init__(self, store: DatasetStore, fps: int, task: str, seq: int) -> None:
+        self.uid = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
+        self.dir = store.staging / f"ep-{self.uid}"
+        self.dir.mkdir(parents=True)
+        self.fps = fps
+        self.task = task
+        self.seq = seq
+        self.cameras = [name for name, _, _ in store.cfg.cameras]
+        self.encoders = [CameraEncoder(self.dir / name / "video.mp4", fps, store.cfg) for name in self.cameras]
+        for e in self.encoders:
+            e.start()
+        self.rows: dict[str, list[np.ndarray]] = {"state": [], "action": [], "teleop": []}
+        self.grid_s: list[float] = []
+        self.state_offset_s: list[float] = []
+        self.cam_offset_s: list[list[float]] = []  # capture - grid, per camera (NaN: no image)
+        self.last_img: list[np.ndarray | None] = [None] * len(self.cameras)
+        self.last_seq = [-1] * len(self.cameras)
+        self.missing = 0
+        self.late = 0
+        self.no_pixels = 0
+        self.worst_skew_s = 0.0
+        self.notes: list[str] = []
+        self.t0: float | None = None
+
+    def add(self, rec: np.ndarray, ring: Ring) -> None:
+        slot = int(rec["pixel_slot"][0])
+        grid = float(rec["grid_s"][0])
+        state_s = float(rec["state_s"][0])
+        if self.t0 is None:
+            self.t0 = state_s - grid  # episode start on the monotonic clock
+        t_grid = self.t0 + grid
+        period = 1.0 / self.fps
+        missing = late = False
+        offsets = []
+        for c, enc in enumerate(self.encoders):
+            cap = float(rec["cam_capture_s"][0][c])
+            seq = int(rec["cam_seq"][0][c])
+            if slot >= 0 and not np.isnan(cap):
+                img = ring.image_view(slot, c).copy()
+                self.last_img[c] = img
+            else:
+                img = self.last_img[c]
+                missing = True
+                if img is None:
+                    _, h, w = ring.spec.cameras[c]
+                    img = np.zeros((h, w, 3), dtype=np.uint8)
+                    self.last_img[c] = img
+            if not np.isnan(cap):
+                skew = state_s - cap
+                self.worst_skew_s = max(self.worst_skew_s, abs(skew))
+                if abs(skew) > period:
+                    late = True
+                if seq == self.last_seq[c] and len(self.grid_s) > 0 and abs(skew) > period:
+                    missing = True  # the camera produced nothing new for over a period
+                self.last_seq[c] = seq
+            offsets.append(cap - t_grid)
+            enc.feed(img)
+        if slot < 0 and self.encoders:
+            self.no_pixels += 1
+        if abs(state_s - t_grid) > period / 2:
+            late = True
+        self.missing += missing
+        self.late += late
+        self.rows["state"].append(rec["state"][0].copy())
+        self.rows["action"].append(rec["action"][0].copy())
+        self.rows["teleop"].append(rec["teleop"][0].copy())
+        self.grid_s.append(grid)
+        self.state_offset_s.append(state_s - t_grid)
+        self.cam_offset_s.append(offsets)
+
+    def stage(self, success: bool | None, follower_kind: str, origin: str) -> dict[str, Any]:
+        """Flush the encoders and write the episode durably; returns its episode.json content."""
+        for e in self.encoders:
+            e.finish()
+        n = len(self.grid_s)
+        for e, name in zip(self.encoders, self.cameras):
+            if e.frames != n:
+                raise RuntimeError(f"camera {name}: {e.frames} video frames for {n} rows")
+        np.savez(self.dir / "rows.npz",
+                 state=np.asarray(self.rows["state"], np.float32).reshape(n, 6),
+                 action=np.asarray(self.rows["action"], np.float32).reshape(n, 6),
+                 teleop=np.asarray(self.rows["teleop"], np.float32).reshape(n, 6))
+        np.savez(self.dir / "timing.npz",
+                 grid_s=np.asarray(self.grid_s, np.float64),
+                 state_offset_s=np.asarray(self.state_offset_s, np.float64),
+                 camera_offset_s=np.asarray(self.cam_offset_s, np.float64).reshape(n, len(self.cameras)),
+                 camera_names=np.asarray(self.cameras, dtype=str))
+        if self.no_pixels:
+            self.notes.append(f"writer fell behind: {self.no_pixels} frames repeat the previous image")
+        tag = {
+            "success": success, "origin": origin, "follower_kind": follower_kind, "frames": n,
+            "late_frames": self.late, "missing_frames": self.missing,
+            "worst_camera_skew_ms": round(self.worst_skew_s * 1000, 3), "notes": self.notes,
+            "source": {},
+        }
+        meta = {"uid": self.uid, "task": self.task, "frames": n, "tag": tag,
+                "video_stats": {name: e.stats for e, name in zip(self.encoders, self.cameras)}}
+        write_json_atomic(self.dir / "episode.json", meta)
+        return meta
+
+    def cancel(self) -> None:
+        for e in self.encoders:
+            e.cancel()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any, parent_pid: int,
+                follower_kind: str, origin: str) -> None:
+    """Entry point of the spawned writer process (arguments are plain data)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = StoreConfig(**store_cfg)
+    cfg.cameras = [tuple(c) for c in cfg.cameras]  # type: ignore[misc]
+    spec = RingSpec(**ring_spec)
+    spec.cameras = [tuple(c) for c in spec.cameras]  # type: ignore[misc]
+    send_lock = threading.Lock()
+
+    def send(msg: dict[str, Any]) -> None:
+        with send_lock:
+            try:
+                conn.send(msg)
+            except (OSError, EOFError, BrokenPipeError):
+                pass
+
+    try:
+        store = DatasetStore(cfg)
+        store.check_compatible()
+        notes = store.repair()
+        for note in notes:
+            log.warning("%s", note)
+    except DatasetMismatchError as exc:
+        send({"event": "fatal", "error": str(exc)})
+        return
+    except Exception as exc:  # noqa: BLE001
+        send({"event": "fatal", "error": f"cannot open dataset {cfg.root}: {exc}"})
+        return
+    # Import the heavy parts now, not inside the first episode's encoders (seconds on 2 cores).
+    import av  # noqa: F401
+    from lerobot.datasets.compute_stats import RunningQuantileStats  # noqa: F401
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: F401
+
+    ring = Ring.attach(spec)
+    commits: queue.Queue[Path | None] = queue.Queue()
+    state = {"failed": False}
+
+    def commit_worker() -> None:
+        while True:
+            stage = commits.get()
+            if stage is None:
+                return
+            if state["failed"]:
+                continue  # recording stopped; staged episode is kept for the next start
+            try:
+                res = store.commit(stage)
+                send({"event": "saved", **res, "pending": commits.qsize()})
+            except Exception as exc:  # noqa: BLE001 - disk full, I/O errors: stop recording, keep data
+                note = None
+                try:
+                    note = store.rollback_if_torn()
+                except Exception as exc2:  # noqa: BLE001
+                    note = f"rollback failed too: {exc2}"
+                state["failed"] = True
+                log.error("commit of %s failed: %s (%s)", stage.name, exc, note)
+                send({"event": "error", "error": f"saving the episode failed: {exc}",
+                      "detail": note, "staged": str(stage), "fatal": True})
+
+    for stage in store.staged_episodes():  # saved before a crash, never committed
+        commits.put(stage)
+    committer = threading.Thread(target=commit_worker, name="commit", daemon=True)
+    committer.start()
+    send({"event": "ready", "total_episodes": store.total_episodes(), "repair": notes,
+          "recovered": len(store.staged_episodes())})
+
+    current: EpisodeBuild | None = None
+    stop_requested = False
+    parent_gone = False
+    try:
+        while True:
+            if ring.pending() == 0:
+                if not parent_gone and os.getppid() != parent_pid:
+                    parent_gone = True
+                    log.warning("parent process died: finishing saved episodes, dropping the one in progress")
+                if conn.poll(0):
+                    try:
+                        msg = conn.recv()
+                    except (EOFError, OSError):
+                        msg = {"cmd": "stop"}
+                        parent_gone = True
+                    if msg.get("cmd") == "stop":
+                        stop_requested = True
+                if stop_requested or parent_gone:
+                    break
+                time.sleep(0.004)
+                continue
+            rec = ring.record_at_tail()
+            kind = int(rec["kind"][0])
+            had_pixels = kind == KIND_FRAME and int(rec["pixel_slot"][0]) >= 0
+            try:
+                if kind == KIND_START:
+                    if current is not None:
+                        current.cancel()
+                    task = bytes(rec["task"][0]).rstrip(b"\0").decode("utf-8", "replace")
+                    current = EpisodeBuild(store, cfg.fps, task, int(rec["episode_seq"][0]))
+                elif kind == KIND_FRAME:
+                    if current is not None and int(rec["episode_seq"][0]) == current.seq:
+                        current.add(rec, ring)
+                elif kind == KIND_SAVE:
+                    if current is not None and int(rec["episode_seq"][0]) == current.seq:
+                        s = int(rec["success"][0])
+                        build, current = current, None
+                        if not build.grid_s:
+                            build.cancel()
+                            send({"event": "discarded", "episode_seq": build.seq, "reason": "no frames"})
+                        else:
+                            meta = build.stage(None if s < 0 else bool(s), follower_kind, origin)
+                            send({"event": "staged", "episode_seq": build.seq, "frames": meta["frames"],
+                                  "tag": meta["tag"]})
+                            commits.put(build.dir)
+                elif kind == KIND_DISCARD:
+                    if current is not None:
+                        current.cancel()
+                        send({"event": "discarded", "episode_seq": current.seq, "reason": "discarded"})
+                        current = None
+            except Exception as exc:  # noqa: BLE001 - e.g. disk full while encoding: this episode is lost
+                log.error("episode failed: %s", exc)
+                if current is not None:
+                    current.cancel()
+                    current = None
+                send({"event": "error", "error": f"recording the episode failed: {exc}", "fatal": False})
+            ring.release_record(had_pixels)
+    finally:
+        if current is not None:
+            current.cancel()
+        commits.put(None)
+        committer.join()
+        send({"event": "stopped", "total_episodes": store.total_episodes()})
+        ring.close()
+        try:
+            conn.close()
+        except OSError:
+            pass
+
+
+def store_config_dict(cfg: StoreConfig) -> dict[str, Any]:
+    return asdict(cfg)
