@@ -1,0 +1,457 @@
+"""Serve one emulated arm on a pseudo-terminal, as its USB serial adapter would.
+
+``BusEmulator(link_path, arm).start()`` opens a pty, makes both ends raw (no echo: the SDK never
+flushes its input, so one echoed byte would corrupt the next reply), links the slave at
+``link_path`` and answers protocol-0 packets from a thread that sleeps in ``poll`` while the bus
+is idle. The slave fd stays open in here so the pty survives clients opening and closing it.
+
+Wire time: a reply is written when it would have *finished* arriving on a real half-duplex bus:
+request bytes + the servo's Return_Delay_Time (2 us units) + reply bytes, at 10 bits per byte,
+queued behind anything still "on the wire". Waiting is a sleep up to ~200 us before the
+deadline, then a spin, which keeps the error well under 0.1 ms on an idle machine.
+
+Protocol rules (facts file section 2): replies only from the addressed online servo, never to a
+broadcast except PING (every servo answers, back to back in id order) and SYNC_READ (each listed
+servo in the request's order); Response_Status_Level 0 restricts replies to PING and READ;
+a servo whose baud rate differs from the client's line setting hears only noise.
+
+Faults: drop the next N replies, corrupt reply checksums at a rate, add latency, take a servo off
+the bus (``arm.set_online``), force error bits (``arm.set_error_bits``), unplug (link removed,
+pty closed: the client's next read/write fails with EIO) and replug (fresh pty, same link path).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import random
+import select
+import termios
+import threading
+import time
+import tty
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from drivers import protocol as P
+from drivers.emulator.arm import EmulatedArm
+from drivers.emulator.servo import EmulatedServo
+from drivers.sts3215_table import BAUD_RATE_BY_CODE, BROADCAST_ID, CONTROL_TABLE
+
+log = logging.getLogger("so101d.emulator")
+
+_ADDR_BAUD = CONTROL_TABLE["Baud_Rate"][0]
+_ADDR_RETURN_DELAY = CONTROL_TABLE["Return_Delay_Time"][0]
+_ADDR_STATUS_LEVEL = CONTROL_TABLE["Response_Status_Level"][0]
+SPIN_S = 0.0002  # spin (instead of sleeping) for the last 200 us before a deadline
+
+# termios speed constants -> baud rate, for the ones pyserial sets through plain termios.
+_TERMIOS_BAUD = {
+    getattr(termios, f"B{b}"): b
+    for b in (9600, 19200, 38400, 57600, 115200, 230400, 460800, 500000, 576000, 921600, 1000000, 2000000)
+    if hasattr(termios, f"B{b}")
+}
+
+
+@dataclass
+class BusStats:
+    requests: int = 0  # valid packets received
+    replies: int = 0  # status packets sent
+    dropped_replies: int = 0  # by fault injection
+    corrupted_replies: int = 0
+    bad_checksums: int = 0  # requests ignored for a bad checksum
+    skipped_bytes: int = 0
+    baud_mismatches: int = 0  # requests a servo could not hear (client line at another baud)
+    overflows: int = 0  # reply bytes the pty would not take (client not reading)
+    unplugs: int = 0
+    late_replies: int = 0  # replies written more than 0.5 ms after their deadline
+    max_lateness_s: float = 0.0
+
+
+@dataclass
+class Faults:
+    drop_next: int = 0
+    corrupt_rate: float = 0.0
+    latency_s: float = 0.0
+
+
+class BusEmulator:
+    """One arm on one pty, served by one thread. ``start()`` / ``stop()``; also a context manager."""
+
+    def __init__(
+        self,
+        link_path: str | os.PathLike,
+        arm: EmulatedArm,
+        wire_time: bool = True,
+        check_baud: bool = True,
+        seed: int = 0,
+    ) -> None:
+        self.link_path = Path(link_path)
+        self.arm = arm
+        self.wire_time = wire_time
+        self.check_baud = check_baud
+        self.faults = Faults()
+        self.stats = BusStats()
+        self._rng = random.Random(seed)
+        self._master: int | None = None
+        self._slave: int | None = None
+        self._slave_name = ""
+        self._wake_r: int | None = None
+        self._wake_w: int | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lifecycle = threading.Lock()
+        self._parser = P.PacketParser()
+        self._bus_free_at = 0.0
+        self._plugged = False
+
+    # --- lifecycle --------------------------------------------------------------------------
+    def __enter__(self) -> "BusEmulator":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def plugged(self) -> bool:
+        return self._plugged
+
+    @property
+    def slave_name(self) -> str:
+        """The /dev/pts/N path the link points at (changes on replug)."""
+        return self._slave_name
+
+    def start(self) -> "BusEmulator":
+        with self._lifecycle:
+            if self._plugged:
+                return self
+            self._open_pty()
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._serve, name=f"emulator:{self.link_path.name}", daemon=True)
+            self._thread.start()
+            self._plugged = True
+            log.info("emulated %s arm on %s -> %s", self.arm.role, self.link_path, self._slave_name)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, close the pty and remove the link (idempotent)."""
+        with self._lifecycle:
+            self._shutdown()
+
+    def unplug(self) -> None:
+        """Simulate pulling the USB cable: the link disappears and the client's port errors out."""
+        with self._lifecycle:
+            if self._plugged:
+                self.stats.unplugs += 1
+                self._shutdown()
+                log.info("unplugged %s", self.link_path)
+
+    def replug(self) -> None:
+        """Plug back in: a fresh pty linked at the same path (clients must reopen the port)."""
+        self.start()
+
+    def _open_pty(self) -> None:
+        master, slave = os.openpty()
+        tty.setraw(master)
+        tty.setraw(slave)
+        # Default line speed: what the servos speak, so a client that never sets it still works.
+        attrs = termios.tcgetattr(slave)
+        speed = getattr(termios, "B1000000", attrs[4])
+        attrs[4] = attrs[5] = speed
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+        os.set_blocking(master, False)
+        self._master, self._slave = master, slave
+        self._slave_name = os.ttyname(slave)
+        self._wake_r, self._wake_w = os.pipe()
+        self._parser.reset()
+        self._bus_free_at = 0.0
+        self.link_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.link_path.with_name(f".{self.link_path.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        os.symlink(self._slave_name, tmp)
+        os.replace(tmp, self.link_path)  # atomic: a client never sees a half-made link
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        if self._wake_w is not None:
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+        try:
+            if self.link_path.is_symlink() and os.readlink(self.link_path) == self._slave_name:
+                self.link_path.unlink()
+        except OSError:
+            pass
+        for fd in (self._master, self._slave, self._wake_r, self._wake_w):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._master = self._slave = self._wake_r = self._wake_w = None
+        self._plugged = False
+
+    # --- fault injection --------------------------------------------------------------------
+    def drop_replies(self, n: int) -> None:
+        """Swallow the next ``n`` status packets (each servo's reply in a sync read counts)."""
+        if n < 0:
+            raise ValueError("drop count must be >= 0")
+        with self.arm.lock:
+            self.faults.drop_next = int(n)
+
+    def corrupt_checksums(self, rate: float) -> None:
+        """Send a wrong checksum on this fraction (0..1) of status packets."""
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError("corruption rate must be within 0..1")
+        with self.arm.lock:
+            self.faults.corrupt_rate = float(rate)
+
+    def set_latency(self, seconds: float) -> None:
+        """Extra delay before every reply (a slow USB bridge, LR#1166)."""
+        if seconds < 0:
+            raise ValueError("latency must be >= 0")
+        with self.arm.lock:
+            self.faults.latency_s = float(seconds)
+
+    def clear_faults(self) -> None:
+        with self.arm.lock:
+            self.faults = Faults()
+
+    def stats_dict(self) -> dict:
+        return asdict(self.stats)
+
+    # --- serving ----------------------------------------------------------------------------
+    def _client_baud(self) -> int | None:
+        """The client's line speed (0 if it is one we cannot name, e.g. a BOTHER custom rate)."""
+        try:
+            speed = termios.tcgetattr(self._slave)[5]
+        except (termios.error, TypeError):
+            return None
+        return _TERMIOS_BAUD.get(speed, 0)
+
+    def _serve(self) -> None:
+        master, wake = self._master, self._wake_r
+        assert master is not None and wake is not None
+        poller = select.poll()
+        poller.register(master, select.POLLIN)
+        poller.register(wake, select.POLLIN)
+        while not self._stop.is_set():
+            try:
+                events = poller.poll()
+            except InterruptedError:
+                continue
+            if self._stop.is_set():
+                return
+            for fd, ev in events:
+                if fd != master:
+                    continue
+                try:
+                    data = os.read(master, 4096)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    if exc.errno == errno.EIO:
+                        # No slave open at all (cannot happen while we hold it): avoid a spin.
+                        time.sleep(0.01)
+                        continue
+                    raise
+                if data:
+                    self._on_bytes(data, time.perf_counter())
+
+    def _on_bytes(self, data: bytes, t_rx: float) -> None:
+        packets = self._parser.feed(data, t_rx)
+        st = self.stats
+        ps = self._parser.stats
+        st.bad_checksums = ps.bad_checksums
+        st.skipped_bytes = ps.skipped_bytes
+        if not packets:
+            return
+        client_baud = self._client_baud() if self.check_baud else None
+        for pkt in packets:
+            st.requests += 1
+            with self.arm.lock:
+                replies, reply_baud, delays = self._handle(pkt, client_baud)
+                latency = self.faults.latency_s
+                out = self._apply_reply_faults(replies)
+            self._schedule(pkt, out, replies, reply_baud, delays, latency, client_baud, t_rx)
+
+    def _apply_reply_faults(self, replies: list[bytes]) -> list[bytes | None]:
+        f = self.faults
+        out: list[bytes | None] = []
+        for r in replies:
+            if f.drop_next > 0:
+                f.drop_next -= 1
+                self.stats.dropped_replies += 1
+                out.append(None)
+                continue
+            if f.corrupt_rate > 0.0 and self._rng.random() < f.corrupt_rate:
+                r = r[:-1] + bytes((r[-1] ^ 0x5A,))
+                self.stats.corrupted_replies += 1
+            out.append(r)
+        return out
+
+    def _schedule(
+        self,
+        pkt: P.Packet,
+        out: list[bytes | None],
+        replies: list[bytes],
+        reply_baud: int,
+        delays: list[float],
+        latency: float,
+        client_baud: int | None,
+        t_rx: float,
+    ) -> None:
+        if not self.wire_time:
+            payload = b"".join(r for r in out if r is not None)
+            if payload:
+                self.stats.replies += sum(1 for r in out if r is not None)
+                if latency:
+                    time.sleep(latency)
+                self._write(payload)
+            return
+        req_baud = client_baud or reply_baud
+        # The request occupies the wire first (it may queue behind earlier traffic).
+        t = max(t_rx, self._bus_free_at) + P.wire_time_s(pkt.wire_length, req_baud)
+        for r, delay in zip(replies, delays):
+            t += delay + P.wire_time_s(len(r), reply_baud)
+        # A dropped reply never reached the wire: only delivered bytes take time.
+        dropped_bytes = sum(len(r) for r, o in zip(replies, out) if o is None)
+        t -= P.wire_time_s(dropped_bytes, reply_baud)
+        self._bus_free_at = t
+        payload = b"".join(r for r in out if r is not None)
+        if not payload:
+            return
+        self.stats.replies += sum(1 for r in out if r is not None)
+        deadline = t + latency
+        self._wait_until(deadline)
+        late = time.perf_counter() - deadline
+        if late > 0.0005:
+            self.stats.late_replies += 1
+        if late > self.stats.max_lateness_s:
+            self.stats.max_lateness_s = late
+        self._write(payload)
+
+    @staticmethod
+    def _wait_until(deadline: float) -> None:
+        remaining = deadline - time.perf_counter()
+        if remaining > SPIN_S:
+            time.sleep(remaining - SPIN_S)
+        while time.perf_counter() < deadline:
+            pass
+
+    def _write(self, payload: bytes) -> None:
+        master = self._master
+        if master is None:
+            return
+        try:
+            n = os.write(master, payload)
+            if n < len(payload):
+                self.stats.overflows += len(payload) - n
+        except BlockingIOError:
+            self.stats.overflows += len(payload)
+        except OSError as exc:
+            log.debug("write to pty failed: %s", exc)
+
+    # --- protocol ---------------------------------------------------------------------------
+    @staticmethod
+    def _hears(servo: EmulatedServo, client_baud: int) -> bool:
+        return BAUD_RATE_BY_CODE.get(servo.mem[_ADDR_BAUD]) == client_baud
+
+    def _handle(self, pkt: P.Packet, client_baud: int | None) -> tuple[list[bytes], int, list[float]]:
+        """Apply one instruction; return (status packets in wire order, their baud, return delays)."""
+        arm = self.arm
+        now = arm.clock()
+        replies: list[bytes] = []
+        delays: list[float] = []
+        reply_baud = client_baud or BAUD_RATE_BY_CODE.get(arm.servos[0].mem[_ADDR_BAUD], 1_000_000)
+        instr = pkt.code
+        params = pkt.params
+
+        def listening(servos: list[EmulatedServo]) -> list[EmulatedServo]:
+            if client_baud is None:
+                return servos
+            ok = [s for s in servos if self._hears(s, client_baud)]
+            if len(ok) != len(servos):
+                self.stats.baud_mismatches += 1
+            return ok
+
+        def reply(servo: EmulatedServo, reply_id: int, data: bytes = b"") -> None:
+            replies.append(P.encode_status(reply_id, servo.error_bits(), data))
+            delays.append(servo.mem[_ADDR_RETURN_DELAY] * 2e-6)
+
+        def wants_reply(servo: EmulatedServo) -> bool:
+            return servo.mem[_ADDR_STATUS_LEVEL] != 0
+
+        if pkt.servo_id == BROADCAST_ID:
+            if instr == P.INST_PING:
+                for s in listening(sorted((s for s in arm.servos if s.online), key=lambda s: s.servo_id)):
+                    s.update(now)
+                    reply(s, s.servo_id)
+            elif instr == P.INST_SYNC_READ and len(params) >= 2:
+                addr, n = params[0], params[1]
+                for sid in params[2:]:
+                    for s in listening(arm.servos_by_id(sid)):
+                        reply(s, sid, s.read(addr, n, now))
+            elif instr == P.INST_SYNC_WRITE and len(params) >= 2:
+                addr, n = params[0], params[1]
+                body = params[2:]
+                step = n + 1
+                if n and len(body) % step == 0:
+                    for k in range(0, len(body), step):
+                        sid = body[k]
+                        for s in listening(arm.servos_by_id(sid)):
+                            s.write(addr, body[k + 1 : k + step], now)
+            elif instr == P.INST_WRITE and len(params) >= 1:
+                for s in listening([s for s in arm.servos if s.online]):
+                    s.write(params[0], params[1:], now)
+            elif instr == P.INST_REG_WRITE and len(params) >= 1:
+                for s in listening([s for s in arm.servos if s.online]):
+                    s.pending_reg_write = (params[0], bytes(params[1:]))
+            elif instr == P.INST_ACTION:
+                for s in listening([s for s in arm.servos if s.online]):
+                    self._action(s, now)
+            # Broadcast READ and anything else: no reply, nothing to do.
+            return replies, reply_baud, delays
+
+        for s in listening(arm.servos_by_id(pkt.servo_id)):
+            sid = pkt.servo_id
+            if instr == P.INST_PING:
+                reply(s, sid)
+            elif instr == P.INST_READ:
+                if len(params) == 2:
+                    reply(s, sid, s.read(params[0], params[1], now))
+            elif instr == P.INST_WRITE:
+                if len(params) >= 1:
+                    # Decided before the write: an ID or status-level change answers as before.
+                    answer = wants_reply(s)
+                    s.write(params[0], params[1:], now)
+                    if answer:
+                        reply(s, sid)
+            elif instr == P.INST_REG_WRITE:
+                if len(params) >= 1:
+                    s.pending_reg_write = (params[0], bytes(params[1:]))
+                    if wants_reply(s):
+                        reply(s, sid)
+            elif instr == P.INST_ACTION:
+                self._action(s, now)
+                if wants_reply(s):
+                    reply(s, sid)
+            # Unknown instructions are ignored, like malformed ones.
+        return replies, reply_baud, delays
+
+    @staticmethod
+    def _action(servo: EmulatedServo, now: float) -> None:
+        if servo.pending_reg_write is not None:
+            addr, data = servo.pending_reg_write
+            servo.pending_reg_write = None
+            servo.write(addr, data, now)
