@@ -1,0 +1,107 @@
+"""Locked memory and real-time priority for the control loop (opt-in: [service] lock_memory,
+and systemd/so101d.service.d/realtime.conf).
+
+Why: a 100 Hz loop has 10 ms per cycle; one major page fault (a page of the loop's code or
+data swapped out while the arm sat idle) or a preemption by a video encoder costs that much.
+Both are best-effort: failing to lock or to raise priority logs one clear warning with the fix,
+and the daemon runs on — an arm that teleoperates slightly less smoothly beats one that refuses
+to start.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import resource
+from dataclasses import dataclass
+
+log = logging.getLogger("so101d.realtime")
+
+MCL_CURRENT = 1
+MCL_FUTURE = 2
+
+
+@dataclass
+class LockResult:
+    locked: bool
+    detail: str
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _memlock_limit_text() -> str:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft // 1024} KiB"
+
+
+def lock_memory(future: bool = True) -> LockResult:
+    """mlockall(MCL_CURRENT | MCL_FUTURE); a warning (not an exception) when it fails.
+
+    MCL_FUTURE also locks what torch or the camera buffers map later, so RLIMIT_MEMLOCK must
+    cover the whole process: the realtime drop-in sets LimitMEMLOCK=infinity.
+    """
+    flags = MCL_CURRENT | (MCL_FUTURE if future else 0)
+    try:
+        rc = _libc().mlockall(flags)
+    except (OSError, AttributeError) as exc:  # no libc / no mlockall (not Linux)
+        result = LockResult(False, f"mlockall unavailable: {exc}")
+        log.warning("service.lock_memory: %s; running with unlocked memory", result.detail)
+        return result
+    if rc == 0:
+        return LockResult(True, f"memory locked (RLIMIT_MEMLOCK {_memlock_limit_text()})")
+    err = ctypes.get_errno()
+    why = os.strerror(err)
+    hint = (
+        "raise the limit: LimitMEMLOCK=infinity (systemd/so101d.service.d/realtime.conf) or "
+        "`ulimit -l unlimited`"
+        if err in (12, 1)  # ENOMEM: over RLIMIT_MEMLOCK; EPERM: limit 0 without CAP_IPC_LOCK
+        else "see mlockall(2)"
+    )
+    result = LockResult(False, f"mlockall failed: {why} (RLIMIT_MEMLOCK {_memlock_limit_text()}); {hint}")
+    log.warning("service.lock_memory: %s; running with unlocked memory", result.detail)
+    return result
+
+
+def unlock_memory() -> None:
+    try:
+        _libc().munlockall()
+    except (OSError, AttributeError):
+        pass
+
+
+def current_policy() -> str:
+    """SCHED_FIFO/SCHED_RR/SCHED_OTHER of the calling thread, for the status output."""
+    names = {os.SCHED_OTHER: "other", os.SCHED_FIFO: "fifo", os.SCHED_RR: "rr"}
+    for name in ("SCHED_BATCH", "SCHED_IDLE"):
+        if hasattr(os, name):
+            names[getattr(os, name)] = name.removeprefix("SCHED_").lower()
+    try:
+        policy = os.sched_getscheduler(0)
+        prio = os.sched_getparam(0).sched_priority
+    except OSError:
+        return "unknown"
+    return f"{names.get(policy, str(policy))}:{prio}" if prio else names.get(policy, str(policy))
+
+
+def make_current_thread_realtime(priority: int) -> bool:
+    """SCHED_FIFO for the calling thread only (Linux: pid 0 = this thread).
+
+    For a loop thread when the whole process is not already FIFO (CPUSchedulingPolicy= in the
+    drop-in does the process); needs LimitRTPRIO >= priority (or CAP_SYS_NICE) and
+    RestrictRealtime=no. Returns False with a warning otherwise.
+    """
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except (OSError, AttributeError) as exc:
+        soft, _ = resource.getrlimit(resource.RLIMIT_RTPRIO)
+        log.warning(
+            "real-time priority %d for the control loop refused (%s; RLIMIT_RTPRIO %s): "
+            "install systemd/so101d.service.d/realtime.conf (LimitRTPRIO, RestrictRealtime=no)",
+            priority, getattr(exc, "strerror", None) or exc, soft,
+        )
+        return False
+    return True
