@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "find-ports": ("daemon.commands.find_ports", "identify the leader's and follower's serial ports; write udev rules"),
     "install-service": ("daemon.commands.install_service", "install the systemd unit, udev rules and configuration"),
     # datasets
+    "episode": ("daemon.commands.episode", "start, save (--success/--failure) or discard an episode"),
+    "record": ("daemon.commands.record", "record a session of N episodes (keys: enter save, f failure, backspace redo)"),
     "dataset": ("daemon.commands.dataset", "summarise a dataset (real / sim / generated episodes)"),
     "export-hdf5": ("daemon.commands.export_hdf5", "export episodes as Isaac Lab Mimic seed demos (HDF5)"),
     "import-hdf5": ("daemon.commands.import_hdf5", "import Isaac Lab / LeIsaac HDF5 demos into a dataset"),

@@ -1,0 +1,68 @@
+"""`so101d episode start|save|discard|status`: episode control of the running daemon."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from daemon.control_client import ControlClient, DaemonUnavailable, add_socket_arguments, socket_path_from_args
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=("start", "save", "discard", "status"))
+    parser.add_argument("--task", help="start: the task text of this episode (default: the last one)")
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument("--success", dest="success", action="store_const", const=True, default=None,
+                   help="save: tag the episode successful")
+    g.add_argument("--failure", dest="success", action="store_const", const=False,
+                   help="save: tag the episode failed (kept, tagged)")
+    add_socket_arguments(parser)
+
+
+def describe(action: str, reply: dict) -> str:
+    if action == "start":
+        return f"episode {reply.get('episode')} recording: {reply.get('task')!r}"
+    if action == "save":
+        tag = {True: "success", False: "failure", None: "untagged"}[reply.get("success")]
+        return f"episode {reply.get('episode')} saved ({reply.get('frames')} frames, {tag}); writing in the background"
+    if action == "discard":
+        return f"episode {reply.get('episode')} discarded ({reply.get('discarded_frames')} frames)"
+    return format_status(reply)
+
+
+def format_status(st: dict) -> str:
+    line = f"recording: {st.get('phase')}  episode {st.get('episode')}"
+    if st.get("phase") == "recording":
+        line += f"  {st.get('elapsed_s', 0):.1f} s  {st.get('frames')} frames  task {st.get('task')!r}"
+    line += f"\n  dataset {st.get('dataset')} ({st.get('episodes_in_dataset')} episodes, {st.get('saves_pending')} being written)"
+    last = st.get("last_staged") or {}
+    if last.get("tag"):
+        t = last["tag"]
+        line += (f"\n  last episode: {t.get('frames')} frames, {t.get('late_frames')} late, "
+                 f"{t.get('missing_frames')} missing, worst camera skew {t.get('worst_camera_skew_ms')} ms")
+    for cam in st.get("cameras", []):
+        line += (f"\n  camera {cam.get('name')}: {cam.get('fps_measured')} fps"
+                 + ("  STALLED" if cam.get("stalled") else "") + (f"  {cam['error']}" if cam.get("error") else ""))
+    if st.get("error"):
+        line += f"\n  ERROR: {st['error']}"
+    return line
+
+
+def run(args: argparse.Namespace) -> int:
+    fields: dict = {}
+    if args.action == "start" and args.task:
+        fields["task"] = args.task
+    if args.action == "save":
+        fields["success"] = args.success
+    try:
+        with ControlClient(socket_path_from_args(args)) as c:
+            reply = c.call(f"episode.{args.action}", **fields)
+    except DaemonUnavailable as exc:
+        print(f"so101d: {exc}", file=sys.stderr)
+        return 2
+    if not reply.get("ok"):
+        print(f"so101d: episode {args.action}: {reply.get('error')}", file=sys.stderr)
+        return 1
+    print(describe(args.action, reply) if not getattr(args, "json", False) else json.dumps(reply))
+    return 0
