@@ -1,0 +1,298 @@
+"""Load a LeRobot 0.6.1 policy checkpoint folder offline, safely, and check it fits the daemon.
+
+A checkpoint folder is what ``policy.save_pretrained(dir)`` plus the pre/post-processors'
+``save_pretrained(dir)`` write (or lerobot-train's ``pretrained_model/``): ``config.json``,
+``model.safetensors``, ``policy_preprocessor.json`` / ``policy_postprocessor.json`` and their
+``*.safetensors`` state files.
+
+Safety: a checkpoint is data from someone else. Anything that could be unpickled (``.bin``,
+``.pt``, ``.pth``, ``.pkl``, ``.ckpt`` ...) is refused *before* torch or LeRobot touches the
+folder; weights and processor states are read with safetensors only (LeRobot's own loaders use
+``safetensors.load_file`` for both). Loading is offline: the Hub is never asked, and a config
+naming torchvision backbone weights to download gets them switched off (the checkpoint's own
+weights replace them anyway).
+
+``inspect_checkpoint`` and ``check_inputs`` only read JSON (cheap, no torch): the daemon calls
+them in its own process to give an immediate, readable list of mismatches; ``load_policy`` (torch)
+runs in the policy worker process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calibration.conventions import NUM_JOINTS
+from daemon.dataset_schema import ACTION_KEY, IMAGE_KEY_PREFIX, STATE_KEY
+
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+PREPROCESSOR_FILE = "policy_preprocessor.json"
+POSTPROCESSOR_FILE = "policy_postprocessor.json"
+# Suffixes of formats that are (or may be) pickles: never opened.
+UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib")
+# Policies whose inference we support (chunking policies with a predict_action_chunk).
+SUPPORTED_TYPES = ("act", "diffusion", "smolvla", "pi0", "pi05")
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+
+
+class CheckpointError(ValueError):
+    """The folder is not a loadable, safe LeRobot checkpoint (message says why)."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """The checkpoint is fine but expects other inputs/outputs than the daemon provides."""
+
+    def __init__(self, path: Path, mismatches: list[str]):
+        self.mismatches = list(mismatches)
+        lines = "\n".join(f"  - {m}" for m in self.mismatches)
+        super().__init__(f"policy {path} does not fit this daemon's configuration:\n{lines}")
+
+
+@dataclass(frozen=True)
+class ExpectedIO:
+    """What the daemon can feed a policy and what it needs back.
+
+    cameras: {camera name: (height, width)} as configured (RGB uint8 frames).
+    """
+
+    cameras: dict[str, tuple[int, int]] = field(default_factory=dict)
+    state_dim: int = NUM_JOINTS
+    action_dim: int = NUM_JOINTS
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What the checkpoint's config.json says, read without torch."""
+
+    path: Path
+    policy_type: str
+    state_shape: tuple[int, ...] | None
+    cameras: dict[str, tuple[int, int, int]]  # name -> (C, H, W) as the policy expects
+    other_inputs: dict[str, tuple[int, ...]]  # e.g. observation.environment_state
+    action_shape: tuple[int, ...] | None
+    chunk_size: int
+    n_action_steps: int
+    n_obs_steps: int
+    device: str
+    raw_config: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @property
+    def camera_names(self) -> tuple[str, ...]:
+        return tuple(sorted(self.cameras))
+
+
+def _refuse_unsafe_files(path: Path) -> None:
+    unsafe = sorted(
+        str(p.relative_to(path))
+        for p in path.rglob("*")
+        if p.is_file() and p.name.lower().endswith(UNSAFE_SUFFIXES)
+    )
+    if unsafe:
+        raise CheckpointError(
+            f"refusing checkpoint {path}: it contains file(s) in a pickle-capable format "
+            f"({', '.join(unsafe)}); only safetensors checkpoints are loaded. Convert the weights with "
+            "safetensors.torch.save_file in a trusted environment and remove the other files."
+        )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise CheckpointError(f"{path} is larger than {MAX_CONFIG_BYTES} bytes: not a policy config")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def _shape(entry: Any, key: str, path: Path) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in entry["shape"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path / CONFIG_FILE}: feature {key!r} has no valid shape") from exc
+
+
+def _check_processor_states(path: Path, name: str) -> None:
+    """Every state file a processor pipeline names must be a safetensors file inside the folder."""
+    cfg = _read_json(path / name)
+    for i, step in enumerate(cfg.get("steps", [])):
+        state = step.get("state_file") if isinstance(step, dict) else None
+        if state is None:
+            continue
+        state_path = (path / str(state)).resolve()
+        if not str(state).endswith(".safetensors"):
+            raise CheckpointError(f"{path / name}: step {i} state file {state!r} is not a .safetensors file")
+        if path.resolve() not in state_path.parents:
+            raise CheckpointError(f"{path / name}: step {i} state file {state!r} points outside the checkpoint")
+        if not state_path.is_file():
+            raise CheckpointError(f"{path / name}: step {i} state file {state!r} is missing")
+
+
+def inspect_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
+    """Validate a checkpoint folder's files and read its interface (no torch, no unpickling)."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        raise CheckpointError(
+            f"{path} is a file; give the checkpoint folder (config.json + model.safetensors + processors)"
+        )
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint folder {path} does not exist")
+    _refuse_unsafe_files(path)
+    missing = [n for n in (CONFIG_FILE, MODEL_FILE, PREPROCESSOR_FILE, POSTPROCESSOR_FILE) if not (path / n).is_file()]
+    if missing:
+        hint = ""
+        if PREPROCESSOR_FILE in missing or POSTPROCESSOR_FILE in missing:
+            hint = (" (LeRobot 0.6 saves normalisation in processor files: save them with "
+                    "preprocessor.save_pretrained(dir) and postprocessor.save_pretrained(dir))")
+        raise CheckpointError(f"checkpoint {path} is missing {', '.join(missing)}{hint}")
+    with open(path / MODEL_FILE, "rb") as fh:
+        head = fh.read(8)
+    if len(head) < 8 or int.from_bytes(head, "little") > (path / MODEL_FILE).stat().st_size:
+        raise CheckpointError(f"{path / MODEL_FILE} is not a safetensors file (bad header)")
+    for name in (PREPROCESSOR_FILE, POSTPROCESSOR_FILE):
+        _check_processor_states(path, name)
+
+    cfg = _read_json(path / CONFIG_FILE)
+    policy_type = str(cfg.get("type", ""))
+    if not policy_type:
+        raise CheckpointError(f"{path / CONFIG_FILE} has no policy 'type'")
+    if policy_type not in SUPPORTED_TYPES:
+        raise CheckpointError(
+            f"policy type {policy_type!r} is not supported here (supported: {', '.join(SUPPORTED_TYPES)})"
+        )
+    inputs = cfg.get("input_features") or {}
+    outputs = cfg.get("output_features") or {}
+    if not isinstance(inputs, dict) or not isinstance(outputs, dict):
+        raise CheckpointError(f"{path / CONFIG_FILE}: input_features/output_features must be objects")
+    state_shape = None
+    cameras: dict[str, tuple[int, int, int]] = {}
+    other: dict[str, tuple[int, ...]] = {}
+    for key, entry in inputs.items():
+        shape = _shape(entry, key, path)
+        ftype = str((entry or {}).get("type", ""))
+        if key == STATE_KEY:
+            state_shape = shape
+        elif ftype == "VISUAL" or key.startswith(IMAGE_KEY_PREFIX):
+            if not key.startswith(IMAGE_KEY_PREFIX) or len(shape) != 3:
+                other[key] = shape
+            else:
+                cameras[key[len(IMAGE_KEY_PREFIX):]] = (shape[0], shape[1], shape[2])
+        else:
+            other[key] = shape
+    action_shape = _shape(outputs[ACTION_KEY], ACTION_KEY, path) if ACTION_KEY in outputs else None
+    chunk = int(cfg.get("chunk_size") or cfg.get("horizon") or 1)
+    n_action = int(cfg.get("n_action_steps") or chunk)
+    return CheckpointInfo(
+        path=path,
+        policy_type=policy_type,
+        state_shape=state_shape,
+        cameras=cameras,
+        other_inputs=other,
+        action_shape=action_shape,
+        chunk_size=chunk,
+        n_action_steps=n_action,
+        n_obs_steps=int(cfg.get("n_obs_steps") or 1),
+        device=str(cfg.get("device") or "cpu"),
+        raw_config=cfg,
+    )
+
+
+def check_inputs(info: CheckpointInfo, expected: ExpectedIO) -> list[str]:
+    """Readable list of every way the policy's inputs/outputs differ from what the daemon has."""
+    problems: list[str] = []
+    if info.state_shape is None:
+        problems.append(f"the policy takes no {STATE_KEY!r}; the daemon provides ({expected.state_dim},) joint positions")
+    elif info.state_shape != (expected.state_dim,):
+        problems.append(f"{STATE_KEY}: policy expects shape {info.state_shape}, the daemon provides ({expected.state_dim},)")
+    if info.action_shape is None:
+        problems.append(f"the policy outputs no {ACTION_KEY!r}")
+    elif info.action_shape != (expected.action_dim,):
+        problems.append(f"{ACTION_KEY}: policy outputs shape {info.action_shape}, the follower takes ({expected.action_dim},)")
+    for name in sorted(set(info.cameras) - set(expected.cameras)):
+        c, h, w = info.cameras[name]
+        have = ", ".join(sorted(expected.cameras)) or "none"
+        problems.append(f"camera {name!r} ({w}x{h}) expected by the policy is not configured (configured: {have})")
+    for name in sorted(set(info.cameras) & set(expected.cameras)):
+        c, h, w = info.cameras[name]
+        eh, ew = expected.cameras[name]
+        if c != 3:
+            problems.append(f"camera {name!r}: policy expects {c} channels, cameras deliver 3 (RGB)")
+        if (h, w) != (eh, ew):
+            problems.append(f"camera {name!r}: policy expects {w}x{h}, configured {ew}x{eh}")
+    for key, shape in sorted(info.other_inputs.items()):
+        problems.append(f"input {key!r} {shape} is not something the daemon provides")
+    return problems
+
+
+def check_checkpoint(path: str | os.PathLike[str], expected: ExpectedIO) -> CheckpointInfo:
+    """inspect + check_inputs; raises CheckpointMismatchError listing every mismatch."""
+    info = inspect_checkpoint(path)
+    problems = check_inputs(info, expected)
+    if problems:
+        raise CheckpointMismatchError(info.path, problems)
+    return info
+
+
+@dataclass
+class LoadedPolicy:
+    """A policy ready for inference: model + LeRobot pre/post-processor pipelines."""
+
+    info: CheckpointInfo
+    policy: Any  # lerobot PreTrainedPolicy
+    preprocessor: Any
+    postprocessor: Any
+    device: str
+
+
+def load_policy(
+    path: str | os.PathLike[str], expected: ExpectedIO | None = None, device: str | None = None
+) -> LoadedPolicy:
+    """Load model + processors (torch; call this in the worker process). Offline, safetensors only."""
+    info = check_checkpoint(path, expected) if expected is not None else inspect_checkpoint(path)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from lerobot.configs.policies import PreTrainedConfig
+        from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+    except ImportError as exc:  # pragma: no cover - lerobot is a dependency
+        raise CheckpointError(f"lerobot is not importable: {exc}") from exc
+    try:
+        policy_cls = get_policy_class(info.policy_type)
+    except (ImportError, ModuleNotFoundError) as exc:
+        raise CheckpointError(
+            f"policy type {info.policy_type!r} needs packages that are not installed here ({exc}); "
+            f"install lerobot's [{info.policy_type}] extra"
+        ) from exc
+    try:
+        cfg = PreTrainedConfig.from_pretrained(str(info.path), local_files_only=True)
+    except Exception as exc:  # draccus raises many types for a bad config
+        raise CheckpointError(f"{info.path / CONFIG_FILE} is not a valid {info.policy_type} config: {exc}") from exc
+    dev = device or info.device
+    if dev.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            dev = "cpu"
+    cfg.device = dev
+    if hasattr(cfg, "pretrained_backbone_weights"):
+        # The checkpoint's weights overwrite the backbone; never download ImageNet weights first.
+        cfg.pretrained_backbone_weights = None
+    try:
+        policy = policy_cls.from_pretrained(str(info.path), config=cfg, local_files_only=True, strict=True)
+    except (ImportError, ModuleNotFoundError, OSError) as exc:
+        raise CheckpointError(f"cannot build {info.policy_type} policy offline: {exc}") from exc
+    except RuntimeError as exc:  # missing/unexpected keys, shape mismatches
+        raise CheckpointError(f"{info.path / MODEL_FILE} does not match its config.json: {exc}") from exc
+    overrides = {"device_processor": {"device": dev}}
+    try:
+        pre, post = make_pre_post_processors(
+            cfg, pretrained_path=str(info.path), preprocessor_overrides=overrides, postprocessor_overrides=overrides
+        )
+    except Exception as exc:
+        raise CheckpointError(f"cannot load the processor pipelines of {info.path}: {exc}") from exc
+    return LoadedPolicy(info=info, policy=policy, preprocessor=pre, postprocessor=post, device=dev)

@@ -1,0 +1,114 @@
+"""One observation in, one action chunk out: the only code that runs a policy's forward pass.
+
+Both the policy worker process (shared-memory path for the control loop) and the ZeroMQ server
+(serve.py, for other local clients) call ``PolicyEngine.infer``; keeping one implementation means
+the latency numbers of both paths measure the same work.
+
+Input: joint state (6,) in LeRobot units and RGB uint8 frames (H, W, 3) per camera, exactly what
+the daemon records; output: (n, 6) float32 absolute joint targets in LeRobot units, action 0
+meant for the observation's own time, action k for ``k`` policy periods later.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from daemon.dataset_schema import IMAGE_KEY_PREFIX, STATE_KEY
+from daemon.policy.checkpoint import CheckpointError, ExpectedIO, LoadedPolicy, load_policy
+
+
+@dataclass
+class InferenceTimings:
+    """Where one inference's time went, in seconds."""
+
+    preprocess_s: float = 0.0
+    forward_s: float = 0.0
+    postprocess_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.preprocess_s + self.forward_s + self.postprocess_s
+
+
+class PolicyEngine:
+    """A loaded policy plus the glue LeRobot's rollout code applies around it."""
+
+    def __init__(self, loaded: LoadedPolicy, task: str = "", max_actions: int | None = None):
+        import torch
+
+        self._torch = torch
+        self.loaded = loaded
+        self.info = loaded.info
+        self.task = task
+        self.max_actions = max_actions
+        self._device = torch.device(loaded.device)
+        self._uses_queues = self.info.policy_type == "diffusion"
+        self.camera_names = self.info.camera_names
+        self.reset()
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: str, expected: ExpectedIO | None = None, device: str | None = None, task: str = ""
+    ) -> "PolicyEngine":
+        return cls(load_policy(path, expected, device), task=task)
+
+    def reset(self) -> None:
+        """Forget observation history (diffusion's n_obs_steps queue); call at episode start."""
+        self.loaded.policy.reset()
+
+    def check_observation(self, state: np.ndarray, images: dict[str, np.ndarray]) -> None:
+        """Raise ValueError naming what is wrong with an observation (never reaches torch)."""
+        if state.shape != tuple(self.info.state_shape or ()):
+            raise ValueError(f"state shape {state.shape}, policy expects {self.info.state_shape}")
+        if not np.all(np.isfinite(state)):
+            raise ValueError("state contains NaN or inf")
+        for name, (c, h, w) in self.info.cameras.items():
+            img = images.get(name)
+            if img is None:
+                raise ValueError(f"camera {name!r} missing from the observation")
+            if img.shape != (h, w, c) or img.dtype != np.uint8:
+                raise ValueError(f"camera {name!r}: got {img.dtype} {img.shape}, policy expects uint8 {(h, w, c)}")
+
+    def infer(self, state: np.ndarray, images: dict[str, np.ndarray]) -> tuple[np.ndarray, InferenceTimings]:
+        """Action chunk (n, action_dim) float32 in LeRobot units, plus timings."""
+        torch = self._torch
+        state = np.asarray(state, dtype=np.float32)
+        self.check_observation(state, images)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            obs: dict[str, object] = {STATE_KEY: torch.from_numpy(state).unsqueeze(0).to(self._device)}
+            for name in self.camera_names:
+                img = torch.from_numpy(images[name]).to(self._device)
+                obs[IMAGE_KEY_PREFIX + name] = img.permute(2, 0, 1).unsqueeze(0).float().div_(255.0)
+            obs["task"] = self.task
+            obs["robot_type"] = "so101_follower"
+            batch = self.loaded.preprocessor(obs)
+            t1 = time.perf_counter()
+            policy = self.loaded.policy
+            if self._uses_queues:
+                # Diffusion keeps n_obs_steps of history in its queues (what select_action does).
+                from lerobot.policies.utils import populate_queues
+                from lerobot.utils.constants import OBS_IMAGES
+
+                b = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor) and k != "action"}
+                if policy.config.image_features:
+                    b[OBS_IMAGES] = torch.stack([b[k] for k in policy.config.image_features], dim=-4)
+                policy._queues = populate_queues(policy._queues, b)
+                chunk = policy.predict_action_chunk(b)
+            else:
+                chunk = policy.predict_action_chunk(batch)
+            if self._device.type == "cuda":
+                torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            actions = self.loaded.postprocessor(chunk)
+            out = actions.detach().to("cpu").numpy()
+        t3 = time.perf_counter()
+        out = np.asarray(out, dtype=np.float32).reshape(-1, out.shape[-1])
+        if self.max_actions is not None:
+            out = out[: self.max_actions]
+        if not np.all(np.isfinite(out)):
+            raise CheckpointError("the policy produced NaN or inf actions")
+        return np.ascontiguousarray(out), InferenceTimings(t1 - t0, t2 - t1, t3 - t2)

@@ -1,0 +1,372 @@
+"""PolicySource: the control loop's side of local inference.
+
+The loop calls ``target(now_monotonic_s, state_units)`` every cycle; it costs microseconds and
+never blocks: it drains finished chunks from the worker (non-blocking pipe poll), answers from the
+ActionQueue, and, when the queue runs low, hands the observation to a publisher thread which copies
+the cameras' latest frames and the state into shared memory and wakes the worker. ``None`` means
+nothing fresh: the loop holds (safety layer's job).
+
+Timeline of one request (all times ``time.monotonic()``, shared by both processes):
+  obs_time (loop asks) -> published (frames copied) -> worker read -> preprocess -> forward ->
+  postprocess -> done -> received by the loop (next cycle's poll).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol
+
+import numpy as np
+
+from calibration.conventions import NUM_JOINTS
+from daemon.policy.action_queue import ActionQueue, QueueConfig
+from daemon.policy.checkpoint import ExpectedIO, check_checkpoint
+from daemon.policy.obs_buffer import ObsBuffer, ObsLayout
+from daemon.policy.worker import MAX_MESSAGE_BYTES, WorkerSpec, pack, unpack, worker_main
+
+log = logging.getLogger("so101d.policy")
+
+
+class FrameSource(Protocol):
+    """What PolicySource needs from a camera (the recording helper's Camera satisfies it)."""
+
+    def latest_frame(self) -> Any: ...  # Frame | None with .pixels (H, W, 3) uint8, .capture_monotonic_s
+
+
+@dataclass
+class PolicyRunnerConfig:
+    checkpoint: str
+    cameras: dict[str, tuple[int, int]] = field(default_factory=dict)  # configured cameras (h, w)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    device: str | None = None
+    task: str = ""
+    nice: int = 5
+    torch_threads: int | None = None
+    request_timeout_s: float = 2.0  # an inference taking longer is abandoned (a new one is asked)
+    load_timeout_s: float = 120.0
+
+
+class _Samples:
+    """Last N samples; percentiles computed only when status asks (never on the hot path)."""
+
+    def __init__(self, n: int = 512):
+        self._d: deque[float] = deque(maxlen=n)
+
+    def add(self, v: float) -> None:
+        self._d.append(v)
+
+    def summary_ms(self) -> dict[str, float] | None:
+        if not self._d:
+            return None
+        a = np.fromiter(self._d, dtype=np.float64) * 1e3
+        return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
+                "max": float(a.max()), "n": int(a.size)}
+
+
+class PolicySource:
+    """Runs a policy worker process and serves its chunks to the control loop."""
+
+    def __init__(self, config: PolicyRunnerConfig, cameras: Mapping[str, FrameSource] | None = None):
+        self.config = config
+        self.cameras = dict(cameras or {})
+        # Cheap JSON-only checks in our process first: a readable error right away.
+        self.info = check_checkpoint(config.checkpoint, ExpectedIO(cameras=dict(config.cameras)))
+        missing = [n for n in self.info.cameras if n not in self.cameras]
+        if missing:
+            raise ValueError(f"policy needs camera(s) {', '.join(missing)} but no frame source was given for them")
+        qcfg = config.queue
+        if qcfg.refill_below >= self.info.n_action_steps:
+            qcfg = QueueConfig(**{**qcfg.__dict__, "refill_below": max(0, self.info.n_action_steps // 2)})
+        self.queue = ActionQueue(qcfg, action_dim=NUM_JOINTS)
+        self.state = "stopped"  # stopped | loading | ready | error
+        self.error: str | None = None
+        self.worker_info: dict[str, Any] = {}
+        self._layout = ObsLayout.make(NUM_JOINTS, {n: (c[1], c[2]) for n, c in self.info.cameras.items()})
+        self._buf: ObsBuffer | None = None
+        self._proc: mp.process.BaseProcess | None = None
+        self._req_w = None  # our end of daemon -> worker
+        self._res_r = None  # our end of worker -> daemon
+        self._req_id = 0
+        self._in_flight: int | None = None
+        self._in_flight_since = 0.0
+        self._retry_after = 0.0
+        self._started_at = 0.0
+        # publisher thread hand-off (the loop never copies frames itself)
+        self._pub_event = threading.Event()
+        self._pub_state = np.zeros(NUM_JOINTS, dtype=np.float64)
+        self._pub_obs_time = 0.0
+        self._pub_req = 0
+        self._pub_thread: threading.Thread | None = None
+        self._stopping = False
+        self._publish_failed: str | None = None
+        # stats
+        self.latency = _Samples()  # obs_time -> chunk received by the loop
+        self.overhead = _Samples()  # latency minus forward pass
+        self.stage = {k: _Samples() for k in ("publish", "read", "preprocess", "forward", "postprocess", "deliver")}
+        self.requests = 0
+        self.results = 0
+        self.timeouts = 0
+        self.worker_errors = 0
+        self.cameras_not_ready = 0
+        self.last_error: str | None = None
+        # (request id, obs_time_s, received_s, actions in chunk, actions kept) of recent chunks
+        self.chunk_log: deque[tuple[int, float, float, int, int]] = deque(maxlen=64)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Spawn the worker (returns at once; ``state`` goes loading -> ready or error)."""
+        if self.state in ("loading", "ready"):
+            return
+        ctx = mp.get_context("spawn")
+        self._buf = ObsBuffer(self._layout, create=True)
+        req_r, self._req_w = ctx.Pipe(duplex=False)
+        self._res_r, res_w = ctx.Pipe(duplex=False)
+        spec = WorkerSpec(
+            checkpoint=str(self.info.path), shm_name=self._buf.name, layout=self._layout.to_dict(),
+            cameras={n: [h, w] for n, (h, w) in self.config.cameras.items()}, device=self.config.device,
+            task=self.config.task, max_actions=self.info.n_action_steps, nice=self.config.nice,
+            torch_threads=self.config.torch_threads,
+        )
+        self._proc = ctx.Process(target=_worker_entry, args=(req_r, res_w, spec.__dict__),
+                                 name="so101d-policy", daemon=True)
+        self._proc.start()
+        req_r.close()
+        res_w.close()
+        self.state = "loading"
+        self.error = None
+        self._started_at = time.monotonic()
+        self._stopping = False
+        self._pub_thread = threading.Thread(target=self._publisher, name="policy-publisher", daemon=True)
+        self._pub_thread.start()
+
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """Block until the worker is ready or failed (for CLIs and tests, never the loop)."""
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.config.load_timeout_s)
+        while self.state == "loading" and time.monotonic() < deadline:
+            if self._res_r is not None and self._res_r.poll(0.05):
+                self._drain(time.monotonic())
+            self._check_worker_alive()
+        return self.state == "ready"
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stopping = True
+        self._pub_event.set()
+        if self._req_w is not None:
+            try:
+                self._req_w.send_bytes(pack({"t": "stop"}))
+            except (OSError, ValueError):
+                pass
+        if self._proc is not None:
+            self._proc.join(timeout_s)
+            if self._proc.is_alive():
+                self._proc.terminate()
+                self._proc.join(2.0)
+        if self._pub_thread is not None:
+            self._pub_thread.join(2.0)
+        for c in (self._req_w, self._res_r):
+            if c is not None:
+                c.close()
+        self._req_w = self._res_r = None
+        if self._buf is not None:
+            self._buf.close()
+            self._buf = None
+        self._proc = None
+        self.queue.clear()
+        self._in_flight = None
+        if self.state != "error":
+            self.state = "stopped"
+
+    def reset(self) -> None:
+        """Episode start: forget queued actions and the policy's observation history."""
+        self.queue.clear()
+        self._in_flight = None
+        if self._req_w is not None and self.state == "ready":
+            self._req_w.send_bytes(pack({"t": "reset"}))
+
+    # -- hot path ------------------------------------------------------------------------------
+    def target(self, now_s: float, state_units: np.ndarray) -> np.ndarray | None:
+        """Target joint positions for now (LeRobot units), or None (hold). Never blocks."""
+        res = self._res_r
+        if res is not None and res.poll():
+            self._drain(now_s)
+        if self.state != "ready":
+            return None
+        if self._in_flight is not None and now_s - self._in_flight_since > self.config.request_timeout_s:
+            self.timeouts += 1
+            self.last_error = f"inference request {self._in_flight} timed out"
+            self._in_flight = None
+        if self._in_flight is None and now_s >= self._retry_after and self.queue.needs_refill(now_s):
+            self._request(now_s, state_units)
+        return self.queue.target(now_s)
+
+    def _request(self, now_s: float, state_units: np.ndarray) -> None:
+        self._req_id += 1
+        self._pub_state[:] = state_units
+        self._pub_obs_time = now_s
+        self._pub_req = self._req_id
+        self._in_flight = self._req_id
+        self._in_flight_since = now_s
+        self.requests += 1
+        self._pub_event.set()
+
+    def _publisher(self) -> None:
+        """Copies frames + state into shared memory and wakes the worker (off the loop thread)."""
+        while True:
+            self._pub_event.wait()
+            self._pub_event.clear()
+            if self._stopping:
+                return
+            req, obs_time = self._pub_req, self._pub_obs_time
+            t0 = time.perf_counter()
+            images: dict[str, np.ndarray] = {}
+            oldest = obs_time
+            try:
+                for name in self.info.camera_names:
+                    frame = self.cameras[name].latest_frame()
+                    if frame is None:
+                        raise LookupError(name)
+                    images[name] = frame.pixels
+                    oldest = min(oldest, float(frame.capture_monotonic_s))
+                self._buf.write(obs_time, req, self._pub_state, images, oldest_frame_s=oldest)
+                self._req_w.send_bytes(pack({"t": "infer", "req": req}))
+            except LookupError as exc:
+                self.cameras_not_ready += 1
+                self._retry_after = time.monotonic() + 0.05
+                if self._in_flight == req:
+                    self._in_flight = None
+                if self.cameras_not_ready == 1:
+                    log.warning("policy: camera %s has no frame yet; holding", exc)
+                continue
+            except (ValueError, KeyError, OSError, AttributeError) as exc:
+                self.last_error = f"publishing the observation failed: {exc}"
+                self._retry_after = time.monotonic() + 0.5
+                if self._in_flight == req:
+                    self._in_flight = None
+                continue
+            self.stage["publish"].add(time.perf_counter() - t0)
+
+    def _drain(self, now_s: float) -> None:
+        res = self._res_r
+        while res is not None and res.poll():
+            try:
+                msg = unpack(res.recv_bytes(MAX_MESSAGE_BYTES))
+            except (EOFError, OSError):
+                self._worker_died("the policy worker closed its pipe")
+                return
+            except ValueError as exc:
+                self.last_error = f"bad message from the worker: {exc}"
+                continue
+            kind = msg["t"]
+            if kind == "result":
+                self._on_result(msg, time.monotonic())
+            elif kind == "ready":
+                self.worker_info = dict(msg.get("info") or {})
+                self.state = "ready"
+                log.info("policy ready: %s", self.worker_info)
+            elif kind == "error":
+                self.worker_errors += 1
+                self.last_error = str(msg.get("error"))
+                if msg.get("fatal"):
+                    self.state = "error"
+                    self.error = self.last_error
+                    log.error("policy worker failed: %s", self.error)
+                elif msg.get("req") == self._in_flight:
+                    self._in_flight = None
+
+    def _on_result(self, msg: dict[str, Any], recv_s: float) -> None:
+        req = int(msg["req"])
+        n, dim = int(msg["n"]), int(msg["dim"])
+        raw = msg["actions"]
+        if dim != NUM_JOINTS or len(raw) != n * dim * 4:
+            self.last_error = f"malformed chunk from the worker ({n}x{dim}, {len(raw)} bytes)"
+            return
+        actions = np.frombuffer(raw, dtype=np.float32).reshape(n, dim)
+        obs_time = float(msg["obs_time_s"])
+        try:
+            kept = self.queue.add_chunk(obs_time, actions, recv_s)
+        except ValueError as exc:
+            kept = 0
+            self.last_error = f"chunk rejected: {exc}"
+        self.chunk_log.append((req, obs_time, recv_s, n, kept))
+        if req == self._in_flight:
+            self._in_flight = None
+        self.results += 1
+        total = recv_s - obs_time
+        fwd = float(msg.get("forward_s", 0.0))
+        self.latency.add(total)
+        self.overhead.add(total - fwd)
+        for k in ("read", "preprocess", "forward", "postprocess"):
+            v = msg.get(f"{k}_s")
+            if v is not None:
+                self.stage[k].add(float(v))
+        self.stage["deliver"].add(max(0.0, recv_s - float(msg.get("done_s", recv_s))))
+
+    def _check_worker_alive(self) -> None:
+        if self._proc is not None and not self._proc.is_alive() and self.state in ("loading", "ready"):
+            if self._res_r is not None and self._res_r.poll():
+                self._drain(time.monotonic())
+            if self.state in ("loading", "ready"):
+                self._worker_died(f"the policy worker exited (code {self._proc.exitcode})")
+
+    def _worker_died(self, why: str) -> None:
+        self.state = "error"
+        self.error = why
+        self.last_error = why
+        self._in_flight = None
+        self._res_r = None
+        log.error("policy: %s", why)
+
+    # -- status --------------------------------------------------------------------------------
+    def stats(self, now_s: float | None = None) -> dict[str, Any]:
+        now_s = time.monotonic() if now_s is None else now_s
+        self._check_worker_alive()
+        newest = self.queue.newest_obs_time()
+        q = self.queue
+        return {
+            "state": self.state,
+            "error": self.error,
+            "checkpoint": str(self.info.path),
+            "policy_type": self.info.policy_type,
+            "cameras": list(self.info.camera_names),
+            "worker": self.worker_info,
+            "merge": q.config.merge,
+            "queue_depth": q.depth(now_s),
+            "chunks_live": len(q),
+            "chunk_age_ms": None if newest is None else (now_s - newest) * 1e3,
+            "inference_latency_ms": self.latency.summary_ms(),
+            "overhead_ms": self.overhead.summary_ms(),
+            "stages_ms": {k: s.summary_ms() for k, s in self.stage.items()},
+            "requests": self.requests,
+            "results": self.results,
+            "timeouts": self.timeouts,
+            "actions_dropped_stale": q.actions_dropped_stale,
+            "chunks_rejected": q.chunks_rejected,
+            "chunks_expired": q.chunks_expired,
+            "cameras_not_ready": self.cameras_not_ready,
+            "worker_errors": self.worker_errors,
+            "last_error": self.last_error,
+        }
+
+
+def _worker_entry(req_conn, res_conn, spec_dict: dict[str, Any]) -> None:
+    """Adapt our two one-way pipes to worker_main's single connection interface."""
+    worker_main(_Duplex(req_conn, res_conn), spec_dict)
+
+
+class _Duplex:
+    """recv from the request pipe, send on the result pipe."""
+
+    def __init__(self, rx, tx):
+        self._rx, self._tx = rx, tx
+
+    def recv_bytes(self, maxlength: int | None = None) -> bytes:
+        return self._rx.recv_bytes(maxlength)
+
+    def send_bytes(self, data: bytes) -> None:
+        self._tx.send_bytes(data)
+

@@ -1,0 +1,139 @@
+"""The policy worker process: loads the checkpoint, waits for requests, answers with action chunks.
+
+It runs in its own (spawned) process so the control loop never waits on torch. Messages over the
+multiprocessing Pipe are msgpack dicts (never pickle; the pipe carries only small control
+messages and the action chunk as raw float32 bytes). The observation itself is read from the
+shared-memory ObsBuffer.
+
+daemon -> worker: {"t": "infer", "req": id}, {"t": "reset"}, {"t": "stop"}
+worker -> daemon: {"t": "ready", "info": {...}}, {"t": "error", "error": str, "fatal": bool},
+                  {"t": "result", "req": id, "obs_time_s": f, "n": n, "dim": d, "actions": bytes,
+                   "read_s": f, "preprocess_s": f, "forward_s": f, "postprocess_s": f,
+                   "done_s": monotonic time the chunk was ready}
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+def pack(msg: dict[str, Any]) -> bytes:
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def unpack(data: bytes) -> dict[str, Any]:
+    msg = msgpack.unpackb(data, raw=False, max_bin_len=MAX_MESSAGE_BYTES, strict_map_key=True)
+    if not isinstance(msg, dict) or "t" not in msg:
+        raise ValueError("malformed worker message")
+    return msg
+
+
+@dataclass
+class WorkerSpec:
+    """Everything the worker needs, as plain data (sent once at spawn)."""
+
+    checkpoint: str
+    shm_name: str
+    layout: dict[str, Any]
+    cameras: dict[str, list[int]] = field(default_factory=dict)  # name -> [h, w] for the mismatch check
+    device: str | None = None
+    task: str = ""
+    max_actions: int | None = None
+    nice: int = 5  # lower priority than the control loop: the loop's rate matters more
+    torch_threads: int | None = None
+
+
+def worker_main(conn, spec_dict: dict[str, Any]) -> None:
+    """Process entry point (spawn). Never raises: failures become an "error" message."""
+    spec = WorkerSpec(**spec_dict)
+    try:
+        if spec.nice:
+            os.nice(spec.nice)
+    except OSError:
+        pass
+    buf = None
+    try:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from daemon.policy.checkpoint import ExpectedIO
+        from daemon.policy.engine import PolicyEngine
+        from daemon.policy.obs_buffer import ObsBuffer, ObsLayout
+
+        if spec.torch_threads:
+            import torch
+
+            torch.set_num_threads(spec.torch_threads)
+        layout = ObsLayout.from_dict(spec.layout)
+        # Spawned children share the daemon's resource tracker, so attaching registers the same
+        # name again (a no-op) and the daemon's unlink at stop unregisters it once: no leak warning.
+        buf = ObsBuffer(layout, name=spec.shm_name, create=False)
+        expected = ExpectedIO(cameras={n: (int(h), int(w)) for n, (h, w) in spec.cameras.items()})
+        engine = PolicyEngine.from_checkpoint(spec.checkpoint, expected, spec.device, task=spec.task)
+        engine.max_actions = spec.max_actions
+        info = engine.info
+        state = np.zeros(layout.state_dim, dtype=np.float64)
+        images = {n: np.zeros((h, w, 3), dtype=np.uint8) for n, h, w in layout.cameras if n in info.cameras}
+        # Warm-up: the first forward pass allocates; do it before saying ready.
+        t0 = time.perf_counter()
+        engine.infer(state, {n: img for n, img in images.items()})
+        engine.reset()
+        warmup_s = time.perf_counter() - t0
+        conn.send_bytes(pack({
+            "t": "ready",
+            "info": {
+                "policy_type": info.policy_type, "chunk_size": info.chunk_size,
+                "n_action_steps": info.n_action_steps, "cameras": list(info.camera_names),
+                "device": engine.loaded.device, "warmup_s": warmup_s, "pid": os.getpid(),
+            },
+        }))
+    except BaseException as exc:  # report, never crash silently
+        try:
+            conn.send_bytes(pack({"t": "error", "error": f"{type(exc).__name__}: {exc}", "fatal": True}))
+        except OSError:
+            pass
+        if buf is not None:
+            buf.close()
+        return
+    try:
+        while True:
+            try:
+                msg = unpack(conn.recv_bytes(MAX_MESSAGE_BYTES))
+            except (EOFError, OSError):
+                break
+            except ValueError as exc:
+                conn.send_bytes(pack({"t": "error", "error": str(exc), "fatal": False}))
+                continue
+            kind = msg["t"]
+            if kind == "stop":
+                break
+            if kind == "reset":
+                engine.reset()
+                continue
+            if kind != "infer":
+                conn.send_bytes(pack({"t": "error", "error": f"unknown request {kind!r}", "fatal": False}))
+                continue
+            t0 = time.perf_counter()
+            try:
+                obs_time, req, _oldest = buf.read_into(state, images)
+                t1 = time.perf_counter()
+                actions, timings = engine.infer(state, images)
+            except Exception as exc:
+                conn.send_bytes(pack({"t": "error", "error": f"inference failed: {exc}", "fatal": False,
+                                      "req": msg.get("req")}))
+                continue
+            conn.send_bytes(pack({
+                "t": "result", "req": req, "obs_time_s": obs_time, "n": int(actions.shape[0]),
+                "dim": int(actions.shape[1]), "actions": actions.astype(np.float32).tobytes(),
+                "read_s": t1 - t0, **{k: v for k, v in asdict(timings).items()},
+                "done_s": time.monotonic(),
+            }))
+    finally:
+        buf.close()
+
