@@ -1,0 +1,221 @@
+"""The sim side of the protocol, shared by every simulator backend (MuJoCo here, LeIsaac on a GPU).
+
+``SimServerEndpoint`` owns the bound ROUTER socket (see ``sim_bridge.protocol`` for why ROUTER),
+tracks the daemon it answers, decodes and counts what it receives, and sends state, frames and
+episode events. A backend calls ``poll()`` once per tick and reads the resulting ``ServerInbox``;
+it never touches ZeroMQ itself, so the backend's stepping logic stays testable with a fake env.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zmq
+
+from sim_bridge import protocol as P
+
+log = logging.getLogger("so101d.sim.server")
+
+
+@dataclass
+class ServerInbox:
+    """What arrived since the last poll (only the newest target and torque command matter)."""
+
+    target_units: np.ndarray | None = None
+    target_seq: int = -1
+    target_sent_s: float = 0.0
+    torque: bool | None = None
+    episode_cmds: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class ServerStats:
+    received: int = 0
+    sent: int = 0
+    send_dropped: int = 0
+    targets: int = 0
+    rejects: P.RejectCounters = field(default_factory=P.RejectCounters)
+    peers_seen: int = 0
+
+
+class SimServerEndpoint:
+    """Bound ROUTER: one daemon at a time (the most recent one heard from)."""
+
+    def __init__(
+        self,
+        bind: str,
+        *,
+        backend: str,
+        cameras: list[dict[str, Any]] | None = None,
+        rate_hz: float = 30.0,
+        daemon_staleness_s: float = P.DEFAULT_STALENESS_S,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self.bind_endpoint = bind
+        self.backend = backend
+        self.cameras = list(cameras or [])
+        self.rate_hz = rate_hz
+        self.daemon_staleness_s = daemon_staleness_s
+        self._ctx = context or zmq.Context.instance()
+        self._sock: zmq.Socket | None = None
+        self._peer: bytes | None = None
+        self._last_rx_s = -1e9
+        self._state_seq = 0
+        self._event_seq = 0
+        self.stats = ServerStats()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def open(self) -> None:
+        if self.bind_endpoint.startswith("ipc://"):
+            path = self.bind_endpoint[len("ipc://") :]
+            # A previous sim killed with SIGKILL leaves its socket file behind; binding over it works
+            # on Linux, but remove it so a stale file never looks like a live sim.
+            if path and os.path.exists(path):
+                os.unlink(path)
+        s = self._ctx.socket(zmq.ROUTER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        s.setsockopt(zmq.SNDHWM, 32)
+        s.setsockopt(zmq.RCVHWM, 256)
+        s.setsockopt(zmq.MAXMSGSIZE, P.ZMQ_MAXMSGSIZE)
+        s.bind(self.bind_endpoint)
+        self._sock = s
+        log.info("sim server (%s) bound at %s", self.backend, self.bind_endpoint)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    @property
+    def endpoint(self) -> str:
+        """The bound endpoint (the resolved port when bound to tcp://...:0)."""
+        assert self._sock is not None
+        return self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    # -- receiving -------------------------------------------------------------------------
+    def daemon_stale(self, now_s: float | None = None) -> bool:
+        now = time.monotonic() if now_s is None else now_s
+        return now - self._last_rx_s > self.daemon_staleness_s
+
+    @property
+    def has_peer(self) -> bool:
+        return self._peer is not None
+
+    def poll(self, timeout_s: float = 0.0) -> ServerInbox:
+        """Drain everything that arrived; wait up to ``timeout_s`` for the first message."""
+        inbox = ServerInbox()
+        assert self._sock is not None
+        if timeout_s > 0 and not self._sock.poll(int(timeout_s * 1000)):
+            return inbox
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                break
+            self.stats.received += 1
+            if len(frames) < 2:
+                self.stats.rejects.count(P.ProtocolError("frames", "message without routing id"))
+                continue
+            peer, body = frames[0], frames[1:]
+            try:
+                msg = P.decode(body, P.DAEMON_TO_SIM)
+            except P.ProtocolError as err:
+                self.stats.rejects.count(err)
+                log.debug("rejected message: %s", err)
+                if err.reason == "version":
+                    self._send_to(peer, P.encode("error", error=str(err)))
+                continue
+            if peer != self._peer:
+                self.stats.peers_seen += 1
+                log.info("daemon connected (peer #%d)", self.stats.peers_seen)
+                self._peer = peer
+                self.send_hello()  # the daemon's own hello may have been dropped before it connected
+            self._last_rx_s = time.monotonic()
+            h = msg.header
+            if msg.type == "target":
+                self.stats.targets += 1
+                if h["seq"] > inbox.target_seq:
+                    inbox.target_units = np.asarray(h["pos"], dtype=np.float64)
+                    inbox.target_seq = h["seq"]
+                    inbox.target_sent_s = float(h["sent_s"])
+            elif msg.type == "torque":
+                inbox.torque = bool(h["enabled"])
+            elif msg.type == "episode":
+                inbox.episode_cmds.append({"cmd": h["cmd"], "seq": h["seq"], "seed": h.get("seed")})
+            elif msg.type == "hello":
+                self.send_hello()
+        return inbox
+
+    # -- sending ---------------------------------------------------------------------------
+    def _send_to(self, peer: bytes, frames: list[bytes | memoryview]) -> bool:
+        assert self._sock is not None
+        try:
+            self._sock.send_multipart([peer, *frames], zmq.NOBLOCK, copy=False)
+        except (zmq.Again, zmq.ZMQError):
+            # Again: the daemon's queue is full (it is slow); EHOSTUNREACH: it is gone.
+            self.stats.send_dropped += 1
+            return False
+        self.stats.sent += 1
+        return True
+
+    def _send(self, frames: list[bytes | memoryview]) -> bool:
+        if self._peer is None:
+            return False
+        return self._send_to(self._peer, frames)
+
+    def send_hello(self) -> bool:
+        return self._send(
+            P.encode("hello", server="so101d-sim", backend=self.backend, cameras=self.cameras, rate_hz=self.rate_hz)
+        )
+
+    def send_state(
+        self,
+        pos_units: np.ndarray,
+        *,
+        sim_time_s: float,
+        torque: bool,
+        ack_seq: int,
+        ack_sent_s: float,
+        vel_units: np.ndarray | None = None,
+        effort: np.ndarray | None = None,
+    ) -> bool:
+        self._state_seq += 1
+        fields: dict[str, Any] = dict(
+            seq=self._state_seq,
+            sim_time_s=float(sim_time_s),
+            pos=P.joints_to_wire(pos_units),
+            torque=bool(torque),
+            ack_seq=int(ack_seq),
+            ack_sent_s=float(ack_sent_s),
+            daemon_stale=self.daemon_stale(),
+        )
+        if vel_units is not None:
+            fields["vel"] = P.joints_to_wire(vel_units)
+        if effort is not None:
+            fields["effort"] = P.joints_to_wire(effort)
+        return self._send(P.encode("state", **fields))
+
+    def send_frame(self, name: str, seq: int, capture_s: float, pixels: np.ndarray, jpeg_quality: int | None = None) -> bool:
+        if self._peer is None:
+            return False
+        if jpeg_quality is None:
+            return self._send(P.encode_frame(name, seq, capture_s, pixels))
+        import cv2
+
+        ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(pixels[:, :, ::-1]), [cv2.IMWRITE_JPEG_QUALITY, int(jpeg_quality)])
+        if not ok:
+            return False
+        return self._send(P.encode_jpeg_frame(name, seq, capture_s, buf.tobytes(), tuple(pixels.shape)))
+
+    def send_event(self, event: str, detail: str = "", seq: int | None = None) -> bool:
+        self._event_seq += 1
+        return self._send(P.encode("episode", event=event, seq=self._event_seq if seq is None else int(seq), detail=detail))
+
+    def send_heartbeat(self) -> bool:
+        return self._send(P.encode("heartbeat", sent_s=time.monotonic()))
