@@ -110,11 +110,13 @@ class Daemon:
     def _loop_call(self, fn: Callable[[], Any], message: str) -> dict[str, Any]:
         try:
             self.loop.call(fn, timeout_s=3.0)
+            # the mode the change led to: read at the start of the following cycle
+            mode = self.loop.call(lambda: self.loop.state.mode, timeout_s=3.0)
         except (ValueError, RuntimeError) as exc:
             raise RequestError(str(exc)) from None
         except TimeoutError:
             raise RequestError("control loop did not answer within 3 s") from None
-        return {"message": message, "mode": self.loop.state.mode}
+        return {"message": message, "mode": mode}
 
     def status(self) -> dict[str, Any]:
         st = self.loop.status()

@@ -1,0 +1,144 @@
+"""`so101d demo`: the daemon on the virtual bench (what `make run` starts).
+
+It is exactly `so101d run` on a bench configuration: the emulator runs as a subprocess
+(`so101d emulate`, its own process and GIL, wire time modelled) serving an emulated leader (moving
+through a pick-and-place demo) and follower on pseudo-terminals in a run directory; the emulated
+arms' reference calibrations are written to a bench calibration root there; the daemon runs on
+daemon/configs/virtual_bench.toml with those paths filled in, and live status is printed to the
+terminal until Ctrl-C (or ``--duration`` seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import tempfile
+import time
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("so101d.demo")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (scripted use)")
+    parser.add_argument("--dir", metavar="DIR", help="run directory for ports, calibration and config (default: a temporary one, removed at exit)")
+    parser.add_argument("--config", metavar="FILE", help="bench configuration (default: daemon/configs/virtual_bench.toml)")
+    parser.add_argument("--socket", metavar="PATH", help="control socket (default: the usual per-user path, so `so101d status` finds it)")
+    parser.add_argument("--no-wire-time", action="store_true", help="emulator answers at once (no modelled wire time)")
+    parser.add_argument("--quiet", action="store_true", help="no live status, log lines only")
+
+
+def bench_config_data(base_file: str | None) -> dict[str, Any]:
+    if base_file:
+        return tomllib.loads(Path(base_file).read_text())
+    text = resources.files("daemon").joinpath("configs/virtual_bench.toml").read_text()
+    return tomllib.loads(text)
+
+
+def prepare_bench(run_dir: Path, base_file: str | None = None, socket_path: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """Bench calibration root + configuration for arms linked at run_dir/leader and run_dir/follower."""
+    from calibration.calibration_file import save_calibration  # noqa: PLC0415
+    from daemon.config import config_from_dict, dump_toml  # noqa: PLC0415
+    from drivers.emulator import reference_calibration  # noqa: PLC0415
+
+    data = bench_config_data(base_file)
+    data.setdefault("leader", {})["port"] = str(run_dir / "leader")
+    data.setdefault("follower", {})["port"] = str(run_dir / "follower")
+    data.setdefault("calibration", {})["root"] = str(run_dir / "calibration")
+    if socket_path:
+        data.setdefault("socket", {})["path"] = socket_path
+    cfg = config_from_dict(data)
+    root = Path(cfg.calibration.root)
+    save_calibration(reference_calibration("leader"), "leader", cfg.leader.id, root)
+    save_calibration(reference_calibration("follower"), "follower", cfg.follower.id, root)
+    (run_dir / "so101d.toml").write_text(dump_toml(cfg))
+    return cfg, data
+
+
+def _one_line(st: dict[str, Any]) -> str:
+    t = st.get("timing_ms", {})
+    j = st.get("joints", {})
+    err = ""
+    if j.get("leader") and j.get("follower"):
+        err = " max|leader-follower| %.1f" % max(abs(j["leader"][k] - j["follower"][k]) for k in j["leader"])
+    return (f"mode {st['mode']:<12} {st['rate_hz']:6.1f} Hz  jitter p99 {t['jitter']['p99']:.3f} ms  "
+            f"cycle p50 {t['cycle']['p50']:.3f} ms  overruns {st['overruns']}{err}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from daemon.config import ConfigError  # noqa: PLC0415
+    from daemon.control_socket import SocketInUseError  # noqa: PLC0415
+    from daemon.service import Daemon, StartupError  # noqa: PLC0415
+    from drivers.emulator.process import EmulatorProcess  # noqa: PLC0415
+
+    temp = args.dir is None
+    run_dir = Path(tempfile.mkdtemp(prefix="so101d-demo-")) if temp else Path(args.dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    emu = None
+    try:
+        try:
+            cfg, _ = prepare_bench(run_dir, args.config, args.socket)
+        except (ConfigError, OSError, tomllib.TOMLDecodeError) as exc:
+            print(f"so101d demo: bad bench configuration: {exc}", file=sys.stderr)
+            return 2
+        emu = EmulatorProcess(run_dir, wire_time=not args.no_wire_time, leader_motion="demo")
+        emu.start()
+        log.info("virtual bench: emulator pid %s, ports %s and %s, config %s", emu.pid, cfg.leader.port, cfg.follower.port,
+                 run_dir / "so101d.toml")
+        try:
+            daemon = Daemon(cfg)
+        except StartupError as exc:
+            print(f"so101d demo: cannot start: {exc}", file=sys.stderr)
+            return 2
+        print(f"so101d demo: daemon on the virtual bench; control socket {daemon.socket_path}"
+              f" (try `so101d status --watch --socket {daemon.socket_path}`); Ctrl-C stops", file=sys.stderr)
+        try:
+            if args.quiet or not sys.stdout.isatty():
+                last = [0.0]
+
+                def tick() -> None:
+                    now = time.monotonic()
+                    if now - last[0] >= 1.0 and daemon.loop.cycles:
+                        last[0] = now
+                        print(_one_line(daemon.status()), flush=True)
+
+                return daemon.run_forever(duration_s=args.duration, on_tick=tick)
+            return _run_live(daemon, args.duration)
+        except SocketInUseError as exc:
+            print(f"so101d demo: {exc} (stop it, or give --socket PATH)", file=sys.stderr)
+            return 2
+    finally:
+        if emu is not None:
+            emu.stop()
+        if temp:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _run_live(daemon: Any, duration: float | None) -> int:
+    """Live status table in place; log lines printed above it (rich), no flicker."""
+    from rich.live import Live  # noqa: PLC0415
+    from rich.logging import RichHandler  # noqa: PLC0415
+
+    from daemon.commands.status import render  # noqa: PLC0415
+
+    root = logging.getLogger()
+    old_handlers = root.handlers[:]
+    with Live(refresh_per_second=4, auto_refresh=False, transient=False) as live:
+        root.handlers[:] = [RichHandler(console=live.console, show_path=False, show_time=True)]
+        last = [0.0]
+
+        def tick() -> None:
+            now = time.monotonic()
+            if now - last[0] >= 0.25:
+                last[0] = now
+                live.update(render(daemon.status()), refresh=True)
+
+        try:
+            return daemon.run_forever(duration_s=duration, on_tick=tick)
+        finally:
+            root.handlers[:] = old_handlers
