@@ -1,0 +1,507 @@
+"""Our SO-101 arm driver: six STS3215 servos on one Feetech bus, in LeRobot 0.6.1 units.
+
+``FeetechLeader`` (the arm moved by hand, torque off) and ``FeetechFollower`` (the arm that follows)
+implement ``drivers.arm_interface.LeaderArm`` / ``FollowerArm`` on ``drivers.feetech_bus``
+(see its docstring for why we do not go through scservo_sdk / FeetechMotorsBus).
+
+How this differs from LeRobot 0.6.1's SOFollower / SOLeader, and why:
+
+* ``connect()`` never calls ``input()``. It opens the port, checks every servo (id answers, model
+  777, one firmware version for all) and raises ``HandshakeError`` naming the joint, its id and the
+  port; then configures the servos with LeRobot's values (Return_Delay_Time 0,
+  Maximum_Acceleration 254, Acceleration 254, Phase bit 4 cleared, Operating_Mode 0, follower
+  P 16 / I 0 / D 32, gripper Max_Torque_Limit 500, Protection_Current 250, Overload_Torque 25).
+  A calibration stored in the servos that differs from the file is *reported*
+  (``calibration_mismatches``) and logged, never silently overwritten: the caller decides
+  (``write_calibration``), because writing EEPROM is the calibration procedure's job.
+* Configuration reads first and writes only registers that differ. EEPROM has a limited number of
+  writes, and an EEPROM write needs Lock 0, which LeRobot ties to torque off: rewriting unchanged
+  registers on every reconnect would drop a holding follower for nothing.
+* The follower ends ``connect()`` with torque as it found it (LeRobot switches it on inside
+  ``configure``). ``set_torque(True)`` first sets every Goal_Position to the present position, so
+  enabling torque never jumps to a stale goal (the gear-stripping jump at t=0, IsaacTeleop#730).
+* One sync read per control cycle; health registers (40..70) in one more sync read at the
+  caller's lower rate; goals in one sync write, clamped to the calibrated range, NaN/inf refused
+  with ValueError before anything reaches the bus.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from calibration.calibration_file import ArmCalibration, MotorCalibration
+from calibration.conventions import (
+    GRIPPER_INDEX,
+    JOINT_IDS,
+    JOINT_NAMES,
+    MAX_TICK,
+    NUM_JOINTS,
+    BodyMode,
+    ticks_to_units,
+    unit_limits,
+    units_to_ticks,
+)
+from drivers.arm_interface import (
+    ArmError,
+    ArmHealth,
+    BusCounters,
+    BusTimeoutError,
+    HandshakeError,
+    PortGoneError,
+    ServoHealth,
+)
+from drivers.feetech_bus import DEFAULT_REPLY_MARGIN_S, DEFAULT_RETRIES, FeetechBus, ServoNoReplyError, decode_value
+from drivers.sts3215_table import CONTROL_TABLE, MODEL_NUMBER_STS3215
+
+log = logging.getLogger("drivers.feetech_arm")
+
+JOINT_ID_LIST: tuple[int, ...] = tuple(JOINT_IDS[n] for n in JOINT_NAMES)
+NAME_BY_ID: dict[int, str] = {JOINT_IDS[n]: n for n in JOINT_NAMES}
+
+# Health block: Torque_Enable (40) .. Present_Current (69, 2 bytes) in one sync read.
+HEALTH_START = CONTROL_TABLE["Torque_Enable"][0]
+HEALTH_END = CONTROL_TABLE["Present_Current"][0] + CONTROL_TABLE["Present_Current"][1]
+HEALTH_LEN = HEALTH_END - HEALTH_START
+CURRENT_MA_PER_UNIT = 6.5  # STS3215 Present_Current unit (Feetech: 6.5 mA)
+PHASE_ANGLE_FEEDBACK_BIT = 0x10  # LeRobot clears it so positions stay in 0..4095 (LR#3373)
+
+
+def describe_joint(servo_id: int) -> str:
+    name = NAME_BY_ID.get(servo_id)
+    return f"'{name}' (id {servo_id})" if name else f"id {servo_id}"
+
+
+@dataclass
+class BusConfig:
+    """Settings shared by leader and follower buses (LeRobot 0.6.1 defaults)."""
+
+    baudrate: int = 1_000_000
+    retries: int = DEFAULT_RETRIES  # extra tries per transaction before BusTimeoutError
+    reply_margin_s: float = DEFAULT_REPLY_MARGIN_S  # reply time allowed beyond wire time
+    return_delay_time: int = 0  # 2 us units; factory 250 (500 us), LeRobot writes 0
+    maximum_acceleration: int = 254
+    acceleration: int = 254
+    expected_model: int = MODEL_NUMBER_STS3215
+    expected_firmware: tuple[int, int] | None = None  # (major, minor) to require; None: all servos equal
+    body_mode: BodyMode = "degrees"
+    reconnect_timeout_s: float = 5.0
+
+
+@dataclass
+class FollowerBusConfig(BusConfig):
+    """Follower settings; defaults are LeRobot 0.6.1's SOFollower configure()."""
+
+    p_coefficient: int = 16
+    i_coefficient: int = 0
+    d_coefficient: int = 32
+    gripper_max_torque_limit: int = 500  # 50 % of max torque: the gripper overloads otherwise (LR#3942)
+    gripper_protection_current: int = 250
+    gripper_overload_torque: int = 25
+    disable_torque_on_close: bool = True  # as LeRobot's disconnect(); best effort
+
+
+@dataclass
+class LeaderBusConfig(BusConfig):
+    """Leader settings (torque always off: the operator moves it by hand)."""
+
+
+@dataclass
+class _Desired:
+    """Register values ``configure`` wants on one servo, EEPROM ones kept apart."""
+
+    eeprom: dict[str, int] = field(default_factory=dict)
+    sram: dict[str, int] = field(default_factory=dict)
+
+
+class _FeetechArm:
+    role = "arm"
+
+    def __init__(self, port: str, calibration: ArmCalibration | None, config: BusConfig) -> None:
+        self.port = port
+        self.calibration = calibration
+        self.config = config
+        self.bus = FeetechBus(port, config.baudrate, retries=config.retries, reply_margin_s=config.reply_margin_s)
+        self.firmware: tuple[int, int] | None = None
+        self.calibration_mismatches: list[str] = []
+        self.torque_enabled: bool | None = None  # as last read or commanded; None: unknown
+        self._connected = False
+
+    # ------------------------------------------------------------------------------------------
+    @property
+    def counters(self) -> BusCounters:
+        return self.bus.counters
+
+    @property
+    def is_connected(self) -> bool:
+        return self._connected and self.bus.is_open
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.port!r})"
+
+    # ------------------------------------------------------------------------------------------
+    # connect / handshake / configure
+    # ------------------------------------------------------------------------------------------
+    def connect(self) -> None:
+        """Open, handshake, configure. Never blocks on input; raises ArmError subclasses."""
+        self.bus.open()
+        try:
+            self.handshake()
+            self.configure()
+            self.calibration_mismatches = self._compare_calibration()
+            if self.calibration_mismatches:
+                log.warning(
+                    "%s on %s: calibration in the servos differs from the file (%s); "
+                    "run the calibration or write it with write_calibration()",
+                    self.role,
+                    self.port,
+                    "; ".join(self.calibration_mismatches),
+                )
+        except BaseException:
+            self.bus.close()
+            raise
+        self._connected = True
+
+    def handshake(self) -> None:
+        """Every joint's id answers with the STS3215 model number, all on one firmware version."""
+        missing: list[int] = []
+        found: dict[int, int] = {}
+        for sid in JOINT_ID_LIST:
+            try:
+                found[sid] = self.bus.ping(sid, retries=1)
+            except BusTimeoutError:
+                missing.append(sid)
+        problems: list[str] = []
+        if missing:
+            problems.append(
+                "no reply from servo " + ", ".join(describe_joint(s) for s in missing)
+                + " (unpowered, unplugged, or a different id/baud rate?)"
+            )
+        wrong = {sid: m for sid, m in found.items() if m != self.config.expected_model}
+        if wrong:
+            problems.append(
+                "wrong model: "
+                + ", ".join(f"{describe_joint(s)} reports model {m}" for s, m in wrong.items())
+                + f", expected {self.config.expected_model} (STS3215)"
+            )
+        if problems:
+            seen = ", ".join(str(s) for s in sorted(found)) or "none"
+            raise HandshakeError(f"{self.role} arm on {self.port}: " + "; ".join(problems) + f" (ids answering: {seen})")
+        versions: dict[int, tuple[int, int]] = {}
+        for sid in JOINT_ID_LIST:
+            major = self.bus.read("Firmware_Major_Version", sid)
+            minor = self.bus.read("Firmware_Minor_Version", sid)
+            versions[sid] = (major, minor)
+        distinct = set(versions.values())
+        if len(distinct) != 1:
+            listing = ", ".join(f"{describe_joint(s)} {v[0]}.{v[1]}" for s, v in versions.items())
+            raise HandshakeError(
+                f"{self.role} arm on {self.port}: servos run different firmware versions ({listing}); "
+                "update them with Feetech's software first"
+            )
+        (fw,) = distinct
+        expected = self.config.expected_firmware
+        if expected is not None and fw != tuple(expected):
+            raise HandshakeError(
+                f"{self.role} arm on {self.port}: firmware {fw[0]}.{fw[1]} on every servo, expected {expected[0]}.{expected[1]}"
+            )
+        self.firmware = fw
+
+    def _desired(self, sid: int) -> _Desired:
+        c = self.config
+        d = _Desired()
+        d.eeprom["Return_Delay_Time"] = c.return_delay_time
+        d.eeprom["Operating_Mode"] = 0
+        d.sram["Maximum_Acceleration"] = c.maximum_acceleration
+        d.sram["Acceleration"] = c.acceleration
+        return d
+
+    def configure(self) -> None:
+        """Bring every servo to the desired registers, writing only those that differ."""
+        plan: dict[int, dict[str, int]] = {}
+        eeprom_needed = False
+        for sid in JOINT_ID_LIST:
+            want = self._desired(sid)
+            writes: dict[str, int] = {}
+            for reg, value in {**want.eeprom, **want.sram}.items():
+                if self.bus.read(reg, sid) != value:
+                    writes[reg] = value
+                    eeprom_needed |= reg in want.eeprom
+            phase = self.bus.read("Phase", sid)
+            if phase & PHASE_ANGLE_FEEDBACK_BIT:
+                writes["Phase"] = phase & ~PHASE_ANGLE_FEEDBACK_BIT
+                eeprom_needed = True
+            if writes:
+                plan[sid] = writes
+        if eeprom_needed:
+            # EEPROM is writable only with Lock 0, which LeRobot couples with torque off.
+            log.info("%s on %s: configuring servos (torque off while EEPROM is written)", self.role, self.port)
+            self._torque_off_all()
+        for sid, writes in plan.items():
+            for reg, value in writes.items():
+                self.bus.write(reg, sid, value)
+            log.debug("%s on %s: %s configured: %s", self.role, self.port, describe_joint(sid), writes)
+        self._after_configure()
+
+    def _after_configure(self) -> None:
+        self.torque_enabled = self._read_torque_all()
+
+    def _read_torque_all(self) -> bool:
+        states = self.bus.sync_read("Torque_Enable", JOINT_ID_LIST)
+        return all(states.values())
+
+    def _torque_off_all(self) -> None:
+        for sid in JOINT_ID_LIST:
+            self.bus.write("Torque_Enable", sid, 0)
+            self.bus.write("Lock", sid, 0)
+        self.torque_enabled = False
+
+    # ------------------------------------------------------------------------------------------
+    # calibration in the servos
+    # ------------------------------------------------------------------------------------------
+    def read_calibration(self) -> ArmCalibration:
+        """The calibration the servos hold (drive_mode lives only in the file: taken from it or 0)."""
+        motors = {}
+        for name in JOINT_NAMES:
+            sid = JOINT_IDS[name]
+            drive = self.calibration[name].drive_mode if self.calibration else 0
+            motors[name] = MotorCalibration(
+                id=sid,
+                drive_mode=drive,
+                homing_offset=self.bus.read("Homing_Offset", sid),
+                range_min=self.bus.read("Min_Position_Limit", sid),
+                range_max=self.bus.read("Max_Position_Limit", sid),
+            )
+        return ArmCalibration(motors)
+
+    def _compare_calibration(self) -> list[str]:
+        if self.calibration is None:
+            return []
+        held = self.read_calibration()
+        out = []
+        for name in JOINT_NAMES:
+            a, b = self.calibration[name], held[name]
+            for fld in ("homing_offset", "range_min", "range_max"):
+                if getattr(a, fld) != getattr(b, fld):
+                    out.append(f"{name}.{fld}: file {getattr(a, fld)}, servo {getattr(b, fld)}")
+        return out
+
+    def write_calibration(self, cal: ArmCalibration) -> None:
+        """Write Homing_Offset and Min/Max_Position_Limit of every joint, like LeRobot.
+
+        Torque off and Lock 0 first (EEPROM), then the three registers, then a read-back: a value
+        the servo did not keep raises ArmError naming the joint. Torque stays off afterwards.
+        The arm then converts units with ``cal``.
+        """
+        self._torque_off_all()
+        for name in JOINT_NAMES:
+            m = cal[name]
+            sid = JOINT_IDS[name]
+            self.bus.write("Homing_Offset", sid, m.homing_offset)
+            self.bus.write("Min_Position_Limit", sid, m.range_min)
+            self.bus.write("Max_Position_Limit", sid, m.range_max)
+        self.calibration = cal
+        self.calibration_mismatches = self._compare_calibration()
+        if self.calibration_mismatches:
+            raise ArmError(
+                f"{self.role} arm on {self.port}: servos did not keep the calibration written: "
+                + "; ".join(self.calibration_mismatches)
+            )
+
+    def reset_calibration(self) -> None:
+        """Factory calibration (Homing_Offset 0, limits 0..4095), as LeRobot before calibrating."""
+        self._torque_off_all()
+        for sid in JOINT_ID_LIST:
+            self.bus.write("Homing_Offset", sid, 0)
+            self.bus.write("Min_Position_Limit", sid, 0)
+            self.bus.write("Max_Position_Limit", sid, MAX_TICK)
+
+    # ------------------------------------------------------------------------------------------
+    # per-cycle I/O
+    # ------------------------------------------------------------------------------------------
+    def _require_calibration(self) -> ArmCalibration:
+        if self.calibration is None:
+            raise ArmError(f"{self.role} arm on {self.port}: no calibration loaded (run `so101d calibrate`)")
+        return self.calibration
+
+    def read_joints_ticks(self) -> np.ndarray:
+        """Present_Position of the six joints (int64 ticks), one sync read; fresh or an exception."""
+        values = self.bus.sync_read("Present_Position", JOINT_ID_LIST)
+        return np.fromiter((values[sid] for sid in JOINT_ID_LIST), dtype=np.int64, count=NUM_JOINTS)
+
+    def read_joints(self) -> np.ndarray:
+        """Joint positions in LeRobot units (body degrees, gripper 0..100), float64 (6,)."""
+        cal = self._require_calibration()
+        return ticks_to_units(self.read_joints_ticks(), cal, self.config.body_mode)
+
+    def joint_limits(self) -> tuple[np.ndarray, np.ndarray]:
+        return unit_limits(self._require_calibration(), self.config.body_mode)
+
+    def read_health(self) -> ArmHealth:
+        """Temperature, voltage, load, current, status bits and torque of every servo.
+
+        One sync read of registers 40..70. A servo that does not answer is listed in ``missing``
+        (the others are still reported); if none answers, the BusTimeoutError propagates.
+        """
+        now = time.monotonic()
+        try:
+            blocks = self.bus.sync_read_bytes(HEALTH_START, HEALTH_LEN, JOINT_ID_LIST, what="SYNC_READ health")
+            missing: list[int] = []
+        except ServoNoReplyError as exc:
+            missing = list(exc.missing_ids)
+            answered = [s for s in JOINT_ID_LIST if s not in missing]
+            if not answered:
+                raise
+            blocks = self.bus.sync_read_bytes(HEALTH_START, HEALTH_LEN, answered, what="SYNC_READ health")
+        servos: dict[str, ServoHealth] = {}
+        for sid, blk in blocks.items():
+            servos[NAME_BY_ID[sid]] = ServoHealth(
+                temperature_c=float(self._field(blk, "Present_Temperature")),
+                voltage_v=self._field(blk, "Present_Voltage") / 10.0,
+                load_pct=self._field(blk, "Present_Load") / 10.0,
+                current_ma=self._field(blk, "Present_Current") * CURRENT_MA_PER_UNIT,
+                status_bits=self._field(blk, "Status") | self.bus.last_error_bits.get(sid, 0),
+                torque_enabled=bool(self._field(blk, "Torque_Enable")),
+            )
+        if not missing:
+            self.torque_enabled = all(h.torque_enabled for h in servos.values())
+        return ArmHealth(servos=servos, read_at_s=now, missing=tuple(NAME_BY_ID[s] for s in missing))
+
+    @staticmethod
+    def _field(block: bytes, name: str) -> int:
+        addr, size = CONTROL_TABLE[name]
+        off = addr - HEALTH_START
+        return decode_value(name, block[off : off + size])
+
+    # ------------------------------------------------------------------------------------------
+    # lifecycle
+    # ------------------------------------------------------------------------------------------
+    def reconnect(self, timeout_s: float | None = None) -> None:
+        """Reopen the port after it vanished (replugged adapter, restarted emulator) and handshake.
+
+        Retries until ``timeout_s`` (config.reconnect_timeout_s by default); the last error
+        propagates if the arm is still not back. Counted in ``counters.reconnects``.
+        """
+        deadline = time.monotonic() + (self.config.reconnect_timeout_s if timeout_s is None else timeout_s)
+        self._connected = False
+        self.bus.close()
+        while True:
+            try:
+                self.connect()
+            except (PortGoneError, BusTimeoutError, HandshakeError) as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.debug("%s on %s: reconnect attempt failed: %s", self.role, self.port, exc)
+                time.sleep(0.05)
+                continue
+            self.bus.counters.reconnects += 1
+            log.info("%s on %s: reconnected", self.role, self.port)
+            return
+
+    def close(self) -> None:
+        self._connected = False
+        self.bus.close()
+
+
+class FeetechLeader(_FeetechArm):
+    """The SO-101 leader arm (LeaderArm): torque off, read once per cycle."""
+
+    role = "leader"
+
+    def __init__(self, port: str, calibration: ArmCalibration | None, config: LeaderBusConfig | None = None) -> None:
+        super().__init__(port, calibration, config or LeaderBusConfig())
+
+    def _after_configure(self) -> None:
+        # LeRobot's SOLeader.configure(): torque off on every motor (the operator moves it).
+        self._torque_off_all()
+
+
+class FeetechFollower(_FeetechArm):
+    """The SO-101 follower arm (FollowerArm, kind "feetech")."""
+
+    role = "follower"
+    kind = "feetech"
+
+    def __init__(self, port: str, calibration: ArmCalibration | None, config: FollowerBusConfig | None = None) -> None:
+        self.config: FollowerBusConfig
+        super().__init__(port, calibration, config or FollowerBusConfig())
+        self.last_goal_ticks: np.ndarray | None = None
+
+    def _desired(self, sid: int) -> _Desired:
+        c = self.config
+        d = super()._desired(sid)
+        d.eeprom["P_Coefficient"] = c.p_coefficient
+        d.eeprom["I_Coefficient"] = c.i_coefficient
+        d.eeprom["D_Coefficient"] = c.d_coefficient
+        if sid == JOINT_ID_LIST[GRIPPER_INDEX]:
+            d.eeprom["Max_Torque_Limit"] = c.gripper_max_torque_limit
+            d.eeprom["Protection_Current"] = c.gripper_protection_current
+            d.eeprom["Overload_Torque"] = c.gripper_overload_torque
+        return d
+
+    def goals_to_ticks(self, goals: np.ndarray) -> np.ndarray:
+        """LeRobot units -> Goal_Position ticks, clamped to the calibrated range (ValueError on NaN/inf)."""
+        cal = self._require_calibration()
+        g = np.asarray(goals, dtype=np.float64)
+        if g.shape != (NUM_JOINTS,):
+            raise ValueError(f"{self.role} arm on {self.port}: expected {NUM_JOINTS} goals, got shape {g.shape}")
+        if not np.all(np.isfinite(g)):
+            bad = [JOINT_NAMES[i] for i in np.flatnonzero(~np.isfinite(g))]
+            raise ValueError(f"{self.role} arm on {self.port}: non-finite goal for {', '.join(bad)}: {g.tolist()}")
+        ticks = units_to_ticks(g, cal, self.config.body_mode)
+        lo = np.array([cal[n].range_min for n in JOINT_NAMES], dtype=np.int64)
+        hi = np.array([cal[n].range_max for n in JOINT_NAMES], dtype=np.int64)
+        return np.clip(ticks, lo, hi)
+
+    def write_goals(self, goals: np.ndarray) -> None:
+        """One sync write of the six Goal_Position values (LeRobot units in)."""
+        self.write_goals_ticks(self.goals_to_ticks(goals))
+
+    def write_goals_ticks(self, ticks: np.ndarray) -> None:
+        t = np.asarray(ticks)
+        if t.shape != (NUM_JOINTS,):
+            raise ValueError(f"{self.role} arm on {self.port}: expected {NUM_JOINTS} goal ticks, got shape {t.shape}")
+        if not np.issubdtype(t.dtype, np.integer):
+            if not np.all(np.isfinite(t)):
+                raise ValueError(f"{self.role} arm on {self.port}: non-finite goal ticks {t.tolist()}")
+            t = np.rint(t)
+        values = {sid: int(v) for sid, v in zip(JOINT_ID_LIST, t.tolist())}
+        bad = {NAME_BY_ID[s]: v for s, v in values.items() if not 0 <= v <= MAX_TICK}
+        if bad:
+            raise ValueError(f"{self.role} arm on {self.port}: goal ticks outside 0..{MAX_TICK}: {bad}")
+        self.bus.sync_write("Goal_Position", values)
+        self.last_goal_ticks = np.array(list(values.values()), dtype=np.int64)
+
+    def set_torque(self, enabled: bool) -> None:
+        """Torque on: goals := present positions first (no jump), then Torque_Enable 1, Lock 1 per
+        servo (LeRobot's order). Torque off: Torque_Enable 0, Lock 0."""
+        if enabled:
+            present = self.read_joints_ticks()
+            self.bus.sync_write("Goal_Position", {sid: int(v) for sid, v in zip(JOINT_ID_LIST, present.tolist())})
+            self.last_goal_ticks = present
+            for sid in JOINT_ID_LIST:
+                self.bus.write("Torque_Enable", sid, 1)
+                self.bus.write("Lock", sid, 1)
+            self.torque_enabled = True
+        else:
+            self._torque_off_all()
+
+    def close(self) -> None:
+        if self.config.disable_torque_on_close and self.bus.is_open:
+            try:
+                self._torque_off_all()
+            except ArmError as exc:  # the port may already be gone; closing must still succeed
+                log.warning("%s on %s: could not switch torque off at close: %s", self.role, self.port, exc)
+        super().close()
+
+
+__all__ = [
+    "BusConfig",
+    "FeetechFollower",
+    "FeetechLeader",
+    "FollowerBusConfig",
+    "LeaderBusConfig",
+]
