@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -86,8 +87,11 @@ def test_realtime_dropin_verifies_with_the_unit(tmp_path: Path) -> None:
 
 
 @needs_analyze
-def test_security_exposure_is_low(tmp_path: Path) -> None:
-    unit = _render(tmp_path)
+def test_security_exposure_is_low(open_dir: Path) -> None:
+    exe = _fake_so101d(open_dir)
+    text, _ = render_unit(exe, package_dir=open_dir / "opt")
+    unit = open_dir / "so101d.service"
+    unit.write_text(text)
     r = subprocess.run([ANALYZE, "security", "--offline=yes", "--threshold=25", str(unit)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -106,11 +110,33 @@ def test_security_exposure_is_low(tmp_path: Path) -> None:
         assert checks[name]["set"], name
 
 
-def test_unit_contents(tmp_path: Path) -> None:
-    unit = _render(tmp_path)
+@pytest.fixture
+def open_dir():
+    """A directory every user can traverse (pytest's tmp_path sits under a 0700 directory)."""
+    d = Path(tempfile.mkdtemp(prefix="so101d-unit-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _fake_so101d(tmp_path: Path) -> Path:
+    """A console script outside any home directory (the real venv's interpreter may live in /root)."""
+    exe = tmp_path / "opt" / "bin" / "so101d"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_unit_contents(open_dir: Path) -> None:
+    tmp_path = open_dir
+    exe = _fake_so101d(tmp_path)
+    text, _ = render_unit(exe, package_dir=tmp_path / "opt")
+    unit = tmp_path / "so101d.service"
+    unit.write_text(text)
     s = _service_section(unit)
     assert s["Type"] == ["notify"]
-    assert s["ExecStart"] == [f"{SO101D} run --config /etc/so101d/so101d.toml"]
+    assert s["ExecStart"] == [f"{exe} run --config /etc/so101d/so101d.toml"]
     assert Path(s["ExecStart"][0].split()[0]).is_absolute()
     assert s["User"] == ["so101d"] and "dialout" in s["SupplementaryGroups"][0].split()
     assert s["WatchdogSec"] and s["Restart"] == ["on-failure"]
@@ -129,12 +155,30 @@ def test_unit_contents(tmp_path: Path) -> None:
     assert parser["Install"]["WantedBy"] == "multi-user.target"
 
 
-def test_unit_variants_and_refusals(tmp_path: Path) -> None:
-    text, warnings = render_unit(SO101D, user="robot", read_write_paths=["/srv/datasets"])
+def test_unit_variants_and_refusals(open_dir: Path) -> None:
+    tmp_path = open_dir
+    exe = _fake_so101d(tmp_path)
+    text, warnings = render_unit(exe, user="robot", read_write_paths=["/srv/datasets"], package_dir=tmp_path / "opt")
     assert "User=robot" in text and "Group=robot" in text and "ReadWritePaths=/srv/datasets" in text
-    assert not warnings or "home" in warnings[0]
+    assert warnings == []
     text, warnings = render_unit(Path("/home/op/venv/bin/so101d"), package_dir=Path("/home/op/so101d"))
     assert "ProtectHome=read-only" in text and "home directory" in warnings[0]
+    # A venv whose python links to an interpreter under /root (pyenv) is caught through the shebang.
+    venv_py = tmp_path / "venv" / "bin" / "python"
+    venv_py.parent.mkdir(parents=True)
+    venv_py.symlink_to("/root/.pyenv/versions/3.12.1/bin/python3.12")
+    script = tmp_path / "venv" / "bin" / "so101d"
+    script.write_text(f"#!{venv_py}\n")
+    text, warnings = render_unit(script, package_dir=tmp_path / "opt")
+    assert "ProtectHome=read-only" in text and "/root/.pyenv" in warnings[0]
+    locked = tmp_path / "locked"
+    (locked / "bin").mkdir(parents=True)
+    locked.chmod(0o700)
+    try:
+        _, warnings = render_unit(locked / "bin" / "so101d", package_dir=tmp_path / "opt")
+        assert any("cannot reach" in w and str(locked) in w for w in warnings), warnings
+    finally:
+        locked.chmod(0o755)
     with pytest.raises(InstallError, match="absolute"):
         render_unit(Path("so101d"))
     with pytest.raises(InstallError, match="spaces"):

@@ -169,6 +169,41 @@ def _under_home(path: Path) -> bool:
     return s.startswith(_HOME_PREFIXES)
 
 
+def interpreter_of(exec_path: Path) -> Path | None:
+    """The real interpreter behind a console script (its shebang, symlinks resolved).
+
+    A venv's python is a symlink to the base interpreter — often pyenv's under /root or /home —
+    and the service must be able to reach that too, not only the venv."""
+    try:
+        with open(exec_path, "rb") as f:
+            first = f.readline(512)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    parts = first[2:].decode(errors="replace").split()
+    if not parts:
+        return None
+    if os.path.basename(parts[0]) == "env" and len(parts) > 1:
+        import shutil  # noqa: PLC0415
+
+        found = shutil.which(parts[1])
+        return Path(os.path.realpath(found)) if found else None
+    return Path(os.path.realpath(parts[0]))
+
+
+def unreachable_by_others(path: Path) -> Path | None:
+    """The first ancestor directory a user outside owner and group cannot traverse, if any."""
+    for parent in reversed(path.parents):
+        try:
+            mode = parent.stat().st_mode
+        except OSError:
+            return None
+        if not mode & 0o001:
+            return parent
+    return None
+
+
 def render_unit(exec_path: Path, config_path: str = CONFIG_PATH, user: str = "so101d",
                 read_write_paths: list[str] | None = None, package_dir: Path = REPO) -> tuple[str, list[str]]:
     """The unit text and warnings for the operator."""
@@ -181,12 +216,22 @@ def render_unit(exec_path: Path, config_path: str = CONFIG_PATH, user: str = "so
         raise InstallError(f"--user {user!r} is not a valid system user name")
     warnings = []
     protect_home = "yes"
-    if _under_home(exec_path) or _under_home(package_dir):
+    needed = [("so101d", exec_path), ("the so101d package", package_dir)]
+    interp = interpreter_of(exec_path)
+    if interp is not None:
+        needed.append(("its Python interpreter", interp))
+    in_home = [(what, p) for what, p in needed if _under_home(p)]
+    if in_home:
         protect_home = "read-only"
+        where = "; ".join(f"{what} is {p}" for what, p in in_home)
         warnings.append(
-            f"so101d is installed under a home directory ({exec_path.parent}): ProtectHome=read-only instead of yes, "
-            f"and user {user} needs read access to it. Installing the venv under /opt/so101d is better."
+            f"{where}: under a home directory, so ProtectHome=read-only instead of yes. "
+            "A venv built from a system Python under /opt/so101d is better."
         )
+    for what, p in needed:
+        blocked = unreachable_by_others(p)
+        if blocked is not None:
+            warnings.append(f"{what} ({p}) is behind {blocked} (mode {blocked.stat().st_mode & 0o777:o}): user {user} cannot reach it")
     text = UNIT_TEMPLATE.read_text()
     rw = "\n".join(f"ReadWritePaths={p}" for p in (read_write_paths or []))
     if rw:
