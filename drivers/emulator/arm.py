@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 
 from calibration.calibration_file import ArmCalibration, MotorCalibration
-from calibration.conventions import JOINT_IDS, JOINT_NAMES, NUM_JOINTS, ticks_to_units, units_to_ticks
+from calibration.conventions import GRIPPER_INDEX, JOINT_IDS, JOINT_NAMES, MAX_TICK, NUM_JOINTS, ticks_to_units
 from drivers.emulator.motion import REST_POSE_UNITS, DemoMotion, MotionSource, StillMotion
 from drivers.emulator.servo import EmulatedServo, ServoPhysics, factory_registers
 from drivers.sts3215_table import (
@@ -137,6 +137,10 @@ class EmulatedArm:
         self.clock = clock
         self.lock = threading.RLock()
         self.reference = reference_calibration(role)
+        self._lo = np.array([self.reference[n].range_min for n in JOINT_NAMES], dtype=np.float64)
+        self._hi = np.array([self.reference[n].range_max for n in JOINT_NAMES], dtype=np.float64)
+        self._mid = (self._lo + self._hi) / 2
+        self._offsets = np.array([self.reference[n].homing_offset for n in JOINT_NAMES], dtype=np.float64)
         pose = np.asarray(REST_POSE_UNITS if initial_pose_units is None else initial_pose_units, dtype=np.float64)
         phys = self._units_to_phys(pose)
         base = _PHYSICS[role]
@@ -152,6 +156,7 @@ class EmulatedArm:
             self.servos.append(EmulatedServo(JOINT_IDS[joint], phys[i], clock, physics, regs))
         self._motion: MotionSource | None = None
         self._motion_t0 = clock()
+        self._phys_cache: dict[float, np.ndarray] = {}
         if motion is None and role == "leader":
             motion = DemoMotion()
         if motion is not None:
@@ -159,14 +164,21 @@ class EmulatedArm:
 
     # --- frames -----------------------------------------------------------------------------
     def _units_to_phys(self, units: np.ndarray) -> np.ndarray:
-        """LeRobot units -> raw encoder ticks of this physical arm (reference calibration)."""
-        ticks = units_to_ticks(np.asarray(units, dtype=np.float64), self.reference).astype(np.float64)
-        offsets = np.array([self.reference[n].homing_offset for n in JOINT_NAMES], dtype=np.float64)
-        return ticks + offsets
+        """LeRobot units -> raw encoder ticks of this physical arm (reference calibration).
+
+        Float, not rounded like ``units_to_ticks``: a hand-moved joint moves continuously and
+        its encoder (and velocity) quantise only when read.
+        """
+        u = np.asarray(units, dtype=np.float64)
+        if u.shape != (NUM_JOINTS,):
+            raise ValueError(f"a pose needs {NUM_JOINTS} values, got shape {u.shape}")
+        out = u * MAX_TICK / 360.0 + self._mid
+        g = GRIPPER_INDEX
+        out[g] = min(100.0, max(0.0, u[g])) / 100.0 * (self._hi[g] - self._lo[g]) + self._lo[g]
+        return out + self._offsets
 
     def _phys_to_units(self, phys: np.ndarray) -> np.ndarray:
-        offsets = np.array([self.reference[n].homing_offset for n in JOINT_NAMES], dtype=np.float64)
-        ticks = np.mod(np.asarray(phys) - offsets, TICKS_PER_TURN)
+        ticks = np.mod(np.asarray(phys) - self._offsets, TICKS_PER_TURN)
         return ticks_to_units(ticks, self.reference)
 
     # --- lookup -----------------------------------------------------------------------------
@@ -193,21 +205,27 @@ class EmulatedArm:
                 s.update()
             self._motion = motion
             self._motion_t0 = self.clock()
+            self._phys_cache = {}
             for i, s in enumerate(self.servos):
                 s.external = None if motion is None else self._external_for(i)
                 s.update()
 
     def _external_for(self, index: int) -> Callable[[float], float]:
-        cache: dict[str, object] = {"t": None, "phys": None}
+        return lambda now: float(self._phys_at(now)[index])
 
-        def source(now: float) -> float:
-            if cache["t"] != now:
-                assert self._motion is not None
-                cache["phys"] = self._units_to_phys(self._motion.pose_at(now - self._motion_t0))
-                cache["t"] = now
-            return float(cache["phys"][index])  # type: ignore[index]
-
-        return source
+    def _phys_at(self, now: float) -> np.ndarray:
+        """Physical pose from the motion source at ``now``; a two-entry cache serves the six
+        servos of one request (and the velocity estimate's second sample) with one conversion."""
+        cache = self._phys_cache
+        hit = cache.get(now)
+        if hit is not None:
+            return hit
+        assert self._motion is not None
+        phys = self._units_to_phys(self._motion.pose_at(now - self._motion_t0))
+        if len(cache) >= 2:
+            cache.pop(next(iter(cache)))
+        cache[now] = phys
+        return phys
 
     def set_pose_units(self, pose_units: np.ndarray | list[float]) -> None:
         """Put the arm (by hand) in a pose given in LeRobot units; stops any motion source.

@@ -71,6 +71,7 @@ HEAT_C_PER_S_AT_FULL_LOAD = 0.5
 SUBSTEP_S = 0.002
 MAX_SUBSTEPS = 2000
 NO_RAMP_ACCEL_TPS2 = 1.0e6
+VELOCITY_WINDOW_S = 0.005
 
 
 def factory_registers(servo_id: int) -> bytearray:
@@ -239,8 +240,12 @@ class EmulatedServo:
             self.overcurrent_s = 0.0
             if self.external is not None:
                 self.phys = float(self.external(now))
-                self._apply_block()
-            self.vel_tps = (self.phys - prev_phys) / dt
+                blocked = self._apply_block()
+                # What the encoder sees now: the source's instantaneous speed, not the average
+                # since the last (possibly long ago) access.
+                self.vel_tps = 0.0 if blocked else (self.phys - float(self.external(now - VELOCITY_WINDOW_S))) / VELOCITY_WINDOW_S
+            else:
+                self.vel_tps = (self.phys - prev_phys) / dt if dt < 0.05 else 0.0
             self.load_pct = 0.0
         self._thermal(dt)
 
