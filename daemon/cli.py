@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("daemon.commands.status", "show the running daemon's status"),
     "teleop": ("daemon.commands.teleop", "start or stop teleoperation (stop = hold)"),
     "torque": ("daemon.commands.torque", "switch the follower's torque on or off"),
+    "policy": ("daemon.commands.policy", "load, start, stop a local policy (inference next to the servos); check, serve"),
     # hardware and calibration
     "calibrate": ("calibration.cli", "calibrate a leader or follower arm"),
     "emulate": ("drivers.emulator.cli", "serve emulated SO-101 arms on pseudo-terminals"),

@@ -80,6 +80,7 @@ class ControlConfig:
     health_period_s: float = 0.5  # how often follower health registers (temperature, load...) are read
     reconnect_backoff_min_s: float = 0.2  # retry a lost arm after this, doubling...
     reconnect_backoff_max_s: float = 2.0  # ...up to this
+    realtime_priority: int = 0  # 1..99: run the loop thread SCHED_FIFO at this priority (needs CAP_SYS_NICE / LimitRTPRIO); 0: off
 
 
 @dataclass
@@ -131,9 +132,16 @@ class LeisaacRemoteLeaderConfig:
 
 @dataclass
 class PolicyConfig:
-    enabled: bool = False
+    enabled: bool = False  # load `path` when the daemon starts (then `so101d policy start`)
     path: str = ""  # checkpoint directory (safetensors)
     device: str = "cpu"
+    task: str = ""  # language instruction for VLA policies; also the evaluation episodes' task
+    action_fps: float = 30.0  # rate of the policy's actions (the training dataset's fps)
+    merge: Literal["latest", "average"] = "latest"  # overlapping chunks: newest wins, or temporal ensembling
+    ensemble_coeff: float = 0.01  # merge = "average": weight exp(-coeff * i), i = 0 the oldest chunk
+    refill_below: int = 10  # ask for the next chunk when this many future actions remain
+    max_obs_age_s: float = 1.0  # actions computed from an older observation are dropped
+    record: bool = True  # with [recording] enabled, `policy start` records an evaluation episode
 
 
 @dataclass
@@ -175,6 +183,7 @@ _CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
     ("control.health_period_s", lambda v: v > 0, _POSITIVE),
     ("control.reconnect_backoff_min_s", lambda v: v > 0, _POSITIVE),
     ("control.reconnect_backoff_max_s", lambda v: v > 0, _POSITIVE),
+    ("control.realtime_priority", lambda v: 0 <= v <= 99, "must be 0 (off) or 1..99"),
     ("safety.align_speed_deg_s", lambda v: 0 < v <= 360, "must be in (0, 360]"),
     ("safety.align_gripper_speed_pct_s", lambda v: 0 < v <= 1000, "must be in (0, 1000]"),
     ("safety.align_tolerance_deg", lambda v: v > 0, _POSITIVE),

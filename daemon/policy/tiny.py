@@ -172,3 +172,12 @@ def train_tiny_policy(
     pre.save_pretrained(out_dir)
     post.save_pretrained(out_dir)
     return TinyTrainResult(checkpoint=out_dir, losses=losses)
+
+
+def tiny_act_checkpoint(
+    work_dir: Path, cameras: dict[str, tuple[int, int]], steps: int = 5, frames_per_episode: int = 30
+) -> Path:
+    """Dataset + a few training steps of a tiny ACT -> checkpoint folder (work_dir/checkpoint)."""
+    work_dir = Path(work_dir)
+    ds = make_synthetic_dataset(work_dir / "dataset", cameras, frames_per_episode=frames_per_episode)
+    return train_tiny_policy(ds, work_dir / "checkpoint", policy_type="act", steps=steps).checkpoint

@@ -1,0 +1,223 @@
+"""Wires local inference into the running Daemon: socket verbs, mode ``policy``, status, stop.
+
+``attach_policy(daemon)`` registers ``policy.load`` / ``policy.start`` / ``policy.stop`` /
+``policy.unload`` / ``policy.status`` on the daemon-core's control server, adds ``policy`` to
+``status`` and stops the worker on shutdown. The loop side is ``daemon.loop.policy_source``
+(a PolicySource): in mode ``policy`` the loop asks it for the target instead of the leader and
+the same safety layer (alignment, step limit, joint limits, stale hold) applies.
+
+Camera frames come from the same Camera objects the recorder uses (pass ``cameras``; by default
+the recorder's, when one is attached).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+from typing import Any, Mapping
+
+from daemon.policy.action_queue import QueueConfig
+from daemon.policy.checkpoint import CheckpointError
+from daemon.policy.runner import FrameSource, PolicyRunnerConfig, PolicySource
+
+log = logging.getLogger("so101d.policy")
+
+
+class PolicyError(RuntimeError):
+    """A policy verb cannot be done now (message is the socket's error reply)."""
+
+
+def _request_error(msg: str) -> Exception:
+    try:
+        from daemon.control_socket import RequestError  # noqa: PLC0415
+
+        return RequestError(msg)
+    except ImportError:  # pragma: no cover
+        return PolicyError(msg)
+
+
+def queue_config_from(policy_cfg: Any) -> QueueConfig:
+    """[policy] keys -> QueueConfig (errors name the key)."""
+    try:
+        if not policy_cfg.action_fps > 0:
+            raise ValueError(f"policy.action_fps: {policy_cfg.action_fps!r} must be > 0")
+        if policy_cfg.refill_below < 0:
+            raise ValueError(f"policy.refill_below: {policy_cfg.refill_below!r} must be >= 0")
+        if not policy_cfg.max_obs_age_s > 0:
+            raise ValueError(f"policy.max_obs_age_s: {policy_cfg.max_obs_age_s!r} must be > 0")
+        return QueueConfig(
+            action_period_s=1.0 / float(policy_cfg.action_fps), merge=policy_cfg.merge,
+            ensemble_coeff=float(policy_cfg.ensemble_coeff), max_obs_age_s=float(policy_cfg.max_obs_age_s),
+            refill_below=int(policy_cfg.refill_below),
+        )
+    except ValueError as exc:
+        raise PolicyError(str(exc)) from None
+
+
+class PolicyController:
+    """Owns the PolicySource of a daemon and implements the policy verbs."""
+
+    def __init__(self, daemon: Any, cameras: Mapping[str, FrameSource] | None = None, recorder: Any = None):
+        self.daemon = daemon
+        self.cfg = daemon.cfg.policy
+        self.cameras = dict(cameras or {})
+        self.recorder = recorder
+        self.source: PolicySource | None = None
+        self.episode_open = False
+        self._lock = threading.Lock()
+
+    # -- verbs -------------------------------------------------------------------------------
+    def load(self, path: str | None = None, wait_s: float = 0.0) -> dict[str, Any]:
+        """Check the checkpoint (readable mismatch list), then start its worker process."""
+        path = path or self.cfg.path
+        if not path:
+            raise PolicyError("no checkpoint given (so101d policy load DIR, or [policy] path)")
+        with self._lock:
+            if self.source is not None and self.daemon.loop.intent == "policy":
+                raise PolicyError("a policy is driving the arm; `so101d policy stop` first")
+            configured = {n: (c.height, c.width) for n, c in self.daemon.cfg.cameras.items()}
+            try:
+                src = PolicySource(
+                    PolicyRunnerConfig(checkpoint=path, cameras=configured, queue=queue_config_from(self.cfg),
+                                       device=self.cfg.device or None, task=self.cfg.task),
+                    self.cameras,
+                )
+            except (CheckpointError, ValueError) as exc:
+                raise PolicyError(str(exc)) from None
+            old, self.source = self.source, src
+            if old is not None:
+                self.daemon.loop.policy_source = None
+                old.stop()
+            src.start()
+            self.daemon.loop.policy_source = src
+        if wait_s > 0:
+            src.wait_ready(wait_s)
+        return {"message": f"loading {src.info.policy_type} policy from {src.info.path}", "state": src.state,
+                "error": src.error, "cameras": list(src.info.camera_names)}
+
+    def _require_ready(self) -> PolicySource:
+        src = self.source
+        if src is None:
+            raise PolicyError("no policy loaded (so101d policy load DIR)")
+        if src.state == "loading":
+            raise PolicyError("policy still loading; try again in a moment (see so101d policy status)")
+        if src.state != "ready":
+            raise PolicyError(f"policy not usable: {src.error or src.state}")
+        return src
+
+    def start(self, record: bool | None = None, task: str | None = None) -> dict[str, Any]:
+        src = self._require_ready()
+        src.reset()
+        record = self.cfg.record if record is None else bool(record)
+        episode = None
+        if record and self.recorder is not None:
+            episode = self._start_episode(task or self.cfg.task or "policy evaluation")
+        try:
+            self.daemon.loop.call(lambda: self.daemon.loop.set_intent("policy"), timeout_s=3.0)
+        except Exception as exc:
+            if episode is not None:
+                self._end_episode(discard=True)
+            raise PolicyError(f"cannot switch to policy mode: {exc}") from None
+        return {"message": "policy driving the follower (aligning first)", "episode": episode}
+
+    def stop(self, success: bool | None = None, discard: bool = False) -> dict[str, Any]:
+        """Hold the follower where it is; close the evaluation episode (saved unless discard)."""
+        loop = self.daemon.loop
+        if loop.intent == "policy":
+            try:
+                loop.call(lambda: loop.set_intent("hold"), timeout_s=3.0)
+            except Exception as exc:
+                raise PolicyError(f"cannot leave policy mode: {exc}") from None
+        saved = self._end_episode(discard=discard, success=success) if self.episode_open else None
+        return {"message": "policy stopped: holding", "episode": saved}
+
+    def unload(self) -> dict[str, Any]:
+        self.stop()
+        with self._lock:
+            src, self.source = self.source, None
+            self.daemon.loop.policy_source = None
+        if src is not None:
+            src.stop()
+        return {"message": "policy unloaded"}
+
+    def status(self) -> dict[str, Any]:
+        src = self.source
+        if src is None:
+            return {"state": "none"}
+        st = src.stats()
+        st["driving"] = self.daemon.loop.intent == "policy"
+        st["episode_open"] = self.episode_open
+        return st
+
+    def close(self) -> None:
+        src, self.source = self.source, None
+        if src is not None:
+            self.daemon.loop.policy_source = None
+            src.stop()
+
+    # -- evaluation episodes (recording helper's Recorder) ---------------------------------------
+    def _start_episode(self, task: str) -> Any:
+        rec = self.recorder
+        try:
+            params = inspect.signature(rec.start_episode).parameters
+            if "origin" in params:
+                out = rec.start_episode(task, origin="policy")
+            else:
+                log.warning("recorder cannot tag episodes per call; the evaluation episode keeps the recorder's origin")
+                out = rec.start_episode(task)
+        except Exception as exc:
+            raise PolicyError(f"cannot start the evaluation episode: {exc}") from None
+        self.episode_open = True
+        return out
+
+    def _end_episode(self, discard: bool = False, success: bool | None = None) -> Any:
+        rec = self.recorder
+        self.episode_open = False
+        if rec is None:
+            return None
+        try:
+            return rec.discard_episode() if discard else rec.save_episode(success)
+        except Exception as exc:  # the episode may have been saved/discarded by hand
+            return {"error": str(exc)}
+
+
+def _verb(fn):
+    def handler(req: dict[str, Any]) -> Any:
+        try:
+            return fn(req)
+        except PolicyError as exc:
+            raise _request_error(str(exc)) from None
+
+    return handler
+
+
+def _opt_bool(req: dict[str, Any], key: str) -> bool | None:
+    v = req.get(key)
+    if v is None or isinstance(v, bool):
+        return v
+    raise PolicyError(f'"{key}" must be true, false or null, got {v!r}')
+
+
+def attach_policy(daemon: Any, cameras: Mapping[str, FrameSource] | None = None, recorder: Any = None) -> PolicyController:
+    """Register the policy verbs and status on a Daemon; load [policy] path if enabled."""
+    if recorder is None:
+        extra = getattr(daemon, "status_extras", {}).get("recording")
+        recorder = getattr(extra, "__self__", None)
+    if cameras is None and recorder is not None:
+        cameras = {c.name: c for c in getattr(recorder, "cameras", [])}
+    ctl = PolicyController(daemon, cameras, recorder)
+    reg = daemon.server.register
+    reg("policy.load", _verb(lambda req: ctl.load(req.get("path"), float(req.get("wait_s") or 0.0))))
+    reg("policy.start", _verb(lambda req: ctl.start(_opt_bool(req, "record"), req.get("task"))))
+    reg("policy.stop", _verb(lambda req: ctl.stop(_opt_bool(req, "success"), bool(req.get("discard", False)))))
+    reg("policy.unload", _verb(lambda req: ctl.unload()))
+    reg("policy.status", _verb(lambda req: ctl.status()))
+    daemon.status_extras["policy"] = ctl.status
+    daemon.on_stop.append(ctl.close)
+    if daemon.cfg.policy.enabled and daemon.cfg.policy.path:
+        try:
+            ctl.load()
+        except PolicyError as exc:
+            log.error("policy: %s", exc)
+    return ctl
