@@ -1,0 +1,295 @@
+"""The LeIsaac follower: a LeIsaac SO-101 task (Isaac Lab) served over ``sim_bridge.protocol``.
+
+Run it on a GPU workstation inside a LeIsaac 0.4 **source** install (Isaac Sim 5.1, Isaac Lab 2.3,
+Python 3.11) with this repository on PYTHONPATH (it needs only numpy, pyzmq and msgpack from us):
+
+    python -m sim_bridge.leisaac_follower --task LeIsaac-SO101-PickOrange-v0 \\
+        --bind tcp://127.0.0.1:5555 --enable_cameras --device cuda
+
+The environment is created the way LeIsaac's own scripts do (AppLauncher first, then
+``parse_env_cfg`` + ``env_cfg.use_teleop_device("so101leader")`` for absolute joint-position
+actions in the order pan, lift, elbow, wrist_flex, wrist_roll, gripper, then ``gym.make``). Our
+LeRobot-unit targets become LeIsaac joint radians with ``conventions.units_to_sim_rad`` (LeIsaac's
+own limit table); ``obs["policy"]["joint_pos"]`` goes back with ``sim_rad_to_units``; the
+``front`` and ``wrist`` camera terms are published as frames; the task's success term is
+evaluated every step *without* letting Isaac Lab auto-reset the scene (the daemon decides when an
+episode ends and sends ``reset``).
+
+Everything except ``main()`` is plain Python over a gym-style env (``reset(seed=)`` and
+``step(action)`` returning ``obs, reward, terminated, truncated, info``), so it is tested here
+with a fake env of the same interface; Isaac imports live only inside ``main()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from calibration.conventions import sim_rad_to_units, units_to_sim_rad
+from sim_bridge import protocol as P
+from sim_bridge.server import ServerInbox, SimServerEndpoint
+
+log = logging.getLogger("so101d.sim.leisaac")
+
+DEFAULT_TASK = "LeIsaac-SO101-PickOrange-v0"
+
+
+@dataclass
+class LeisaacBridgeConfig:
+    step_hz: float = 60.0  # LeIsaac steps at 1/60 s, decimation 1
+    publish_hz: float = 30.0  # camera frames (LeIsaac's cameras update at 30 Hz); state goes every step
+    cameras: tuple[str, ...] = ("front", "wrist")
+    jpeg_quality: int | None = None  # JPEG frames across a network link (e.g. an SSH tunnel)
+    daemon_staleness_s: float = 0.1
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """torch tensor (any device) or array-like -> numpy, without importing torch."""
+    if hasattr(x, "detach"):
+        x = x.detach()
+    if hasattr(x, "cpu"):
+        x = x.cpu()
+    if hasattr(x, "numpy"):
+        return x.numpy()
+    return np.asarray(x)
+
+
+def image_to_uint8(img: Any) -> np.ndarray:
+    """The first env's camera image as HxWx3 uint8 RGB (Isaac Lab gives (N, H, W, C))."""
+    a = to_numpy(img)
+    if a.ndim == 4:
+        a = a[0]
+    a = a[..., :3]
+    if a.dtype != np.uint8:
+        a = np.clip(a * 255.0 if a.max() <= 1.0 else a, 0, 255).astype(np.uint8)
+    return np.ascontiguousarray(a)
+
+
+class LeisaacBridge:
+    """Steps a LeIsaac-style env and serves it to the daemon."""
+
+    def __init__(
+        self,
+        env: Any,
+        endpoint: SimServerEndpoint,
+        *,
+        config: LeisaacBridgeConfig | None = None,
+        to_action: Callable[[np.ndarray], Any] = lambda rad: rad[None, :].astype(np.float32),
+        success_fn: Callable[[], bool] | None = None,
+        step_context: Callable[[], Any] = contextlib.nullcontext,
+        pre_step: Callable[[], None] | None = None,
+    ) -> None:
+        self.env = env
+        self.ep = endpoint
+        self.cfg = config or LeisaacBridgeConfig()
+        self.to_action = to_action
+        self.success_fn = success_fn
+        self.step_context = step_context
+        self.pre_step = pre_step
+        self.obs: Any = None
+        self.target_rad: np.ndarray | None = None
+        self.torque = True
+        self.ack_seq = -1
+        self.ack_sent_s = 0.0
+        self.episode_seq = 0
+        self.steps = 0
+        self._frame_seq = 0
+        self._next_frame_s = 0.0
+        self._success_sent = False
+        self._ended_sent = False
+        self._daemon_was_stale = True
+        self._stop = threading.Event()
+
+    # -- observation access ----------------------------------------------------------------------
+    def _policy_obs(self) -> dict[str, Any]:
+        obs = self.obs
+        return obs["policy"] if isinstance(obs, dict) and "policy" in obs else obs
+
+    def joint_rad(self) -> np.ndarray:
+        q = to_numpy(self._policy_obs()["joint_pos"]).astype(np.float64)
+        return q[0] if q.ndim == 2 else q
+
+    def joint_units(self) -> np.ndarray:
+        return sim_rad_to_units(self.joint_rad())
+
+    # -- episode ---------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> None:
+        with self.step_context():
+            self.obs, _ = self.env.reset(seed=seed) if seed is not None else self.env.reset()
+        self.target_rad = self.joint_rad().copy()  # hold the reset pose until the daemon commands
+        self._success_sent = self._ended_sent = False
+
+    def _apply(self, inbox: ServerInbox) -> None:
+        if inbox.torque is not None:
+            self.torque = inbox.torque
+            if not self.torque:
+                log.info("torque off: LeIsaac's action interface cannot go limp; holding the measured pose")
+        if inbox.target_units is not None and inbox.target_seq != self.ack_seq:
+            if self.torque:
+                self.target_rad = units_to_sim_rad(inbox.target_units)
+            self.ack_seq, self.ack_sent_s = inbox.target_seq, inbox.target_sent_s
+        for cmd in inbox.episode_cmds:
+            self.episode_seq = cmd["seq"]
+            if cmd["cmd"] == "reset":
+                self.reset(cmd.get("seed"))
+                self._send_state()
+                self.ep.send_event("reset_done", seq=self.episode_seq)
+            elif cmd["cmd"] == "start":
+                self._success_sent = self._ended_sent = False
+                self.ep.send_event("started", seq=self.episode_seq)
+            elif cmd["cmd"] == "stop":
+                self.ep.send_event("stopped", seq=self.episode_seq)
+
+    def _send_state(self) -> None:
+        self.ep.send_state(self.joint_units(), sim_time_s=self.steps / self.cfg.step_hz, torque=self.torque,
+                           ack_seq=self.ack_seq, ack_sent_s=self.ack_sent_s)
+
+    # -- one step --------------------------------------------------------------------------------
+    def tick(self, poll_timeout_s: float = 0.0) -> None:
+        self._apply(self.ep.poll(poll_timeout_s))
+        now = time.monotonic()
+        stale = self.ep.daemon_stale(now)
+        if (stale and not self._daemon_was_stale) or not self.torque or self.target_rad is None:
+            self.target_rad = self.joint_rad().copy()  # hold where it is
+            if stale and not self._daemon_was_stale:
+                log.warning("daemon silent: holding the current pose")
+        self._daemon_was_stale = stale
+        if self.pre_step is not None:
+            self.pre_step()
+        with self.step_context():
+            self.obs, _rew, terminated, truncated, _info = self.env.step(self.to_action(self.target_rad))
+        self.steps += 1
+        self._send_state()
+        success = bool(self.success_fn()) if self.success_fn is not None else bool(to_numpy(terminated).reshape(-1)[0])
+        if success and not self._success_sent:
+            self._success_sent = True
+            self.ep.send_event("success", "task success term", seq=self.episode_seq)
+        if bool(to_numpy(truncated).reshape(-1)[0]) and not self._ended_sent:
+            self._ended_sent = True
+            self.ep.send_event("terminated", "episode time out", seq=self.episode_seq)
+        if now >= self._next_frame_s and self.ep.has_peer:
+            self._next_frame_s = max(self._next_frame_s + 1.0 / self.cfg.publish_hz, now)
+            pobs = self._policy_obs()
+            for name in self.cfg.cameras:
+                if name in pobs:
+                    self.ep.send_frame(name, self._frame_seq, now, image_to_uint8(pobs[name]), self.cfg.jpeg_quality)
+            self._frame_seq += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self, is_running: Callable[[], bool] = lambda: True) -> None:
+        """Step at ``step_hz`` (waiting for daemon messages between steps) until stopped."""
+        period = 1.0 / self.cfg.step_hz
+        if self.obs is None:
+            self.reset()
+        next_t = time.monotonic()
+        while not self._stop.is_set() and is_running():
+            self.tick(poll_timeout_s=max(0.0, next_t - time.monotonic()))
+            next_t += period
+            if time.monotonic() - next_t > 0.25:  # the GPU fell behind: do not try to catch up
+                next_t = time.monotonic()
+
+
+# ---------------------------------------------------------------------------------------------
+# entry point (GPU workstation only)
+# ---------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Serve a LeIsaac SO-101 task to the so101d daemon (sim follower).")
+    p.add_argument("--task", default=DEFAULT_TASK, help="any single-arm SO-101 LeIsaac task (default %(default)s)")
+    p.add_argument("--bind", default="tcp://127.0.0.1:5555",
+                   help="endpoint to bind (loopback or ipc; reach it from another host through an SSH tunnel)")
+    p.add_argument("--step_hz", type=float, default=60.0)
+    p.add_argument("--publish_hz", type=float, default=30.0, help="camera frame rate sent to the daemon")
+    p.add_argument("--jpeg_quality", type=int, default=None)
+    p.add_argument("--daemon_staleness_ms", type=float, default=100.0)
+    p.add_argument("--seed", type=int, default=None)
+    return p
+
+
+def success_fn_for(env: Any, success_term: Any) -> Callable[[], bool] | None:
+    """Evaluate the task's success term ourselves (ManagerBased) or ``_check_success`` (Direct)."""
+    if success_term is not None and getattr(success_term, "func", None) is not None:
+        params = dict(getattr(success_term, "params", None) or {})
+        return lambda: bool(to_numpy(success_term.func(env, **params)).reshape(-1)[0])
+    if hasattr(env, "_check_success"):
+        return lambda: bool(to_numpy(env._check_success()).reshape(-1)[0])
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaac Sim and a GPU
+    parser = build_parser()
+    from isaaclab.app import AppLauncher
+
+    AppLauncher.add_app_launcher_args(parser)
+    args = parser.parse_args(argv)
+    app_launcher = AppLauncher(vars(args))
+    simulation_app = app_launcher.app
+
+    import gymnasium as gym
+    import torch
+    from isaaclab_tasks.utils import parse_env_cfg
+
+    import leisaac  # noqa: F401  (registers the LeIsaac tasks)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    env_cfg = parse_env_cfg(args.task, device=args.device, num_envs=1)
+    env_cfg.use_teleop_device("so101leader")  # absolute joint positions, pan..gripper
+    env_cfg.seed = args.seed if args.seed is not None else int(time.time())
+    env_cfg.recorders = None
+    success_term = None
+    if hasattr(env_cfg, "terminations"):
+        success_term = getattr(env_cfg.terminations, "success", None)
+        # no auto-reset from Isaac Lab: the daemon ends episodes; success is evaluated by us
+        for name in ("time_out", "success"):
+            if hasattr(env_cfg.terminations, name):
+                setattr(env_cfg.terminations, name, None)
+    if hasattr(env_cfg, "never_time_out"):
+        env_cfg.never_time_out = True
+    env = gym.make(args.task, cfg=env_cfg).unwrapped
+
+    pre_step = None
+    if getattr(env.cfg, "dynamic_reset_gripper_effort_limit", False):
+        from leisaac.utils.env_utils import dynamic_reset_gripper_effort_limit_sim
+
+        pre_step = lambda: dynamic_reset_gripper_effort_limit_sim(env, "so101leader")  # noqa: E731
+
+    ep = SimServerEndpoint(
+        args.bind, backend=f"leisaac:{args.task}",
+        cameras=[{"name": n, "width": 0, "height": 0, "fps": args.publish_hz} for n in ("front", "wrist")],
+        rate_hz=args.step_hz, daemon_staleness_s=args.daemon_staleness_ms / 1000.0,
+    )
+    ep.open()
+    bridge = LeisaacBridge(
+        env, ep,
+        config=LeisaacBridgeConfig(step_hz=args.step_hz, publish_hz=args.publish_hz, jpeg_quality=args.jpeg_quality,
+                                   daemon_staleness_s=args.daemon_staleness_ms / 1000.0),
+        to_action=lambda rad: torch.tensor(rad, dtype=torch.float32, device=env.device).unsqueeze(0),
+        success_fn=success_fn_for(env, success_term),
+        step_context=torch.inference_mode,
+        pre_step=pre_step,
+    )
+    if hasattr(env, "initialize"):
+        env.initialize()
+    bridge.reset(args.seed)
+    log.info("LeIsaac follower %s serving at %s (protocol v%d)", args.task, ep.endpoint, P.PROTOCOL_VERSION)
+    try:
+        bridge.run(is_running=simulation_app.is_running)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ep.close()
+        env.close()
+        simulation_app.close()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
