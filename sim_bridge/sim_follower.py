@@ -185,20 +185,26 @@ class SimFollower:
         self._wait_for_state(self.connect_timeout_s, "connect")
         log.info("sim follower connected to %s (%s)", self.endpoint, self._sim_info.get("backend", "?"))
 
-    def reconnect(self) -> None:
-        """Wait for the sim to come back (ZeroMQ redials by itself; nothing to rebuild)."""
+    def reconnect(self, timeout_s: float | None = None) -> None:
+        """Wait for the sim to come back (ZeroMQ redials by itself; nothing to rebuild).
+
+        ``timeout_s=0`` is one check (the daemon's connect thread keeps its own backoff);
+        None waits up to ``connect_timeout_s``. PortGoneError while no fresh state arrives.
+        """
         if self._thread is None or not self._thread.is_alive():
             self.connect()
             return
-        self._wait_for_state(self.connect_timeout_s, "reconnect")
+        self._wait_for_state(self.connect_timeout_s if timeout_s is None else timeout_s, "reconnect")
 
     def _wait_for_state(self, timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while True:
             if self._peer_error:
                 raise HandshakeError(f"sim at {self.endpoint}: {self._peer_error}")
             if self._fresh():
                 return
+            if time.monotonic() >= deadline:
+                break
             time.sleep(0.005)
         if self._peer_error:
             raise HandshakeError(f"sim at {self.endpoint}: {self._peer_error}")
