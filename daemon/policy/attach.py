@@ -119,7 +119,7 @@ class PolicyController:
             if episode is not None:
                 self._end_episode(discard=True)
             raise PolicyError(f"cannot switch to policy mode: {exc}") from None
-        return {"message": "policy driving the follower (aligning first)", "episode": episode}
+        return {"message": "policy driving the follower (aligning first)", "episode": episode, "mode": self._mode()}
 
     def stop(self, success: bool | None = None, discard: bool = False) -> dict[str, Any]:
         """Hold the follower where it is; close the evaluation episode (saved unless discard)."""
@@ -130,7 +130,14 @@ class PolicyController:
             except Exception as exc:
                 raise PolicyError(f"cannot leave policy mode: {exc}") from None
         saved = self._end_episode(discard=discard, success=success) if self.episode_open else None
-        return {"message": "policy stopped: holding", "episode": saved}
+        return {"message": "policy stopped: holding", "episode": saved, "mode": self._mode()}
+
+    def _mode(self) -> str | None:
+        loop = self.daemon.loop
+        try:  # read at the start of the next cycle: the mode the change led to
+            return loop.call(lambda: loop.state.mode, timeout_s=3.0)
+        except Exception:  # noqa: BLE001 - status detail only
+            return None
 
     def unload(self) -> dict[str, Any]:
         self.stop()
