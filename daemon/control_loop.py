@@ -34,6 +34,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -171,8 +172,9 @@ class ArmLink:
 class _LeaderWorker:
     """Reads the leader on its own thread when triggered, so its bus time overlaps the follower's."""
 
-    def __init__(self, read: Callable[[], None]) -> None:
+    def __init__(self, read: Callable[[], None], on_start: Callable[[], None] | None = None) -> None:
         self._read = read
+        self._on_start = on_start
         self._go = threading.Event()
         self.done = threading.Event()
         self.done.set()
@@ -189,6 +191,8 @@ class _LeaderWorker:
         return True
 
     def _run(self) -> None:
+        if self._on_start is not None:
+            self._on_start()
         while True:
             self._go.wait()
             self._go.clear()
@@ -359,7 +363,7 @@ class ControlLoop:
         if self.leader_link is not None:
             self.leader_link.start()
             if self.overlap_io:
-                self._worker = _LeaderWorker(self._read_leader)
+                self._worker = _LeaderWorker(self._read_leader, on_start=self._set_realtime)
         self.follower_link.start()
         self.started_at_s = _MONO()
         self._thread = threading.Thread(target=self._run, name="so101d-control-loop", daemon=True)
@@ -601,7 +605,19 @@ class ControlLoop:
                 _rl.warning("follower.write", "follower write failed: %s", exc)
 
     # ------------------------------------------------------------------ thread body
+    def _set_realtime(self) -> None:
+        prio = self.cfg.control.realtime_priority
+        if prio <= 0:
+            return
+        try:
+            # pid 0 = the calling thread on Linux: only the loop thread becomes real-time
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(prio))
+            log.info("control loop thread: SCHED_FIFO priority %d", prio)
+        except (OSError, AttributeError) as exc:
+            log.warning("control.realtime_priority = %d: cannot switch to SCHED_FIFO (%s); running with normal priority", prio, exc)
+
     def _run(self) -> None:
+        self._set_realtime()
         period = self.period_s
         deadline = _MONO()
         last_start: float | None = None

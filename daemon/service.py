@@ -73,7 +73,24 @@ def make_follower(cfg: Config) -> Any:
         from drivers.feetech_arm import FeetechFollower  # noqa: PLC0415
 
         return FeetechFollower(cfg.follower.port, load_arm_calibration(cfg, "follower"), follower_bus_config(cfg))
+    if kind == "sim":
+        from sim_bridge.sim_follower import SimFollower  # noqa: PLC0415
+
+        return SimFollower(cfg.follower.endpoint, staleness_s=cfg.follower.stale_timeout_s)
     raise StartupError(f"follower.kind: {kind!r} is not available in this build")
+
+
+class RemoteLeaderHook:
+    """Publishes every fresh leader reading in LeIsaac's remote-leader format (non-blocking)."""
+
+    def __init__(self, publisher: Any, leader_cal: ArmCalibration) -> None:
+        self.publisher = publisher
+        self.cal = leader_cal
+
+    def on_leader(self, now_monotonic_s: float, leader_units: Any) -> None:
+        from calibration.conventions import units_to_ticks  # noqa: PLC0415
+
+        self.publisher.publish_ticks(units_to_ticks(leader_units, self.cal), self.cal)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -89,7 +106,9 @@ class Daemon:
         self.socket_path = socket_path or cfg.socket.resolved_path()
         self.server = ControlServer(self.socket_path, cfg.socket.mode, cfg.socket.max_request_bytes)
         self.notifier = notifier
-        self.on_stop: list[Callable[[], None]] = []
+        self.on_stop: list[Callable[[], None]] = []  # run before the loop stops (save an episode...)
+        self.after_stop: list[Callable[[], None]] = []  # run after the loop stopped (close publishers...)
+        self.recorder: Any = None
         self.status_extras: dict[str, Callable[[], Any]] = {}  # name -> fn() added to `status`
         self._stop = threading.Event()
         self._started = False
@@ -140,6 +159,7 @@ class Daemon:
                     self.loop.watchdog = gate
             except ImportError:  # pragma: no cover - the service helper's module
                 pass
+        self._attach_optional()
         self.server.start()
         try:
             self.loop.start()
@@ -167,7 +187,36 @@ class Daemon:
                 log.exception("shutdown hook failed")
         self.loop.stop()
         self.server.stop()
+        for fn in self.after_stop:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001
+                log.exception("shutdown hook failed")
         log.info("daemon stopped")
+
+    def _attach_optional(self) -> None:
+        """Recorder ([recording] enabled) and LeIsaac remote-leader publisher, when configured."""
+        if self.cfg.recording.enabled and self.recorder is None:
+            from daemon.recording.attach import attach_recorder  # noqa: PLC0415
+
+            try:
+                self.recorder = attach_recorder(self)
+            except Exception as exc:  # noqa: BLE001 - a dataset problem is a start-up error, named
+                raise StartupError(f"recording: {exc}") from exc
+        rl = self.cfg.leisaac_remote_leader
+        if rl.enabled:
+            cal = getattr(self.leader, "calibration", None)
+            if cal is None:
+                raise StartupError("leisaac_remote_leader: the leader has no calibration to normalise with")
+            from sim_bridge.leisaac_remote_leader import LeisaacRemoteLeaderPublisher  # noqa: PLC0415
+
+            pub = LeisaacRemoteLeaderPublisher(rl.bind)
+            try:
+                pub.open()
+            except Exception as exc:  # noqa: BLE001 - zmq errors: address in use, bad endpoint
+                raise StartupError(f"leisaac_remote_leader.bind: cannot bind {rl.bind}: {exc}") from exc
+            self.loop.add_hook(RemoteLeaderHook(pub, cal))
+            self.after_stop.append(pub.close)
 
     def tick(self) -> None:
         """Housekeeping from the main thread (READY / STATUS for systemd): cheap, ~5 Hz."""

@@ -1,0 +1,267 @@
+"""The operator's story against the emulated bench, daemon in-process.
+
+Real parts only: our driver (drivers/feetech_arm) talks to the STS3215 emulator on pseudo-terminals
+(wire time modelled); the leader and follower have different calibrations, so following "within a
+tolerance" proves the mapping goes through both. Timing asserts are generous (a shared 2-core box);
+behaviour asserts are strict (per-cycle command steps, modes, holds).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calibration.conventions import GRIPPER_INDEX
+from daemon.config import config_from_dict
+from daemon.control_client import ControlClient
+from daemon.service import Daemon
+from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
+from drivers.feetech_arm import FeetechFollower, FeetechLeader
+
+POSE_A = np.array([0.0, -60.0, 60.0, 40.0, 0.0, 20.0])
+POSE_B = np.array([30.0, -40.0, 45.0, 30.0, 20.0, 50.0])
+TOL_DEG = 2.0  # follower vs leader once tracking (emulated servo dead band + one cycle of motion)
+
+
+class CycleRecorder:
+    """A real loop hook: keeps what the loop hands every cycle (as the recorder does)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.enabled = True
+
+    def on_cycle(self, now, state, action, teleop_action):
+        if self.enabled:
+            self.rows.append((now, state.copy(), action.copy(), teleop_action.copy()))
+
+    def actions(self) -> np.ndarray:
+        return np.array([r[2] for r in self.rows])
+
+
+def wait_for(pred: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+class Bench:
+    def __init__(self, root: Path, leader_pose, follower_pose, **cfg_overrides) -> None:
+        self.root = root
+        self.la = EmulatedArm("leader", initial_pose_units=leader_pose)
+        self.la.set_pose_units(leader_pose)  # still, moved only by the test ("by hand")
+        self.fa = EmulatedArm("follower", initial_pose_units=follower_pose)
+        self.lb = BusEmulator(root / "leader", self.la).start()
+        self.fb = BusEmulator(root / "follower", self.fa).start()
+        data = {
+            "socket": {"path": str(root / "c.sock")},
+            "safety": {"align_speed_deg_s": 60.0, "align_gripper_speed_pct_s": 80.0},
+            "control": {"reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.2, "health_period_s": 0.1},
+        }
+        for section, values in cfg_overrides.items():
+            data.setdefault(section, {}).update(values)
+        self.cfg = config_from_dict(data)
+        self.leader = FeetechLeader(str(root / "leader"), reference_calibration("leader"))
+        self.follower = FeetechFollower(str(root / "follower"), reference_calibration("follower"))
+        self.daemon = Daemon(self.cfg, self.leader, self.follower)
+        self.rec = CycleRecorder()
+        self.daemon.loop.add_hook(self.rec)
+
+    @property
+    def mode(self) -> str:
+        return self.daemon.loop.state.mode
+
+    def wait_mode(self, *modes: str, timeout_s: float = 20.0) -> None:
+        wait_for(lambda: self.mode in modes, timeout_s, f"mode in {modes} (now {self.mode}: {self.daemon.loop.state.reason})")
+
+    def error(self) -> np.ndarray:
+        return np.abs(self.fa.pose_units() - self.la.pose_units())
+
+    def close(self) -> None:
+        self.daemon.stop()
+        self.lb.stop()
+        self.fb.stop()
+
+
+@pytest.fixture
+def make_bench():
+    benches: list[Bench] = []
+    dirs: list[tempfile.TemporaryDirectory] = []
+
+    def make(leader_pose=POSE_A, follower_pose=POSE_A, **overrides) -> Bench:
+        d = tempfile.TemporaryDirectory(prefix="so101d-")
+        dirs.append(d)
+        b = Bench(Path(d.name), np.asarray(leader_pose, float), np.asarray(follower_pose, float), **overrides)
+        benches.append(b)
+        b.daemon.start()
+        return b
+
+    yield make
+    for b in benches:
+        b.close()
+    for d in dirs:
+        d.cleanup()
+
+
+def test_start_aligns_slowly_then_follows(make_bench):
+    bench = make_bench(leader_pose=POSE_B, follower_pose=POSE_A)
+    t0 = time.monotonic()
+    bench.wait_mode("aligning", timeout_s=10)
+    bench.wait_mode("teleop", timeout_s=15)
+    took = time.monotonic() - t0
+    # 30 degrees at 60 deg/s is >= 0.5 s: the follower never jumped to the leader
+    assert took >= 0.4
+    loop = bench.daemon.loop
+    acts = bench.rec.actions()
+    assert len(acts) > 20
+    steps = np.abs(np.diff(acts, axis=0))
+    bound = np.maximum(loop.params.align_step, loop.params.align_tolerance) + 1e-6
+    assert np.all(steps <= bound), f"max step per cycle {steps.max(axis=0)}"
+    # the first command started at the follower's measured pose, not at the leader
+    assert np.allclose(acts[0], POSE_A, atol=1.0)
+    wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "follower on the leader")
+    # follow a new pose
+    bench.la.set_pose_units(POSE_A)
+    wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "follower on the moved leader")
+    assert bench.mode == "teleop"
+    st = bench.daemon.status()
+    assert st["rate_hz"] > 50 and st["follower"]["connected"] and st["servos"]["gripper"]["torque"] is True
+
+
+def test_leader_jump_larger_than_step_limit_is_spread(make_bench):
+    bench = make_bench(safety={"max_step_deg": 2.0, "max_step_gripper_pct": 3.0})
+    bench.wait_mode("teleop")
+    wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "tracking")
+    bench.rec.rows.clear()
+    jump = POSE_A + np.array([25.0, 0, 0, 0, 0, 0])
+    bench.la.set_pose_units(jump)
+    wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "follower after the jump")
+    acts = bench.rec.actions()
+    pan_steps = np.abs(np.diff(acts[:, 0]))
+    assert pan_steps.max() <= 2.0 + 1e-6
+    assert np.count_nonzero(pan_steps > 0.5) >= 10  # spread over >= 10 cycles
+    assert bench.mode == "teleop"
+
+
+def test_unplug_leader_holds_then_replug_realigns(make_bench):
+    bench = make_bench()
+    bench.wait_mode("teleop")
+    bench.lb.unplug()
+    bench.wait_mode("hold", timeout_s=15)
+    assert "stale" in bench.daemon.loop.state.reason
+    held = bench.fa.pose_units()
+    bench.la.set_pose_units(POSE_B)  # moved while unplugged
+    time.sleep(0.4)
+    assert np.all(np.abs(bench.fa.pose_units() - held) <= 1.0), "follower moved while the leader was gone"
+    assert bench.daemon.loop.is_running()
+    st = bench.daemon.status()
+    assert st["leader"]["connected"] is False and st["leader"]["last_error"]
+    modes: list[str] = []
+    bench.lb.replug()
+    end = time.monotonic() + 15
+    while time.monotonic() < end and not (modes and modes[-1] == "teleop" and "aligning" in modes):
+        m = bench.mode
+        if not modes or modes[-1] != m:
+            modes.append(m)
+        time.sleep(0.005)
+    assert "aligning" in modes and modes[-1] == "teleop", modes
+    wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "following after replug")
+    assert bench.daemon.status()["leader"]["connects"] == 2
+
+
+def test_unplug_follower_reports_and_resumes(make_bench):
+    bench = make_bench()
+    bench.wait_mode("teleop")
+    bench.fb.unplug()
+    bench.wait_mode("disconnected", timeout_s=15)
+    assert bench.daemon.loop.is_running()
+    time.sleep(0.3)
+    bench.la.set_pose_units(POSE_B)
+    bench.fb.replug()
+    bench.wait_mode("aligning", "teleop", timeout_s=15)
+    wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "following after follower replug")
+    assert bench.daemon.status()["follower"]["losses"] == 1
+
+
+def test_follower_overload_holds_until_operator_resumes(make_bench):
+    bench = make_bench()
+    bench.wait_mode("teleop")
+    bench.fa.set_error_bits("elbow_flex", 0x20)
+    bench.wait_mode("fault", timeout_s=15)
+    st = bench.daemon.status()
+    assert "elbow_flex" in st["fault"] and "overload" in st["fault"]
+    time.sleep(0.05)  # a few cycles into the fault
+    held = bench.daemon.loop.command.copy()
+    bench.la.set_pose_units(POSE_B)
+    time.sleep(0.3)
+    assert np.allclose(bench.daemon.loop.command, held), "fault must hold, not track"
+    with ControlClient(bench.cfg.socket.path) as c:
+        r = c.call("teleop.start")
+        assert r["ok"] is False and "fault still present" in r["error"]
+        bench.fa.set_error_bits("elbow_flex", 0)
+        c.request("teleop.start")
+    bench.wait_mode("aligning", "teleop", timeout_s=15)
+    bench.wait_mode("teleop", timeout_s=10)
+    wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "following after the fault")
+
+
+def test_real_overload_with_torque_off_reaction(make_bench):
+    """An obstacle in the elbow's way: the emulated servo overloads and cuts torque; the daemon
+    sees the status bit and switches the whole follower off (safety.on_fault = torque_off)."""
+    bench = make_bench(safety={"on_fault": "torque_off"})
+    bench.wait_mode("teleop")
+    wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "tracking")
+    elbow = bench.fa.servo("elbow_flex")
+    bench.fa.block_joint("elbow_flex", elbow.present_ticks())
+    bench.la.set_pose_units(POSE_A + np.array([0, 0, 25.0, 0, 0, 0]))
+    bench.wait_mode("fault", timeout_s=20)
+    wait_for(lambda: all(s.reg("Torque_Enable") == 0 for s in bench.fa.servos), 10, "torque off on every servo")
+    assert "overload" in bench.daemon.status()["fault"]
+
+
+def test_socket_verbs_drive_modes_and_bad_requests_leave_the_loop_alone(make_bench):
+    bench = make_bench()
+    bench.wait_mode("teleop")
+    path = bench.cfg.socket.path
+    with ControlClient(path) as c:
+        assert c.request("teleop.stop")["mode"] == "hold"
+        held = bench.fa.pose_units()
+        bench.la.set_pose_units(POSE_B)
+        time.sleep(0.3)
+        assert np.all(np.abs(bench.fa.pose_units() - held) <= 1.0)
+        cycles = bench.daemon.loop.cycles
+        for raw in (b"garbage\n", b"[]\n", b'{"cmd": "nope"}\n', b'{"cmd": "status", "x": "' + b"z" * 70000 + b'"}\n'):
+            assert c.send_raw(raw)["ok"] is False
+            c.close()
+            c.connect()
+        time.sleep(0.1)
+        assert bench.daemon.loop.cycles > cycles and bench.daemon.loop.is_running()
+        c.request("teleop.start")
+        bench.wait_mode("aligning", "teleop")
+        bench.wait_mode("teleop", timeout_s=10)
+        assert c.request("torque.off")["mode"] == "idle"
+        wait_for(lambda: all(s.reg("Torque_Enable") == 0 for s in bench.fa.servos), 10, "torque off")
+        c.request("torque.on")
+        wait_for(lambda: all(s.reg("Torque_Enable") == 1 for s in bench.fa.servos), 10, "torque on")
+        assert bench.mode == "idle"
+        st = c.request("status")
+        for key in ("mode", "rate_hz", "timing_ms", "overruns", "leader", "follower", "servos", "uptime_s", "follower_kind"):
+            assert key in st
+        assert st["follower"]["bus"]["transactions"] > 0
+        assert set(st["timing_ms"]["jitter"]) >= {"p50", "p99", "max"}
+
+
+def test_gripper_and_body_follow_through_both_calibrations(make_bench):
+    """Leader and follower presets differ: equal LeRobot units need different ticks on each arm."""
+    bench = make_bench(leader_pose=POSE_B, follower_pose=POSE_B)
+    bench.wait_mode("teleop")
+    wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "tracking")
+    assert not np.array_equal(bench.la.present_ticks(), bench.fa.present_ticks())
+    assert abs(bench.fa.pose_units()[GRIPPER_INDEX] - POSE_B[GRIPPER_INDEX]) <= TOL_DEG
