@@ -58,17 +58,18 @@ def dataset_features(cameras: dict[str, tuple[int, int]]) -> dict[str, dict[str,
 
 
 def feature_differences(expected: dict[str, dict[str, Any]], actual: dict[str, dict[str, Any]]) -> list[str]:
-    """Readable list of differences between two feature dicts (auto-added LeRobot keys ignored)."""
+    """Readable list of differences between the configured features (``expected``) and a
+    dataset's (``actual``); LeRobot's auto-added keys are ignored."""
     auto = {"timestamp", "frame_index", "episode_index", "index", "task_index"}
     diffs: list[str] = []
     for key in sorted(set(expected) | set(actual)):
         if key in auto:
             continue
         if key not in actual:
-            diffs.append(f"missing feature {key!r}")
+            diffs.append(f"feature {key!r} is configured but not in the dataset")
             continue
         if key not in expected:
-            diffs.append(f"unexpected feature {key!r}")
+            diffs.append(f"feature {key!r} is in the dataset but not configured")
             continue
         e, a = expected[key], actual[key]
         for attr in ("dtype", "shape", "names"):

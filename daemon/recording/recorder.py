@@ -436,11 +436,12 @@ class Recorder:
             log.info("episode %d saved (%d frames, commit %.2f s)", msg["episode_index"], msg["frames"],
                      msg["commit_s"])
         elif ev == "discarded":
-            if msg.get("reason") == "no frames":
+            if msg.get("reason") in ("no frames", "lost"):
                 self._saves_in_flight = max(0, self._saves_in_flight - 1)
         elif ev == "error":
-            if msg.get("fatal"):
+            if msg.get("save_lost") or msg.get("staged"):
                 self._saves_in_flight = max(0, self._saves_in_flight - 1)
+            if msg.get("fatal"):
                 self._fail(msg.get("error", "writer error"))
             else:
                 log.error("recording: %s", msg.get("error"))

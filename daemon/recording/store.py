@@ -76,7 +76,7 @@ class StoreConfig:
     gop: int = 2  # LeRobot's default keyframe interval: cheap random access when training
     encoder_threads: int = 1
     # Test-only fault injection: "enospc_in_commit" raises ENOSPC after LeRobot wrote part of a
-    # commit; "kill_in_commit" SIGKILLs the process at the same point.
+    # commit; "kill_in_commit" SIGKILLs the process at the same point; ":N" limits it to episode N.
     fault: str = ""
 
     @property
@@ -314,7 +314,7 @@ class DatasetStore:
         for key in self.cfg.video_keys():
             buf[key] = [None] * n
         ds.save_episode(episode_data=buf)
-        self._fault_point()
+        self._fault_point(episode_index)
         ds.finalize()
 
         timing_dir = self.root / TIMING_DIR
@@ -331,10 +331,16 @@ class DatasetStore:
         return {"episode_index": episode_index, "frames": n, "commit_s": round(time.monotonic() - t0, 3),
                 "uid": meta["uid"]}
 
-    def _fault_point(self) -> None:
-        if self.cfg.fault == "enospc_in_commit":
+    def _fault_point(self, episode_index: int) -> None:
+        """Test hook: "<fault>" or "<fault>:<episode index>" (only that episode's commit)."""
+        if not self.cfg.fault:
+            return
+        fault, _, at = self.cfg.fault.partition(":")
+        if at and int(at) != episode_index:
+            return
+        if fault == "enospc_in_commit":
             raise OSError(28, "No space left on device (injected)")
-        if self.cfg.fault == "kill_in_commit":
+        if fault == "kill_in_commit":
             os.kill(os.getpid(), 9)
 
     def _open(self, existed: bool) -> Any:

@@ -18,6 +18,7 @@ the ring, stages and commits every episode that was saved, drops the one in prog
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import queue
@@ -333,17 +334,22 @@ def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any,
                     if current is not None and int(rec["episode_seq"][0]) == current.seq:
                         current.add(rec, ring)
                 elif kind == KIND_SAVE:
-                    if current is not None and int(rec["episode_seq"][0]) == current.seq:
+                    seq = int(rec["episode_seq"][0])
+                    if current is None or seq != current.seq:
+                        # its frames were lost already (reported then); account for the save
+                        send({"event": "discarded", "episode_seq": seq, "reason": "lost"})
+                    else:
                         s = int(rec["success"][0])
-                        build, current = current, None
-                        if not build.grid_s:
-                            build.cancel()
-                            send({"event": "discarded", "episode_seq": build.seq, "reason": "no frames"})
+                        if not current.grid_s:
+                            current.cancel()
+                            current = None
+                            send({"event": "discarded", "episode_seq": seq, "reason": "no frames"})
                         else:
-                            meta = build.stage(None if s < 0 else bool(s), follower_kind, origin)
-                            send({"event": "staged", "episode_seq": build.seq, "frames": meta["frames"],
+                            meta = current.stage(None if s < 0 else bool(s), follower_kind, origin)
+                            stage_dir, current = current.dir, None
+                            send({"event": "staged", "episode_seq": seq, "frames": meta["frames"],
                                   "tag": meta["tag"]})
-                            commits.put(build.dir)
+                            commits.put(stage_dir)
                 elif kind == KIND_DISCARD:
                     if current is not None:
                         current.cancel()
@@ -354,7 +360,9 @@ def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any,
                 if current is not None:
                     current.cancel()
                     current = None
-                send({"event": "error", "error": f"recording the episode failed: {exc}", "fatal": False})
+                disk_full = "No space left" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC
+                send({"event": "error", "error": f"recording the episode failed: {exc}", "fatal": disk_full,
+                      "save_lost": kind == KIND_SAVE})
             ring.release_record(had_pixels)
     finally:
         if current is not None:
