@@ -36,6 +36,7 @@ import logging
 import math
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -54,6 +55,8 @@ from drivers.sts3215_table import describe_error_bits
 log = logging.getLogger("so101d.loop")
 _rl = RateLimitedLogger(log, period_s=5.0, burst=3)
 
+_MISSING_FAULT_CYCLES = 3  # consecutive reads with a silent servo before it is a fault
+_JOINT_BY_ID = {i + 1: name for i, name in enumerate(JOINT_NAMES)}
 _SPIN_S = 0.0003  # sleep until this long before a deadline, then spin (sleep overshoots ~0.1 ms)
 _MONO = time.monotonic
 
@@ -273,6 +276,7 @@ class ControlLoop:
         self.follower_errors = 0
         self.hook_errors = 0
         self._follower_fail_since: float | None = None
+        self._missing_streak = 0
         self._leader_fail_since: float | None = None
         self.started_at_s = _MONO()
         self._last_start_s: float | None = None
@@ -365,6 +369,10 @@ class ControlLoop:
             if self.overlap_io:
                 self._worker = _LeaderWorker(self._read_leader, on_start=self._set_realtime)
         self.follower_link.start()
+        # A thread that wants the GIL waits up to the switch interval (5 ms by default) for the
+        # holder to let go: shorten it so a busy side thread (socket, policy, recorder) cannot
+        # delay the loop's wake-up by more than a tenth of its period.
+        sys.setswitchinterval(min(sys.getswitchinterval(), max(0.0005, self.period_s / 10)))
         self.started_at_s = _MONO()
         self._thread = threading.Thread(target=self._run, name="so101d-control-loop", daemon=True)
         self._thread.start()
@@ -455,6 +463,17 @@ class ControlLoop:
             pose = link.arm.read_joints()
         except Exception as exc:  # noqa: BLE001 - classified below
             self.follower_errors += 1
+            missing = getattr(exc, "missing_ids", None)
+            if missing and not getattr(exc, "corrupt", False):
+                # a servo that stays silent over several cycles is a follower fault (hold or torque
+                # off per safety.on_fault), not just a bus hiccup the retries already covered
+                self._missing_streak += 1
+                if self._missing_streak >= _MISSING_FAULT_CYCLES:
+                    names = ", ".join(_JOINT_BY_ID.get(int(i), f"id {i}") for i in missing)
+                    fault = f"servo(s) not answering: {names}"
+                    if fault != self.fault_now:
+                        log.error("FOLLOWER FAULT: %s (reaction: %s)", fault, self.cfg.safety.on_fault)
+                    self.fault_now = fault
             gone = isinstance(exc, PortGoneError) or not isinstance(exc, ArmError)
             if self._follower_fail_since is None:
                 self._follower_fail_since = now
@@ -466,6 +485,7 @@ class ControlLoop:
             return
         self.stats.follower_read.add(_MONO() - t0)
         self._follower_fail_since = None
+        self._missing_streak = 0
         self.measured = pose
         self.measured_at_s = now
 

@@ -109,6 +109,7 @@ class Daemon:
         self.on_stop: list[Callable[[], None]] = []  # run before the loop stops (save an episode...)
         self.after_stop: list[Callable[[], None]] = []  # run after the loop stopped (close publishers...)
         self.recorder: Any = None
+        self.remote_leader: Any = None  # LeisaacRemoteLeaderPublisher when [leisaac_remote_leader] enabled
         self.status_extras: dict[str, Callable[[], Any]] = {}  # name -> fn() added to `status`
         self._stop = threading.Event()
         self._started = False
@@ -215,6 +216,7 @@ class Daemon:
                 pub.open()
             except Exception as exc:  # noqa: BLE001 - zmq errors: address in use, bad endpoint
                 raise StartupError(f"leisaac_remote_leader.bind: cannot bind {rl.bind}: {exc}") from exc
+            self.remote_leader = pub
             self.loop.add_hook(RemoteLeaderHook(pub, cal))
             self.after_stop.append(pub.close)
 

@@ -265,3 +265,46 @@ def test_gripper_and_body_follow_through_both_calibrations(make_bench):
     wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "tracking")
     assert not np.array_equal(bench.la.present_ticks(), bench.fa.present_ticks())
     assert abs(bench.fa.pose_units()[GRIPPER_INDEX] - POSE_B[GRIPPER_INDEX]) <= TOL_DEG
+
+
+def test_missing_follower_servo_is_a_fault_then_operator_resumes(make_bench):
+    bench = make_bench()
+    bench.wait_mode("teleop")
+    bench.fa.set_online("wrist_flex", False)
+    wait_for(lambda: "wrist_flex" in (bench.daemon.status()["fault"] or ""), 15, "missing-servo fault naming the joint")
+    assert bench.mode in ("fault", "disconnected")
+    assert bench.daemon.loop.is_running()
+    bench.fa.set_online("wrist_flex", True)
+    # back on the bus: the follower reconnects, the fault stays latched until the operator resumes
+    wait_for(lambda: bench.daemon.status()["follower"]["connected"] and bench.mode == "fault", 20, "reconnected, fault latched")
+    wait_for(lambda: bench.daemon.loop.fault_now == "", 10, "servo healthy again")
+    with ControlClient(bench.cfg.socket.path) as c:
+        c.request("teleop.start")
+    bench.wait_mode("teleop")
+    wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "following after the servo came back")
+
+
+def test_leisaac_remote_leader_published_from_the_loop(make_bench):
+    import struct
+
+    import zmq
+
+    from calibration.conventions import ticks_to_units
+
+    bench = make_bench(leisaac_remote_leader={"enabled": True, "bind": "tcp://127.0.0.1:*"})
+    bench.wait_mode("teleop")
+    pub = bench.daemon.remote_leader
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.CONFLATE, 1)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.RCVTIMEO, 5000)
+    sub.connect(pub.endpoint)
+    try:
+        time.sleep(0.3)
+        msg = sub.recv()
+    finally:
+        sub.close(linger=0)
+    assert len(msg) == 24
+    got = np.array(struct.unpack("<6f", msg))
+    expected = ticks_to_units(bench.la.present_ticks(), reference_calibration("leader"), body_mode="range_m100_100")
+    assert np.allclose(got, expected, atol=0.2)

@@ -47,9 +47,9 @@ def render(st: dict[str, Any]) -> Any:
     period, jitter, cycle = t.get("period", {}), t.get("jitter", {}), t.get("cycle", {})
     head.append(
         f"loop {_fmt(st.get('rate_hz'), '.1f')}/{_fmt(st.get('rate_hz_target'), '.0f')} Hz  "
-        f"jitter p50/p99/max {_fmt(jitter.get('p50'), '.3f')}/{_fmt(jitter.get('p99'), '.3f')}/{_fmt(jitter.get('max'), '.3f')} ms  "
-        f"cycle p50/p99 {_fmt(cycle.get('p50'), '.3f')}/{_fmt(cycle.get('p99'), '.3f')} ms  "
         f"overruns {st.get('overruns', 0)} (skipped {st.get('missed_cycles', 0)})\n"
+        f"period jitter p50/p99/max {_fmt(jitter.get('p50'), '.3f')}/{_fmt(jitter.get('p99'), '.3f')}/{_fmt(jitter.get('max'), '.3f')} ms  "
+        f"cycle p50/p99 {_fmt(cycle.get('p50'), '.3f')}/{_fmt(cycle.get('p99'), '.3f')} ms\n"
     )
     head.append(
         f"follower {st.get('follower_kind', '?')}  uptime {_fmt(st.get('uptime_s'), '.0f')} s  cycles {st.get('cycles', 0)}  "
@@ -67,16 +67,18 @@ def render(st: dict[str, Any]) -> Any:
         stages.add_row(name, _fmt(s.get("p50"), ".3f"), _fmt(s.get("p99"), ".3f"), _fmt(s.get("max"), ".3f"))
 
     arms = Table(box=None, pad_edge=False, show_edge=False)
-    for col in ("arm", "connected", "port", "transactions", "retries", "failures", "reconnects", "last error"):
-        arms.add_column(col)
+    for col in ("arm", "conn", "tx", "retries", "fails", "reconn", "port / last error"):
+        arms.add_column(col, justify="left" if col in ("arm", "conn", "port / last error") else "right")
     for name in ("leader", "follower"):
         a = st.get(name)
         if not a:
             continue
         bus = a.get("bus") or {}
-        arms.add_row(name, "yes" if a.get("connected") else "NO", str(a.get("port") or "-"),
-                     str(bus.get("transactions", "-")), str(bus.get("retries", "-")), str(bus.get("failures", "-")),
-                     str(bus.get("reconnects", a.get("losses", "-"))), (a.get("last_error") or "")[:60])
+        where = str(a.get("port") or "-")
+        if a.get("last_error"):
+            where += "  " + a["last_error"][:80]
+        arms.add_row(name, "yes" if a.get("connected") else "NO", str(bus.get("transactions", "-")), str(bus.get("retries", "-")),
+                     str(bus.get("failures", "-")), str(bus.get("reconnects", a.get("losses", "-"))), where)
 
     joints = Table(box=None, pad_edge=False, show_edge=False)
     for col in ("joint", "leader", "command", "follower", "temp C", "volt V", "load %", "status"):
