@@ -75,7 +75,7 @@ def bench():
     cam.start()
     ctl = attach_policy(daemon, cameras={"front": cam})
     daemon.start()
-    yield daemon, ctl, rows, fa, root
+    yield daemon, ctl, rows, la, root
     daemon.stop()
     cam.stop()
     lb.stop()
@@ -84,7 +84,7 @@ def bench():
 
 
 def test_policy_mode_drives_the_follower_through_safety(bench, ckpt: Path) -> None:
-    daemon, ctl, rows, fa, root = bench
+    daemon, ctl, rows, la_emu, root = bench
     loop = daemon.loop
     wait_for(lambda: loop.state.mode == "idle" or loop.state.mode == "teleop" or loop.state.mode == "hold", 15, "follower connected")
     with ControlClient(str(root / "c.sock"), timeout_s=30) as c:
@@ -121,7 +121,7 @@ def test_policy_mode_drives_the_follower_through_safety(bench, ckpt: Path) -> No
 
 
 def test_load_lists_camera_mismatches_over_the_socket(bench, ckpt: Path, tmp_path: Path) -> None:
-    daemon, ctl, rows, fa, root = bench
+    daemon, ctl, rows, la_emu, root = bench
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "model.pth").write_bytes(b"\x80\x04")
     with ControlClient(str(root / "c.sock"), timeout_s=10) as c:
@@ -134,3 +134,34 @@ def test_load_lists_camera_mismatches_over_the_socket(bench, ckpt: Path, tmp_pat
         r = c.call("policy.load", path=str(ckpt))
         assert r["ok"] is False and "camera 'front': policy expects 64x48, configured 640x480" in r["error"]
         assert c.request("policy.status")["state"] == "none"
+
+
+def test_takeover_hands_over_to_teleop_without_a_jump(bench, ckpt: Path) -> None:
+    daemon, ctl, rows, la_emu, root = bench
+    loop = daemon.loop
+    wait_for(lambda: loop.follower_link.connected and loop.measured is not None, 15, "follower connected")
+    with ControlClient(str(root / "c.sock"), timeout_s=30) as c:
+        assert c.request("policy.load", path=str(ckpt), wait_s=90)["state"] == "ready"
+        c.request("policy.start", record=False)
+        wait_for(lambda: loop.state.mode == "policy", 20, "policy mode")
+        time.sleep(1.0)  # let the policy move the follower away from the leader
+        follower_at_stop = np.array(loop.measured)
+        emu_leader = la_emu
+        emu_leader.set_motion(None)  # the operator's hand rests on it without forcing it
+        leader_before = np.array(loop.leader_units)
+        assert np.abs(leader_before - follower_at_stop).max() > 2.0  # there is a gap to close
+        r = c.request("policy.takeover")
+        assert r["phase"] in ("torque_on", "moving")
+        wait_for(lambda: ctl.takeover_state.finished, 20, "take-over finished")
+        assert ctl.takeover_state.phase == "done", ctl.takeover_state.error
+        wait_for(lambda: loop.state.mode == "teleop", 10, f"teleop after take-over (now {loop.state.mode})")
+        n = len(rows.rows)
+        time.sleep(0.5)
+        st = c.request("policy.status")
+        assert st["takeover"]["phase"] == "done" and not st["driving"]
+    # no jump: from the policy's stop to teleop the follower stayed where the policy left it
+    after = np.array([r[1] for r in rows.rows[n:]])
+    assert np.abs(after - follower_at_stop).max() < 4.0
+    assert np.abs(np.array(loop.leader_units) - follower_at_stop).max() < 4.0
+    assert not any(bool(s.torque_enabled) for s in emu_leader.servos)  # released for the hand
+

@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--success", dest="success", action="store_const", const=True)
     g.add_argument("--failure", dest="success", action="store_const", const=False)
     g.add_argument("--discard", action="store_true", help="discard the evaluation episode")
+    p.add_argument("--takeover", action="store_true",
+                   help="hand over to teleop without a jump: the leader is moved to the follower's pose, then released")
     add_socket_arguments(p)
     p = sub.add_parser("unload", help="stop the policy worker")
     add_socket_arguments(p)
@@ -81,6 +83,9 @@ def format_status(st: dict[str, Any]) -> str:
         f"dropped    {st.get('actions_dropped_stale')} stale actions, {st.get('chunks_rejected')} chunks too old, "
         f"{st.get('timeouts')} timeouts",
     ]
+    if st.get("takeover"):
+        t = st["takeover"]
+        lines.append(f"take-over  {t['phase']}" + (f"  error: {t['error']}" if t.get("error") else ""))
     if st.get("last_error"):
         lines.append(f"last error {st['last_error']}")
     return "\n".join(lines)
@@ -98,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         reply = _call(args, "policy.load", path=os.path.abspath(args.path), wait_s=args.wait)
     elif action == "start":
         reply = _call(args, "policy.start", record=not args.no_record, **({"task": args.task} if args.task else {}))
+    elif action == "stop" and args.takeover:
+        reply = _call(args, "policy.takeover")
     elif action == "stop":
         reply = _call(args, "policy.stop", success=args.success, discard=args.discard)
     elif action == "unload":

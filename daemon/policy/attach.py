@@ -15,11 +15,15 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
+import time
 from typing import Any, Mapping
+
+import numpy as np
 
 from daemon.policy.action_queue import QueueConfig
 from daemon.policy.checkpoint import CheckpointError
 from daemon.policy.runner import FrameSource, PolicyRunnerConfig, PolicySource
+from daemon.policy.takeover import LeaderActuator, Takeover, TakeoverConfig
 
 log = logging.getLogger("so101d.policy")
 
@@ -66,6 +70,8 @@ class PolicyController:
         self.source: PolicySource | None = None
         self.episode_open = False
         self._lock = threading.Lock()
+        self.takeover_state: Takeover | None = None
+        self._takeover_thread: threading.Thread | None = None
 
     # -- verbs -------------------------------------------------------------------------------
     def load(self, path: str | None = None, wait_s: float = 0.0) -> dict[str, Any]:
@@ -139,6 +145,36 @@ class PolicyController:
         except Exception:  # noqa: BLE001 - status detail only
             return None
 
+    def takeover(self, config: TakeoverConfig | None = None) -> dict[str, Any]:
+        """Policy -> teleop without a jump: hold, bring the leader to the follower, release, teleop."""
+        loop = self.daemon.loop
+        leader = getattr(self.daemon, "leader", None)
+        if leader is None:
+            raise PolicyError("no leader arm: nothing to take over with")
+        if self._takeover_thread is not None and self._takeover_thread.is_alive():
+            raise PolicyError(f"take-over already running ({self.takeover_state.phase})")
+        if loop.leader_link is not None and not loop.leader_link.connected:
+            raise PolicyError("the leader is not connected")
+        stopped = self.stop()
+        t = Takeover(LeaderActuator(leader), config or TakeoverConfig())
+        self.takeover_state = t
+
+        def run() -> None:
+            while not t.finished:
+                pose = loop.measured
+                t.step(time.monotonic(), None if pose is None else np.array(pose, dtype=np.float64))
+                time.sleep(0.02)
+            if t.phase == "done":
+                try:
+                    loop.call(lambda: loop.set_intent("teleop"), timeout_s=3.0)
+                except Exception as exc:  # noqa: BLE001 - reported in status
+                    t.error = f"leader released, but teleop did not start: {exc}"
+
+        self._takeover_thread = threading.Thread(target=run, name="so101d-takeover", daemon=True)
+        self._takeover_thread.start()
+        return {"message": "taking over: the leader moves to the follower's pose, then teleop resumes",
+                "episode": stopped.get("episode"), "phase": t.phase}
+
     def unload(self) -> dict[str, Any]:
         self.stop()
         with self._lock:
@@ -151,9 +187,11 @@ class PolicyController:
     def status(self) -> dict[str, Any]:
         src = self.source
         if src is None:
-            return {"state": "none"}
+            return {"state": "none", "takeover": None}
         st = src.stats()
         st["driving"] = self.daemon.loop.intent == "policy"
+        t = self.takeover_state
+        st["takeover"] = None if t is None else {"phase": t.phase, "error": t.error, "max_error": t.max_error}
         st["episode_open"] = self.episode_open
         return st
 
@@ -218,6 +256,7 @@ def attach_policy(daemon: Any, cameras: Mapping[str, FrameSource] | None = None,
     reg("policy.load", _verb(lambda req: ctl.load(req.get("path"), float(req.get("wait_s") or 0.0))))
     reg("policy.start", _verb(lambda req: ctl.start(_opt_bool(req, "record"), req.get("task"))))
     reg("policy.stop", _verb(lambda req: ctl.stop(_opt_bool(req, "success"), bool(req.get("discard", False)))))
+    reg("policy.takeover", _verb(lambda req: ctl.takeover()))
     reg("policy.unload", _verb(lambda req: ctl.unload()))
     reg("policy.status", _verb(lambda req: ctl.status()))
     daemon.status_extras["policy"] = ctl.status

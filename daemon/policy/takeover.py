@@ -1,0 +1,176 @@
+"""Take-over: from policy to teleop without a jump (LeRobot issue 3723).
+
+When the operator takes over, the leader (torque off, wherever the operator left it) and the
+follower (wherever the policy left it) disagree. Re-aligning the *follower* to the leader would
+move the arm the policy just positioned; instead the *leader* is brought to the follower:
+
+  torque_on   leader torque enabled (the driver first sets goals := present, so nothing moves)
+  moving      leader goals ramp from its own pose to the follower's at a bounded speed
+  settling    the leader stays within tolerance of the follower's pose for ``settle_s``
+  releasing   leader torque off (the operator's hand takes it from here)
+  done        1:1 tracking may resume (the loop's own alignment then has nothing left to do)
+  failed      any error or the timeout: leader torque is switched off, the reason is kept
+
+``Takeover.step(now_s, follower_pose_units)`` advances the machine by one tick (call it at
+~50 Hz); it never raises: bus errors put it in ``failed`` with the leader released.
+
+The leader needs ``set_torque(bool)``, ``write_goals(units)`` and ``read_joints()``.
+``LeaderActuator`` provides them for a FeetechLeader through the agreed FeetechBus interface
+until the driver grows them itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from calibration.conventions import GRIPPER_INDEX, JOINT_IDS, JOINT_NAMES, NUM_JOINTS, units_to_ticks
+
+log = logging.getLogger("so101d.policy.takeover")
+
+
+class TakeoverLeader(Protocol):
+    def set_torque(self, enabled: bool) -> None: ...
+
+    def write_goals(self, goals_units: np.ndarray) -> None: ...
+
+    def read_joints(self) -> np.ndarray: ...
+
+
+@dataclass
+class TakeoverConfig:
+    speed_deg_s: float = 45.0  # leader body joints while being moved by its own motors
+    gripper_speed_pct_s: float = 60.0
+    tolerance_deg: float = 3.0  # leader within this of the follower (gripper: same number in %)
+    settle_s: float = 0.15
+    timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("speed_deg_s", "gripper_speed_pct_s", "tolerance_deg", "timeout_s"):
+            v = getattr(self, name)
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"takeover {name} must be > 0, got {v!r}")
+
+
+PHASES = ("torque_on", "moving", "settling", "releasing", "done", "failed")
+
+
+class Takeover:
+    def __init__(self, leader: TakeoverLeader, config: TakeoverConfig | None = None):
+        self.leader = leader
+        self.cfg = config or TakeoverConfig()
+        self.phase = "torque_on"
+        self.error: str | None = None
+        self.started_s: float | None = None
+        self._last_s: float | None = None
+        self._cmd: np.ndarray | None = None
+        self._settled_since: float | None = None
+        self.max_error: float | None = None  # leader vs follower at release
+        self.commands: list[np.ndarray] = []  # every goal written (tests check the speed bound)
+        speed = np.full(NUM_JOINTS, self.cfg.speed_deg_s)
+        speed[GRIPPER_INDEX] = self.cfg.gripper_speed_pct_s
+        self._speed = speed
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("done", "failed")
+
+    def step(self, now_s: float, follower_pose_units: np.ndarray | None) -> str:
+        if self.finished:
+            return self.phase
+        if self.started_s is None:
+            self.started_s = now_s
+        try:
+            if now_s - self.started_s > self.cfg.timeout_s:
+                raise TimeoutError(f"the leader did not reach the follower's pose within {self.cfg.timeout_s:.1f} s")
+            if follower_pose_units is None or not np.all(np.isfinite(follower_pose_units)):
+                raise ValueError("no valid follower pose to move the leader to")
+            target = np.asarray(follower_pose_units, dtype=np.float64)
+            if self.phase == "torque_on":
+                self.leader.set_torque(True)
+                self._cmd = np.asarray(self.leader.read_joints(), dtype=np.float64).copy()
+                self._last_s = now_s
+                self.phase = "moving"
+                return self.phase
+            dt = max(0.0, now_s - (self._last_s if self._last_s is not None else now_s))
+            self._last_s = now_s
+            if self.phase in ("moving", "settling"):
+                assert self._cmd is not None
+                step = self._speed * dt
+                self._cmd = self._cmd + np.clip(target - self._cmd, -step, step)
+                self.leader.write_goals(self._cmd)
+                self.commands.append(self._cmd.copy())
+                measured = np.asarray(self.leader.read_joints(), dtype=np.float64)
+                err = float(np.max(np.abs(measured - target)))
+                if np.array_equal(self._cmd, target) or err <= self.cfg.tolerance_deg:
+                    if err <= self.cfg.tolerance_deg:
+                        if self._settled_since is None:
+                            self._settled_since = now_s
+                            self.phase = "settling"
+                        elif now_s - self._settled_since >= self.cfg.settle_s:
+                            self.max_error = err
+                            self.phase = "releasing"
+                    else:
+                        self._settled_since = None
+                        self.phase = "moving"
+                return self.phase
+            if self.phase == "releasing":
+                self.leader.set_torque(False)
+                self.phase = "done"
+                log.info("take-over done: leader released at the follower's pose (max error %.2f)", self.max_error or 0.0)
+                return self.phase
+        except Exception as exc:  # noqa: BLE001 - never leave the leader stiff
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.phase = "failed"
+            log.error("take-over failed: %s", self.error)
+            try:
+                self.leader.set_torque(False)
+            except Exception as exc2:  # noqa: BLE001
+                self.error += f"; releasing the leader failed too: {exc2}"
+        return self.phase
+
+
+class LeaderActuator:
+    """set_torque / write_goals / read_joints for a FeetechLeader, over its FeetechBus.
+
+    Uses the leader's own methods when it has them; otherwise the agreed bus interface
+    (``sync_write("Goal_Position")``, ``write("Torque_Enable")``, ``write("Lock")``) with the
+    leader's calibration. Goals are clamped to the leader's calibrated range.
+    """
+
+    def __init__(self, leader: Any):
+        self.leader = leader
+
+    def read_joints(self) -> np.ndarray:
+        return self.leader.read_joints()
+
+    def set_torque(self, enabled: bool) -> None:
+        own = getattr(self.leader, "set_torque", None)
+        if callable(own):
+            own(enabled)
+            return
+        bus = self.leader.bus
+        if enabled:
+            present = self.leader.read_joints_ticks()
+            bus.sync_write("Goal_Position", {JOINT_IDS[n]: int(present[i]) for i, n in enumerate(JOINT_NAMES)})
+            for n in JOINT_NAMES:
+                bus.write("Torque_Enable", JOINT_IDS[n], 1)
+        else:
+            for n in JOINT_NAMES:
+                bus.write("Torque_Enable", JOINT_IDS[n], 0)
+
+    def write_goals(self, goals_units: np.ndarray) -> None:
+        own = getattr(self.leader, "write_goals", None)
+        if callable(own):
+            own(goals_units)
+            return
+        cal = self.leader.calibration
+        ticks = units_to_ticks(np.asarray(goals_units, dtype=np.float64), cal)
+        lo = np.array([cal[n].range_min for n in JOINT_NAMES])
+        hi = np.array([cal[n].range_max for n in JOINT_NAMES])
+        ticks = np.clip(ticks, lo, hi)
+        self.leader.bus.sync_write("Goal_Position", {JOINT_IDS[n]: int(ticks[i]) for i, n in enumerate(JOINT_NAMES)})
