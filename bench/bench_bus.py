@@ -247,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.002 + args.warmup * wire_time_s(WRITE_WIRE_BYTES, BAUD))  # drain write-only bursts
         for _ in range(args.rounds):
             for key, fn in ops.items():
+                # Start every block with an empty input queue (tcflush acts on the tty, shared by
+                # every client's fd): scservo_sdk never clears its input, so a reply left over from
+                # another client's timed-out request would otherwise be read as its own.
+                raw.ser.reset_input_buffer()
                 failures[key] += _time_block(fn, per_round, samples[key])
                 # A burst of write-only calls queues up on the emulated wire (as in a USB adapter's
                 # buffer): let it drain so the next block does not pay for this one.
@@ -294,8 +298,11 @@ def report(
         "cycle": "control cycle: sync write + sync read",
     }
     print(f"\nso101d bus benchmark: emulated STS3215 follower, {BAUD} baud, wire time modelled, {n} samples each")
-    print(f"{'operation':<46} {'client':<9} {'min ms':>7} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'/wire':>6} {'/lerobot':>9} {'failed':>6}")
-    print("-" * 108)
+    print(
+        f"{'operation':<46} {'client':<9} {'min ms':>7} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} "
+        f"{'/wire':>6} {'/lerobot':>9} {'failed':>6} {'stale':>6}"
+    )
+    print("-" * 115)
     verdicts = []
     for op in ("read", "units", "write", "cycle"):
         w = wire[op]
@@ -314,13 +321,21 @@ def report(
             mean = statistics.fmean(s.samples_s)
             vs_lr = f"{p50 / lr_p50:9.2f}" if lr_p50 else f"{'':>9}"
             fails = failures.get(key, 0)
-            print(f"{'':<46} {client:<9} {p0 * 1e3:7.3f} {p50 * 1e3:8.3f} {p99 * 1e3:8.3f} {mean * 1e3:8.3f} {p50 / w:6.2f} {vs_lr} {fails:6d}")
+            # A reply faster than its wire time cannot be the answer to this request: it is a
+            # left-over reply to an earlier one (stale data returned as fresh).
+            stale = sum(1 for t in s.samples_s if t < 0.9 * w) if op != "write" else 0
+            stale_txt = f"{stale:6d}" if op != "write" else f"{'-':>6}"
+            print(
+                f"{'':<46} {client:<9} {p0 * 1e3:7.3f} {p50 * 1e3:8.3f} {p99 * 1e3:8.3f} {mean * 1e3:8.3f} "
+                f"{p50 / w:6.2f} {vs_lr} {fails:6d} {stale_txt}"
+            )
         print()
         if op in ("read", "cycle"):
             ours = Series("", samples[f"{op}/ours"]).pct(50)
             rawp = Series("", samples[f"{op}/raw"]).pct(50)
             lrp = Series("", samples[f"{op}/lerobot"]).pct(50)
             verdicts.append((op, ours, rawp, lrp, w))
+    print("stale = replies that came back faster than the wire allows, i.e. an earlier request's reply taken as this one's")
     print("targets (p50): ours/wire <= 1.30, ours/lerobot <= 1.00")
     for op, ours, rawp, lrp, w in verdicts:
         ok_wire = ours / w <= 1.3

@@ -3,29 +3,40 @@
 Why a lean implementation on pyserial and not scservo_sdk or LeRobot's FeetechMotorsBus
 ----------------------------------------------------------------------------------------
 The issue asks to build on scservo_sdk or FeetechMotorsBus and to pick by measurement. We measured
-all three (plus a bare request/response) side by side on the same emulated 1 Mbaud bus, with the
-server in its own process, on this 2-core machine (``bench/bench_bus.py``; numbers of 2026-11-29,
-six-servo sync read of Present_Position, 62 bytes = 0.62 ms on the wire):
+them side by side with this module and a bare request/response on the same emulated 1 Mbaud bus,
+the emulator in its own process, on this shared 2-core machine (``bench/bench_bus.py``, 500
+interleaved samples each, 2026-11-29; six-servo sync read of Present_Position, 62 bytes =
+0.620 ms on the wire):
 
-====================================  ==========  ==========
-client                                p50 (ms)    p99 (ms)
-====================================  ==========  ==========
-LeRobot FeetechMotorsBus.sync_read    0.74        5.1 - 7.0
-scservo_sdk GroupSyncRead (as is)     0.72        5.2
-scservo_sdk, blocking reads (tuned)   0.73        0.78
-this module                           0.65        see bench
-====================================  ==========  ==========
+==========================================  ========  ========  ===============
+client                                      p50 (ms)  p99 (ms)  stale replies
+==========================================  ========  ========  ===============
+minimal raw pyserial (emulator floor)       0.714     3.7       0
+LeRobot FeetechMotorsBus.sync_read          1.040     6.7       see below
+scservo_sdk GroupSyncRead, as shipped       1.003     5.9       see below
+scservo_sdk GroupSyncRead, blocking reads   0.915     4.8       see below
+this module (FeetechBus.sync_read)          0.780     2.0       0
+==========================================  ========  ========  ===============
 
-Client-side overhead alone (server answering without wire-time modelling): FeetechMotorsBus
-0.139 ms, scservo_sdk 0.118 ms (p99 2.9 ms), this module's transport 0.033 ms (p99 0.06 ms).
+ours/wire 1.26 (target 1.3; the emulator alone is 1.15), ours/LeRobot 0.75 (target 1.0). Under
+heavier load from the other processes on the machine (load average 6 on 2 cores) LeRobot's p50
+went to 1.0 - 3.0 ms while ours stayed at 0.72 - 0.82 ms. Without wire-time modelling the
+client overhead is ~30 us over the raw request/response for ours, ~90 us for the SDK.
 
 What the measurement says, and the reasons besides it:
 
 * scservo_sdk polls the port with ``timeout=0`` in a busy loop while it waits for a reply. On a
   2-core machine that also runs the bus server, cameras and the recorder, the spinning client
-  competes for the CPU the reply needs: p99 of 3 to 7 ms for a 0.62 ms transaction. Made to block
-  instead of spin, the SDK is on par with FeetechMotorsBus (it *is* its transport), so an
-  SDK-based driver cannot beat LeRobot by a margin that survives noise (target ours/lerobot <= 1.0).
+  competes for the CPU the reply needs (p99 6 to 15 ms for a 0.62 ms transaction under load).
+  Made to block instead of spin, the SDK is FeetechMotorsBus' transport minus LeRobot's wrapper:
+  an SDK-based driver would sit between the two, and still need the guards below.
+* The SDK never clears its input before a request. When one reply comes late (a timeout on a
+  loaded machine), every later SDK transaction reads the previous request's reply as its own: the
+  benchmark counts replies that arrive faster than the wire allows ("stale"); before it flushed the
+  tty between blocks it saw 27 of 500 LeRobot reads return such stale positions (and 2 of ours,
+  before the settle step below existed). This module
+  drains input before each request and, after a timed-out attempt, swallows the replies still
+  owed to it before the next request (``test_late_reply_to_an_earlier_request_is_not_taken...``).
 * ``GroupSyncRead`` keeps the previous cycle's bytes for the servos after the first one that did
   not answer, its ``rxPacket`` silently drops replies whose id it does not expect, a Python
   exception inside a transfer leaves ``port.is_using`` stuck (every later call answers "port
@@ -44,10 +55,15 @@ Failure semantics (what the control loop relies on)
 * No reply / corrupt reply -> retried up to ``retries`` times (counted in ``counters.retries``),
   then ``ServoNoReplyError`` (a ``BusTimeoutError``) naming the servo ids that stayed silent and
   the port; ``counters.failures`` counts it. A partial sync read is never returned as a whole.
-* The port vanished (pty master closed, USB adapter unplugged: pyserial/os report EIO, or the
-  device node is gone) -> ``PortGoneError``; the port is closed and ``open()`` may be called again.
-* Status-packet error bits (overload, overheat, ...) do not fail a transaction (LeRobot raises on
-  them, which turns an overloaded gripper into a dropped arm); they are kept in
+* The port vanished -> ``PortGoneError``; the port is closed and ``open()`` may be called again.
+  What a vanished port looks like (checked on a pty whose master closed; pyserial's comments say a
+  disconnected USB device behaves the same): ``select`` reports it readable and ``read`` returns no data (pyserial raises
+  ``SerialException("device reports readiness to read but returned no data ...")``), ``write``
+  fails with EIO (pyserial: ``SerialException("write failed: [Errno 5] ...")``), ``in_waiting``
+  raises ``OSError(EIO)``, and reopening fails with ENOENT ("could not open port"). All of these,
+  and a device node that disappeared while the fd stays quiet, map to PortGoneError.
+* Status-packet error bits (overload, overheat, ...) do not fail a transaction (LeRobot's
+  read()/write() raise on them, which turns an overloaded gripper into a dropped arm); they are kept in
   ``last_error_bits`` for the health report.
 * Bad values (wrong register, out of range, magnitude beyond a sign bit) raise ``ValueError``
   before anything is written.
@@ -187,6 +203,12 @@ class FeetechBus:
         self._fd = -1
         self._lock = threading.Lock()
         self._buf = bytearray()
+        self._rx_bytes = 0  # bytes read from the port (replies, strays), for the settle accounting
+        # After a timed-out attempt its replies may still be on their way; the next transaction
+        # first waits (bounded) for that many bytes and throws them away, so a late reply to an
+        # earlier request is never taken for the answer to a new one.
+        self._settle_bytes = 0
+        self._settle_deadline = 0.0
 
     # ------------------------------------------------------------------------------------------
     # port
@@ -262,6 +284,29 @@ class FeetechBus:
             if not junk:
                 raise self._gone(what, None)
             self.discarded_bytes += len(junk)
+            self._rx_bytes += len(junk)
+
+    def _settle(self, what: str) -> None:
+        """Swallow the replies still owed to an earlier timed-out attempt (bounded wait)."""
+        fd = self._fd
+        while self._settle_bytes > 0:
+            remaining = self._settle_deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                ready, _, _ = select.select((fd,), (), (), remaining)
+                if not ready:
+                    break
+                junk = os.read(fd, 4096)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                raise self._gone(what, exc) from exc
+            if not junk:
+                raise self._gone(what, None)
+            self.discarded_bytes += len(junk)
+            self._settle_bytes -= len(junk)
+        self._settle_bytes = 0
 
     def _send(self, packet: bytes, what: str) -> None:
         view = memoryview(packet)
@@ -306,6 +351,7 @@ class FeetechBus:
                 raise self._gone(what, exc) from exc
             if not chunk:
                 raise self._gone(what, None)
+            self._rx_bytes += len(chunk)
             buf += chunk
             corrupt |= self._parse(buf, pending, got, data_len)
         if pending:
@@ -368,7 +414,10 @@ class FeetechBus:
             if self._ser is None:
                 raise PortGoneError(f"{self.port}: port is not open ({what})")
             self.counters.transactions += 1
+            if self._settle_bytes > 0:
+                self._settle(what)
             last: _Incomplete | None = None
+            rx_start = self._rx_bytes
             for attempt in range(tries):
                 if attempt:
                     self.counters.retries += 1
@@ -384,9 +433,14 @@ class FeetechBus:
                     continue
                 for sid, (err, _) in got.items():
                     self.last_error_bits[sid] = err
+                if attempt:
+                    self._owe(attempt + 1, reply_bytes, rx_start, tries * budget_s)
                 return got
-            self.counters.failures += 1
             assert last is not None
+            # servos that stayed silent through every attempt are not expected to answer late
+            silent_bytes = len(last.missing) * (STATUS_OVERHEAD_BYTES + data_len) * tries
+            self._owe(tries, reply_bytes, rx_start - silent_bytes, tries * budget_s)
+            self.counters.failures += 1
             if not os.path.exists(self.port):
                 # the device node went away but the fd still "works" (e.g. a removed symlink)
                 raise self._gone(what, None)
@@ -397,6 +451,16 @@ class FeetechBus:
                 last.missing,
                 last.corrupt,
             )
+
+    def _owe(self, attempts: int, reply_bytes: int, rx_start: int, window_s: float) -> None:
+        """Remember how many reply bytes the attempts of this transaction may still deliver.
+
+        The next transaction waits for them at most ``window_s`` (and not at all once they came).
+        """
+        owed = attempts * reply_bytes - (self._rx_bytes - rx_start)
+        if owed > 0:
+            self._settle_bytes = owed
+            self._settle_deadline = time.monotonic() + window_s
 
     # ------------------------------------------------------------------------------------------
     # protocol operations

@@ -118,6 +118,30 @@ def test_no_stale_values_when_one_servo_is_silent(emu, bus):
     assert [fresh[i] for i in others] == [arm.present_ticks()[i - 1] for i in others]
 
 
+def test_late_reply_to_an_earlier_request_is_not_taken_for_a_new_one(tmp_path):
+    """A slow bridge answers after our timeout: the retry gets the first reply, the second reply
+    is still on its way when the next read starts. It must be swallowed, not returned as fresh."""
+    arm = EmulatedArm("follower")
+    with BusEmulator(tmp_path / "f", arm, wire_time=True) as emu:
+        b = FeetechBus(str(emu.link_path), reply_margin_s=0.02)
+        b.open()
+        try:
+            arm.set_pose_units([0.0, 0.0, 0.0, 0.0, 0.0, 10.0])
+            pose_a = arm.present_ticks().tolist()
+            emu.set_latency(0.03)
+            first = b.sync_read("Present_Position", IDS)
+            assert [first[i] for i in IDS] == pose_a
+            assert b.counters.retries >= 1
+            emu.clear_faults()
+            arm.set_pose_units([40.0, 40.0, 40.0, 40.0, 40.0, 90.0])
+            pose_b = arm.present_ticks().tolist()
+            assert pose_b != pose_a
+            second = b.sync_read("Present_Position", IDS)
+            assert [second[i] for i in IDS] == pose_b
+        finally:
+            b.close()
+
+
 def test_corrupt_checksums_are_rejected_not_returned(emu, bus):
     emu.corrupt_checksums(1.0)
     with pytest.raises(ServoNoReplyError) as ei:
