@@ -135,6 +135,29 @@ def run_lerobot(ports: Path, seconds: float) -> dict:
     return {"rate_hz": len(times) / elapsed, "cycle_p50_ms": pct(arr, 50) * 1e3, "cycle_p99_ms": pct(arr, 99) * 1e3}
 
 
+def baseline_jitter(seconds: float, period_s: float = 0.01) -> dict:
+    """The machine's own floor: the loop's wait (sleep, then spin the last 0.3 ms) with no work."""
+    import threading  # noqa: PLC0415
+
+    from daemon.control_loop import _SPIN_S  # noqa: PLC0415
+
+    ev = threading.Event()
+    lateness = []
+    deadline = time.monotonic() + period_s
+    end = time.monotonic() + seconds
+    while deadline < end:
+        remaining = deadline - time.monotonic()
+        if remaining > _SPIN_S:
+            ev.wait(remaining - _SPIN_S)
+        now = time.monotonic()
+        while now < deadline:
+            now = time.monotonic()
+        lateness.append(now - deadline)
+        deadline += period_s
+    a = np.array(lateness)
+    return {"jitter_p50_ms": pct(a, 50) * 1e3, "jitter_p99_ms": pct(a, 99) * 1e3, "jitter_max_ms": float(a.max()) * 1e3}
+
+
 def can_rt() -> bool:
     import os  # noqa: PLC0415
 
@@ -158,6 +181,7 @@ def main() -> int:
             serial = run_ours(ports, args.seconds, overlap=False, rate_hz=1000.0, free_run=True)
             overlap = run_ours(ports, args.seconds, overlap=True, rate_hz=1000.0, free_run=True)
             lerobot = run_lerobot(ports, args.seconds)
+            base = baseline_jitter(max(args.seconds, 3.0))
             at100 = run_ours(ports, max(args.seconds, 3.0), overlap=True, rate_hz=100.0, free_run=False)
             at100_serial = run_ours(ports, max(args.seconds, 3.0), overlap=False, rate_hz=100.0, free_run=False)
             at100_rt = run_ours(ports, max(args.seconds, 3.0), overlap=True, rate_hz=100.0, free_run=False, rt=50) if can_rt() else None
@@ -182,6 +206,8 @@ def main() -> int:
     print("ours / LeRobot: rate %.2fx, cycle time %.2fx (best of ours: %s)"
           % (best["rate_hz"] / lerobot["rate_hz"], best["cycle_p50_ms"] / lerobot["cycle_p50_ms"],
              "overlapped" if best is overlap else "serial"))
+    print("machine floor (same wait, no bus I/O, no work): period jitter p50 %.3f / p99 %.3f / max %.3f ms"
+          % (base["jitter_p50_ms"], base["jitter_p99_ms"], base["jitter_max_ms"]))
     rows = [("overlapped", at100), ("serial", at100_serial)]
     if at100_rt is not None:
         rows.append(("overlapped, SCHED_FIFO 50", at100_rt))

@@ -360,6 +360,18 @@ class ControlLoop:
             raise RuntimeError(f"fault still present: {self.fault_now}")
         self._clear_fault = True
 
+    def apply_config(self, cfg: Any) -> None:
+        """Swap in a reloaded configuration (loop thread, between cycles). Only keys that are read
+        live take effect (daemon/reload.py decides which; the rest kept their running values)."""
+        self.cfg = cfg
+        if self.params is not None:
+            self.params = SafetyParams.from_config(cfg.safety, self.params.lower, self.params.upper, self.period_s)
+        for link in (self.leader_link, self.follower_link):
+            if link is not None:
+                link.backoff_min_s = cfg.control.reconnect_backoff_min_s
+                link.backoff_max_s = cfg.control.reconnect_backoff_max_s
+        self._next_health_s = 0.0
+
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         if self._thread is not None:
@@ -753,6 +765,7 @@ class ControlLoop:
             "follower_errors": self.follower_errors,
             "hook_errors": self.hook_errors,
             "overlap_io": self._worker is not None,
+            "safety": {k: getattr(self.cfg.safety, k) for k in ("align_speed_deg_s", "max_step_deg", "leader_stale_s", "on_fault")},
             "timing_ms": stages,
             "leader": link_status(self.leader_link),
             "follower": link_status(self.follower_link),

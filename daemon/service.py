@@ -98,8 +98,11 @@ class RemoteLeaderHook:
 # -------------------------------------------------------------------------------------------------
 class Daemon:
     def __init__(self, cfg: Config, leader: Any = None, follower: Any = None, *, notifier: Any = None,
-                 socket_path: str | None = None) -> None:
+                 socket_path: str | None = None, config_path: str | None = None) -> None:
         self.cfg = cfg
+        self.config_path = config_path  # re-read on SIGHUP
+        self.reloads = 0
+        self._reload_requested = threading.Event()
         self.leader = leader if leader is not None else make_leader(cfg)
         self.follower = follower if follower is not None else make_follower(cfg)
         self.loop = ControlLoop(self.leader, self.follower, cfg)
@@ -120,6 +123,7 @@ class Daemon:
     def _register_verbs(self) -> None:
         reg = self.server.register
         reg("status", lambda req: self.status())
+        reg("config.reload", lambda req: {"message": self.reload()})
         reg("teleop.start", lambda req: self._loop_call(lambda: self.loop.set_intent("teleop"), "teleop: aligning, then following the leader"))
         reg("teleop.stop", lambda req: self._loop_call(lambda: self.loop.set_intent("hold"), "teleop stopped: holding"))
         reg("hold", lambda req: self._loop_call(lambda: self.loop.set_intent("hold"), "holding"))
@@ -141,6 +145,8 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         st = self.loop.status()
         st["socket"] = self.socket_path
+        st["config"] = self.config_path
+        st["reloads"] = self.reloads
         st["verbs"] = self.server.verbs()
         for name, fn in list(self.status_extras.items()):
             try:
@@ -160,6 +166,15 @@ class Daemon:
                     self.loop.watchdog = gate
             except ImportError:  # pragma: no cover - the service helper's module
                 pass
+        if self.cfg.service.lock_memory:
+            try:
+                from daemon.realtime import lock_memory  # noqa: PLC0415
+
+                res = lock_memory()  # logs its own warning (with the fix) when it fails
+                if res.locked:
+                    log.info("service.lock_memory: %s", res.detail)
+            except ImportError:  # pragma: no cover - the service helper's module
+                log.warning("service.lock_memory: not available in this build")
         self._attach_optional()
         self.server.start()
         try:
@@ -244,12 +259,43 @@ class Daemon:
         hz = 1.0 / period.mean if period.mean else None
         reporter.update(self._service_status(mode=st.mode, loop_hz=hz, detail=st.reason))
 
+    def reload(self) -> str:
+        """Re-read the configuration file; apply the keys that can change live (daemon/reload.py),
+        keep the rest and say which need a restart. A bad file changes nothing. Returns the summary."""
+        if not self.config_path:
+            msg = "configuration reload: running on built-in defaults (no --config file); nothing to reload"
+            log.warning(msg)
+            return msg
+        from daemon.config import ConfigError  # noqa: PLC0415
+        from daemon.reload import reload_config  # noqa: PLC0415
+
+        if self.notifier is not None:
+            self.notifier.reloading()
+        try:
+            try:
+                applied, plan = reload_config(self.config_path, self.cfg)
+            except ConfigError as exc:
+                msg = f"configuration reload failed, keeping the running configuration: {exc}"
+                log.error(msg)
+                return msg
+            if plan.live:
+                self.loop.call(lambda: self.loop.apply_config(applied), timeout_s=3.0)
+                self.cfg = applied
+            self.reloads += 1
+            msg = plan.summary()
+            (log.warning if plan.restart_required else log.info)(msg)
+            return msg
+        finally:
+            if self.notifier is not None:
+                self.notifier.ready()
+
     def run_forever(self, duration_s: float | None = None, on_tick: Callable[[], None] | None = None) -> int:
-        """Start, wait for SIGTERM/SIGINT (or ``duration_s``), stop. Returns the exit code (0)."""
+        """Start, wait for SIGTERM/SIGINT (or ``duration_s``), stop; SIGHUP reloads. Returns the exit code (0)."""
         old: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 old[sig] = signal.signal(sig, lambda signum, frame: self.request_stop())
+            old[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda signum, frame: self._reload_requested.set())
         try:
             self.start()
             end = None if duration_s is None else time.monotonic() + duration_s
@@ -257,6 +303,12 @@ class Daemon:
                 if not self.loop.is_running():
                     log.error("control loop stopped unexpectedly")
                     return 1
+                if self._reload_requested.is_set():
+                    self._reload_requested.clear()
+                    try:
+                        self.reload()
+                    except Exception:  # noqa: BLE001 - a reload must never take the daemon down
+                        log.exception("configuration reload failed")
                 self.tick()
                 if on_tick is not None:
                     on_tick()

@@ -67,6 +67,15 @@ def test_run_serves_then_sigterm_stops_cleanly(run_dir):
             assert st["follower_kind"] == "feetech"
             assert oct(os.stat(sock).st_mode & 0o777) == oct(0o660)
             assert all(s.reg("Torque_Enable") == 1 for s in fa.servos)
+            # SIGHUP: a live key (safety) is applied, a restart-only key (rate) is kept and named
+            cfg.write_text(cfg.read_text() + "[safety]\nmax_step_deg = 4.5\n[control]\nrate_hz = 50.0\n")
+            proc.send_signal(signal.SIGHUP)
+            st = wait_status(sock, lambda s: s["reloads"] == 1, proc=proc)
+            assert st["safety"]["max_step_deg"] == 4.5 and st["rate_hz_target"] == 100.0
+            cfg.write_text("[safety\n")  # a broken file changes nothing, the daemon keeps running
+            with ControlClient(sock) as c:
+                r = c.request("config.reload")
+            assert "reload failed" in r["message"] and proc.poll() is None
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(timeout=15)
         finally:
@@ -79,6 +88,7 @@ def test_run_serves_then_sigterm_stops_cleanly(run_dir):
         # torque_off_on_shutdown = true: the follower went limp; the leader was left alone
         assert all(s.reg("Torque_Enable") == 0 for s in fa.servos)
         assert "daemon stopped" in err
+        assert "restart needed for control.rate_hz" in err
 
 
 def test_run_config_error_names_the_key(run_dir):

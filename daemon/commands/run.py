@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:  # pragma: no cover
         pass
     try:
-        daemon = Daemon(cfg, notifier=notifier, socket_path=args.socket)
+        daemon = Daemon(cfg, notifier=notifier, socket_path=args.socket, config_path=args.config)
         return daemon.run_forever(duration_s=args.duration)
     except (StartupError, SocketInUseError) as exc:
         print(f"so101d: cannot start: {exc}", file=sys.stderr)
