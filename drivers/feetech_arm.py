@@ -128,6 +128,7 @@ class _FeetechArm:
         self.firmware: tuple[int, int] | None = None
         self.calibration_mismatches: list[str] = []
         self.torque_enabled: bool | None = None  # as last read or commanded; None: unknown
+        self.last_goal_ticks: np.ndarray | None = None  # the last Goal_Position sync-written
         self._connected = False
 
     # ------------------------------------------------------------------------------------------
@@ -377,6 +378,59 @@ class _FeetechArm:
         return decode_value(name, block[off : off + size])
 
     # ------------------------------------------------------------------------------------------
+    # goals and torque (follower; leader only for a take-over)
+    # ------------------------------------------------------------------------------------------
+    def goals_to_ticks(self, goals: np.ndarray) -> np.ndarray:
+        """LeRobot units -> Goal_Position ticks, clamped to the calibrated range (ValueError on NaN/inf)."""
+        cal = self._require_calibration()
+        g = np.asarray(goals, dtype=np.float64)
+        if g.shape != (NUM_JOINTS,):
+            raise ValueError(f"{self.role} arm on {self.port}: expected {NUM_JOINTS} goals, got shape {g.shape}")
+        if not np.all(np.isfinite(g)):
+            bad = [JOINT_NAMES[i] for i in np.flatnonzero(~np.isfinite(g))]
+            raise ValueError(f"{self.role} arm on {self.port}: non-finite goal for {', '.join(bad)}: {g.tolist()}")
+        ticks = units_to_ticks(g, cal, self.config.body_mode)
+        lo = np.array([cal[n].range_min for n in JOINT_NAMES], dtype=np.int64)
+        hi = np.array([cal[n].range_max for n in JOINT_NAMES], dtype=np.int64)
+        return np.clip(ticks, lo, hi)
+
+    def write_goals(self, goals: np.ndarray) -> None:
+        """One sync write of the six Goal_Position values (LeRobot units in)."""
+        self.write_goals_ticks(self.goals_to_ticks(goals))
+
+    def write_goals_ticks(self, ticks: np.ndarray) -> None:
+        t = np.asarray(ticks)
+        if t.shape != (NUM_JOINTS,):
+            raise ValueError(f"{self.role} arm on {self.port}: expected {NUM_JOINTS} goal ticks, got shape {t.shape}")
+        if not np.issubdtype(t.dtype, np.integer):
+            if not np.all(np.isfinite(t)):
+                raise ValueError(f"{self.role} arm on {self.port}: non-finite goal ticks {t.tolist()}")
+            t = np.rint(t)
+        values = {sid: int(v) for sid, v in zip(JOINT_ID_LIST, t.tolist())}
+        bad = {NAME_BY_ID[s]: v for s, v in values.items() if not 0 <= v <= MAX_TICK}
+        if bad:
+            raise ValueError(f"{self.role} arm on {self.port}: goal ticks outside 0..{MAX_TICK}: {bad}")
+        self.bus.sync_write("Goal_Position", values)
+        self.last_goal_ticks = np.array(list(values.values()), dtype=np.int64)
+
+    def set_torque(self, enabled: bool) -> None:
+        """Torque on: goals := present positions first (no jump), then Torque_Enable 1, Lock 1 per
+        servo (LeRobot's order). Torque off: Torque_Enable 0, Lock 0.
+
+        On a leader this is for a policy take-over (the leader driven to the follower's pose);
+        teleoperation keeps it off."""
+        if enabled:
+            present = self.read_joints_ticks()
+            self.bus.sync_write("Goal_Position", {sid: int(v) for sid, v in zip(JOINT_ID_LIST, present.tolist())})
+            self.last_goal_ticks = present
+            for sid in JOINT_ID_LIST:
+                self.bus.write("Torque_Enable", sid, 1)
+                self.bus.write("Lock", sid, 1)
+            self.torque_enabled = True
+        else:
+            self._torque_off_all()
+
+    # ------------------------------------------------------------------------------------------
     # lifecycle
     # ------------------------------------------------------------------------------------------
     def reconnect(self, timeout_s: float | None = None) -> None:
@@ -418,6 +472,15 @@ class FeetechLeader(_FeetechArm):
         # LeRobot's SOLeader.configure(): torque off on every motor (the operator moves it).
         self._torque_off_all()
 
+    def close(self) -> None:
+        # A leader left holding after a take-over would fight the operator's hand next time.
+        if self.torque_enabled is not False and self.bus.is_open:
+            try:
+                self._torque_off_all()
+            except ArmError as exc:
+                log.warning("%s on %s: could not switch torque off at close: %s", self.role, self.port, exc)
+        super().close()
+
 
 class FeetechFollower(_FeetechArm):
     """The SO-101 follower arm (FollowerArm, kind "feetech")."""
@@ -428,7 +491,6 @@ class FeetechFollower(_FeetechArm):
     def __init__(self, port: str, calibration: ArmCalibration | None, config: FollowerBusConfig | None = None) -> None:
         self.config: FollowerBusConfig
         super().__init__(port, calibration, config or FollowerBusConfig())
-        self.last_goal_ticks: np.ndarray | None = None
 
     def _desired(self, sid: int) -> _Desired:
         c = self.config
@@ -441,53 +503,6 @@ class FeetechFollower(_FeetechArm):
             d.eeprom["Protection_Current"] = c.gripper_protection_current
             d.eeprom["Overload_Torque"] = c.gripper_overload_torque
         return d
-
-    def goals_to_ticks(self, goals: np.ndarray) -> np.ndarray:
-        """LeRobot units -> Goal_Position ticks, clamped to the calibrated range (ValueError on NaN/inf)."""
-        cal = self._require_calibration()
-        g = np.asarray(goals, dtype=np.float64)
-        if g.shape != (NUM_JOINTS,):
-            raise ValueError(f"{self.role} arm on {self.port}: expected {NUM_JOINTS} goals, got shape {g.shape}")
-        if not np.all(np.isfinite(g)):
-            bad = [JOINT_NAMES[i] for i in np.flatnonzero(~np.isfinite(g))]
-            raise ValueError(f"{self.role} arm on {self.port}: non-finite goal for {', '.join(bad)}: {g.tolist()}")
-        ticks = units_to_ticks(g, cal, self.config.body_mode)
-        lo = np.array([cal[n].range_min for n in JOINT_NAMES], dtype=np.int64)
-        hi = np.array([cal[n].range_max for n in JOINT_NAMES], dtype=np.int64)
-        return np.clip(ticks, lo, hi)
-
-    def write_goals(self, goals: np.ndarray) -> None:
-        """One sync write of the six Goal_Position values (LeRobot units in)."""
-        self.write_goals_ticks(self.goals_to_ticks(goals))
-
-    def write_goals_ticks(self, ticks: np.ndarray) -> None:
-        t = np.asarray(ticks)
-        if t.shape != (NUM_JOINTS,):
-            raise ValueError(f"{self.role} arm on {self.port}: expected {NUM_JOINTS} goal ticks, got shape {t.shape}")
-        if not np.issubdtype(t.dtype, np.integer):
-            if not np.all(np.isfinite(t)):
-                raise ValueError(f"{self.role} arm on {self.port}: non-finite goal ticks {t.tolist()}")
-            t = np.rint(t)
-        values = {sid: int(v) for sid, v in zip(JOINT_ID_LIST, t.tolist())}
-        bad = {NAME_BY_ID[s]: v for s, v in values.items() if not 0 <= v <= MAX_TICK}
-        if bad:
-            raise ValueError(f"{self.role} arm on {self.port}: goal ticks outside 0..{MAX_TICK}: {bad}")
-        self.bus.sync_write("Goal_Position", values)
-        self.last_goal_ticks = np.array(list(values.values()), dtype=np.int64)
-
-    def set_torque(self, enabled: bool) -> None:
-        """Torque on: goals := present positions first (no jump), then Torque_Enable 1, Lock 1 per
-        servo (LeRobot's order). Torque off: Torque_Enable 0, Lock 0."""
-        if enabled:
-            present = self.read_joints_ticks()
-            self.bus.sync_write("Goal_Position", {sid: int(v) for sid, v in zip(JOINT_ID_LIST, present.tolist())})
-            self.last_goal_ticks = present
-            for sid in JOINT_ID_LIST:
-                self.bus.write("Torque_Enable", sid, 1)
-                self.bus.write("Lock", sid, 1)
-            self.torque_enabled = True
-        else:
-            self._torque_off_all()
 
     def close(self) -> None:
         if self.config.disable_torque_on_close and self.bus.is_open:

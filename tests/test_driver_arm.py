@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from calibration.calibration_file import ArmCalibration
 from calibration.conventions import JOINT_NAMES, ticks_to_units, unit_limits
 from drivers.arm_interface import ArmHealth, BusTimeoutError, FollowerArm, HandshakeError, LeaderArm, PortGoneError
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
@@ -314,3 +315,83 @@ def test_reconnect_while_unplugged_in_the_background(follower, follower_emu):
     finally:
         timer.join()
     assert follower.read_joints_ticks().tolist() == follower_emu.arm.present_ticks().tolist()
+
+
+def test_leader_can_be_driven_for_a_take_over(tmp_path):
+    emu = serve(tmp_path, role="leader")
+    try:
+        leader = FeetechLeader(str(emu.link_path), reference_calibration("leader"))
+        leader.connect()
+        emu.arm.set_pose_units([0.0, 0.0, 0.0, 0.0, 0.0, 30.0])
+        leader.set_torque(True)
+        target = np.array([10.0, -10.0, 5.0, 0.0, 20.0, 50.0])
+        leader.write_goals(target)
+        assert wait_for(lambda: np.all(np.abs(leader.read_joints() - target) < 1.0)), leader.read_joints()
+        leader.close()  # a leader is never left holding
+        assert not any(s.torque_enabled for s in emu.arm.servos)
+    finally:
+        emu.stop()
+
+
+def test_lerobot_reads_the_calibration_we_wrote(tmp_path):
+    """Interop: after our write_calibration, LeRobot 0.6.1's FeetechMotorsBus finds the arm
+    calibrated (no input() prompt on its connect) and normalises to the same units."""
+    from lerobot.motors import Motor, MotorCalibration, MotorNormMode
+    from lerobot.motors.feetech import FeetechMotorsBus
+
+    emu = serve(tmp_path, preset="factory")
+    try:
+        cal = reference_calibration("follower")
+        ours = FeetechFollower(str(emu.link_path), cal)
+        ours.connect()
+        ours.write_calibration(cal)
+        emu.arm.set_pose_units([15.0, -25.0, 35.0, -45.0, 55.0, 65.0])
+        units = ours.read_joints()
+        ours.close()
+        motors = {
+            n: Motor(cal[n].id, "sts3215", MotorNormMode.RANGE_0_100 if n == "gripper" else MotorNormMode.DEGREES)
+            for n in JOINT_NAMES
+        }
+        lr_cal = {
+            n: MotorCalibration(cal[n].id, cal[n].drive_mode, cal[n].homing_offset, cal[n].range_min, cal[n].range_max)
+            for n in JOINT_NAMES
+        }
+        lr = FeetechMotorsBus(str(emu.link_path), motors, calibration=lr_cal)
+        lr.connect()
+        try:
+            assert lr.is_calibrated
+            got = lr.sync_read("Present_Position", num_retry=2)
+            np.testing.assert_allclose([got[n] for n in JOINT_NAMES], units, atol=1e-6)
+        finally:
+            lr.disconnect(disable_torque=False)
+    finally:
+        emu.stop()
+
+
+def test_against_the_emulator_process(tmp_path):
+    """The same driver against `so101d emulate` in its own process, unplug/replug over its socket."""
+    from drivers.emulator.process import EmulatorProcess
+
+    with EmulatorProcess(tmp_path / "bench", leader=True, follower=True) as proc:
+        cal = {
+            role: ArmCalibration.from_json_dict(proc.control({"cmd": "reference_calibration", "arm": role})["calibration"])
+            for role in ("leader", "follower")
+        }
+        leader = FeetechLeader(str(proc.leader_path), cal["leader"])
+        follower = FeetechFollower(str(proc.follower_path), cal["follower"])
+        leader.connect()
+        follower.connect()
+        follower.set_torque(True)
+        pose = leader.read_joints()
+        lo, hi = follower.joint_limits()
+        follower.write_goals(np.clip(pose, lo, hi))
+        proc.control({"cmd": "unplug", "arm": "follower"})
+        with pytest.raises(PortGoneError):
+            follower.read_joints()
+        assert leader.read_joints().shape == (6,)  # the other arm's bus is unaffected
+        proc.control({"cmd": "replug", "arm": "follower"})
+        follower.reconnect(timeout_s=10.0)
+        assert follower.counters.reconnects == 1
+        assert follower.read_joints().shape == (6,)
+        follower.close()
+        leader.close()
