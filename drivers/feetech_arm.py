@@ -245,6 +245,15 @@ class _FeetechArm:
             for reg, value in writes.items():
                 self.bus.write(reg, sid, value)
             log.debug("%s on %s: %s configured: %s", self.role, self.port, describe_joint(sid), writes)
+        # A locked servo acknowledges an EEPROM write and ignores it: read every change back.
+        kept_not = [
+            f"{describe_joint(sid)} {reg}={value} (reads {held})"
+            for sid, writes in plan.items()
+            for reg, value in writes.items()
+            if (held := self.bus.read(reg, sid)) != value
+        ]
+        if kept_not:
+            raise ArmError(f"{self.role} arm on {self.port}: servos did not keep their configuration: " + "; ".join(kept_not))
         self._after_configure()
 
     def _after_configure(self) -> None:
