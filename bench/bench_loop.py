@@ -68,7 +68,7 @@ def run_ours(ports: Path, seconds: float, overlap: bool, rate_hz: float, free_ru
             raise RuntimeError(f"loop did not reach teleop: {loop.state.mode} {loop.state.reason}")
         time.sleep(0.02)
     time.sleep(0.3)
-    loop.stats.reset()
+    loop.call(loop.stats.reset)  # on the loop thread, between cycles: the rings stay aligned per cycle
     c0, o0 = loop.cycles, loop.overruns
     t0 = time.monotonic()
     time.sleep(seconds)

@@ -597,7 +597,8 @@ class ControlLoop:
         # 3. write
         if follower_link.connected and (out.torque is not None or out.command is not None):
             self._write_follower(out, now)
-            stats.follower_write.add(_MONO() - t_w)
+            if out.torque is None:  # torque switches (rare, several transactions) would skew the goal-write figures
+                stats.follower_write.add(_MONO() - t_w)
         self.command = out.command
         # 4. hooks
         if self._hooks and self.measured is not None and follower_ok:
