@@ -15,6 +15,11 @@ broadcast except PING (every servo answers, back to back in id order) and SYNC_R
 servo in the request's order); Response_Status_Level 0 restricts replies to PING and READ;
 a servo whose baud rate differs from the client's line setting hears only noise.
 
+Scheduling: the serving thread asks for SCHED_RR (falling back to nice -5) and, in-process, the
+GIL switch interval is lowered to 0.5 ms; even so, an emulator sharing a process (and its GIL)
+with a busy-polling client on a loaded machine can be late by milliseconds. Timing-sensitive
+clients (benchmarks, LeRobot's single-try handshake) should use ``EmulatorProcess``.
+
 Faults: drop the next N replies, corrupt reply checksums at a rate, add latency, take a servo off
 the bus (``arm.set_online``), force error bits (``arm.set_error_bits``), unplug (link removed,
 pty closed: the client's next read/write fails with EIO) and replug (fresh pty, same link path).
@@ -27,6 +32,7 @@ import logging
 import os
 import random
 import select
+import sys
 import termios
 import threading
 import time
@@ -45,6 +51,10 @@ _ADDR_BAUD = CONTROL_TABLE["Baud_Rate"][0]
 _ADDR_RETURN_DELAY = CONTROL_TABLE["Return_Delay_Time"][0]
 _ADDR_STATUS_LEVEL = CONTROL_TABLE["Response_Status_Level"][0]
 SPIN_S = 0.0002  # spin (instead of sleeping) for the last 200 us before a deadline
+# A reply this late (scheduler or GIL stall here) would most likely land after the client's
+# timeout (the SDK waits >= 34 ms) and then be read as the answer to its *next* request: a real
+# servo never does that, so such a reply is dropped and counted instead.
+STALE_REPLY_S = 0.025
 
 # termios speed constants -> baud rate, for the ones pyserial sets through plain termios.
 _TERMIOS_BAUD = {
@@ -66,6 +76,7 @@ class BusStats:
     overflows: int = 0  # reply bytes the pty would not take (client not reading)
     unplugs: int = 0
     late_replies: int = 0  # replies written more than 0.5 ms after their deadline
+    stale_dropped: int = 0  # replies so late (STALE_REPLY_S) they were dropped
     max_lateness_s: float = 0.0
 
 
@@ -86,10 +97,14 @@ class BusEmulator:
         wire_time: bool = True,
         check_baud: bool = True,
         seed: int = 0,
+        realtime: bool = True,
+        gil_switch_interval_s: float | None = 0.0005,
     ) -> None:
         self.link_path = Path(link_path)
         self.arm = arm
         self.wire_time = wire_time
+        self.realtime = realtime
+        self.gil_switch_interval_s = gil_switch_interval_s
         self.check_baud = check_baud
         self.faults = Faults()
         self.stats = BusStats()
@@ -132,6 +147,10 @@ class BusEmulator:
             if self._plugged:
                 return self
             self._open_pty()
+            if self.gil_switch_interval_s and sys.getswitchinterval() > self.gil_switch_interval_s:
+                # In-process use: a client busy-polling its port (the SDK does) holds the GIL;
+                # the default 5 ms hand-over would delay replies by that much. Process-wide.
+                sys.setswitchinterval(self.gil_switch_interval_s)
             self._stop.clear()
             self._thread = threading.Thread(target=self._serve, name=f"emulator:{self.link_path.name}", daemon=True)
             self._thread.start()
@@ -239,7 +258,26 @@ class BusEmulator:
             return None
         return _TERMIOS_BAUD.get(speed, 0)
 
+    def _boost(self) -> None:
+        """Ask for a real-time slot (SCHED_RR 1) so replies leave on time on a busy machine.
+
+        Safe: the thread sleeps in poll() between requests and spins at most ~200 us per reply;
+        the kernel's RT throttling still leaves CPU to everyone else. Falls back to nice -5,
+        then to nothing, where the process may not raise its priority.
+        """
+        try:
+            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+            return
+        except (OSError, AttributeError):
+            pass
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), -5)
+        except OSError:
+            pass
+
     def _serve(self) -> None:
+        if self.realtime:
+            self._boost()
         master, wake = self._master, self._wake_r
         assert master is not None and wake is not None
         poller = select.poll()
@@ -339,6 +377,9 @@ class BusEmulator:
             self.stats.late_replies += 1
         if late > self.stats.max_lateness_s:
             self.stats.max_lateness_s = late
+        if late > STALE_REPLY_S:
+            self.stats.stale_dropped += 1
+            return
         self._write(payload)
 
     @staticmethod

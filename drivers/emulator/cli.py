@@ -49,6 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="calibrated",
         help="EEPROM at power-on: as calibrated by LeRobot (default) or factory (offset 0, limits 0..4095)",
     )
+    parser.add_argument(
+        "--no-realtime",
+        action="store_true",
+        help="do not ask for a real-time scheduling slot for the serving threads (by default they "
+        "try SCHED_RR 1, then nice -5, so replies leave on time on a loaded machine)",
+    )
     parser.add_argument("--control", metavar="SOCKET", help="JSON-lines control socket (fault injection, poses)")
     parser.add_argument(
         "--calibration-out",
@@ -73,10 +79,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     host = EmulatorHost()
+    rt = not args.no_realtime
     if args.leader:
-        host.add("leader", args.leader, EmulatedArm("leader", args.preset, motion=motion, baudrate=args.baud), not args.no_wire_time)
+        host.add("leader", args.leader, EmulatedArm("leader", args.preset, motion=motion, baudrate=args.baud), not args.no_wire_time, rt)
     if args.follower:
-        host.add("follower", args.follower, EmulatedArm("follower", args.preset, baudrate=args.baud), not args.no_wire_time)
+        host.add("follower", args.follower, EmulatedArm("follower", args.preset, baudrate=args.baud), not args.no_wire_time, rt)
 
     if args.calibration_out:
         root = Path(args.calibration_out)

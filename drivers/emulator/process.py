@@ -53,11 +53,13 @@ class EmulatorHost:
         self.arms: dict[str, EmulatedArm] = {}
         self.buses: dict[str, BusEmulator] = {}
 
-    def add(self, name: str, link_path: str | os.PathLike, arm: EmulatedArm, wire_time: bool = True) -> BusEmulator:
+    def add(
+        self, name: str, link_path: str | os.PathLike, arm: EmulatedArm, wire_time: bool = True, realtime: bool = True
+    ) -> BusEmulator:
         if name in self.arms:
             raise ValueError(f"arm {name!r} already present")
         self.arms[name] = arm
-        self.buses[name] = BusEmulator(link_path, arm, wire_time=wire_time)
+        self.buses[name] = BusEmulator(link_path, arm, wire_time=wire_time, realtime=realtime)
         return self.buses[name]
 
     def start(self) -> None:
