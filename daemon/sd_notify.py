@@ -75,6 +75,7 @@ class Notifier:
         self._lock = threading.Lock()
         self.sent_count = 0
         self.failed_count = 0
+        self.dropped_count = 0  # of failed_count: receiver queue full
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -111,8 +112,14 @@ class Notifier:
         return self._watchdog_usec / 1e6 if self._watchdog_usec else None
 
     # -- protocol -------------------------------------------------------------------------
-    def notify(self, *lines: str) -> bool:
-        """Send ``KEY=VALUE`` lines as one datagram. True if sent (False when disabled/failed)."""
+    def notify(self, *lines: str, wait_s: float = 1.0) -> bool:
+        """Send ``KEY=VALUE`` lines as one datagram. True if sent (False when disabled/failed).
+
+        ``wait_s``: how long to wait when the receiver's queue is full (an AF_UNIX datagram
+        socket blocks the sender then; the queue holds only ~10 datagrams). The watchdog pet
+        is sent from the control loop with ``wait_s=0``: a lost ping is better than a loop
+        blocked on a busy systemd.
+        """
         if self._address is None:
             return False
         for line in lines:
@@ -123,7 +130,16 @@ class Notifier:
             try:
                 if self._sock is None:
                     self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-                self._sock.sendto(payload, self._address)
+                if wait_s > 0:
+                    self._sock.settimeout(wait_s)
+                    self._sock.sendto(payload, self._address)
+                else:
+                    self._sock.sendto(payload, socket.MSG_DONTWAIT, self._address)
+            except (BlockingIOError, TimeoutError):
+                self.failed_count += 1
+                self.dropped_count += 1
+                _rl.warning("full", "sd_notify queue full (systemd not reading?); dropped %s", lines[0] if lines else "")
+                return False
             except OSError as exc:
                 self.failed_count += 1
                 _rl.warning("send", "sd_notify to %r failed: %s", self._address.replace("\0", "@"), exc)
@@ -141,13 +157,13 @@ class Notifier:
             lines.append(f"STATUS={_one_line(status)}")
         return self.notify(*lines)
 
-    def status(self, text: str) -> bool:
+    def status(self, text: str, wait_s: float = 0.2) -> bool:
         """STATUS=...: free text shown by ``systemctl status``; single line."""
-        return self.notify(f"STATUS={_one_line(text)}")
+        return self.notify(f"STATUS={_one_line(text)}", wait_s=wait_s)
 
     def watchdog(self) -> bool:
-        """WATCHDOG=1. Call through ``WatchdogGate`` so a stalled loop stops petting."""
-        return self.notify("WATCHDOG=1")
+        """WATCHDOG=1, never blocking. Call through ``WatchdogGate`` so a stalled loop stops petting."""
+        return self.notify("WATCHDOG=1", wait_s=0.0)
 
     def watchdog_trigger(self) -> bool:
         """WATCHDOG=trigger: ask systemd to treat us as hung now (Restart= applies)."""
@@ -305,5 +321,7 @@ class StatusReporter:
         now = self._clock() if now_s is None else now_s
         if not force and (text == self._last_text or now - self._last_sent_s < self.min_interval_s):
             return False
-        self._last_text, self._last_sent_s = text, now
-        return self.notifier.status(text)
+        sent = self.notifier.status(text)
+        if sent:  # a dropped status is retried on the next update
+            self._last_text, self._last_sent_s = text, now
+        return sent

@@ -220,3 +220,20 @@ def test_status_reporter_formats_and_limits(fake_path_socket) -> None:
         ["STATUS=hold, loop 60.0 Hz, 1 episode"],
         ["STATUS=waiting for follower on /dev/so101-follower"],
     ]
+
+
+def test_full_queue_never_blocks_the_watchdog_pet(fake_path_socket) -> None:
+    """systemd not reading: pets from the loop are dropped at once, others wait at most wait_s."""
+    path, fake = fake_path_socket
+    n = Notifier.from_env({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000"})
+    t0 = time.monotonic()
+    results = [n.watchdog() for _ in range(200)]  # far more than the ~10-datagram queue
+    assert time.monotonic() - t0 < 1.0
+    assert results[0] and not all(results)
+    assert n.dropped_count == results.count(False) > 0
+    t0 = time.monotonic()
+    assert n.notify("READY=1", wait_s=0.2) is False
+    assert time.monotonic() - t0 >= 0.15
+    fake.recv_all()  # systemd catches up: sending works again
+    assert n.ready()
+    assert fake.recv()[0] == "READY=1"
