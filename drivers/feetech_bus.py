@@ -101,10 +101,12 @@ INST_SYNC_WRITE = 0x83
 STATUS_OVERHEAD_BYTES = 6  # FF FF ID LEN ERR ... CHK
 BITS_PER_BYTE = 10  # 8N1
 DEFAULT_BAUDRATE = 1_000_000
-# Extra time a reply may take beyond its wire time. Real USB adapters add their own latency (FTDI's
-# default latency timer is 16 ms), so the default covers it; on the emulator replies come in well
-# under a millisecond. Lower it (and set latency_timer to 1 ms via udev) for a tighter loop.
-DEFAULT_REPLY_MARGIN_S = 0.025
+# Extra time a reply may take beyond its wire time: LeRobot's patched SDK timeout (50 ms + wire).
+# Real USB adapters add their own latency (FTDI's default latency timer is 16 ms) and a loaded
+# 2-core machine can deschedule the emulator for tens of ms; a healthy reply costs nothing extra,
+# only a silent servo waits the full margin per try. Lower it (with latency_timer 1 ms via udev)
+# for faster fault detection.
+DEFAULT_REPLY_MARGIN_S = 0.05
 DEFAULT_RETRIES = 2  # LeRobot 0.6.1's SOFollower num_read_retries
 
 

@@ -30,7 +30,7 @@ def follower_emu(tmp_path):
 
 @pytest.fixture
 def follower(follower_emu):
-    f = FeetechFollower(str(follower_emu.link_path), reference_calibration("follower"), FollowerBusConfig(reply_margin_s=0.02))
+    f = FeetechFollower(str(follower_emu.link_path), reference_calibration("follower"), FollowerBusConfig())
     f.connect()
     yield f
     f.close()
@@ -60,7 +60,7 @@ def test_handshake_ok_on_a_calibrated_arm(follower, follower_emu):
 
 def test_handshake_names_the_missing_servo_and_port(follower_emu):
     follower_emu.arm.set_online("elbow_flex", False)
-    f = FeetechFollower(str(follower_emu.link_path), reference_calibration("follower"), FollowerBusConfig(reply_margin_s=0.01))
+    f = FeetechFollower(str(follower_emu.link_path), reference_calibration("follower"), FollowerBusConfig())
     with pytest.raises(HandshakeError) as ei:
         f.connect()
     msg = str(ei.value)
