@@ -427,6 +427,7 @@ class BusEmulator:
             return ok
 
         def reply(servo: EmulatedServo, reply_id: int, data: bytes = b"") -> None:
+            servo.update(now)  # the error byte reflects protections that tripped since last look
             replies.append(P.encode_status(reply_id, servo.error_bits(), data))
             delays.append(servo.mem[_ADDR_RETURN_DELAY] * 2e-6)
 
