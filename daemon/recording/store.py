@@ -167,6 +167,29 @@ class _StagedVideos:
         pass
 
 
+def _abandon(ds: Any) -> None:
+    """Close a dataset whose commit failed, and make sure LeRobot's __del__ never flushes it again.
+
+    Whatever it writes now is removed by the rollback that follows."""
+    try:
+        ds.finalize()
+    except BaseException:  # noqa: BLE001 - e.g. disk still full
+        pass
+    for part in (getattr(ds, "writer", None), getattr(ds, "meta", None)):
+        if part is not None:
+            part._finalized = True
+            for attr in ("_pq_writer",):
+                w = getattr(part, attr, None)
+                if w is not None:
+                    try:
+                        w.close()
+                    except BaseException:  # noqa: BLE001
+                        pass
+                    setattr(part, attr, None)
+            if hasattr(part, "_metadata_buffer"):
+                part._metadata_buffer = []
+
+
 def _dataset_class() -> type:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
@@ -296,7 +319,33 @@ class DatasetStore:
             videos[IMAGE_KEY_PREFIX + name] = (
                 link, {k: np.asarray(v) for k, v in stats.items()} if stats else None)
 
-        ds = self._open(existed)
+        ds = None
+        try:
+            ds = self._open(existed)
+            episode_index = self._save(ds, meta, rows, n, videos)
+        except BaseException:
+            if ds is not None:
+                _abandon(ds)
+            raise
+        finally:
+            del ds  # nothing of a failed commit may be flushed later by LeRobot's __del__
+
+        timing_dir = self.root / TIMING_DIR
+        timing_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(stage / "timing.npz", timing_dir / f"episode_{episode_index:06d}.npz")
+        tag_data = dict(meta["tag"])
+        tag_data["episode_index"] = episode_index
+        tag_data.setdefault("source", {})["recording_uid"] = meta["uid"]
+        append_episode_tag(self.root, EpisodeTag(**tag_data))
+        (self.staging / MARKER).unlink()  # commit point
+        _fsync_dir(self.staging)
+        shutil.rmtree(links, ignore_errors=True)
+        shutil.rmtree(stage, ignore_errors=True)
+        return {"episode_index": episode_index, "frames": n, "commit_s": round(time.monotonic() - t0, 3),
+                "uid": meta["uid"]}
+
+    def _save(self, ds: Any, meta: dict[str, Any], rows: Any, n: int,
+              videos: dict[str, tuple[Path, dict | None]]) -> int:
         if videos:  # LeRobot only builds the (streaming) encoder when there are video keys
             ds.writer._streaming_encoder.results = videos
         episode_index = ds.meta.total_episodes
@@ -316,20 +365,7 @@ class DatasetStore:
         ds.save_episode(episode_data=buf)
         self._fault_point(episode_index)
         ds.finalize()
-
-        timing_dir = self.root / TIMING_DIR
-        timing_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(stage / "timing.npz", timing_dir / f"episode_{episode_index:06d}.npz")
-        tag_data = dict(meta["tag"])
-        tag_data["episode_index"] = episode_index
-        tag_data.setdefault("source", {})["recording_uid"] = meta["uid"]
-        append_episode_tag(self.root, EpisodeTag(**tag_data))
-        (self.staging / MARKER).unlink()  # commit point
-        _fsync_dir(self.staging)
-        shutil.rmtree(links, ignore_errors=True)
-        shutil.rmtree(stage, ignore_errors=True)
-        return {"episode_index": episode_index, "frames": n, "commit_s": round(time.monotonic() - t0, 3),
-                "uid": meta["uid"]}
+        return episode_index
 
     def _fault_point(self, episode_index: int) -> None:
         """Test hook: "<fault>" or "<fault>:<episode index>" (only that episode's commit)."""

@@ -1,0 +1,45 @@
+"""Child process for the kill -9 tests: records, then announces the moment to be killed.
+
+usage: recording_crash_child.py ROOT MODE
+  mid_episode: two episodes saved and committed, a third recording -> "KILL-ME"
+  mid_save:    two episodes committed, a third saved (queued) -> "KILL-ME" at once
+Prints "WRITER <pid>" once the writer process runs.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from recording_support import SyntheticLoop  # noqa: E402
+
+from daemon.recording.cameras import CameraConfig, VirtualArmCamera  # noqa: E402
+from daemon.recording.recorder import Recorder, RecorderConfig  # noqa: E402
+
+
+def main() -> None:
+    root, mode = sys.argv[1], sys.argv[2]
+    cams = [VirtualArmCamera(CameraConfig(n, width=160, height=120)) for n in ("front", "wrist")]
+    rec = Recorder(RecorderConfig(root=root), cams)
+    rec.open()
+    rec.wait_ready(120)
+    print(f"WRITER {rec._proc.pid}", flush=True)
+    with SyntheticLoop(rec):
+        for i in range(2):
+            rec.start_episode(f"episode {i}")
+            time.sleep(0.5)
+            rec.save_episode(True)
+        assert rec.wait_saved(90)
+        rec.start_episode("the victim")
+        time.sleep(0.7)
+        if mode == "mid_save":
+            rec.save_episode(True)
+        print("KILL-ME", flush=True)
+        time.sleep(600)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Crash safety: SIGKILL at any moment loses at most the episode in progress.
+
+- the daemon process and its writer both killed mid-episode, and right after a save;
+- only the daemon killed: the writer commits what was saved, then exits;
+(The writer killed inside a commit, and disk full: test_recording_faults.py.)
+Every case ends with LeRobotDataset loading the folder and the next start appending to it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from daemon.dataset_schema import read_episode_tags
+from daemon.recording.cameras import CameraConfig, VirtualArmCamera
+from daemon.recording.recorder import Recorder, RecorderConfig
+from daemon.recording.store import staging_dir
+from recording_support import SyntheticLoop, load_dataset, wait_until
+
+CHILD = Path(__file__).resolve().parent / "recording_crash_child.py"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cams():
+    return [VirtualArmCamera(CameraConfig(n, width=160, height=120)) for n in ("front", "wrist")]
+
+
+def run_child_until_kill_point(root: Path, mode: str) -> tuple[subprocess.Popen, int]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, str(CHILD), str(root), mode], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+    writer_pid = -1
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith("WRITER"):
+            writer_pid = int(line.split()[1])
+        if line.strip() == "KILL-ME":
+            return proc, writer_pid
+    proc.kill()
+    raise AssertionError(f"child never reached its kill point (rc {proc.poll()})")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie of a dead parent is reaped by init; treat "Z" as dead
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def restart_and_append(root: Path, expect_before: set[int]) -> int:
+    """Next start repairs, resumes the same dataset, and appends one episode."""
+    rec = Recorder(RecorderConfig(root=str(root)), cams())
+    rec.open()
+    rec.wait_ready(120)
+    try:
+        assert rec.wait_saved(90)
+        before = load_dataset(root).num_episodes
+        assert before in expect_before, before
+        with SyntheticLoop(rec):
+            rec.start_episode("after the crash")
+            time.sleep(0.5)
+            rec.save_episode(True)
+            assert rec.wait_saved(90)
+    finally:
+        rec.close()
+    ds = load_dataset(root)
+    assert ds.num_episodes == before + 1
+    assert ds[len(ds) - 1]["observation.images.front"].shape == (3, 120, 160)
+    assert not any(staging_dir(root).glob("ep-*"))
+    return before
+
+
+def test_kill_9_everything_mid_episode(tmp_path):
+    root = tmp_path / "ds"
+    proc, writer = run_child_until_kill_point(root, "mid_episode")
+    os.killpg(proc.pid, signal.SIGKILL)  # the daemon and its writer, like a power cut of the service
+    proc.wait(10)
+    assert wait_until(lambda: not pid_alive(writer), 10)
+    assert restart_and_append(root, {2}) == 2
+
+
+def test_kill_9_everything_right_after_a_save(tmp_path):
+    root = tmp_path / "ds"
+    proc, writer = run_child_until_kill_point(root, "mid_save")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    assert wait_until(lambda: not pid_alive(writer), 10)
+    # the save returned before the episode was encoded/staged: it survives if it got staged
+    restart_and_append(root, {2, 3})
+
+
+def test_kill_9_daemon_only_lets_the_writer_finish_saved_episodes(tmp_path):
+    root = tmp_path / "ds"
+    proc, writer = run_child_until_kill_point(root, "mid_save")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    assert wait_until(lambda: not pid_alive(writer), 90), "writer did not exit after its parent died"
+    ds = load_dataset(root)
+    assert ds.num_episodes == 3  # the saved one was committed by the orphaned writer
+    assert read_episode_tags(root)[2].success is True
+    restart_and_append(root, {3})
