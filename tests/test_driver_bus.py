@@ -57,6 +57,7 @@ def test_write_and_sync_write_reach_the_servos(emu, bus):
     assert emu.arm.servo(2).reg("Return_Delay_Time") == 7
     lo = [emu.arm.reference[n].range_min for n in emu.arm.reference.motors]
     goals = {sid: lo[sid - 1] + 100 + sid for sid in IDS}
+    assert len(bus.sync_write_packet("Goal_Position", goals)) == 26  # the wire-time budget of the benchmark
     bus.sync_write("Goal_Position", goals)
     assert bus.sync_read("Goal_Position", IDS) == goals
     assert emu.arm.goal_ticks().tolist() == [goals[i] for i in IDS]
