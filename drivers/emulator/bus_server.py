@@ -51,10 +51,11 @@ _ADDR_BAUD = CONTROL_TABLE["Baud_Rate"][0]
 _ADDR_RETURN_DELAY = CONTROL_TABLE["Return_Delay_Time"][0]
 _ADDR_STATUS_LEVEL = CONTROL_TABLE["Response_Status_Level"][0]
 SPIN_S = 0.0002  # spin (instead of sleeping) for the last 200 us before a deadline
-# A reply this late (scheduler or GIL stall here) would most likely land after the client's
-# timeout (the SDK waits >= 34 ms) and then be read as the answer to its *next* request: a real
-# servo never does that, so such a reply is dropped and counted instead.
-STALE_REPLY_S = 0.025
+# A reply this late (a scheduler or GIL stall here) lands after the client's timeout (LeRobot's
+# patched SDK and our driver wait ~50 ms) and would be read as the answer to its *next* request:
+# a real servo never does that, so such a reply is dropped and counted instead. Lateness is
+# measured from when the request was read, so the client has waited at least this long.
+STALE_REPLY_S = 0.045
 
 # termios speed constants -> baud rate, for the ones pyserial sets through plain termios.
 _TERMIOS_BAUD = {
