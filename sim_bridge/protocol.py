@@ -285,7 +285,7 @@ def decode(frames: list[bytes], allowed: frozenset[str]) -> Message:
     if not isinstance(header, dict):
         raise ProtocolError("header", f"header is a {type(header).__name__}, not a map")
     version = header.get("v")
-    if version != PROTOCOL_VERSION:
+    if type(version) is not int or version != PROTOCOL_VERSION:  # True == 1 in Python: not a version
         raise ProtocolError("version", f"version mismatch: peer speaks v{version}, we speak v{PROTOCOL_VERSION}")
     msg_type = header.get("t")
     if not isinstance(msg_type, str) or msg_type not in allowed:

@@ -248,6 +248,11 @@ class SimFollower:
             )
         return pos.copy()
 
+    def last_known_joints(self) -> np.ndarray | None:
+        """The newest state received, however old (for display; the loop uses ``read_joints``)."""
+        pos = self._pos_units
+        return None if pos is None else pos.copy()
+
     def write_goals(self, goals: np.ndarray) -> None:
         pos = P.joints_to_wire(goals)  # ValueError on bad shape / NaN: never reaches the sim
         self._target_seq += 1

@@ -85,7 +85,7 @@ def test_isaac_is_not_imported_outside_main():
 
 def test_targets_become_leisaac_radians_and_state_comes_back(bridge):
     b, env = bridge
-    f = SimFollower(b.ep.endpoint, staleness_s=0.5, connect_timeout_s=10)
+    f = SimFollower(b.ep.endpoint, staleness_s=3.0, connect_timeout_s=10)
     try:
         f.connect()
         assert isinstance(f, FollowerArm)
@@ -107,7 +107,7 @@ def test_targets_become_leisaac_radians_and_state_comes_back(bridge):
 
 def test_success_reset_and_hold(bridge):
     b, env = bridge
-    f = SimFollower(b.ep.endpoint, staleness_s=0.5, connect_timeout_s=10)
+    f = SimFollower(b.ep.endpoint, staleness_s=3.0, connect_timeout_s=10)
     try:
         f.connect()
         seq = f.reset_episode(seed=7, timeout_s=5)

@@ -52,6 +52,8 @@ def test_jpeg_frame_round_trip():
         ([b"\xc1\xff garbage"], "header"),
         ([msgpack.packb([1, 2, 3])], "header"),
         ([msgpack.packb({"v": 99, "t": "target"})], "version"),
+        ([msgpack.packb({"v": True, "t": "heartbeat"})], "version"),
+        ([msgpack.packb({"t": "heartbeat"})], "version"),
         ([msgpack.packb({"v": P.PROTOCOL_VERSION, "t": "bogus"})], "type"),
         ([msgpack.packb({"v": P.PROTOCOL_VERSION, "t": "target", "seq": 1, "sent_s": 0.0, "pos": [1, 2]})], "field"),
         ([msgpack.packb({"v": P.PROTOCOL_VERSION, "t": "target", "seq": 1, "sent_s": 0.0,
@@ -134,7 +136,7 @@ class EchoSim:
 def test_follower_round_trip_and_garbage_on_the_socket(transport, tmp_path):
     bind = "tcp://127.0.0.1:0" if transport == "tcp" else f"ipc://{tmp_path}/sim.sock"
     sim = EchoSim(bind)
-    f = SimFollower(sim.ep.endpoint, staleness_s=0.5)
+    f = SimFollower(sim.ep.endpoint, staleness_s=3.0)
     try:
         f.connect()
         goal = np.array([5.0, -10.0, 20.0, 0.0, 1.0, 40.0])
