@@ -276,3 +276,17 @@ def test_factory_preset_reads_raw_positions_and_reference_is_the_same_arm() -> N
     raw = fac.servo("elbow_flex").present_ticks()
     assert (raw - ref["elbow_flex"].homing_offset) % 4096 == cal.servo("elbow_flex").present_ticks()
     np.testing.assert_allclose(ticks_to_units(cal.present_ticks(), ref), pose, atol=0.1)
+
+
+def test_leader_released_after_torque_is_taken_back_smoothly_by_the_hand() -> None:
+    arm, clock = _arm("leader", motion=StillMotion([0.0, -40.0, 40.0, 20.0, 0.0, 20.0]))
+    s = arm.servo("shoulder_pan")
+    start = _pos(s)
+    _unlock_torque_on(s, start + 300)  # a take-over drives the leader elsewhere
+    clock.advance(1.0)
+    assert _pos(s) == start + 300
+    s.write(40, bytes([0]))  # released: no teleport back to the hand's pose...
+    clock.advance(0.01)
+    assert abs(_pos(s) - (start + 300)) < 15
+    clock.advance(3.0)  # ...the hand takes it back over a second or so
+    assert abs(_pos(s) - start) <= 1

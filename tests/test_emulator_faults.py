@@ -199,3 +199,15 @@ def test_no_wire_time_mode_answers_faster_than_the_wire(tmp_path: Path) -> None:
                 times.append(time.perf_counter() - t0)
         port.closePort()
     assert times and min(times) < P.wire_time_s(62, 115_200)  # 5.4 ms of wire skipped
+
+
+def test_link_over_a_real_file_is_refused(tmp_path: Path) -> None:
+    victim = tmp_path / "ttyACM0"
+    victim.write_text("not a pty")
+    with pytest.raises(FileExistsError, match="not a symlink"):
+        BusEmulator(victim, EmulatedArm("follower")).start()
+    assert victim.read_text() == "not a pty"
+    stale = tmp_path / "stale"
+    stale.symlink_to("/dev/pts/does-not-exist")
+    with BusEmulator(stale, EmulatedArm("follower")) as bus:
+        assert os.readlink(stale) == bus.slave_name

@@ -208,6 +208,7 @@ class EmulatedArm:
             self._phys_cache = {}
             for i, s in enumerate(self.servos):
                 s.external = None if motion is None else self._external_for(i)
+                s.release_offset = 0.0  # a new source places the joints itself
                 s.update()
 
     def _external_for(self, index: int) -> Callable[[float], float]:

@@ -176,26 +176,43 @@ class BusEmulator:
         """Plug back in: a fresh pty linked at the same path (clients must reopen the port)."""
         self.start()
 
+    def _check_link_path(self) -> None:
+        """Refuse to put a link over anything but an old link (a typo like --follower /dev/ttyACM0
+        must never replace a real device node or a file)."""
+        p = self.link_path
+        if p.is_symlink():
+            log.warning("replacing existing link %s -> %s", p, os.readlink(p))
+            return
+        if p.exists():
+            raise FileExistsError(f"{p} exists and is not a symlink: refusing to replace it with an emulator link")
+
     def _open_pty(self) -> None:
+        self._check_link_path()
         master, slave = os.openpty()
-        tty.setraw(master)
-        tty.setraw(slave)
-        # Default line speed: what the servos speak, so a client that never sets it still works.
-        attrs = termios.tcgetattr(slave)
-        speed = getattr(termios, "B1000000", attrs[4])
-        attrs[4] = attrs[5] = speed
-        termios.tcsetattr(slave, termios.TCSANOW, attrs)
-        os.set_blocking(master, False)
+        try:
+            tty.setraw(master)
+            tty.setraw(slave)
+            # Default line speed: what the servos speak, so a client that never sets it works.
+            attrs = termios.tcgetattr(slave)
+            speed = getattr(termios, "B1000000", attrs[4])
+            attrs[4] = attrs[5] = speed
+            termios.tcsetattr(slave, termios.TCSANOW, attrs)
+            os.set_blocking(master, False)
+            slave_name = os.ttyname(slave)
+            self.link_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.link_path.with_name(f".{self.link_path.name}.{os.getpid()}.tmp")
+            tmp.unlink(missing_ok=True)
+            os.symlink(slave_name, tmp)
+            os.replace(tmp, self.link_path)  # atomic: a client never sees a half-made link
+        except BaseException:
+            os.close(master)
+            os.close(slave)
+            raise
         self._master, self._slave = master, slave
-        self._slave_name = os.ttyname(slave)
+        self._slave_name = slave_name
         self._wake_r, self._wake_w = os.pipe()
         self._parser.reset()
         self._bus_free_at = 0.0
-        self.link_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.link_path.with_name(f".{self.link_path.name}.{os.getpid()}.tmp")
-        tmp.unlink(missing_ok=True)
-        os.symlink(self._slave_name, tmp)
-        os.replace(tmp, self.link_path)  # atomic: a client never sees a half-made link
 
     def _shutdown(self) -> None:
         self._stop.set()

@@ -72,6 +72,7 @@ SUBSTEP_S = 0.002
 MAX_SUBSTEPS = 2000
 NO_RAMP_ACCEL_TPS2 = 1.0e6
 VELOCITY_WINDOW_S = 0.005
+RELEASE_TAU_S = 0.4
 
 
 def factory_registers(servo_id: int) -> bytearray:
@@ -159,6 +160,8 @@ class EmulatedServo:
         self.block_lo: float | None = None  # physical bounds imposed by an obstacle
         self.block_hi: float | None = None
         self.external: Callable[[float], float] | None = None  # torque-off position source (physical)
+        self.release_offset = 0.0  # joint - source at the last torque release, decaying
+        self.release_t = 0.0
         self.online = True
         self.pending_reg_write: tuple[int, bytes] | None = None
         self._t = clock()
@@ -239,15 +242,36 @@ class EmulatedServo:
             self.overload_s = 0.0
             self.overcurrent_s = 0.0
             if self.external is not None:
-                self.phys = float(self.external(now))
+                self.phys = self._external_at(now)
                 blocked = self._apply_block()
                 # What the encoder sees now: the source's instantaneous speed, not the average
                 # since the last (possibly long ago) access.
-                self.vel_tps = 0.0 if blocked else (self.phys - float(self.external(now - VELOCITY_WINDOW_S))) / VELOCITY_WINDOW_S
+                earlier = self._external_at(now - VELOCITY_WINDOW_S)
+                self.vel_tps = 0.0 if blocked else (self.phys - earlier) / VELOCITY_WINDOW_S
             else:
                 self.vel_tps = (self.phys - prev_phys) / dt if dt < 0.05 else 0.0
             self.load_pct = 0.0
         self._thermal(dt)
+
+    def _external_at(self, t: float) -> float:
+        """The hand's position at ``t``; after a torque release the hand catches up with the
+        joint smoothly (the offset at release decays) instead of teleporting it."""
+        assert self.external is not None
+        pos = float(self.external(t))
+        if self.release_offset:
+            age = t - self.release_t
+            if age > 10 * RELEASE_TAU_S:
+                self.release_offset = 0.0
+            else:
+                pos += self.release_offset * math.exp(-max(0.0, age) / RELEASE_TAU_S)
+        return pos
+
+    def _released(self) -> None:
+        """Torque just went off: the external source (a hand) takes the joint from here."""
+        if self.external is not None:
+            self.release_t = self._t
+            self.release_offset = 0.0
+            self.release_offset = self.phys - self._external_at(self._t)
 
     def _apply_block(self) -> bool:
         if self.block_hi is not None and self.phys > self.block_hi:
@@ -341,6 +365,7 @@ class EmulatedServo:
         self.vel_tps = 0.0
         self.load_pct = 0.0
         self.overload_s = 0.0
+        self._released()
 
     def _thermal(self, dt: float) -> None:
         heat = HEAT_C_PER_S_AT_FULL_LOAD * (self.load_pct / 100.0) ** 2
@@ -421,6 +446,7 @@ class EmulatedServo:
         if was_on and not value:
             self.vel_tps = 0.0
             self.load_pct = 0.0
+            self._released()
 
     def _clamp_goal(self) -> None:
         lim = self._limits()
@@ -437,10 +463,7 @@ class EmulatedServo:
         self.update()
         self.phys = self.phys_from_present(present_ticks)
         self._apply_block()
-        if self.torque_enabled:
-            # A powered servo would fight back; a hand move on a torqued joint is a disturbance
-            # the position loop then corrects.
-            pass
+        # On a torqued joint this is a disturbance the position loop then corrects.
 
     def block_at(self, present_ticks: float | None) -> None:
         """Put an obstacle at a present-frame position (None removes it).
