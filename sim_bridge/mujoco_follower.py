@@ -60,15 +60,34 @@ def mj_rad_to_units(rad: np.ndarray) -> np.ndarray:
     return sim_rad_to_units((np.asarray(rad, dtype=np.float64) - scene.MJ_JOINT_OFFSET_RAD) * scene.MJ_JOINT_SIGN)
 
 
+def _gl_context_class():
+    """The GL backend named by MUJOCO_GL (egl by default), chosen here rather than by whichever
+    module imported mujoco first (mujoco binds its default context at import time)."""
+    backend = os.environ.get("MUJOCO_GL", "egl").lower()
+    try:
+        if backend == "egl":
+            from mujoco.egl import GLContext
+        elif backend == "osmesa":
+            from mujoco.osmesa import GLContext
+        elif backend == "glfw":
+            from mujoco.glfw import GLContext
+        else:
+            raise RuntimeError(f"MUJOCO_GL={backend!r}: use egl, osmesa or glfw")
+    except ImportError as exc:
+        raise RuntimeError(
+            f"offscreen rendering with MUJOCO_GL={backend} is unavailable ({exc}); try MUJOCO_GL=osmesa "
+            "(libosmesa6) or run without cameras (--cameras '')"
+        ) from exc
+    return GLContext
+
+
 class MultiCameraRenderer:
     """Renders N cameras of equal size side by side in one offscreen buffer, one read-back."""
 
     def __init__(self, model: mujoco.MjModel, names: tuple[str, ...], width: int, height: int) -> None:
-        from mujoco import gl_context
-
         self.names = names
         self.width, self.height = width, height
-        self._ctx = gl_context.GLContext(width * len(names), height)
+        self._ctx = _gl_context_class()(width * len(names), height)
         self._ctx.make_current()
         self._con = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._con)
@@ -274,7 +293,7 @@ class MujocoFollower:
                     self.step_for(behind)
                 self._check_daemon(ep, now)
                 self._check_task(ep)
-                frames = self.render() if ep.has_peer else {}
+                frames = self.render() if not self._daemon_was_stale else {}  # nobody listening: save the CPU
                 capture_s = time.monotonic()
                 self._send_state(ep)
                 for name, pixels in frames.items():
