@@ -81,7 +81,16 @@ def test_realtime_dropin_verifies_with_the_unit(tmp_path: Path) -> None:
     shutil.copy(REPO / "systemd" / "so101d.service.d" / "realtime.conf", d / "realtime.conf")
     r = _verify(unit)
     assert r.returncode == 0 and "so101d.service" not in r.stderr, r.stderr
+    # Merged as intended: the base unit denies @resources and realtime, the drop-in re-allows both.
+    rj = subprocess.run([ANALYZE, "security", "--offline=yes", "--json=short", str(unit)], capture_output=True, text=True, timeout=60)
+    checks = {c["name"]: c["set"] for c in json.loads(rj.stdout)}
+    assert checks["SystemCallFilter=~@resources"] is False and checks["RestrictRealtime="] is False
+    shutil.rmtree(d)
+    rj = subprocess.run([ANALYZE, "security", "--offline=yes", "--json=short", str(unit)], capture_output=True, text=True, timeout=60)
+    checks = {c["name"]: c["set"] for c in json.loads(rj.stdout)}
+    assert checks["SystemCallFilter=~@resources"] is True and checks["RestrictRealtime="] is True
     # The drop-in is really read (a broken one is reported).
+    d.mkdir()
     (d / "zz-broken.conf").write_text("[Service]\nLimitRTPRIO=lots\n")
     assert "zz-broken.conf:2" in _verify(unit).stderr
 
