@@ -34,11 +34,16 @@ def wait_for(pred, timeout_s: float, what: str) -> None:
 
 
 class Rows:
+    """Every cycle's (now, state, action, raw target) and the mode the cycle ran in."""
+
     def __init__(self) -> None:
         self.rows: list[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.modes: list[str] = []
+        self.loop = None
 
     def on_cycle(self, now, state, action, raw):
         self.rows.append((now, state.copy(), action.copy(), raw.copy()))
+        self.modes.append(self.loop.state.mode if self.loop is not None else "?")
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +70,7 @@ def bench():
     daemon = Daemon(cfg, FeetechLeader(str(root / "leader"), reference_calibration("leader")),
                     FeetechFollower(str(root / "follower"), reference_calibration("follower")))
     rows = Rows()
+    rows.loop = daemon.loop
     daemon.loop.add_hook(rows)
 
     class CamFeed:  # the virtual camera draws the follower's measured pose
@@ -103,18 +109,24 @@ def test_policy_mode_drives_the_follower_through_safety(bench, ckpt: Path) -> No
         assert pol["driving"] and pol["results"] >= 2 and pol["inference_latency_ms"]["p50"] > 0
         assert pol["queue_depth"] >= 0 and pol["chunk_age_ms"] is not None
         assert st["rate_hz"] > 50  # the loop keeps its rate while the policy runs (generous: shared CPU)
+        end = len(rows.rows)  # the policy's cycles only (a hold commands the measured pose)
         assert c.request("policy.stop")["mode"] in ("hold", "policy")
         wait_for(lambda: loop.state.mode == "hold", 5, "hold after policy.stop")
-    acts = np.array([r[2] for r in rows.rows[start_policy:]])
-    raws = np.array([r[3] for r in rows.rows[start_policy:]])
+    acts = np.array([r[2] for r in rows.rows[start_policy:end]])
+    raws = np.array([r[3] for r in rows.rows[start_policy:end]])
     assert len(acts) > 50
-    # safety applied: per-cycle steps bounded, commands inside the follower's joint limits
-    steps = np.abs(np.diff(acts, axis=0))
+    # safety applied: per-cycle steps bounded while tracking the policy (a stale gap between chunks
+    # holds the measured pose and re-aligns: that is the safety layer's stale rule, checked elsewhere)
+    modes = rows.modes[start_policy:end]
+    tracking = np.array([a == "policy" and b == "policy" for a, b in zip(modes[:-1], modes[1:])])
+    steps = np.abs(np.diff(acts, axis=0))[tracking]
+    assert len(steps) > 20
     assert np.all(steps[:, :5] <= 1.0 + 1e-6), steps.max(axis=0)
     lo, hi = loop.params.lower, loop.params.upper
     assert np.all(acts >= lo - 1e-6) and np.all(acts <= hi + 1e-6)
-    # the policy's targets reached the loop and the follower moved toward them
-    assert np.ptp(raws[:, :5], axis=0).max() > 1.0
+    # the loop's target was the policy's output, not the (still) leader, and the follower moved toward it
+    in_policy = np.array([m == "policy" for m in rows.modes[start_policy:end]])
+    assert np.abs(raws[in_policy] - POSE).max(axis=1).min() > 2.0
     assert loop.limited_cycles > 0
     first, last = rows.rows[n0][1], rows.rows[-1][1]
     assert np.abs(last - first).max() > 1.0

@@ -79,10 +79,8 @@ class PolicySource:
         missing = [n for n in self.info.cameras if n not in self.cameras]
         if missing:
             raise ValueError(f"policy needs camera(s) {', '.join(missing)} but no frame source was given for them")
-        qcfg = config.queue
-        if qcfg.refill_below >= self.info.n_action_steps:
-            qcfg = QueueConfig(**{**qcfg.__dict__, "refill_below": max(0, self.info.n_action_steps // 2)})
-        self.queue = ActionQueue(qcfg, action_dim=NUM_JOINTS)
+        # refill_below >= n_action_steps keeps the worker busy back to back (freshest chunks, most CPU)
+        self.queue = ActionQueue(config.queue, action_dim=NUM_JOINTS)
         self.state = "stopped"  # stopped | loading | ready | error
         self.error: str | None = None
         self.worker_info: dict[str, Any] = {}
@@ -107,7 +105,7 @@ class PolicySource:
         # stats
         self.latency = _Samples()  # obs_time -> chunk received by the loop
         self.overhead = _Samples()  # latency minus forward pass
-        self.stage = {k: _Samples() for k in ("publish", "read", "preprocess", "forward", "postprocess", "deliver")}
+        self.stage = {k: _Samples() for k in ("request", "publish", "read", "preprocess", "forward", "postprocess", "deliver")}
         self.requests = 0
         self.results = 0
         self.timeouts = 0
@@ -152,6 +150,11 @@ class PolicySource:
                 self._drain(time.monotonic())
             self._check_worker_alive()
         return self.state == "ready"
+
+    def wait_result(self, timeout_s: float) -> bool:
+        """Block until the worker has sent something (benchmarks and tests; never the loop)."""
+        res = self._res_r
+        return bool(res is not None and res.poll(timeout_s))
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stopping = True
@@ -305,6 +308,8 @@ class PolicySource:
             if v is not None:
                 self.stage[k].add(float(v))
         self.stage["deliver"].add(max(0.0, recv_s - float(msg.get("done_s", recv_s))))
+        if "got_s" in msg:  # loop asked -> worker has the request (publisher thread, frame copy, pipe)
+            self.stage["request"].add(max(0.0, float(msg["got_s"]) - obs_time))
 
     def _check_worker_alive(self) -> None:
         if self._proc is not None and not self._proc.is_alive() and self.state in ("loading", "ready"):

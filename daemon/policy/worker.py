@@ -9,7 +9,7 @@ daemon -> worker: {"t": "infer", "req": id}, {"t": "reset"}, {"t": "stop"}
 worker -> daemon: {"t": "ready", "info": {...}}, {"t": "error", "error": str, "fatal": bool},
                   {"t": "result", "req": id, "obs_time_s": f, "n": n, "dim": d, "actions": bytes,
                    "read_s": f, "preprocess_s": f, "forward_s": f, "postprocess_s": f,
-                   "done_s": monotonic time the chunk was ready}
+                   "got_s": monotonic time the request arrived, "done_s": ... the chunk was ready}
 """
 
 from __future__ import annotations
@@ -66,10 +66,11 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
         from daemon.policy.engine import PolicyEngine
         from daemon.policy.obs_buffer import ObsBuffer, ObsLayout
 
-        if spec.torch_threads:
-            import torch
+        import torch
 
-            torch.set_num_threads(spec.torch_threads)
+        # Leave one core to the control loop (and its bus I/O): a forward pass using every core
+        # starves the loop on small machines (measured: 250 ms stalls on 2 cores).
+        torch.set_num_threads(spec.torch_threads or max(1, (os.cpu_count() or 2) - 1))
         layout = ObsLayout.from_dict(spec.layout)
         # Spawned children share the daemon's resource tracker, so attaching registers the same
         # name again (a no-op) and the daemon's unlink at stop unregisters it once: no leak warning.
@@ -119,6 +120,7 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
             if kind != "infer":
                 conn.send_bytes(pack({"t": "error", "error": f"unknown request {kind!r}", "fatal": False}))
                 continue
+            got_s = time.monotonic()
             t0 = time.perf_counter()
             try:
                 obs_time, req, _oldest = buf.read_into(state, images)
@@ -132,7 +134,7 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
                 "t": "result", "req": req, "obs_time_s": obs_time, "n": int(actions.shape[0]),
                 "dim": int(actions.shape[1]), "actions": actions.astype(np.float32).tobytes(),
                 "read_s": t1 - t0, **{k: v for k, v in asdict(timings).items()},
-                "done_s": time.monotonic(),
+                "got_s": got_s, "done_s": time.monotonic(),
             }))
     finally:
         buf.close()

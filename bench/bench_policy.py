@@ -1,0 +1,308 @@
+"""Policy serving benchmark: our local path vs LeRobot 0.6.1's async inference, same checkpoint.
+
+1. A full-size ACT (LeRobot defaults: resnet18 backbone, dim 512, chunk 100; random backbone
+   weights, no download) is trained for one step on a synthetic dataset in the daemon's schema
+   with one 640x480 camera and saved as LeRobot saves checkpoints.
+2. Ours: PolicySource (worker process, observation through shared memory, chunk back over a pipe
+   as msgpack + raw float32) polled the way the loop polls it, but every 0.5 ms so delivery time
+   is not hidden by the loop period; a new request as soon as each chunk lands. Per request the
+   worker reports its stages; we print observation -> action latency broken down (transfer in,
+   preprocessing, forward, postprocessing, transfer out) and the overhead beyond the forward pass
+   (target: <= 1 ms p99, transfer only). Also: what `PolicySource.target()` costs the loop.
+3. LeRobot: `lerobot.async_inference.policy_server` in its own process on 127.0.0.1 (gRPC,
+   inference_latency 0), driven the way its robot_client drives it (Ready, SendPolicyInstructions,
+   SendObservations with must_go, GetActions), same checkpoint and observation. Note: LeRobot's
+   protocol is pickle both ways; this benchmark is the only place we speak it (to a server we
+   started ourselves, on loopback). Its server does not report the forward time, so its overhead
+   is its latency minus our median forward time of the same model measured in the same run.
+4. Control loop rate and p99 period jitter on the emulated bench in teleop vs policy mode.
+
+Ratios are printed side by side (measured in one run, interleaved where it matters).
+
+    .venv/bin/python bench/bench_policy.py [--requests 30] [--skip-lerobot] [--skip-loop]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle  # noqa: S403 - only to speak LeRobot's own async protocol to a server we started
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from calibration.conventions import FEATURE_NAMES  # noqa: E402
+from daemon.policy.action_queue import QueueConfig  # noqa: E402
+from daemon.policy.runner import PolicyRunnerConfig, PolicySource  # noqa: E402
+from daemon.policy.tiny import make_synthetic_dataset, synthetic_frame, synthetic_pose, train_tiny_policy  # noqa: E402
+from daemon.recording.cameras import Frame  # noqa: E402
+
+H, W = 480, 640
+
+
+def pct(a, q) -> float:
+    return float(np.percentile(np.asarray(a, dtype=np.float64), q)) if len(a) else float("nan")
+
+
+def row(name: str, samples_s, note: str = "") -> str:
+    ms = np.asarray(samples_s, dtype=np.float64) * 1e3
+    if ms.size == 0:
+        return f"  {name:<34} {'-':>9} {'-':>9} {'-':>9}  {note}"
+    return f"  {name:<34} {pct(ms, 50):9.3f} {pct(ms, 99):9.3f} {ms.max():9.3f}  {note}"
+
+
+class StillCamera:
+    def __init__(self, pixels: np.ndarray) -> None:
+        self.pixels = pixels
+        self.seq = 0
+
+    def latest_frame(self) -> Frame:
+        self.seq += 1
+        return Frame(pixels=self.pixels, capture_monotonic_s=time.monotonic(), seq=self.seq)
+
+
+def build_checkpoint(work: Path) -> Path:
+    t0 = time.monotonic()
+    ds = make_synthetic_dataset(work / "dataset", {"front": (H, W)}, episodes=1, frames_per_episode=12)
+    ck = train_tiny_policy(ds, work / "act", policy_type="act", steps=1, batch_size=2, size="default").checkpoint
+    print(f"checkpoint: full-size ACT, one 640x480 camera, built in {time.monotonic() - t0:.1f} s -> {ck}")
+    return ck
+
+
+# -- ours ------------------------------------------------------------------------------------------
+def bench_ours(ckpt: Path, requests: int) -> dict:
+    state = synthetic_pose(0.3)
+    img = synthetic_frame(state, H, W)
+    qcfg = QueueConfig(refill_below=1000, max_obs_age_s=60.0)  # always wants a refill: back to back
+    # all cores for the forward pass here, like LeRobot's server (the daemon's default leaves one to the loop)
+    src = PolicySource(PolicyRunnerConfig(str(ckpt), cameras={"front": (H, W)}, queue=qcfg, nice=0,
+                                          torch_threads=os.cpu_count() or 1),
+                       {"front": StillCamera(img)})
+    src.start()
+    if not src.wait_ready(300):
+        raise SystemExit(f"policy worker failed: {src.error}")
+    print(f"ours: worker ready ({src.worker_info})")
+    costs = []
+    warm = 3
+    while src.results < warm:
+        src.target(time.monotonic(), state)
+        time.sleep(0.0005)
+    log_start = len(src.chunk_log)
+    stage_start = {k: len(s._d) for k, s in src.stage.items()}
+    lat_start = len(src.latency._d)
+    while src.results < warm + requests:
+        src.wait_result(0.001)  # wake as soon as the chunk lands: measure the path, not a poll period
+        t0 = time.perf_counter()
+        src.target(time.monotonic(), state)
+        costs.append(time.perf_counter() - t0)
+    stages = {k: list(s._d)[stage_start[k]:] for k, s in src.stage.items()}
+    lat = list(src.latency._d)[lat_start:]
+    src.stop()
+    n = min(len(lat), *(len(v) for k, v in stages.items() if k != "publish"))
+    lat = np.array(lat[-n:])
+    fwd = np.array(stages["forward"][-n:])
+    pre = np.array(stages["preprocess"][-n:])
+    post = np.array(stages["postprocess"][-n:])
+    return {"latency": lat, "forward": fwd, "preprocess": pre, "postprocess": post,
+            "publish": np.array(stages["publish"]), "read": np.array(stages["read"][-n:]),
+            "deliver": np.array(stages["deliver"][-n:]), "request": np.array(stages["request"][-n:]),
+            "target_cost": np.array(costs),
+            "overhead": lat - fwd, "transport": lat - fwd - pre - post, "chunks": len(src.chunk_log) - log_start}
+
+
+# -- LeRobot async inference -------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench_lerobot(ckpt: Path, requests: int) -> dict:
+    try:
+        import grpc
+        from lerobot.async_inference.helpers import RemotePolicyConfig, TimedObservation
+        from lerobot.transport import services_pb2, services_pb2_grpc
+        from lerobot.transport.utils import grpc_channel_options, send_bytes_in_chunks
+        from lerobot.utils.feature_utils import hw_to_dataset_features
+    except ImportError as exc:
+        return {"skipped": f"LeRobot async inference cannot run here: {exc} (install lerobot[async]: grpcio, protobuf)"}
+    port = free_port()
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    logdir = tempfile.mkdtemp(prefix="so101d-lerobot-server-")  # it writes logs/ into its cwd
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lerobot.async_inference.policy_server", "--host=127.0.0.1", f"--port={port}",
+         "--fps=30", "--inference_latency=0", "--obs_queue_timeout=5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=logdir,
+        text=True)
+    forwards: list[float] = []
+
+    def read_log() -> None:  # its server logs the forward pass as "Preprocessing and inference took X s"
+        for line in proc.stdout:  # type: ignore[union-attr]
+            m = re.search(r"Preprocessing and inference took ([0-9.]+)s", line)
+            if m:
+                forwards.append(float(m.group(1)))
+
+    threading.Thread(target=read_log, daemon=True).start()
+    try:
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}", grpc_channel_options())
+        grpc.channel_ready_future(channel).result(timeout=120)
+        stub = services_pb2_grpc.AsyncInferenceStub(channel)
+        stub.Ready(services_pb2.Empty())
+        hw = {name: float for name in FEATURE_NAMES}
+        hw["front"] = (H, W, 3)
+        features = hw_to_dataset_features(hw, "observation", use_video=False)
+        spec = RemotePolicyConfig("act", str(ckpt), features, actions_per_chunk=100, device="cpu")
+        t0 = time.monotonic()
+        stub.SendPolicyInstructions(services_pb2.PolicySetup(data=pickle.dumps(spec)))
+        print(f"lerobot: policy_server loaded the checkpoint in {time.monotonic() - t0:.1f} s")
+        state = synthetic_pose(0.3)
+        raw = {name: float(v) for name, v in zip(FEATURE_NAMES, state)}
+        raw["front"] = synthetic_frame(state, H, W)
+        raw["task"] = ""
+        lat, empty = [], 0
+        for i in range(requests + 3):
+            t_start = time.perf_counter()
+            obs = TimedObservation(timestamp=time.time(), observation=raw, timestep=i, must_go=True)
+            stub.SendObservations(send_bytes_in_chunks(pickle.dumps(obs), services_pb2.Observation, silent=True))
+            reply = stub.GetActions(services_pb2.Empty())
+            if not reply.data:
+                empty += 1
+                continue
+            actions = pickle.loads(reply.data)  # noqa: S301 - LeRobot's reply from our own server process
+            dt = time.perf_counter() - t_start
+            assert len(actions) == 100
+            if i >= 3:
+                lat.append(dt)
+        time.sleep(0.5)
+        fw = np.array(forwards[-len(lat):]) if len(forwards) >= len(lat) else np.array([])
+        return {"latency": np.array(lat), "empty": empty, "forward": fw}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+# -- control loop: teleop vs policy -------------------------------------------------------------------
+def bench_loop(ckpt: Path, seconds: float) -> dict:
+    from daemon.config import config_from_dict
+    from daemon.policy.attach import attach_policy
+    from daemon.service import Daemon
+    from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
+    from drivers.feetech_arm import FeetechFollower, FeetechLeader
+
+    pose = np.array([0.0, -20.0, 20.0, 10.0, 0.0, 40.0])
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="so101d-bench-") as d:
+        root = Path(d)
+        la, fa = EmulatedArm("leader", initial_pose_units=pose), EmulatedArm("follower", initial_pose_units=pose)
+        la.set_pose_units(pose)
+        lb, fb = BusEmulator(root / "leader", la).start(), BusEmulator(root / "follower", fa).start()
+        cfg = config_from_dict({"socket": {"path": str(root / "c.sock")},
+                                "cameras": {"front": {"kind": "virtual", "width": W, "height": H}},
+                                "policy": {"max_obs_age_s": 5.0}})
+        daemon = Daemon(cfg, FeetechLeader(str(root / "leader"), reference_calibration("leader")),
+                        FeetechFollower(str(root / "follower"), reference_calibration("follower")))
+        ctl = attach_policy(daemon, cameras={"front": StillCamera(synthetic_frame(pose, H, W))})
+        daemon.start()
+        try:
+            loop = daemon.loop
+            ctl.load(str(ckpt), wait_s=300)
+            end = time.monotonic() + 20
+            while loop.state.mode not in ("idle", "teleop", "hold") and time.monotonic() < end:
+                time.sleep(0.05)
+            for mode in ("teleop", "policy", "teleop", "policy"):
+                if mode == "policy":
+                    ctl.start(record=False)
+                else:
+                    loop.call(lambda: loop.set_intent("teleop"))
+                time.sleep(1.0)  # alignment
+                loop.stats.reset()  # the window then holds this phase only
+                c0 = loop.cycles
+                t_end = time.monotonic() + seconds
+                last = None
+                while time.monotonic() < t_end:
+                    st = loop.stats.summaries_ms()
+                    last = st
+                    time.sleep(0.25)
+                n = loop.cycles - c0
+                out.setdefault(mode, []).append({"rate_hz": n / seconds, "period": last["period"], "jitter": last["jitter"]})
+                if mode == "policy":
+                    ctl.stop()
+        finally:
+            daemon.stop()
+            lb.stop()
+            fb.stop()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=30)
+    ap.add_argument("--skip-lerobot", action="store_true")
+    ap.add_argument("--skip-loop", action="store_true")
+    ap.add_argument("--loop-seconds", type=float, default=4.0)
+    ap.add_argument("--checkpoint", type=Path, help="reuse a checkpoint folder (skips building one)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="so101d-bench-policy-") as d:
+        ckpt = args.checkpoint or build_checkpoint(Path(d))
+        ours = bench_ours(ckpt, args.requests)
+        print(f"\nours: {len(ours['latency'])} requests, observation -> action chunk in the loop (ms)")
+        print(f"  {'stage':<34} {'p50':>9} {'p99':>9} {'max':>9}")
+        print(row("transfer in (daemon: frames->shm)", ours["publish"]))
+        print(row("request (loop -> worker has it)", ours["request"], "publisher thread + copy + pipe"))
+        print(row("transfer in (worker: shm->local)", ours["read"]))
+        print(row("preprocessing (LeRobot pipeline)", ours["preprocess"]))
+        print(row("forward pass", ours["forward"]))
+        print(row("postprocessing (unnormalise)", ours["postprocess"]))
+        print(row("transfer out (pipe + poll)", ours["deliver"]))
+        print(row("total", ours["latency"]))
+        print(row("overhead beyond forward", ours["overhead"]))
+        print(row("  of which transport (no pre/post)", ours["transport"], "target p99 <= 1 ms"))
+        print(row("PolicySource.target() per call", ours["target_cost"], "loop-side cost"))
+        lr = {} if args.skip_lerobot else bench_lerobot(ckpt, args.requests)
+        if lr.get("skipped"):
+            print(f"\nlerobot async inference: {lr['skipped']}")
+        elif lr:
+            print(f"\nlerobot async inference (gRPC on loopback): {len(lr['latency'])} requests ({lr['empty']} empty replies)")
+            print(row("forward pass (from its server log)", lr["forward"]))
+            print(row("total", lr["latency"]))
+            if len(lr["forward"]) == len(lr["latency"]):
+                lr_ovh = lr["latency"] - lr["forward"]
+                print(row("overhead beyond forward", lr_ovh))
+                r50 = pct(lr_ovh, 50) / pct(ours["overhead"], 50)
+                r99 = pct(lr_ovh, 99) / pct(ours["overhead"], 99)
+                print(f"\nratios lerobot / ours: overhead beyond forward p50 {r50:.1f}x, p99 {r99:.1f}x; "
+                      f"total latency p50 {pct(lr['latency'], 50) / pct(ours['latency'], 50):.2f}x "
+                      "(forward passes vary with machine load)")
+            else:
+                print("  (its server log did not give one forward time per request: overhead not computed)")
+        if not args.skip_loop:
+            res = bench_loop(ckpt, args.loop_seconds)
+            print("\ncontrol loop on the emulated bench (100 Hz target), teleop vs policy (two rounds each)")
+            for mode, runs in res.items():
+                for r in runs:
+                    print(f"  {mode:<7} rate {r['rate_hz']:6.1f} Hz   period p50 {r['period']['p50']:.3f} ms   "
+                          f"jitter p99 {r['jitter']['p99']:.3f} ms  max {r['jitter']['max']:.3f} ms")
+            tj = np.mean([r["jitter"]["p99"] for r in res.get("teleop", [])])
+            pj = np.mean([r["jitter"]["p99"] for r in res.get("policy", [])])
+            print(f"  jitter p99 policy - teleop: {pj - tj:+.3f} ms (the worker, on its own cores minus one, "
+                  "competes with the loop for the CPU)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
