@@ -343,6 +343,12 @@ class SimFollower:
         return list(self._rtt_s)
 
     @property
+    def dataset_kind(self) -> str:
+        """The EpisodeTag follower_kind: "sim-mujoco" / "sim-leisaac" once the sim said hello."""
+        backend = str(self._sim_info.get("backend") or "")
+        return f"sim-{backend.split(':', 1)[0]}" if backend else "sim"
+
+    @property
     def sim_info(self) -> dict[str, Any]:
         return dict(self._sim_info)
 
