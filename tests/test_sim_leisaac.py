@@ -142,3 +142,18 @@ def test_image_conversion():
     f = np.full((1, 4, 5, 4), 0.5, np.float32)  # float RGBA in 0..1
     out = image_to_uint8(f)
     assert out.shape == (4, 5, 3) and out.dtype == np.uint8 and out[0, 0, 0] == 127
+
+
+def test_workstation_script_needs_only_numpy_zmq_msgpack():
+    """On the GPU workstation it runs in LeIsaac's Python: nothing of torch/lerobot/mujoco/daemon."""
+    import subprocess
+
+    code = (
+        "import sys, sim_bridge.leisaac_follower; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'torch', 'lerobot', 'daemon', 'drivers', 'mujoco', 'cv2', 'isaaclab', 'leisaac'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
