@@ -290,3 +290,24 @@ def test_leader_released_after_torque_is_taken_back_smoothly_by_the_hand() -> No
     assert abs(_pos(s) - (start + 300)) < 15
     clock.advance(3.0)  # ...the hand takes it back over a second or so
     assert abs(_pos(s) - start) <= 1
+
+
+def test_overcurrent_protection_trips_on_a_low_protection_current() -> None:
+    from drivers.sts3215_table import ERR_OVERCURRENT
+
+    arm, clock = _arm()
+    s = arm.servo("elbow_flex")
+    s.write(55, bytes([0]))
+    s.write(28, (60).to_bytes(2, "little"))  # 390 mA
+    s.write(38, bytes([10]))  # 100 ms
+    s.write(36, bytes([100]))  # keep the overload protection out of the way
+    start = _pos(s)
+    arm.block_joint("elbow_flex", start - 20)
+    _unlock_torque_on(s, start - 600)
+    clock.advance(0.05)
+    s.update()
+    assert s.torque_enabled and s.current_ma() > 390
+    assert int.from_bytes(s.read(69, 2), "little") * 6.5 > 390  # Present_Current reports it
+    clock.advance(0.2)
+    s.update()
+    assert not s.torque_enabled and s.error_bits() & ERR_OVERCURRENT

@@ -56,6 +56,7 @@ SPIN_S = 0.0002  # spin (instead of sleeping) for the last 200 us before a deadl
 # a real servo never does that, so such a reply is dropped and counted instead. Lateness is
 # measured from when the request was read, so the client has waited at least this long.
 STALE_REPLY_S = 0.045
+MAX_READ_LEN = P.MAX_PACKET_LEN - 6  # a status packet carries at most this many data bytes
 
 # termios speed constants -> baud rate, for the ones pyserial sets through plain termios.
 _TERMIOS_BAUD = {
@@ -76,6 +77,8 @@ class BusStats:
     baud_mismatches: int = 0  # requests a servo could not hear (client line at another baud)
     overflows: int = 0  # reply bytes the pty would not take (client not reading)
     unplugs: int = 0
+    handler_errors: int = 0  # packets whose handling raised (a bug: logged, packet skipped)
+    ignored: int = 0  # well-framed packets a servo ignores (unknown instruction, bad parameters)
     late_replies: int = 0  # replies written more than 0.5 ms after their deadline
     stale_dropped: int = 0  # replies so late (STALE_REPLY_S) they were dropped
     max_lateness_s: float = 0.0
@@ -335,10 +338,15 @@ class BusEmulator:
         client_baud = self._client_baud() if self.check_baud else None
         for pkt in packets:
             st.requests += 1
-            with self.arm.lock:
-                replies, reply_baud, delays = self._handle(pkt, client_baud)
-                latency = self.faults.latency_s
-                out = self._apply_reply_faults(replies)
+            try:
+                with self.arm.lock:
+                    replies, reply_baud, delays = self._handle(pkt, client_baud)
+                    latency = self.faults.latency_s
+                    out = self._apply_reply_faults(replies)
+            except Exception:  # a bug must cost one packet, never the serving thread
+                st.handler_errors += 1
+                log.exception("emulator failed on packet %r", pkt)
+                continue
             self._schedule(pkt, out, replies, reply_baud, delays, latency, client_baud, t_rx)
 
     def _apply_reply_faults(self, replies: list[bytes]) -> list[bytes | None]:
@@ -457,7 +465,7 @@ class BusEmulator:
                 for s in listening(sorted((s for s in arm.servos if s.online), key=lambda s: s.servo_id)):
                     s.update(now)
                     reply(s, s.servo_id)
-            elif instr == P.INST_SYNC_READ and len(params) >= 2:
+            elif instr == P.INST_SYNC_READ and len(params) >= 2 and params[1] <= MAX_READ_LEN:
                 addr, n = params[0], params[1]
                 for sid in params[2:]:
                     for s in listening(arm.servos_by_id(sid)):
@@ -488,8 +496,10 @@ class BusEmulator:
             if instr == P.INST_PING:
                 reply(s, sid)
             elif instr == P.INST_READ:
-                if len(params) == 2:
+                if len(params) == 2 and params[1] <= MAX_READ_LEN:
                     reply(s, sid, s.read(params[0], params[1], now))
+                else:
+                    self.stats.ignored += 1
             elif instr == P.INST_WRITE:
                 if len(params) >= 1:
                     # Decided before the write: an ID or status-level change answers as before.

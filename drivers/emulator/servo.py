@@ -18,7 +18,9 @@ Model (good enough to make timing, stalls and protections behave like the real s
 - an obstacle (``block_at``) stops the horn; the position error then loads the motor
   (P_Coefficient-scaled, capped by Torque_Limit / Max_Torque_Limit);
 - overload protection: load above Overload_Torque % for Protection_Time x 10 ms cuts the torque
-  and latches the overload bit (cleared by the next Torque_Enable write);
+  and latches the overload bit (cleared by the next Torque_Enable write); likewise current
+  (15 mA + 15 mA per % of load) above Protection_Current (6.5 mA units) for
+  Over_Current_Protection_Time x 10 ms latches the over-current bit;
 - temperature: first-order heating with load squared; voltage sags with load; error bits for
   voltage outside the limits and temperature above Max_Temperature_Limit;
 - torque off: the horn stays where it is, or follows an external source (a leader arm moved by
@@ -305,6 +307,8 @@ class EmulatedServo:
         p_gain = self.mem[CONTROL_TABLE["P_Coefficient"][0]]
         overload_thr = self.mem[CONTROL_TABLE["Overload_Torque"][0]]
         overload_time_s = self.mem[CONTROL_TABLE["Protection_Time"][0]] * 0.01
+        overcurrent_ma = self.reg("Protection_Current") * CURRENT_MA_PER_UNIT
+        overcurrent_time_s = self.mem[CONTROL_TABLE["Over_Current_Protection_Time"][0]] * 0.01
         for _ in range(n):
             cur = self.present_from_phys(self.phys)
             blocked = False
@@ -357,6 +361,13 @@ class EmulatedServo:
                     return
             else:
                 self.overload_s = 0.0
+            if self.current_ma() > overcurrent_ma:
+                self.overcurrent_s += h
+                if self.overcurrent_s >= overcurrent_time_s:
+                    self._trip(ERR_OVERCURRENT)
+                    return
+            else:
+                self.overcurrent_s = 0.0
 
     def _trip(self, bit: int) -> None:
         """Protection: cut the torque and latch the error bit, as the STS3215 does."""
@@ -365,6 +376,7 @@ class EmulatedServo:
         self.vel_tps = 0.0
         self.load_pct = 0.0
         self.overload_s = 0.0
+        self.overcurrent_s = 0.0
         self._released()
 
     def _thermal(self, dt: float) -> None:
