@@ -279,7 +279,7 @@ class ControlLoop:
         self._missing_streak = 0
         self._leader_fail_since: float | None = None
         self.started_at_s = _MONO()
-        self._last_start_s: float | None = None
+        self._prev_cycle_s: float | None = None
         # plumbing
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
         self._hooks: list[Callable[[float, np.ndarray, np.ndarray, np.ndarray], None]] = []
@@ -476,7 +476,9 @@ class ControlLoop:
         except Exception as exc:  # noqa: BLE001 - classified below
             self.follower_errors += 1
             missing = getattr(exc, "missing_ids", None)
-            if missing and not getattr(exc, "corrupt", False):
+            # Some servos silent while others answer: a servo is off the bus. All of them silent is
+            # the bus or the port (or a stalled host), handled as a lost link below.
+            if missing and len(missing) < len(JOINT_NAMES) and not getattr(exc, "corrupt", False):
                 # a servo that stays silent over several cycles is a follower fault (hold or torque
                 # off per safety.on_fault), not just a bus hiccup the retries already covered
                 self._missing_streak += 1
@@ -582,9 +584,11 @@ class ControlLoop:
             inputs = CycleInputs(
                 intent=self.intent, torque_wanted=self.torque_wanted, follower_ok=True, measured=self.measured,
                 target=target, target_age_s=age, fault_now=self.fault_now, clear_fault=self._clear_fault, target_name=name,
+                dt_s=(now - self._prev_cycle_s) if self._prev_cycle_s is not None else None,
             )
             out = update(self.state, inputs, params)
         self._clear_fault = False
+        self._prev_cycle_s = now
         prev_mode = self.state.mode
         self.state = out.state
         if out.limited:

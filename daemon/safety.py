@@ -34,6 +34,7 @@ from calibration.conventions import GRIPPER_INDEX, NUM_JOINTS
 
 Mode = Literal["disconnected", "idle", "aligning", "teleop", "policy", "hold", "fault"]
 Intent = Literal["idle", "hold", "teleop", "policy"]
+_MAX_DT_PERIODS = 2.0  # alignment: one cycle moves at most this many nominal periods' worth
 MODES: tuple[str, ...] = ("disconnected", "idle", "aligning", "teleop", "policy", "hold", "fault")
 INTENTS: tuple[str, ...] = ("idle", "hold", "teleop", "policy")
 
@@ -51,10 +52,16 @@ class SafetyParams:
     lower: np.ndarray  # joint limits, LeRobot units
     upper: np.ndarray
     max_step: np.ndarray  # per-cycle step limit while tracking
-    align_step: np.ndarray  # per-cycle step while aligning (= speed x period)
+    align_step: np.ndarray  # per-cycle step while aligning at the nominal period (= speed x period)
     align_tolerance: float
     target_stale_s: float
     on_fault: Literal["hold", "torque_off"] = "hold"
+    period_s: float = 0.01  # nominal loop period
+
+    @property
+    def max_align_step(self) -> np.ndarray:
+        """The largest alignment step of one cycle: a late cycle may catch up at most one period."""
+        return self.align_step * _MAX_DT_PERIODS
 
     @classmethod
     def from_config(cls, safety, lower: np.ndarray, upper: np.ndarray, period_s: float) -> "SafetyParams":
@@ -73,6 +80,7 @@ class SafetyParams:
             align_tolerance=float(safety.align_tolerance_deg),
             target_stale_s=float(safety.leader_stale_s),
             on_fault=safety.on_fault,
+            period_s=float(period_s),
         )
 
 
@@ -98,6 +106,7 @@ class CycleInputs:
     fault_now: str = ""  # a fault seen on the follower right now ("" when none)
     clear_fault: bool = False  # the operator asked to resume (one cycle)
     target_name: str = "leader"  # for the reason text
+    dt_s: float | None = None  # time since the previous cycle (None: the nominal period)
 
 
 @dataclass(frozen=True)
@@ -182,7 +191,11 @@ def update(s: ControllerState, inp: CycleInputs, p: SafetyParams) -> CycleOutput
 
     if not (s.aligned and tracking):
         # Alignment: bounded speed from the measured pose (or from where alignment has got to).
-        step = np.clip(goal - start, -p.align_step, p.align_step)
+        # Speed in time, not per cycle: a loop that runs late (or free) still aligns at the configured
+        # deg/s, but one cycle never moves more than two periods' worth.
+        scale = 1.0 if inp.dt_s is None else min(max(inp.dt_s, 0.0) / p.period_s, _MAX_DT_PERIODS)
+        lim = p.align_step * scale
+        step = np.clip(goal - start, -lim, lim)
         cmd = start + step
         done = bool(np.all(np.abs(goal - cmd) <= p.align_tolerance))
         mode = inp.intent if done else "aligning"

@@ -48,7 +48,7 @@ class CycleRecorder:
         one bounded step from the *measured* pose whenever tracking (re)starts. Returns the number
         of checked continuous steps."""
         tracking = ("aligning", "teleop", "policy")
-        bound = np.maximum(params.align_step, params.align_tolerance) + 1e-6
+        bound = np.maximum(params.max_align_step, params.align_tolerance) + 1e-6
         checked = 0
         for i in range(1, min(len(self.rows), len(self.modes))):
             (m0, c0), (m1, c1) = self.modes[i - 1], self.modes[i]
@@ -60,7 +60,7 @@ class CycleRecorder:
                 checked += 1
             else:
                 start = np.abs(self.rows[i][2] - np.clip(self.rows[i][1], params.lower, params.upper))
-                assert np.all(start <= params.align_step + 1e-6), f"cycle {i}: restart {start} not from the measured pose"
+                assert np.all(start <= params.max_align_step + 1e-6), f"cycle {i}: restart {start} not from the measured pose"
         return checked
 
 

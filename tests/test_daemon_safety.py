@@ -194,3 +194,13 @@ def test_every_command_is_finite_in_limits_and_step_bounded(measured, targets):
                 assert np.all(np.abs(c - prev) <= np.maximum(p.max_step, p.align_step) + 1e-9)
             prev = c
         state = out.state
+
+
+def test_alignment_speed_is_per_second_and_a_late_cycle_catches_up_at_most_two_periods():
+    p = params(align_speed_deg_s=30.0)
+    target = np.full(6, 50.0)
+    half = update(ControllerState(), inputs(np.zeros(6), target, dt_s=0.005), p)
+    np.testing.assert_allclose(half.command[0], 0.15)  # 30 deg/s x 5 ms
+    late = update(ControllerState(), inputs(np.zeros(6), target, dt_s=0.5), p)
+    np.testing.assert_allclose(late.command[0], 0.6)  # capped at two periods' worth
+    assert np.all(late.command <= p.max_align_step + 1e-12)
