@@ -211,3 +211,16 @@ def test_link_over_a_real_file_is_refused(tmp_path: Path) -> None:
     stale.symlink_to("/dev/pts/does-not-exist")
     with BusEmulator(stale, EmulatedArm("follower")) as bus:
         assert os.readlink(stale) == bus.slave_name
+
+
+def test_servos_at_a_custom_baud_answer_a_client_at_that_baud(tmp_path: Path) -> None:
+    # 128000 is no termios constant: pyserial sets it as a custom (BOTHER) rate.
+    arm = EmulatedArm("follower", baudrate=128_000)
+    with BusEmulator(tmp_path / "f", arm) as bus:
+        port = scs.PortHandler(str(bus.link_path))
+        assert port.openPort()
+        ph = scs.PacketHandler(0)
+        assert ph.ping(port, 1)[1] == scs.COMM_RX_TIMEOUT  # client at 1 Mbaud hears nothing
+        assert port.setBaudRate(128_000)
+        assert ok(port, ph.ping, port, 1)[:2] == (777, scs.COMM_SUCCESS)
+        port.closePort()

@@ -162,6 +162,10 @@ class EmulatedArm:
         if motion is not None:
             self.set_motion(motion)
 
+    def reference_calibration(self) -> ArmCalibration:
+        """The LeRobot calibration of this physical arm (what the 'calibrated' preset holds)."""
+        return self.reference
+
     # --- frames -----------------------------------------------------------------------------
     def _units_to_phys(self, units: np.ndarray) -> np.ndarray:
         """LeRobot units -> raw encoder ticks of this physical arm (reference calibration).

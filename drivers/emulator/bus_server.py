@@ -28,10 +28,12 @@ pty closed: the client's next read/write fails with EIO) and replug (fresh pty, 
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import random
 import select
+import struct
 import sys
 import termios
 import threading
@@ -58,6 +60,10 @@ SPIN_S = 0.0002  # spin (instead of sleeping) for the last 200 us before a deadl
 STALE_REPLY_S = 0.045
 MAX_READ_LEN = P.MAX_PACKET_LEN - 6  # a status packet carries at most this many data bytes
 
+# struct termios2 (asm-generic): 4 flags, c_line, 19 c_cc, c_ispeed, c_ospeed.
+_TCGETS2 = 0x802C542A
+_TERMIOS2_SIZE = 44
+_TERMIOS2_OSPEED = 40
 # termios speed constants -> baud rate, for the ones pyserial sets through plain termios.
 _TERMIOS_BAUD = {
     getattr(termios, f"B{b}"): b
@@ -267,15 +273,31 @@ class BusEmulator:
         with self.arm.lock:
             self.faults = Faults()
 
+    def reference_calibration(self):
+        """The served arm's reference calibration (``EmulatedArm.reference_calibration``)."""
+        return self.arm.reference
+
     def stats_dict(self) -> dict:
         return asdict(self.stats)
 
     # --- serving ----------------------------------------------------------------------------
     def _client_baud(self) -> int | None:
-        """The client's line speed (0 if it is one we cannot name, e.g. a BOTHER custom rate)."""
+        """The client's line speed in baud (0 if unknown; None if the line cannot be read).
+
+        TCGETS2 gives the numeric rate, custom ones included (pyserial sets 128000 or 250000
+        through BOTHER); plain termios constants are the fallback.
+        """
+        if self._slave is None:
+            return None
+        buf = bytearray(_TERMIOS2_SIZE)
+        try:
+            fcntl.ioctl(self._slave, _TCGETS2, buf)
+            return struct.unpack_from("<I", buf, _TERMIOS2_OSPEED)[0]
+        except OSError:
+            pass
         try:
             speed = termios.tcgetattr(self._slave)[5]
-        except (termios.error, TypeError):
+        except termios.error:
             return None
         return _TERMIOS_BAUD.get(speed, 0)
 
