@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
 import sys
 import tempfile
 import threading
@@ -127,6 +127,8 @@ def mujoco_numbers(serve_s: float) -> dict[str, float]:
     out["rtf_2cams"] = r["real_time_factor"]
     out["ms_per_frame_2cams"] = r["ms_per_frame"]
     out["render_ms_2cams"] = r["render_ms_per_frame"]
+    out["cpu_ms_per_frame_2cams"] = r["cpu_ms_per_frame"]
+    out["rtf_cpu_2cams"] = r["real_time_factor_cpu"]
     nocam = MujocoFollower(MujocoFollowerConfig(bind="tcp://127.0.0.1:0", cameras=()))
     out["rtf_nocam"] = nocam.measure_real_time_factor(90)["real_time_factor"]
 
@@ -186,6 +188,8 @@ def main() -> int:
     m = mujoco_numbers(args.serve_s)
     print(f"  real-time factor, 2 cameras 320x240 at 30 fps: {m['rtf_2cams']:.2f} "
           f"({m['ms_per_frame_2cams']:.1f} ms per 33.3 ms frame, render {m['render_ms_2cams']:.1f} ms)")
+    print(f"  CPU time per frame, 2 cameras: {m['cpu_ms_per_frame_2cams']:.1f} ms -> real-time factor on an idle "
+          f"machine {m['rtf_cpu_2cams']:.2f} (load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
     print(f"  real-time factor, no cameras:                 {m['rtf_nocam']:.1f}")
     print(f"  served at 30 Hz for {args.serve_s:.0f} s: {m['served_tick_hz']:.1f} ticks/s, {m['served_overruns']} overruns, "
           f"{m['served_frames_per_s_per_cam']:.1f} frames/s per camera, "

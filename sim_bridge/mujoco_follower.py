@@ -364,7 +364,7 @@ class MujocoFollower:
         """Run ``frames`` ticks (physics + cameras) as fast as possible: simulated s / wall s."""
         period = 1.0 / self.cfg.rate_hz
         self.render()
-        sim0, t0 = self.data.time, time.perf_counter()
+        sim0, t0, c0 = self.data.time, time.perf_counter(), time.process_time()
         render_s = 0.0
         for _ in range(frames):
             self.step_for(period)
@@ -372,8 +372,12 @@ class MujocoFollower:
             self.render()
             render_s += time.perf_counter() - r0
         wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0  # all threads of this process (llvmpipe's included)
         return {
             "real_time_factor": (self.data.time - sim0) / wall,
             "ms_per_frame": wall / frames * 1000,
             "render_ms_per_frame": render_s / frames * 1000,
+            # what the work costs in CPU time: the real-time factor on an otherwise idle machine
+            "cpu_ms_per_frame": cpu / frames * 1000,
+            "real_time_factor_cpu": (self.data.time - sim0) / max(cpu, 1e-9),
         }
