@@ -44,7 +44,9 @@ class Aborted(Exception):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("role", choices=("follower", "leader"), help="which arm is on the port")
-    parser.add_argument("--port", help="serial port (default: the only USB serial adapter found)")
+    parser.add_argument(
+        "--port", help="serial port (default: /dev/so101-<role> if present, else the only USB serial adapter found)"
+    )
     parser.add_argument("--id", dest="arm_id", help="calibration id, the JSON file's name (default: the role)")
     parser.add_argument(
         "--calibration-dir",
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     arm_id = args.arm_id or args.role
     try:
         target = _target_path(args, arm_id)
-        port = args.port or _guess_port()
+        port = args.port or _guess_port(args.role)
     except CalibrationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_REJECTED
@@ -290,12 +292,16 @@ def _target_path(args: argparse.Namespace, arm_id: str) -> Path:
     return calibration_path(args.role, arm_id, args.calibration_root or calibration_root())
 
 
-def _guess_port() -> str:
-    """The only USB serial adapter present, or a clear error listing what was found."""
-    by_id = sorted(glob.glob("/dev/serial/by-id/*"))
-    candidates = by_id or sorted(glob.glob("/dev/ttyACM*") + glob.glob("/dev/ttyUSB*"))
+def _guess_port(role: str, dev: Path = Path("/dev")) -> str:
+    """/dev/so101-<role> (the udev name `so101d find-ports` sets up), else the only USB serial
+    adapter present, else a clear error listing what was found."""
+    named = dev / f"so101-{role}"
+    if named.exists():
+        return str(named)
+    by_id = sorted(glob.glob(str(dev / "serial/by-id/*")))
+    candidates = by_id or sorted(glob.glob(str(dev / "ttyACM*")) + glob.glob(str(dev / "ttyUSB*")))
     if len(candidates) == 1:
-        return os.path.realpath(candidates[0]) if not by_id else candidates[0]
+        return candidates[0]
     if not candidates:
-        raise CalibrationError("no serial adapter found: plug the arm in or give --port")
-    raise CalibrationError(f"several serial ports found ({', '.join(candidates)}): choose one with --port")
+        raise CalibrationError(f"no serial adapter found for the {role}: plug the arm in or give --port")
+    raise CalibrationError(f"several serial ports found ({', '.join(candidates)}): choose the {role}'s with --port")

@@ -153,7 +153,10 @@ def test_full_procedure_on_a_factory_follower(follower: Bench) -> None:
         assert s.reg("Homing_Offset") == 0
     assert any("Phase bit 4" in n for n in session.notes)
 
+    raw = arm.present_ticks()  # offsets are 0 now: the raw encoder angles of the middle pose
     offsets = session.set_homing()
+    # LeRobot's formula: Homing_Offset = present - int(4095 / 2), within the 11-bit magnitude.
+    assert [offsets[n] for n in JOINT_NAMES] == [int(r) - 2047 for r in raw]
     assert all(abs(o) <= 2047 for o in offsets.values())
     # The middle pose now reads 2047 on every servo (LeRobot's half turn).
     assert np.all(np.abs(arm.present_ticks() - 2047) <= 1), arm.present_ticks()
@@ -630,3 +633,46 @@ def test_json_written_is_lerobots_format(follower: Bench) -> None:
     data = json.loads(path.read_text())
     assert list(data) == list(JOINT_NAMES)
     assert all(set(v) == {"id", "drive_mode", "homing_offset", "range_min", "range_max"} for v in data.values())
+
+
+def test_port_guess_prefers_the_udev_name_then_a_single_adapter(tmp_path: Path) -> None:
+    from calibration.calibration_file import CalibrationError
+    from calibration.cli import _guess_port
+
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    with pytest.raises(CalibrationError, match="no serial adapter found for the leader"):
+        _guess_port("leader", dev)
+    (dev / "ttyACM0").touch()
+    assert _guess_port("leader", dev) == str(dev / "ttyACM0")
+    (dev / "ttyUSB3").touch()
+    with pytest.raises(CalibrationError, match="several serial ports found .*ttyACM0.*ttyUSB3"):
+        _guess_port("leader", dev)
+    (dev / "so101-leader").touch()
+    assert _guess_port("leader", dev) == str(dev / "so101-leader")
+
+
+def test_live_table_redraws_in_place_on_a_terminal(follower: Bench) -> None:
+    import io
+
+    from calibration.cli import _LiveTable
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    session = CalibrationSession(follower.bus, role="follower")
+    session.begin()
+    session.set_homing()
+    out = Tty()
+    table = _LiveTable(out)
+    for _ in range(10):
+        table.show(session, session.sample_ranges())
+    text = out.getvalue()
+    assert text.count("shoulder_pan") == 2  # drawn every 5th sample
+    assert "\x1b[7F" in text  # the second drawing moves up over the first (header + 6 joints)
+    assert "(full turn)" in text
+    silent = io.StringIO()
+    quiet = _LiveTable(silent)
+    quiet.show(session, session.sample_ranges())
+    assert silent.getvalue() == ""
