@@ -219,6 +219,12 @@ class Daemon:
                 self.recorder = attach_recorder(self)
             except Exception as exc:  # noqa: BLE001 - a dataset problem is a start-up error, named
                 raise StartupError(f"recording: {exc}") from exc
+        # --- policy helper's hook (issue 6): policy.* verbs, `status.policy`, [policy] enabled loads at start
+        from daemon.policy.attach import attach_policy  # noqa: PLC0415 - no torch: that lives in the worker
+
+        if getattr(self, "policy", None) is None:  # tests may attach their own first
+            self.policy = attach_policy(self, recorder=self.recorder)
+        # --- end of the policy hook
         rl = self.cfg.leisaac_remote_leader
         if rl.enabled:
             cal = getattr(self.leader, "calibration", None)

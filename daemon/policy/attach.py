@@ -251,6 +251,8 @@ def attach_policy(daemon: Any, cameras: Mapping[str, FrameSource] | None = None,
         recorder = getattr(extra, "__self__", None)
     if cameras is None and recorder is not None:
         cameras = {c.name: c for c in getattr(recorder, "cameras", [])}
+    if cameras is None and daemon.cfg.cameras:
+        cameras = _own_cameras(daemon)
     ctl = PolicyController(daemon, cameras, recorder)
     reg = daemon.server.register
     reg("policy.load", _verb(lambda req: ctl.load(req.get("path"), float(req.get("wait_s") or 0.0))))
@@ -261,9 +263,39 @@ def attach_policy(daemon: Any, cameras: Mapping[str, FrameSource] | None = None,
     reg("policy.status", _verb(lambda req: ctl.status()))
     daemon.status_extras["policy"] = ctl.status
     daemon.on_stop.append(ctl.close)
+    daemon.policy = ctl
     if daemon.cfg.policy.enabled and daemon.cfg.policy.path:
         try:
             ctl.load()
         except PolicyError as exc:
             log.error("policy: %s", exc)
     return ctl
+
+
+class _CameraFeed:
+    """Loop hook: virtual cameras draw the follower's measured pose (the recorder does this when it runs)."""
+
+    def __init__(self, cams: list[Any]):
+        self.cams = [c for c in cams if hasattr(c, "set_state")]
+
+    def on_cycle(self, now: float, state: Any, action: Any, raw: Any) -> None:
+        for c in self.cams:
+            c.set_state(state)
+
+
+def _own_cameras(daemon: Any) -> dict[str, FrameSource]:
+    """No recorder: open the configured cameras ourselves (started now, stopped with the daemon).
+
+    Kind "sim" cameras come from the simulated follower and need the recorder's wiring; they are
+    left out (a policy that needs them then gets a readable "no frame source" error at load).
+    """
+    from daemon.recording.attach import build_cameras  # noqa: PLC0415
+
+    wanted = {n: c for n, c in daemon.cfg.cameras.items() if c.kind != "sim"}
+    cams = build_cameras(wanted)
+    for c in cams:
+        c.start()
+        daemon.on_stop.append(c.stop)
+    if any(hasattr(c, "set_state") for c in cams):
+        daemon.loop.add_hook(_CameraFeed(cams))
+    return {c.name: c for c in cams}

@@ -1,0 +1,95 @@
+"""`so101d run` (subprocess) on emulated arms with a virtual camera and [recording], driven by the
+`so101d policy` CLI: check, load, start (an evaluation episode is recorded), status, stop; the
+evaluation episode lands in the dataset, tagged."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from calibration.calibration_file import save_calibration
+from daemon.dataset_schema import read_episode_tags
+from daemon.policy.tiny import tiny_act_checkpoint
+from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
+from test_daemon_process import wait_status
+
+SO101D = [sys.executable, "-m", "daemon.cli"]
+H, W = 48, 64
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*SO101D, *args], capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1"))
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return tiny_act_checkpoint(tmp_path_factory.mktemp("cli_policy"), {"front": (H, W)})
+
+
+def test_policy_cli_against_so101d_run(ckpt: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="so101d-polcli-") as d:
+        run_dir = Path(d)
+        la, fa = EmulatedArm("leader"), EmulatedArm("follower")
+        cal = run_dir / "cal"
+        save_calibration(reference_calibration("leader"), "leader", "l1", cal)
+        save_calibration(reference_calibration("follower"), "follower", "f1", cal)
+        sock = run_dir / "control.sock"
+        cfg = run_dir / "so101d.toml"
+        root = run_dir / "datasets" / "eval" / "act"
+        cfg.write_text(
+            f'[leader]\nport = "{run_dir / "leader"}"\nid = "l1"\n'
+            f'[follower]\nport = "{run_dir / "follower"}"\nid = "f1"\n'
+            f'[calibration]\nroot = "{cal}"\n[socket]\npath = "{sock}"\n'
+            f'[recording]\nenabled = true\ndataset_root = "{run_dir / "datasets"}"\nrepo_id = "eval/act"\n'
+            f'[cameras.front]\nkind = "virtual"\nwidth = {W}\nheight = {H}\n'
+            '[policy]\nmax_obs_age_s = 5.0\nrefill_below = 4\ntask = "reach"\n'
+        )
+        # offline check against the configuration: fits; and against a config without the camera
+        r = cli("policy", "check", str(ckpt), "--config", str(cfg))
+        assert r.returncode == 0 and "ok: act policy" in r.stdout and "front 64x48" in r.stdout, r.stderr
+        bare = run_dir / "bare.toml"
+        bare.write_text(f'[socket]\npath = "{sock}"\n')
+        r = cli("policy", "check", str(ckpt), "--config", str(bare))
+        assert r.returncode == 1 and "camera 'front' (64x48) expected by the policy is not configured" in r.stderr
+        with BusEmulator(run_dir / "leader", la), BusEmulator(run_dir / "follower", fa):
+            proc = subprocess.Popen([*SO101D, "run", "--config", str(cfg)], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+            try:
+                wait_status(sock, lambda s: s["mode"] == "teleop" and s.get("recording", {}).get("phase") == "idle"
+                            and s.get("policy", {}).get("state") == "none", timeout_s=180, proc=proc)
+                s = ["--socket", str(sock)]
+                r = cli("policy", "start", *s)
+                assert r.returncode == 1 and "no policy loaded" in r.stderr
+                r = cli("policy", "load", str(ckpt), "--wait", "120", *s, timeout=180)
+                assert r.returncode == 0 and "loading act policy" in r.stdout, r.stderr
+                r = cli("policy", "start", *s)
+                assert r.returncode == 0 and "policy driving the follower" in r.stdout, r.stderr
+                wait_status(sock, lambda st: st["mode"] == "policy" and st["policy"]["results"] >= 2, timeout_s=60, proc=proc)
+                time.sleep(1.0)
+                r = cli("policy", "status", *s)
+                assert r.returncode == 0, r.stderr
+                assert "(driving the follower)" in r.stdout and "latency    p50" in r.stdout and "queue " in r.stdout
+                r = cli("policy", "stop", "--success", *s)
+                assert r.returncode == 0 and "holding" in r.stdout, r.stderr
+                st = wait_status(sock, lambda st: st["mode"] == "hold" and st["recording"]["saves_pending"] == 0
+                                 and st["recording"]["episodes_in_dataset"] == 1, timeout_s=120, proc=proc)
+                assert not st["policy"]["driving"]
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                rc = proc.wait(timeout=120)
+            assert rc == 0, proc.stderr.read()[-2000:]
+        tags = read_episode_tags(root)
+        assert len(tags) == 1 and tags[0].success is True and tags[0].frames > 20
+        from daemon.recording.recorder import Recorder
+
+        if "origin" in inspect.signature(Recorder.start_episode).parameters:
+            assert tags[0].origin == "policy"
