@@ -32,8 +32,9 @@ from calibration.conventions import (
     units_to_ticks,
 )
 
-settings.register_profile("so101d", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("so101d")
+# Per-test settings (not a global profile: other test modules keep their own).
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+AGAINST_LEROBOT = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 BODY = [i for i in range(NUM_JOINTS) if i != GRIPPER_INDEX]
 
@@ -85,6 +86,7 @@ def lerobot_bus(cal: ArmCalibration, body_mode: str = "degrees"):
 # ---------------------------------------------------------------------------------------------
 # ticks <-> units
 # ---------------------------------------------------------------------------------------------
+@PROPERTY
 @given(st.data(), st.sampled_from(["degrees", "range_m100_100"]))
 def test_ticks_units_ticks_is_identity_inside_the_range(data: st.DataObject, body_mode: str) -> None:
     cal = data.draw(calibrations(body_drive_modes=True))
@@ -94,6 +96,7 @@ def test_ticks_units_ticks_is_identity_inside_the_range(data: st.DataObject, bod
     np.testing.assert_array_equal(back, ticks)
 
 
+@PROPERTY
 @given(st.data())
 def test_degrees_round_trip_outside_the_range_too(data: st.DataObject) -> None:
     # Degrees are not clamped (LeRobot 0.6.1): a joint read beyond its calibrated range keeps its angle.
@@ -108,6 +111,7 @@ def test_degrees_round_trip_outside_the_range_too(data: st.DataObject) -> None:
     assert back[g] == np.clip(ticks[g], cal["gripper"].range_min, cal["gripper"].range_max)
 
 
+@PROPERTY
 @given(st.data(), st.sampled_from(["degrees", "range_m100_100"]))
 def test_units_ticks_units_within_half_a_tick(data: st.DataObject, body_mode: str) -> None:
     cal = data.draw(calibrations(body_drive_modes=True))
@@ -125,6 +129,7 @@ def test_units_ticks_units_within_half_a_tick(data: st.DataObject, body_mode: st
         assert abs(back[i] - units[i]) <= half_tick_units + 1e-9, (name, units[i], back[i])
 
 
+@PROPERTY
 @given(st.data(), st.sampled_from(["degrees", "range_m100_100"]))
 def test_ticks_to_units_is_monotonic_with_the_drive_mode_deciding_the_direction(data: st.DataObject, body_mode: str) -> None:
     cal = data.draw(calibrations(body_drive_modes=True))
@@ -141,6 +146,7 @@ def test_ticks_to_units_is_monotonic_with_the_drive_mode_deciding_the_direction(
             assert ua[i] == ub[i]
 
 
+@PROPERTY
 @given(st.data(), st.sampled_from(["degrees", "range_m100_100"]))
 def test_units_to_ticks_is_monotonic(data: st.DataObject, body_mode: str) -> None:
     cal = data.draw(calibrations(body_drive_modes=True))
@@ -153,6 +159,7 @@ def test_units_to_ticks_is_monotonic(data: st.DataObject, body_mode: str) -> Non
             assert (tx[i] >= ty[i]) if flips else (tx[i] <= ty[i])
 
 
+@PROPERTY
 @given(st.data(), st.sampled_from([math.nan, math.inf, -math.inf]), st.integers(0, NUM_JOINTS - 1))
 def test_units_to_ticks_refuses_non_finite_values(data: st.DataObject, bad: float, index: int) -> None:
     cal = data.draw(calibrations())
@@ -169,6 +176,7 @@ def test_units_to_ticks_refuses_a_wrong_shape() -> None:
         units_to_ticks(np.zeros(5), cal)
 
 
+@PROPERTY
 @given(st.data())
 def test_gripper_zero_is_closed_whatever_the_drive_mode(data: st.DataObject) -> None:
     # drive_mode 0: closed = range_min; drive_mode 1 (gripper mounted reversed): closed = range_max.
@@ -189,7 +197,7 @@ def test_gripper_zero_is_closed_whatever_the_drive_mode(data: st.DataObject) -> 
 # ---------------------------------------------------------------------------------------------
 # equality with LeRobot 0.6.1's own normalisation
 # ---------------------------------------------------------------------------------------------
-@settings(max_examples=60)
+@AGAINST_LEROBOT
 @given(st.data(), st.sampled_from(["degrees", "range_m100_100"]))
 def test_ticks_to_units_equals_lerobots_normalize(data: st.DataObject, body_mode: str) -> None:
     cal = data.draw(calibrations(body_drive_modes=True))
@@ -201,7 +209,7 @@ def test_ticks_to_units_equals_lerobots_normalize(data: st.DataObject, body_mode
         assert ours[i] == pytest.approx(theirs[JOINT_IDS[name]], abs=1e-9), name
 
 
-@settings(max_examples=60)
+@AGAINST_LEROBOT
 @given(st.data(), st.sampled_from(["degrees", "range_m100_100"]))
 def test_units_to_ticks_within_one_tick_of_lerobots_unnormalize(data: st.DataObject, body_mode: str) -> None:
     cal = data.draw(calibrations(body_drive_modes=True))
@@ -219,6 +227,7 @@ def test_units_to_ticks_within_one_tick_of_lerobots_unnormalize(data: st.DataObj
 # ---------------------------------------------------------------------------------------------
 # leader -> follower
 # ---------------------------------------------------------------------------------------------
+@PROPERTY
 @given(st.data())
 def test_leader_to_follower_honours_both_calibrations(data: st.DataObject) -> None:
     leader = data.draw(calibrations())
@@ -239,6 +248,7 @@ def test_leader_to_follower_honours_both_calibrations(data: st.DataObject) -> No
             assert fu[i] == pytest.approx(f_lo[i] if lu[i] < f_lo[i] else f_hi[i], abs=0.5 * tick_units + 1e-9)
 
 
+@PROPERTY
 @given(st.data())
 def test_leader_to_follower_differs_in_ticks_when_the_calibrations_differ(data: st.DataObject) -> None:
     # Two arms with different mid-points: the same physical angle needs different ticks.
@@ -265,6 +275,7 @@ def test_leader_to_follower_maps_a_reversed_follower_gripper() -> None:
 # ---------------------------------------------------------------------------------------------
 # simulation radians (LeIsaac)
 # ---------------------------------------------------------------------------------------------
+@PROPERTY
 @given(st.lists(st.floats(-400, 400), min_size=6, max_size=6))
 def test_sim_radians_round_trip(values: list[float]) -> None:
     units = np.array(values)
@@ -282,6 +293,7 @@ def _table_spanning_calibration() -> ArmCalibration:
     return ArmCalibration(motors)
 
 
+@PROPERTY
 @given(st.data())
 def test_normalized_to_sim_rad_agrees_with_units_to_sim_rad_through_a_table_spanning_calibration(data: st.DataObject) -> None:
     cal = _table_spanning_calibration()
@@ -305,6 +317,7 @@ def test_the_table_ends_map_to_the_sim_limits() -> None:
     np.testing.assert_allclose(np.degrees(normalized_to_sim_rad(n_hi)), [LEISAAC_USD_LIMITS_DEG[n][1] for n in JOINT_NAMES])
 
 
+@PROPERTY
 @given(st.floats(-180, 180))
 def test_gripper_closed_is_the_sims_lower_gripper_limit(body_value: float) -> None:
     units = np.full(NUM_JOINTS, body_value)
@@ -315,6 +328,7 @@ def test_gripper_closed_is_the_sims_lower_gripper_limit(body_value: float) -> No
     assert math.degrees(units_to_sim_rad(units)[GRIPPER_INDEX]) == pytest.approx(LEISAAC_USD_LIMITS_DEG["gripper"][1])
 
 
+@PROPERTY
 @given(st.lists(st.floats(-300, 300), min_size=6, max_size=6))
 def test_body_degrees_stay_degrees_in_the_sim(values: list[float]) -> None:
     # 1 LeRobot degree is 1 sim degree: the arm moves as much in sim as the leader does in reality.
