@@ -39,6 +39,7 @@ from daemon.recording.store import DatasetMismatchError, DatasetStore, StoreConf
 log = logging.getLogger("so101d.recording.writer")
 
 ENCODER_QUEUE_FRAMES = 6
+WRITER_NICE = 10
 
 
 class CameraEncoder(threading.Thread):
@@ -238,6 +239,12 @@ def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any,
                 follower_kind: str, origin: str) -> None:
     """Entry point of the spawned writer process (arguments are plain data)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Encoding and parquet writing are background work: on a 2-core machine they must yield the
+    # CPU to the control loop (the ring and the staging absorb the delay).
+    try:
+        os.nice(WRITER_NICE)
+    except OSError:
+        pass
     cfg = StoreConfig(**store_cfg)
     cfg.cameras = [tuple(c) for c in cfg.cameras]  # type: ignore[misc]
     spec = RingSpec(**ring_spec)
