@@ -239,11 +239,13 @@ class CalibrationSession:
                 on_sample(positions)
             if should_stop is not None and should_stop():
                 break
+            # Fixed schedule (a late wake-up is made up by the next sleep); after falling more
+            # than a whole period behind, restart the schedule instead of bursting.
             next_at += period_s
             delay = next_at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            else:
+            elif delay < -period_s:
                 next_at = time.monotonic()
         return taken
 
