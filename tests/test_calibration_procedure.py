@@ -676,3 +676,21 @@ def test_live_table_redraws_in_place_on_a_terminal(follower: Bench) -> None:
     quiet = _LiveTable(silent)
     quiet.show(session, session.sample_ranges())
     assert silent.getvalue() == ""
+
+
+def test_our_leader_driver_reads_the_new_calibration_without_mismatch(leader: Bench) -> None:
+    from drivers.feetech_arm import FeetechLeader
+
+    session = CalibrationSession(leader.bus, role="leader")
+    leader.operator_run(session)
+    path = session.write("driver_check", root=leader.root)
+    leader.bus.close()
+    arm = FeetechLeader(str(leader.link), load_calibration_file(path))
+    arm.connect()
+    try:
+        assert arm.calibration_mismatches == []
+        pose = leader.pose(shoulder_pan=-50.0, elbow_flex=35.0, gripper=10.0)
+        np.testing.assert_allclose(arm.read_joints()[:GRIPPER_INDEX], pose[:GRIPPER_INDEX], atol=2 * DEG_PER_TICK)
+        assert abs(arm.read_joints()[GRIPPER_INDEX] - 10.0) < 0.2
+    finally:
+        arm.close()
