@@ -1,0 +1,12 @@
+"""Local low-latency inference: LeRobot policies served next to the servos (issue 6).
+
+checkpoint.py  safe offline loading (safetensors only) + input/output checks against the config
+engine.py      one observation -> one action chunk (the only torch code on the hot path)
+worker.py      the policy process (spawned); obs_buffer.py the shared-memory observation (seqlock)
+action_queue.py time-stamped chunks: stale dropping, latest / temporal-ensembling merge, refill
+runner.py      PolicySource: the control loop's microsecond-cost ``target(now, state)``
+attach.py      policy.* socket verbs, mode policy, evaluation episodes, take-over wiring
+takeover.py    policy -> teleop without a jump (leader moved to the follower, then released)
+serve.py       ZeroMQ endpoint + PolicyClient for other local programs
+tiny.py        small real checkpoints built offline (tests, benchmarks)
+"""
