@@ -49,7 +49,7 @@ from calibration.conventions import JOINT_NAMES
 from daemon.logs import RateLimitedLogger
 from daemon.safety import ControllerState, CycleInputs, CycleOutput, SafetyParams, update
 from daemon.stats import LoopStats
-from drivers.arm_interface import ArmError, ArmHealth, FollowerArm, LeaderArm, PortGoneError
+from drivers.arm_interface import ArmError, ArmHealth, FollowerArm, HandshakeError, LeaderArm, PortGoneError
 from drivers.sts3215_table import describe_error_bits
 
 log = logging.getLogger("so101d.loop")
@@ -101,6 +101,7 @@ class ArmLink:
         self.connects = 0  # successful connects (first one included)
         self.losses = 0
         self.last_error = ""
+        self.handshake_fault = ""  # set while (re)connecting fails because servos are missing or wrong
         self.since_s = _MONO()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -154,6 +155,10 @@ class ArmLink:
                     self.on_connect(self.arm)
             except Exception as exc:  # noqa: BLE001 - any failure here means "not yet"; keep trying
                 self.last_error = f"{type(exc).__name__}: {exc}"
+                # Some servos answer but not all (or a wrong model): that arm has a fault, not
+                # just a missing cable. Nothing answering at all is a port/power matter.
+                if isinstance(exc, HandshakeError) and "ids answering: none" not in str(exc):
+                    self.handshake_fault = str(exc)
                 _rl.warning(f"connect.{self.name}", "%s: cannot connect (%s); next try in %.1f s", self.name, self.last_error, delay)
                 if first:
                     try:
@@ -166,6 +171,7 @@ class ArmLink:
                 continue
             self.connects += 1
             self.last_error = ""
+            self.handshake_fault = ""
             self.since_s = _MONO()
             self.connected = True
             log.info("%s connected%s", self.name, "" if self.connects == 1 else " again")
@@ -346,16 +352,21 @@ class ControlLoop:
         if not link.connected:
             raise RuntimeError("follower not connected")
         arm = link.arm
-        try:
-            pose = arm.read_joints()
-            if self.params is not None:
-                pose = np.clip(pose, self.params.lower, self.params.upper)
-            arm.write_goals(pose)
-            arm.set_torque(True)
-            self.state = _replace_torque(self.state, True)
-            self._read_health(_MONO())
-        except ArmError as exc:
-            raise RuntimeError(f"cannot re-arm the follower: {exc}") from exc
+        for attempt in range(3):  # a noisy bus may drop one of these few transactions: try again
+            try:
+                pose = arm.read_joints()
+                if self.params is not None:
+                    pose = np.clip(pose, self.params.lower, self.params.upper)
+                arm.write_goals(pose)
+                arm.set_torque(True)
+                self.state = _replace_torque(self.state, True)
+                self._read_health(_MONO())
+                break
+            except PortGoneError as exc:
+                raise RuntimeError(f"cannot re-arm the follower: {exc}") from exc
+            except ArmError as exc:
+                if attempt == 2:
+                    raise RuntimeError(f"cannot re-arm the follower: {exc}") from exc
         if self.fault_now:
             raise RuntimeError(f"fault still present: {self.fault_now}")
         self._clear_fault = True
@@ -578,7 +589,9 @@ class ControlLoop:
         self.target = target
         params = self.params
         if params is None or not follower_ok:
-            out = CycleOutput(ControllerState(mode="disconnected", fault=self.state.fault,
+            # a fault seen just before the link went (a servo dropping off the bus) stays latched
+            fault = self.state.fault or self.fault_now or follower_link.handshake_fault
+            out = CycleOutput(ControllerState(mode="disconnected", fault=fault,
                                               reason="follower not connected" if not follower_link.connected else "no follower pose"), None, None)
         else:
             inputs = CycleInputs(
@@ -596,8 +609,9 @@ class ControlLoop:
         t_w = _MONO()
         stats.update.add(t_w - t_u)
         if out.state.mode != prev_mode:
-            lvl = logging.ERROR if out.state.mode == "fault" else logging.INFO
-            log.log(lvl, "mode %s -> %s (%s)", prev_mode, out.state.mode, out.state.reason)
+            new = out.state.mode
+            lvl = logging.ERROR if new == "fault" else logging.WARNING if new in ("disconnected", "hold") and self.intent != "hold" else logging.INFO
+            log.log(lvl, "mode %s -> %s (%s)", prev_mode, new, out.state.reason)
         # 3. write
         if follower_link.connected and (out.torque is not None or out.command is not None):
             self._write_follower(out, now)
@@ -676,8 +690,12 @@ class ControlLoop:
                         self._read_health(end)
                     continue
                 deadline += period
-                # health in the slack, if it fits (else try again next cycle)
-                if self.follower_link.connected and end >= self._next_health_s and deadline - end > 1.5 * self._health_cost_s:
+                # health in the slack, if it fits (else try again next cycle); once it is a whole
+                # period overdue it is read anyway: a fault must never go unseen because the
+                # cycles are tight (or because one slow read inflated the cost estimate)
+                due = self.follower_link.connected and end >= self._next_health_s
+                overdue = end >= self._next_health_s + self.cfg.control.health_period_s
+                if due and (deadline - end > 1.5 * self._health_cost_s or overdue):
                     self._read_health(end)
                     end = _MONO()
                 if end > deadline:

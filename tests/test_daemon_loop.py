@@ -145,7 +145,7 @@ def test_start_aligns_slowly_then_follows(make_bench):
     assert len(acts) > 20
     assert bench.rec.check_no_jump(loop.params) > 20
     # the first command started at the follower's measured pose, not at the leader
-    assert np.allclose(acts[0], POSE_A, atol=1.0)
+    assert np.allclose(acts[0], POSE_A, atol=float(loop.params.max_align_step.max()) + 0.5)
     wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "follower on the leader")
     # follow a new pose
     bench.la.set_pose_units(POSE_A)
@@ -295,7 +295,7 @@ def test_missing_follower_servo_is_a_fault_then_operator_resumes(make_bench):
     bench.wait_mode("teleop")
     bench.fa.set_online("wrist_flex", False)
     wait_for(lambda: "wrist_flex" in (bench.daemon.status()["fault"] or ""), 15, "missing-servo fault naming the joint")
-    assert bench.mode in ("fault", "disconnected")
+    bench.wait_mode("fault", "disconnected")
     assert bench.daemon.loop.is_running()
     bench.fa.set_online("wrist_flex", True)
     # back on the bus: the follower reconnects, the fault stays latched until the operator resumes
