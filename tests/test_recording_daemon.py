@@ -35,6 +35,34 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
                           env=dict(os.environ, HF_HUB_OFFLINE="1"))
 
 
+def keyboard_session(sock_args: list[str]) -> None:
+    """`so101d record` on a terminal: f = failure, backspace = redo, enter = success, esc = stop."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*SO101D, "record", "--episodes", "5", "--episode-time", "60", "--reset-time", "30",
+                             "--task", "keys", *sock_args], stdin=slave, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    os.close(slave)
+    try:
+        for key, pause in ((b"f", 4.0), (b"\r", 1.0), (b"\x7f", 1.0), (b"\r", 1.0), (b"\r", 1.0), (b"\x1b", 1.0)):
+            time.sleep(pause)  # first pause: the CLI starts (imports) and starts episode 3
+            os.write(master, key)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    # f: episode 3 saved as failure; enter: skips the reset; backspace: episode 4 redone;
+    # enter: episode 4 saved as success; enter: skips the reset; esc: episode 5 discarded, stop
+    assert "episode 3 saved" in out and "failure" in out, out
+    assert "discarded; recording it again" in out, out
+    assert "episode 4 saved" in out and "success" in out, out
+    assert "stopped; the episode in progress was discarded" in out, out
+    assert "2 episodes saved" in out, out
+
+
 def test_daemon_records_episodes_from_the_cli(run_dir):
     la, fa = EmulatedArm("leader"), EmulatedArm("follower")
     cal = run_dir / "cal"
@@ -53,8 +81,9 @@ def test_daemon_records_episodes_from_the_cli(run_dir):
     )
     root = run_dir / "datasets" / "bench" / "e2e"
     with BusEmulator(run_dir / "leader", la), BusEmulator(run_dir / "follower", fa):
+        err = open(run_dir / "daemon.err", "w+")  # a file, not a pipe nobody reads while the test runs
         proc = subprocess.Popen([*SO101D, "run", "--config", str(cfg)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+                                stderr=err, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
         try:
             wait_status(sock, lambda s: s["mode"] == "teleop" and s.get("recording", {}).get("phase") == "idle",
                         timeout_s=180, proc=proc)
@@ -77,18 +106,22 @@ def test_daemon_records_episodes_from_the_cli(run_dir):
             assert r.returncode == 0 and "3 episodes" in r.stdout
             r = cli("episode", "discard", *s)
             assert r.returncode == 1 and "no episode is recording" in r.stderr
+            keyboard_session(s)
+            wait_status(sock, lambda s: s["recording"]["saves_pending"] == 0, timeout_s=120, proc=proc)
         finally:
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(timeout=120)
-        assert rc == 0, proc.stderr.read()[-2000:]
+        err.seek(0)
+        assert rc == 0, err.read()[-2000:]
     ds = load_dataset(root, "bench/e2e")
-    assert ds.num_episodes == 3
+    assert ds.num_episodes == 5
     tags = read_episode_tags(root)
-    assert [tags[i].success for i in range(3)] == [False, None, None]
-    assert ds[0]["task"] == "wave" and ds[len(ds) - 1]["task"] == "pick"
+    assert [tags[i].success for i in range(5)] == [False, None, None, False, True]
+    assert ds[0]["task"] == "wave" and ds[len(ds) - 1]["task"] == "keys"
+    assert ds[ds.meta.episodes[1]["dataset_from_index"]]["task"] == "pick"
     state = np.array(ds.hf_dataset.with_format(None)["observation.state"])
     assert np.isfinite(state).all() and (np.abs(state[:, :5]) < 200).all()
     assert 0 <= state[:, 5].min() and state[:, 5].max() <= 100
     assert tuple(ds[0]["observation.images.wrist"].shape) == (3, 120, 160)
-    for i in range(3):
+    for i in range(5):
         assert tags[i].frames == ds.meta.episodes[i]["length"] > 20

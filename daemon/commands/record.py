@@ -61,6 +61,7 @@ class Keys:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled and sys.stdin.isatty()
         self._saved: Any = None
+        self._pending: list[str] = []  # keys read together with an earlier one (fast typing)
 
     def __enter__(self) -> "Keys":
         if self.enabled:
@@ -79,6 +80,8 @@ class Keys:
 
     def wait(self, seconds: float) -> str | None:
         """Sleeps up to ``seconds``; returns the first action key pressed, if any."""
+        if self._pending:
+            return self._pending.pop(0)
         deadline = time.monotonic() + seconds
         while True:
             left = deadline - time.monotonic()
@@ -91,6 +94,7 @@ class Keys:
             if r:
                 keys = decode_keys(os.read(sys.stdin.fileno(), 64))
                 if keys:
+                    self._pending.extend(keys[1:])
                     return keys[0]
 
 

@@ -271,7 +271,9 @@ def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any,
         send({"event": "fatal", "error": f"cannot open dataset {cfg.root}: {exc}"})
         return
     # Import the heavy parts now, not inside the first episode's encoders (seconds on 2 cores).
-    import av  # noqa: F401
+    import av
+
+    av.logging.set_level(av.logging.WARNING)  # no libx264 summary lines per episode in the journal
     from lerobot.datasets.compute_stats import RunningQuantileStats  # noqa: F401
     from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: F401
 
