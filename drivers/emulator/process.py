@@ -320,7 +320,7 @@ class EmulatorProcess:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def start(self, timeout_s: float = 20.0) -> "EmulatorProcess":
+    def start(self, timeout_s: float = 30.0) -> "EmulatorProcess":
         self.directory.mkdir(parents=True, exist_ok=True)
         # Output goes to a file, not a pipe nobody drains (a full pipe would stall the emulator).
         self.log_path = self.directory / "emulator.log"

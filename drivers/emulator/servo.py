@@ -168,18 +168,27 @@ class EmulatedServo:
         self.pending_reg_write: tuple[int, bytes] | None = None
         self._t = clock()
         # Power-on: goal = present, so enabling torque holds the pose.
-        self._set_reg("Goal_Position", self.present_ticks())
+        self._set_reg("Goal_Position", self._present_now())
 
     # --- register helpers -------------------------------------------------------------------
     @property
     def servo_id(self) -> int:
         return self.mem[ADDR_ID]
 
-    def reg(self, name: str) -> int:
+    def _reg(self, name: str) -> int:
+        """Register value as stored (no model update: for use inside the model)."""
         addr, size = CONTROL_TABLE[name]
         if size == 1:
             return self.mem[addr]
         return int.from_bytes(self.mem[addr : addr + size], "little")
+
+    def reg(self, name: str) -> int:
+        """Register value as the bus would read it now (model brought up to date first)."""
+        self.update()
+        addr, size = CONTROL_TABLE[name]
+        if addr < _FEEDBACK_END and addr + size > _FEEDBACK_FIRST:
+            self._refresh_feedback()
+        return self._reg(name)
 
     def _set_reg(self, name: str, value: int) -> None:
         addr, size = CONTROL_TABLE[name]
@@ -191,20 +200,25 @@ class EmulatedServo:
 
     @property
     def homing_offset(self) -> int:
-        return decode_sign_magnitude(self.reg("Homing_Offset"), 11)
+        return decode_sign_magnitude(self._reg("Homing_Offset"), 11)
 
     @property
     def torque_enabled(self) -> bool:
+        """Torque on now (after bringing the model up to date: a protection may have tripped)."""
+        self.update()
+        return self._torque_on()
+
+    def _torque_on(self) -> bool:
         return self.mem[ADDR_TORQUE_ENABLE] == 1
 
     def _limits(self) -> tuple[int, int] | None:
-        lo, hi = self.reg("Min_Position_Limit"), self.reg("Max_Position_Limit")
+        lo, hi = self._reg("Min_Position_Limit"), self._reg("Max_Position_Limit")
         if lo == 0 and hi == 0:
             return None
         return lo, hi
 
     def goal_ticks(self) -> int:
-        return decode_sign_magnitude(self.reg("Goal_Position"), 15)
+        return decode_sign_magnitude(self._reg("Goal_Position"), 15)
 
     # --- frames -----------------------------------------------------------------------------
     def _unwrapped_feedback(self) -> bool:
@@ -218,6 +232,11 @@ class EmulatedServo:
         return p % TICKS_PER_TURN
 
     def present_ticks(self) -> int:
+        """Present_Position now (model brought up to date first), in its EEPROM frame."""
+        self.update()
+        return self._present_now()
+
+    def _present_now(self) -> int:
         p = self.present_from_phys(self.phys)
         r = int(round(p))
         if not self._unwrapped_feedback() and r >= TICKS_PER_TURN:
@@ -238,7 +257,7 @@ class EmulatedServo:
             return
         self._t = now
         prev_phys = self.phys
-        if self.torque_enabled:
+        if self._torque_on():
             self._integrate_torque_on(dt)
         else:
             self.overload_s = 0.0
@@ -289,7 +308,7 @@ class EmulatedServo:
         return acc * 100.0 if acc else NO_RAMP_ACCEL_TPS2
 
     def _torque_cap_pct(self) -> float:
-        return min(self.reg("Torque_Limit"), self.reg("Max_Torque_Limit"), 1000) / 10.0
+        return min(self._reg("Torque_Limit"), self._reg("Max_Torque_Limit"), 1000) / 10.0
 
     def _integrate_torque_on(self, dt: float) -> None:
         mode = self.mem[CONTROL_TABLE["Operating_Mode"][0]]
@@ -298,7 +317,7 @@ class EmulatedServo:
         deadband = max(self.mem[CONTROL_TABLE["CW_Dead_Zone"][0]], self.mem[CONTROL_TABLE["CCW_Dead_Zone"][0]]) + 1
         goal = self.goal_ticks()
         if mode == 0:
-            gv = decode_sign_magnitude(self.reg("Goal_Velocity"), 15)
+            gv = decode_sign_magnitude(self._reg("Goal_Velocity"), 15)
             if gv:
                 vmax = min(vmax, abs(gv))
         n = min(MAX_SUBSTEPS, max(1, math.ceil(dt / SUBSTEP_S)))
@@ -307,7 +326,7 @@ class EmulatedServo:
         p_gain = self.mem[CONTROL_TABLE["P_Coefficient"][0]]
         overload_thr = self.mem[CONTROL_TABLE["Overload_Torque"][0]]
         overload_time_s = self.mem[CONTROL_TABLE["Protection_Time"][0]] * 0.01
-        overcurrent_ma = self.reg("Protection_Current") * CURRENT_MA_PER_UNIT
+        overcurrent_ma = self._reg("Protection_Current") * CURRENT_MA_PER_UNIT
         overcurrent_time_s = self.mem[CONTROL_TABLE["Over_Current_Protection_Time"][0]] * 0.01
         for _ in range(n):
             cur = self.present_from_phys(self.phys)
@@ -321,7 +340,7 @@ class EmulatedServo:
                     v_des = math.copysign(min(vmax, math.sqrt(2.0 * accel * abs(err))), err)
             elif mode == 1:
                 err = 0.0
-                v_des = float(decode_sign_magnitude(self.reg("Goal_Velocity"), 15))
+                v_des = float(decode_sign_magnitude(self._reg("Goal_Velocity"), 15))
                 v_des = max(-vmax, min(vmax, v_des))
             else:
                 err = 0.0
@@ -361,7 +380,7 @@ class EmulatedServo:
                     return
             else:
                 self.overload_s = 0.0
-            if self.current_ma() > overcurrent_ma:
+            if self._current_ma() > overcurrent_ma:
                 self.overcurrent_s += h
                 if self.overcurrent_s >= overcurrent_time_s:
                     self._trip(ERR_OVERCURRENT)
@@ -387,9 +406,18 @@ class EmulatedServo:
 
     # --- feedback ---------------------------------------------------------------------------
     def current_ma(self) -> float:
-        return 15.0 + abs(self.load_pct) * 15.0 if self.torque_enabled else 8.0
+        self.update()
+        return self._current_ma()
+
+    def _current_ma(self) -> float:
+        return 15.0 + abs(self.load_pct) * 15.0 if self._torque_on() else 8.0
 
     def error_bits(self) -> int:
+        """Status error bits now (model brought up to date first)."""
+        self.update()
+        return self._error_bits()
+
+    def _error_bits(self) -> int:
         bits = self.latched_errors | self.forced_errors
         v10 = round(self.voltage_v * 10)
         if v10 > self.mem[CONTROL_TABLE["Max_Voltage_Limit"][0]] or v10 < self.mem[CONTROL_TABLE["Min_Voltage_Limit"][0]]:
@@ -399,7 +427,7 @@ class EmulatedServo:
         return bits & (ERR_VOLTAGE | ERR_ANGLE_SENSOR | ERR_OVERHEAT | ERR_OVERCURRENT | ERR_OVERLOAD)
 
     def _refresh_feedback(self) -> None:
-        present = self.present_ticks()
+        present = self._present_now()
         if self._unwrapped_feedback():
             present = encode_sign_magnitude(max(-32767, min(32767, present)), 15)
         self._set_reg("Present_Position", present)
@@ -409,10 +437,10 @@ class EmulatedServo:
         self._set_reg("Present_Load", encode_sign_magnitude(load, 10))
         self._set_reg("Present_Voltage", max(0, min(255, round(self.voltage_v * 10))))
         self._set_reg("Present_Temperature", max(0, min(255, round(self.temperature_c))))
-        self._set_reg("Status", self.error_bits())
+        self._set_reg("Status", self._error_bits())
         moving = abs(self.vel_tps) > 0.5
         self._set_reg("Moving", 1 if moving else 0)
-        self._set_reg("Present_Current", min(0x7FFF, round(self.current_ma() / CURRENT_MA_PER_UNIT)))
+        self._set_reg("Present_Current", min(0x7FFF, round(self._current_ma() / CURRENT_MA_PER_UNIT)))
 
     # --- bus access -------------------------------------------------------------------------
     def read(self, address: int, length: int, now: float | None = None) -> bytes:
@@ -453,7 +481,7 @@ class EmulatedServo:
             offset = int(round(self.phys)) % TICKS_PER_TURN - 2048
             self._set_reg("Homing_Offset", encode_sign_magnitude(offset, 11))
             return
-        was_on = self.torque_enabled
+        was_on = self._torque_on()
         self.mem[ADDR_TORQUE_ENABLE] = 1 if value else 0
         if was_on and not value:
             self.vel_tps = 0.0
