@@ -331,3 +331,25 @@ def test_leisaac_remote_leader_published_from_the_loop(make_bench):
     got = np.array(struct.unpack("<6f", msg))
     expected = ticks_to_units(bench.la.present_ticks(), reference_calibration("leader"), body_mode="range_m100_100")
     assert np.allclose(got, expected, atol=0.2)
+
+
+def test_slow_leader_never_stalls_the_follower_loop(make_bench):
+    """A leader behind a slow USB bridge (LR#1166: 28 ms) is read on its own thread: the loop keeps
+    its rate and keeps tracking with readings younger than the stale limit."""
+    bench = make_bench()
+    bench.wait_mode("teleop")
+    bench.lb.set_latency(0.03)
+    time.sleep(0.5)
+    loop = bench.daemon.loop
+    c0, t0 = loop.cycles, time.monotonic()
+    time.sleep(1.0)
+    rate = (loop.cycles - c0) / (time.monotonic() - t0)
+    assert rate > 70, f"loop rate fell to {rate:.0f} Hz"
+    assert bench.mode == "teleop"
+    bench.la.set_pose_units(POSE_B)
+    wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "tracking through the slow leader")
+    # far beyond the stale limit: hold
+    bench.lb.set_latency(0.5)
+    bench.wait_mode("hold")
+    bench.lb.set_latency(0.0)
+    bench.wait_mode("teleop")
