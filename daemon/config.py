@@ -29,13 +29,21 @@ class ConfigError(ValueError):
     """A configuration problem; the message starts with the dotted key (or the file)."""
 
 
+SERVICE_SOCKET_PATH = "/run/so101d/control.sock"
+
+
 def default_socket_path() -> str:
     """Root (the service) -> /run/so101d/control.sock; a user -> $XDG_RUNTIME_DIR/so101d/control.sock.
 
     Falls back to /tmp/so101d-<uid>/control.sock when there is no runtime dir (containers, CI).
     """
+    # systemd sets RUNTIME_DIRECTORY for RuntimeDirectory=so101d (/run/so101d), also when the
+    # service runs as its own unprivileged user.
+    service_runtime = os.environ.get("RUNTIME_DIRECTORY")
+    if service_runtime:
+        return os.path.join(service_runtime.split(":")[0], "control.sock")
     if os.geteuid() == 0:
-        return "/run/so101d/control.sock"
+        return SERVICE_SOCKET_PATH
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and os.path.isdir(runtime):
         return os.path.join(runtime, "so101d", "control.sock")
@@ -64,7 +72,7 @@ class FollowerConfig:
     gripper_max_torque_limit: int = 500  # 0..1000 (0.1 % of stall torque)
     gripper_protection_current: int = 250  # 6.5 mA units
     gripper_overload_torque: int = 25  # percent
-    stale_timeout_s: float = 0.2  # sim only: state older than this counts as a lost follower
+    stale_timeout_s: float = 0.1  # sim only: state older than this counts as a lost follower
 
 
 @dataclass

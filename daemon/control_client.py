@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -106,9 +107,13 @@ def add_socket_arguments(parser: argparse.ArgumentParser) -> None:
 def socket_path_from_args(args: argparse.Namespace) -> str:
     if getattr(args, "socket", None):
         return args.socket
-    from daemon.config import load_config  # noqa: PLC0415
+    from daemon.config import SERVICE_SOCKET_PATH, load_config  # noqa: PLC0415
 
-    return load_config(getattr(args, "config", None)).socket.resolved_path()
+    path = load_config(getattr(args, "config", None)).socket.resolved_path()
+    if getattr(args, "config", None) is None and not os.path.exists(path) and os.path.exists(SERVICE_SOCKET_PATH):
+        # No daemon of our own, but the system service is running: talk to it.
+        return SERVICE_SOCKET_PATH
+    return path
 
 
 def run_simple(args: argparse.Namespace, cmd: str, **fields: Any) -> int:

@@ -152,7 +152,7 @@ def test_start_aligns_slowly_then_follows(make_bench):
     wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "follower on the moved leader")
     assert bench.mode == "teleop"
     st = bench.daemon.status()
-    assert st["rate_hz"] > 50 and st["follower"]["connected"] and st["servos"]["gripper"]["torque"] is True
+    assert st["rate_hz"] > 20 and st["follower"]["connected"] and st["servos"]["gripper"]["torque"] is True
 
 
 def test_leader_jump_larger_than_step_limit_is_spread(make_bench):

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         from daemon.sd_notify import Notifier  # noqa: PLC0415
 
-        notifier = Notifier.from_env()
+        notifier = Notifier.from_env(unset_environment=True)  # children must not talk to systemd
     except ImportError:  # pragma: no cover
         pass
     try:
