@@ -288,6 +288,8 @@ def load_policy(
         raise CheckpointError(f"cannot build {info.policy_type} policy offline: {exc}") from exc
     except RuntimeError as exc:  # missing/unexpected keys, shape mismatches
         raise CheckpointError(f"{info.path / MODEL_FILE} does not match its config.json: {exc}") from exc
+    except Exception as exc:  # safetensors' own errors (truncated or corrupt file) and the like
+        raise CheckpointError(f"cannot read the weights {info.path / MODEL_FILE}: {type(exc).__name__}: {exc}") from exc
     overrides = {"device_processor": {"device": dev}}
     try:
         pre, post = make_pre_post_processors(

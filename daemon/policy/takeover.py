@@ -70,7 +70,7 @@ class Takeover:
         self._cmd: np.ndarray | None = None
         self._settled_since: float | None = None
         self.max_error: float | None = None  # leader vs follower at release
-        self.commands: list[np.ndarray] = []  # every goal written (tests check the speed bound)
+        self.commands: list[tuple[float, np.ndarray]] = []  # (time, goal) written: tests check the speed bound
         speed = np.full(NUM_JOINTS, self.cfg.speed_deg_s)
         speed[GRIPPER_INDEX] = self.cfg.gripper_speed_pct_s
         self._speed = speed
@@ -103,7 +103,7 @@ class Takeover:
                 step = self._speed * dt
                 self._cmd = self._cmd + np.clip(target - self._cmd, -step, step)
                 self.leader.write_goals(self._cmd)
-                self.commands.append(self._cmd.copy())
+                self.commands.append((now_s, self._cmd.copy()))
                 measured = np.asarray(self.leader.read_joints(), dtype=np.float64)
                 err = float(np.max(np.abs(measured - target)))
                 if np.array_equal(self._cmd, target) or err <= self.cfg.tolerance_deg:
