@@ -13,6 +13,7 @@ pixels cross the process boundary once (one memcpy into the segment), never thro
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
@@ -106,20 +107,25 @@ class ObsBuffer:
 
     # -- reader (worker) ----------------------------------------------------------------------
     def read_into(
-        self, state_out: np.ndarray, images_out: dict[str, np.ndarray], max_tries: int = 1000
+        self, state_out: np.ndarray, images_out: dict[str, np.ndarray], timeout_s: float = 0.1
     ) -> tuple[float, int, float]:
-        """Consistent copy of the latest observation -> (obs_time_s, request_id, oldest_frame_s)."""
-        for _ in range(max_tries):
+        """Consistent copy of the latest observation -> (obs_time_s, request_id, oldest_frame_s).
+
+        Retries while a write is in progress or happened during the copy (the daemon writes once
+        per request, so a retry is rare); gives up after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
             s1 = int(self._seq[0])
-            if s1 & 1:
-                continue
-            obs_time, req, oldest = float(self._meta[0]), int(self._meta[1]), float(self._meta[3])
-            state_out[:] = self._state
-            for n, dst in images_out.items():
-                np.copyto(dst, self._images[n])
-            if int(self._seq[0]) == s1:
-                return obs_time, req, oldest
-        raise TimeoutError("observation buffer kept changing while being read")
+            if not s1 & 1:
+                obs_time, req, oldest = float(self._meta[0]), int(self._meta[1]), float(self._meta[3])
+                state_out[:] = self._state
+                for n, dst in images_out.items():
+                    np.copyto(dst, self._images[n])
+                if int(self._seq[0]) == s1:
+                    return obs_time, req, oldest
+            if time.monotonic() > deadline:
+                raise TimeoutError("observation buffer kept changing while being read")
+            time.sleep(0)  # let the writer finish
 
     def close(self) -> None:
         # Drop our numpy views first: SharedMemory.close() refuses while buffers are exported.
