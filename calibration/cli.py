@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Calibration is not time-critical: a generous reply timeout and retries beat a spurious
     # "no reply" on a loaded machine (the control loop keeps the tight defaults).
-    bus = FeetechBus(port, args.baudrate, retries=3, reply_margin_s=0.1)
+    bus = FeetechBus(port, args.baudrate, retries=3, reply_margin_s=0.5)
     try:
         bus.open()
         if args.verify:
