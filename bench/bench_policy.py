@@ -15,7 +15,9 @@
    protocol is pickle both ways; this benchmark is the only place we speak it (to a server we
    started ourselves, on loopback). Its server does not report the forward time, so its overhead
    is its latency minus our median forward time of the same model measured in the same run.
-4. Control loop rate and p99 period jitter on the emulated bench in teleop vs policy mode.
+4. Ours for other local programs: `so101d policy serve` (its own process, ZeroMQ ipc, msgpack +
+   raw arrays) driven by PolicyClient, request/response like LeRobot's.
+5. Control loop rate and p99 period jitter on the emulated bench in teleop vs policy mode.
 
 Ratios are printed side by side (measured in one run, interleaved where it matters).
 
@@ -120,6 +122,40 @@ def bench_ours(ckpt: Path, requests: int) -> dict:
             "deliver": np.array(stages["deliver"][-n:]), "request": np.array(stages["request"][-n:]),
             "target_cost": np.array(costs),
             "overhead": lat - fwd, "transport": lat - fwd - pre - post, "chunks": len(src.chunk_log) - log_start}
+
+
+# -- ours, ZeroMQ serve path (request/response like LeRobot's, for other local programs) ---------------
+def bench_serve(ckpt: Path, requests: int) -> dict:
+    from daemon.policy.serve import PolicyClient
+
+    d = tempfile.mkdtemp(prefix="so101d-serve-")
+    endpoint = f"ipc://{d}/policy.ipc"
+    proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "policy", "serve", str(ckpt), "--endpoint", endpoint],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    try:
+        line = ""
+        for _ in range(50):  # LeRobot prints its own lines while loading
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            if not line or line.startswith("serving"):
+                break
+        if not line.startswith("serving"):
+            return {"skipped": f"so101d policy serve did not start (last line {line!r})"}
+        state = synthetic_pose(0.3)
+        img = synthetic_frame(state, H, W)
+        lat, fwd = [], []
+        with PolicyClient(endpoint, timeout_s=60) as client:
+            for i in range(requests + 3):
+                t0 = time.perf_counter()
+                actions, timings = client.infer(state, {"front": img})
+                dt = time.perf_counter() - t0
+                if i >= 3:
+                    lat.append(dt)
+                    fwd.append(timings["forward"] / 1e3)
+        return {"latency": np.array(lat), "forward": np.array(fwd)}
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 # -- LeRobot async inference -------------------------------------------------------------------------
@@ -273,6 +309,14 @@ def main() -> int:
         print(row("overhead beyond forward", ours["overhead"]))
         print(row("  of which transport (no pre/post)", ours["transport"], "target p99 <= 1 ms"))
         print(row("PolicySource.target() per call", ours["target_cost"], "loop-side cost"))
+        sv = bench_serve(ckpt, args.requests)
+        if sv.get("skipped"):
+            print(f"\nours, ZeroMQ serve path: {sv['skipped']}")
+        else:
+            print(f"\nours, ZeroMQ serve path (so101d policy serve, ipc, msgpack + raw arrays): {len(sv['latency'])} requests")
+            print(row("forward pass (server-reported)", sv["forward"]))
+            print(row("total (client round trip)", sv["latency"]))
+            print(row("overhead beyond forward", sv["latency"] - sv["forward"]))
         lr = {} if args.skip_lerobot else bench_lerobot(ckpt, args.requests)
         if lr.get("skipped"):
             print(f"\nlerobot async inference: {lr['skipped']}")
@@ -285,9 +329,13 @@ def main() -> int:
                 print(row("overhead beyond forward", lr_ovh))
                 r50 = pct(lr_ovh, 50) / pct(ours["overhead"], 50)
                 r99 = pct(lr_ovh, 99) / pct(ours["overhead"], 99)
-                print(f"\nratios lerobot / ours: overhead beyond forward p50 {r50:.1f}x, p99 {r99:.1f}x; "
+                print(f"\nratios lerobot / ours (loop path): overhead beyond forward p50 {r50:.1f}x, p99 {r99:.1f}x; "
                       f"total latency p50 {pct(lr['latency'], 50) / pct(ours['latency'], 50):.2f}x "
                       "(forward passes vary with machine load)")
+                if not sv.get("skipped"):
+                    so = sv["latency"] - sv["forward"]
+                    print(f"ratios lerobot / ours (serve path): overhead beyond forward p50 {pct(lr_ovh, 50) / pct(so, 50):.1f}x, "
+                          f"p99 {pct(lr_ovh, 99) / pct(so, 99):.1f}x")
             else:
                 print("  (its server log did not give one forward time per request: overhead not computed)")
         if not args.skip_loop:
@@ -296,10 +344,10 @@ def main() -> int:
             for mode, runs in res.items():
                 for r in runs:
                     print(f"  {mode:<7} rate {r['rate_hz']:6.1f} Hz   period p50 {r['period']['p50']:.3f} ms   "
-                          f"jitter p99 {r['jitter']['p99']:.3f} ms  max {r['jitter']['max']:.3f} ms")
+                          f"jitter p99 {r['jitter']['p99'] * 1e3:7.1f} us  max {r['jitter']['max'] * 1e3:8.1f} us")
             tj = np.mean([r["jitter"]["p99"] for r in res.get("teleop", [])])
             pj = np.mean([r["jitter"]["p99"] for r in res.get("policy", [])])
-            print(f"  jitter p99 policy - teleop: {pj - tj:+.3f} ms (the worker, on its own cores minus one, "
+            print(f"  jitter p99 policy - teleop: {(pj - tj) * 1e3:+.1f} us (the worker, on its own cores minus one, "
                   "competes with the loop for the CPU)")
     return 0
 
