@@ -254,9 +254,12 @@ def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any,
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Encoding and parquet writing are background work: on a 2-core machine they must yield the
     # CPU to the control loop (the ring and the staging absorb the delay).
+    # SCHED_BATCH: the kernel does not let a batch task preempt a waking task, so the loop's
+    # wake-ups are served first. Both settings are inherited by the threads created below.
     try:
         os.nice(WRITER_NICE)
-    except OSError:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (OSError, AttributeError):
         pass
     cfg = StoreConfig(**store_cfg)
     cfg.cameras = [tuple(c) for c in cfg.cameras]  # type: ignore[misc]
