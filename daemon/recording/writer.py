@@ -23,6 +23,7 @@ import logging
 import os
 import queue
 import shutil
+import signal
 import threading
 import time
 import uuid
@@ -254,6 +255,11 @@ def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any,
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Encoding and parquet writing are background work: on a 2-core machine they must yield the
     # CPU to the control loop (the ring and the staging absorb the delay).
+    # Ctrl-C at a terminal and systemd's stop signal reach the whole process group: the writer
+    # ignores them and stops when the recorder says so (or its parent is gone), after committing
+    # every saved episode.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     # SCHED_BATCH: the kernel does not let a batch task preempt a waking task, so the loop's
     # wake-ups are served first. Both settings are inherited by the threads created below.
     try:
