@@ -44,10 +44,9 @@ class Bench:
     """An emulated factory-fresh arm on a pty, our bus on it, and operator moves."""
 
     def __init__(self, tmp_path: Path, role: str, reversed_gripper: bool = False) -> None:
-        self.arm = EmulatedArm(role, preset="factory", initial_pose_units=MIDDLE)  # type: ignore[arg-type]
-        # A gripper servo mounted the other way round: closing the jaw turns the horn the way
-        # opening turns a normally mounted one, so "closed" reads at the high end of the range.
-        self.reversed_gripper = reversed_gripper
+        # reversed_gripper: a gripper servo mounted the other way round (the emulator's
+        # gripper_reversed): closing the jaw turns the horn toward the high end of the range.
+        self.arm = EmulatedArm(role, preset="factory", initial_pose_units=MIDDLE, gripper_reversed=reversed_gripper)  # type: ignore[arg-type]
         self.arm.set_pose_units(MIDDLE)
         self.link = tmp_path / f"{role}.tty"
         self.emulator = BusEmulator(self.link, self.arm).start()
@@ -65,10 +64,7 @@ class Bench:
         p = MIDDLE.copy()
         for name, value in joints.items():
             p[JOINT_NAMES.index(name)] = value
-        horn = p.copy()
-        if self.reversed_gripper:
-            horn[GRIPPER_INDEX] = 100.0 - p[GRIPPER_INDEX]
-        self.arm.set_pose_units(horn)
+        self.arm.set_pose_units(p)
         return p
 
     def sweep(self, session: CalibrationSession, joints: tuple[str, ...] = JOINT_NAMES, steps: int = 8) -> None:

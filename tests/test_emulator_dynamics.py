@@ -278,18 +278,47 @@ def test_factory_preset_reads_raw_positions_and_reference_is_the_same_arm() -> N
     np.testing.assert_allclose(ticks_to_units(cal.present_ticks(), ref), pose, atol=0.1)
 
 
-def test_leader_released_after_torque_is_taken_back_smoothly_by_the_hand() -> None:
-    arm, clock = _arm("leader", motion=StillMotion([0.0, -40.0, 40.0, 20.0, 0.0, 20.0]))
+def test_leader_released_after_being_driven_stays_where_the_motors_left_it() -> None:
+    # A take-over drives the leader away from its motion source's pose, then releases it: the
+    # hand holds it there (the source is paused), it does not snap back to the script.
+    arm, clock = _arm("leader", motion=DemoMotion())
     s = arm.servo("shoulder_pan")
+    other = arm.servo("elbow_flex")  # never torqued: it follows the demo until the release
     start = _pos(s)
-    _unlock_torque_on(s, start + 300)  # a take-over drives the leader elsewhere
+    _unlock_torque_on(s, start + 300)
     clock.advance(1.0)
     assert _pos(s) == start + 300
-    s.write(40, bytes([0]))  # released: no teleport back to the hand's pose...
-    clock.advance(0.01)
-    assert abs(_pos(s) - (start + 300)) < 15
-    clock.advance(3.0)  # ...the hand takes it back over a second or so
-    assert abs(_pos(s) - start) <= 1
+    moving_before = _pos(other)
+    clock.advance(0.5)
+    assert _pos(other) != moving_before  # the demo still drives the free joints
+    s.write(40, bytes([0]))
+    assert arm.motion_paused
+    held_other = _pos(other)
+    clock.advance(3.0)
+    assert _pos(s) == start + 300
+    assert _pos(other) == held_other
+    arm.set_motion(DemoMotion())  # an explicit new source drives the arm again
+    assert not arm.motion_paused
+    clock.advance(2.0)
+    assert _pos(other) != held_other
+
+
+def test_a_reversed_gripper_closes_toward_high_ticks() -> None:
+    normal = EmulatedArm("follower", initial_pose_units=[0, 0, 0, 0, 0, 0.0])
+    rev = EmulatedArm("follower", initial_pose_units=[0, 0, 0, 0, 0, 0.0], gripper_reversed=True)
+    ref = reference_calibration("follower")
+    g = ref["gripper"]
+    assert normal.present_ticks()[5] == pytest.approx(g.range_min, abs=1)
+    assert rev.present_ticks()[5] == pytest.approx(g.range_max, abs=1)  # closed at the high end
+    assert rev.reference_calibration()["gripper"].drive_mode == 1
+    assert reference_calibration("follower", gripper_reversed=True)["gripper"].drive_mode == 1
+    for opening in (0.0, 30.0, 100.0):
+        rev.set_pose_units([0, 0, 0, 0, 0, opening])
+        assert rev.pose_units()[5] == pytest.approx(opening, abs=0.1)  # LeRobot units unchanged
+        # What LeRobot reads through the drive_mode-1 calibration: 100 - fraction of the range.
+        assert ticks_to_units(rev.present_ticks(), rev.reference)[5] == pytest.approx(opening, abs=0.1)
+    rev.set_pose_units([0, 0, 0, 0, 0, 100.0])
+    assert rev.present_ticks()[5] == pytest.approx(g.range_min, abs=1)
 
 
 def test_overcurrent_protection_trips_on_a_low_protection_current() -> None:

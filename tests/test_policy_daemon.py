@@ -158,8 +158,7 @@ def test_takeover_hands_over_to_teleop_without_a_jump(bench, ckpt: Path) -> None
         wait_for(lambda: loop.state.mode == "policy", 20, "policy mode")
         time.sleep(1.0)  # let the policy move the follower away from the leader
         follower_at_stop = np.array(loop.measured)
-        emu_leader = la_emu
-        emu_leader.set_motion(None)  # the operator's hand rests on it without forcing it
+        emu_leader = la_emu  # still playing its demo motion: the release pauses it (no snap back)
         leader_before = np.array(loop.leader_units)
         assert np.abs(leader_before - follower_at_stop).max() > 2.0  # there is a gap to close
         r = c.request("policy.takeover")

@@ -20,8 +20,7 @@ POSE_B = np.array([25.0, -25.0, 30.0, 35.0, 15.0, 45.0])
 @pytest.fixture()
 def leader(tmp_path: Path):
     arm = EmulatedArm("leader", initial_pose_units=POSE_A)
-    arm.set_pose_units(POSE_A)
-    arm.set_motion(None)  # nobody holds it: where its motors leave it, it stays
+    arm.set_pose_units(POSE_A)  # a hand holds it at POSE_A (a still motion source)
     emu = BusEmulator(tmp_path / "leader", arm).start()
     drv = FeetechLeader(str(tmp_path / "leader"), reference_calibration("leader"))
     drv.connect()
@@ -52,6 +51,8 @@ def test_leader_is_moved_to_the_follower_pose_then_released(leader) -> None:
     run(t, POSE_B)
     assert t.phase == "done", t.error
     assert not any(torques(arm))  # released for the operator's hand
+    assert np.max(np.abs(arm.pose_units() - POSE_B)) <= 3.5
+    time.sleep(1.0)  # the hand holds it where the motors left it: no snap back to POSE_A
     assert np.max(np.abs(arm.pose_units() - POSE_B)) <= 3.5
     # bounded speed: 15+ degrees at 60 deg/s took several ticks, each step within speed * elapsed time
     times = np.array([c[0] for c in t.commands])

@@ -71,13 +71,23 @@ _PHYSICS: dict[str, ServoPhysics] = {
 _GRAVITY_SIGN = {"shoulder_pan": 1.0, "shoulder_lift": -1.0, "elbow_flex": 1.0, "wrist_flex": -1.0, "wrist_roll": 1.0, "gripper": 1.0}
 
 
-def reference_calibration(role: Role) -> ArmCalibration:
-    """The LeRobot calibration of the emulated ``role`` arm (what the 'calibrated' preset holds)."""
+def reference_calibration(role: Role, gripper_reversed: bool = False) -> ArmCalibration:
+    """The LeRobot calibration of the emulated ``role`` arm (what the 'calibrated' preset holds).
+
+    With ``gripper_reversed`` the gripper's drive_mode is 1: its servo is mounted the other way
+    round, so closing turns the horn toward high ticks and LeRobot reads ``100 - x``.
+    """
     if role not in _REFERENCE:
         raise ValueError(f"role must be 'leader' or 'follower', got {role!r}")
     return ArmCalibration(
         {
-            name: MotorCalibration(id=JOINT_IDS[name], drive_mode=0, homing_offset=off, range_min=lo, range_max=hi)
+            name: MotorCalibration(
+                id=JOINT_IDS[name],
+                drive_mode=1 if gripper_reversed and name == "gripper" else 0,
+                homing_offset=off,
+                range_min=lo,
+                range_max=hi,
+            )
             for name, (off, lo, hi) in _REFERENCE[role].items()
         }
     )
@@ -126,6 +136,7 @@ class EmulatedArm:
         initial_pose_units: np.ndarray | list[float] | None = None,
         baudrate: int = 1_000_000,
         clock: Callable[[], float] = time.monotonic,
+        gripper_reversed: bool = False,
     ) -> None:
         if role not in ("leader", "follower"):
             raise ValueError(f"role must be 'leader' or 'follower', got {role!r}")
@@ -136,7 +147,8 @@ class EmulatedArm:
         self.preset: Preset = preset
         self.clock = clock
         self.lock = threading.RLock()
-        self.reference = reference_calibration(role)
+        self.gripper_reversed = bool(gripper_reversed)
+        self.reference = reference_calibration(role, self.gripper_reversed)
         self._lo = np.array([self.reference[n].range_min for n in JOINT_NAMES], dtype=np.float64)
         self._hi = np.array([self.reference[n].range_max for n in JOINT_NAMES], dtype=np.float64)
         self._mid = (self._lo + self._hi) / 2
@@ -153,8 +165,11 @@ class EmulatedArm:
                 gravity_sign=_GRAVITY_SIGN[joint],
             )
             regs = _preset_registers(role, preset, joint, codes[baudrate])
-            self.servos.append(EmulatedServo(JOINT_IDS[joint], phys[i], clock, physics, regs))
+            servo = EmulatedServo(JOINT_IDS[joint], phys[i], clock, physics, regs)
+            servo.on_release = self._on_torque_release
+            self.servos.append(servo)
         self._motion: MotionSource | None = None
+        self.motion_paused = False  # a torque release froze the motion source (see _on_torque_release)
         self._motion_t0 = clock()
         self._phys_cache: dict[float, np.ndarray] = {}
         if motion is None and role == "leader":
@@ -178,7 +193,10 @@ class EmulatedArm:
             raise ValueError(f"a pose needs {NUM_JOINTS} values, got shape {u.shape}")
         out = u * MAX_TICK / 360.0 + self._mid
         g = GRIPPER_INDEX
-        out[g] = min(100.0, max(0.0, u[g])) / 100.0 * (self._hi[g] - self._lo[g]) + self._lo[g]
+        opening = min(100.0, max(0.0, u[g])) / 100.0
+        if self.gripper_reversed:
+            opening = 1.0 - opening  # mounted the other way round: closed sits at the high end
+        out[g] = opening * (self._hi[g] - self._lo[g]) + self._lo[g]
         return out + self._offsets
 
     def _phys_to_units(self, phys: np.ndarray) -> np.ndarray:
@@ -208,12 +226,32 @@ class EmulatedArm:
             for s in self.servos:
                 s.update()
             self._motion = motion
+            self.motion_paused = False
             self._motion_t0 = self.clock()
             self._phys_cache = {}
             for i, s in enumerate(self.servos):
                 s.external = None if motion is None else self._external_for(i)
-                s.release_offset = 0.0  # a new source places the joints itself
                 s.update()
+
+    def _on_torque_release(self, released: EmulatedServo) -> None:
+        """A servo's torque went off (a take-over handing the leader back, an overload trip).
+
+        The motors had moved the arm away from where the motion source (the hand) would put it;
+        a real hand does not yank the arm back to its old script, it holds the arm where the
+        motors left it. So the motion source is paused: every joint stops following it and stays
+        where it is (torque-on joints keep holding their goals). ``set_motion`` resumes driving.
+        Runs under ``self.lock`` (the bus server holds it while a write is handled).
+        """
+        if self._motion is None:
+            return
+        now = released._t
+        for s in self.servos:
+            if s is not released:
+                s.update(now)
+            s.external = None
+        self._motion = None
+        self._phys_cache = {}
+        self.motion_paused = True
 
     def _external_for(self, index: int) -> Callable[[float], float]:
         return lambda now: float(self._phys_at(now)[index])

@@ -24,7 +24,8 @@ Model (good enough to make timing, stalls and protections behave like the real s
 - temperature: first-order heating with load squared; voltage sags with load; error bits for
   voltage outside the limits and temperature above Max_Temperature_Limit;
 - torque off: the horn stays where it is, or follows an external source (a leader arm moved by
-  hand or by a motion source).
+  hand or by a motion source); when torque is released the source is dropped, so a joint the
+  motor drove stays where the motor left it.
 """
 
 from __future__ import annotations
@@ -74,7 +75,6 @@ SUBSTEP_S = 0.002
 MAX_SUBSTEPS = 2000
 NO_RAMP_ACCEL_TPS2 = 1.0e6
 VELOCITY_WINDOW_S = 0.005
-RELEASE_TAU_S = 0.4
 
 
 def factory_registers(servo_id: int) -> bytearray:
@@ -162,8 +162,8 @@ class EmulatedServo:
         self.block_lo: float | None = None  # physical bounds imposed by an obstacle
         self.block_hi: float | None = None
         self.external: Callable[[float], float] | None = None  # torque-off position source (physical)
-        self.release_offset = 0.0  # joint - source at the last torque release, decaying
-        self.release_t = 0.0
+        # Called when torque goes off; the arm pauses its motion source there (no snap back).
+        self.on_release: Callable[[EmulatedServo], None] | None = None
         self.online = True
         self.pending_reg_write: tuple[int, bytes] | None = None
         self._t = clock()
@@ -275,24 +275,17 @@ class EmulatedServo:
         self._thermal(dt)
 
     def _external_at(self, t: float) -> float:
-        """The hand's position at ``t``; after a torque release the hand catches up with the
-        joint smoothly (the offset at release decays) instead of teleporting it."""
+        """The hand's position at ``t``."""
         assert self.external is not None
-        pos = float(self.external(t))
-        if self.release_offset:
-            age = t - self.release_t
-            if age > 10 * RELEASE_TAU_S:
-                self.release_offset = 0.0
-            else:
-                pos += self.release_offset * math.exp(-max(0.0, age) / RELEASE_TAU_S)
-        return pos
+        return float(self.external(t))
 
     def _released(self) -> None:
-        """Torque just went off: the external source (a hand) takes the joint from here."""
-        if self.external is not None:
-            self.release_t = self._t
-            self.release_offset = 0.0
-            self.release_offset = self.phys - self._external_at(self._t)
+        """Torque just went off: the horn stays where the motor left it. An external source is
+        dropped (the hand holds the joint here rather than snapping it back to its script), and
+        the owner is told so it can pause the other joints' source too."""
+        if self.on_release is not None:
+            self.on_release(self)
+        self.external = None
 
     def _apply_block(self) -> bool:
         if self.block_hi is not None and self.phys > self.block_hi:
