@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from calibration.conventions import JOINT_NAMES
+from calibration.conventions import JOINT_NAMES, NUM_JOINTS
 from daemon.logs import RateLimitedLogger
 from daemon.safety import ControllerState, CycleInputs, CycleOutput, SafetyParams, update
 from daemon.stats import LoopStats
@@ -278,6 +278,7 @@ class ControlLoop:
         self.overruns = 0
         self.missed_cycles = 0
         self.limited_cycles = 0
+        self.limit_hits = np.zeros(NUM_JOINTS, dtype=np.int64)  # cycles whose target lay outside a joint's limits
         self.leader_errors = 0
         self.follower_errors = 0
         self.hook_errors = 0
@@ -606,6 +607,9 @@ class ControlLoop:
         self.state = out.state
         if out.limited:
             self.limited_cycles += 1
+            if target is not None and params is not None and np.shape(target) == (NUM_JOINTS,):
+                # which joints the limits clamped (a few microseconds, only on limited cycles)
+                self.limit_hits += (target < params.lower) | (target > params.upper)
         t_w = _MONO()
         stats.update.add(t_w - t_u)
         if out.state.mode != prev_mode:
@@ -788,7 +792,13 @@ class ControlLoop:
             "follower_errors": self.follower_errors,
             "hook_errors": self.hook_errors,
             "overlap_io": self._worker is not None,
-            "safety": {k: getattr(self.cfg.safety, k) for k in ("align_speed_deg_s", "max_step_deg", "leader_stale_s", "on_fault")},
+            "safety": {
+                **{k: getattr(self.cfg.safety, k) for k in ("align_speed_deg_s", "max_step_deg", "leader_stale_s", "on_fault")},
+                "fault_latched": st.fault,  # stays until the operator clears it
+                "fault_now": self.fault_now,  # what the servos report right now
+                "limited_cycles": self.limited_cycles,
+                "limit_hits": {n: int(c) for n, c in zip(JOINT_NAMES, self.limit_hits)},
+            },
             "timing_ms": stages,
             "leader": link_status(self.leader_link),
             "follower": link_status(self.follower_link),

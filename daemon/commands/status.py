@@ -1,6 +1,11 @@
 """`so101d status [--json] [--watch]`: the running daemon's mode, loop timing, bus and servo health.
 
-``--watch`` redraws a compact table in place (rich Live, fixed layout: no flicker) until Ctrl-C.
+Sections shown when the status JSON has them: safety (latched / present fault, step-limited
+cycles, joints whose limits clamped the target), policy (driving, inference latency p50/p99,
+chunk age, queue depth, take-over) and recording (episode, phase, elapsed, frames, writer backlog).
+
+``--watch`` redraws a compact table in place (rich Live, fixed-width fields, redrawn only when
+the data arrives: no flicker) until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ def render(st: dict[str, Any]) -> Any:
     if st.get("fault"):
         head.append(f"\nFAULT: {st['fault']}", style="bold red")
 
+    extra = [x for x in (_safety_line(st), _policy_line(st), _recording_line(st)) if x is not None]
+
     stages = Table(box=None, pad_edge=False, show_edge=False)
     stages.add_column("stage ms", style="dim")
     for col in ("p50", "p99", "max"):
@@ -93,7 +100,92 @@ def render(st: dict[str, Any]) -> Any:
             _fmt((j.get("follower") or {}).get(n), ".1f"), _fmt(h.get("temperature_c"), ".0f"), _fmt(h.get("voltage_v"), ".1f"),
             _fmt(h.get("load_pct"), ".0f"), f"0x{h['status']:02x}" if "status" in h else "-",
         )
-    return Group(head, Text(""), stages, Text(""), arms, Text(""), joints)
+    parts: list[Any] = [head, Text("")]
+    if extra:
+        parts += [Text("\n").join(extra), Text("")]
+    return Group(*parts, stages, Text(""), arms, Text(""), joints)
+
+
+def _label(text: Any, name: str) -> Any:
+    text.append(f"{name:<10}", style="dim")
+    return text
+
+
+def _failed_extra(name: str, extra: dict[str, Any]) -> Any:
+    """A status extra that raised: the daemon put {"error": ...} in its place."""
+    from rich.text import Text  # noqa: PLC0415
+
+    return _label(Text(), name).append(str(extra.get("error", "?"))[:100], style="red")
+
+
+def _safety_line(st: dict[str, Any]) -> Any | None:
+    """Fault latch (until the operator clears it) vs what the servos say now, and limit hits."""
+    from rich.text import Text  # noqa: PLC0415
+
+    sf = st.get("safety")
+    if not isinstance(sf, dict):
+        return None
+    line = _label(Text(), "safety")
+    latched, now = sf.get("fault_latched") or "", sf.get("fault_now") or ""
+    if latched or now:
+        line.append(f"fault latched: {latched or '-'}  now: {now or '-'}", style="bold red")
+    else:
+        line.append("no fault", style="green")
+    line.append(f"  step-limited {sf.get('limited_cycles', st.get('limited_cycles', 0))}")
+    hits = {k: v for k, v in (sf.get("limit_hits") or {}).items() if v}
+    if hits:
+        line.append("  limits hit: " + ", ".join(f"{k} {v}" for k, v in hits.items()), style="yellow")
+    else:
+        line.append("  limits hit: none")
+    return line
+
+
+def _policy_line(st: dict[str, Any]) -> Any | None:
+    from rich.text import Text  # noqa: PLC0415
+
+    pol = st.get("policy")
+    if not isinstance(pol, dict):
+        return None
+    if "state" not in pol:
+        return _failed_extra("policy", pol)
+    if pol["state"] == "none":
+        return None
+    line = _label(Text(), "policy")
+    driving = bool(pol.get("driving"))
+    line.append(f"{pol.get('state', '?'):<8}")
+    line.append(" DRIVING " if driving else " standby ", style="bold green" if driving else "dim")
+    lat = pol.get("inference_latency_ms") or {}
+    line.append(
+        f" infer p50/p99 {_fmt(lat.get('p50'), '6.1f')}/{_fmt(lat.get('p99'), '6.1f')} ms"
+        f"  chunk age {_fmt(pol.get('chunk_age_ms'), '6.0f')} ms  queue {_fmt(pol.get('queue_depth'), '3d')}"
+    )
+    t = pol.get("takeover")
+    if isinstance(t, dict) and t.get("phase"):
+        line.append(f"  take-over {t['phase']}", style="red" if t["phase"] == "failed" else "")
+    if pol.get("last_error") or pol.get("error"):
+        line.append(f"  {str(pol.get('error') or pol.get('last_error'))[:80]}", style="red")
+    return line
+
+
+def _recording_line(st: dict[str, Any]) -> Any | None:
+    from rich.text import Text  # noqa: PLC0415
+
+    rec = st.get("recording")
+    if not isinstance(rec, dict):
+        return None
+    if "phase" not in rec:
+        return _failed_extra("recording", rec)
+    line = _label(Text(), "recording")
+    phase = str(rec.get("phase"))
+    line.append(f"{phase:<10}", style="bold red" if phase == "recording" else "")
+    line.append(
+        f" episode {_fmt(rec.get('episode'), '>4')}  elapsed {_fmt(rec.get('elapsed_s'), '6.1f')} s"
+        f"  frames {_fmt(rec.get('frames'), '>5')}  saved {_fmt(rec.get('episodes_in_dataset'), '>4')}"
+        f"  backlog {_fmt(rec.get('writer_backlog_frames'), '>3')}"
+    )
+    if rec.get("error"):
+        line.append(f"  {str(rec['error'])[:80]}", style="red")
+    return line
 
 
 def run(args: argparse.Namespace) -> int:

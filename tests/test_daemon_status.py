@@ -1,0 +1,109 @@
+"""`so101d status`: the safety, policy and recording sections of the table.
+
+The safety section comes from a real daemon (in-process, emulated arms on ptys) whose leader is
+held beyond the follower's shoulder_pan limit; the policy and recording sections are rendered from
+status dicts shaped like those the policy and recording extras return.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from daemon.commands.status import render
+from daemon.config import config_from_dict
+from daemon.service import Daemon
+from drivers.emulator import reference_calibration
+from drivers.feetech_arm import FeetechFollower, FeetechLeader
+from support import still_arm_on_pty, wait_for
+
+SO101D = [sys.executable, "-m", "daemon.cli"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def text_of(st: dict) -> str:
+    buf = io.StringIO()
+    Console(file=buf, width=200, color_system=None, force_terminal=False).print(render(st))
+    return buf.getvalue()
+
+
+BASE = {"mode": "teleop", "reason": "tracking", "rate_hz": 99.0, "rate_hz_target": 100.0, "timing_ms": {}, "joints": {}}
+
+
+def test_no_policy_or_recording_lines_without_those_extras() -> None:
+    out = text_of(dict(BASE, safety={"fault_latched": "", "fault_now": "", "limited_cycles": 0, "limit_hits": {"gripper": 0}}))
+    assert "no fault" in out and "limits hit: none" in out
+    assert "policy" not in out and "recording" not in out
+    # an old daemon without the safety section still renders
+    assert "safety" not in text_of(dict(BASE))
+
+
+def test_fault_latch_policy_and_recording_sections() -> None:
+    st = dict(
+        BASE,
+        mode="fault",
+        safety={"fault_latched": "elbow_flex: overload", "fault_now": "", "limited_cycles": 17,
+                "limit_hits": {"shoulder_pan": 12, "gripper": 0, "wrist_flex": 3}},
+        policy={"state": "running", "driving": True, "inference_latency_ms": {"p50": 41.25, "p99": 88.5, "max": 90.0, "n": 50},
+                "chunk_age_ms": 123.4, "queue_depth": 37, "takeover": None, "last_error": None, "error": None},
+        recording={"phase": "recording", "episode": 4, "elapsed_s": 12.34, "frames": 370, "episodes_in_dataset": 3,
+                   "writer_backlog_frames": 2, "error": None},
+    )
+    out = text_of(st)
+    lines = {ln.split()[0]: ln for ln in out.splitlines() if ln.strip()}
+    assert "fault latched: elbow_flex: overload  now: -" in lines["safety"]
+    assert "step-limited 17" in lines["safety"] and "limits hit: shoulder_pan 12, wrist_flex 3" in lines["safety"]
+    assert "gripper" not in lines["safety"]
+    pol = lines["policy"]
+    assert "DRIVING" in pol and "41.2/  88.5 ms" in pol and "chunk age    123 ms" in pol and "queue  37" in pol
+    rec = lines["recording"]
+    assert "recording" in rec and "episode    4" in rec and "elapsed   12.3 s" in rec and "frames   370" in rec
+    # a policy on standby with a failed take-over, a recorder waiting between episodes
+    st["policy"].update(driving=False, takeover={"phase": "failed", "error": "timeout", "max_error": 9.0})
+    st["recording"].update(phase="idle", elapsed_s=0.0, frames=0)
+    out2 = text_of(st)
+    assert "standby" in out2 and "take-over failed" in out2 and "idle" in out2
+    # same layout, same line count: --watch redraws in place without the table jumping
+    assert len(out2.splitlines()) == len(out.splitlines())
+    # a policy extra that failed is shown as an error, not as a crash
+    st["policy"] = {"error": "RuntimeError: worker gone"}
+    assert "RuntimeError: worker gone" in text_of(st)
+
+
+@pytest.fixture
+def limit_bench(tmp_path: Path):
+    # leader shoulder_pan at 114 deg: inside the leader's range, beyond the follower's (about 111)
+    pose = np.array([114.0, -40.0, 45.0, 30.0, 0.0, 50.0])
+    la, lb = still_arm_on_pty(tmp_path / "leader", "leader", pose)
+    fa, fb = still_arm_on_pty(tmp_path / "follower", "follower", np.array([100.0, -40.0, 45.0, 30.0, 0.0, 50.0]))
+    cfg = config_from_dict({
+        "socket": {"path": str(tmp_path / "c.sock")},
+        "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 100.0},
+        "control": {"reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.2},
+    })
+    daemon = Daemon(cfg, FeetechLeader(str(tmp_path / "leader"), reference_calibration("leader")),
+                    FeetechFollower(str(tmp_path / "follower"), reference_calibration("follower")))
+    daemon.start()
+    yield daemon, tmp_path / "c.sock"
+    daemon.stop()
+    lb.stop()
+    fb.stop()
+
+
+def test_status_command_shows_the_joint_whose_limit_clamped_the_leader(limit_bench) -> None:
+    daemon, sock = limit_bench
+    loop = daemon.loop
+    wait_for(lambda: loop.status()["safety"]["limit_hits"]["shoulder_pan"] > 5, 30, "shoulder_pan limit hits")
+    st = loop.status()["safety"]
+    assert all(v == 0 for k, v in st["limit_hits"].items() if k != "shoulder_pan")
+    assert st["fault_latched"] == "" and st["limited_cycles"] >= st["limit_hits"]["shoulder_pan"]
+    r = subprocess.run([*SO101D, "status", "--socket", str(sock)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    safety = [ln for ln in r.stdout.splitlines() if ln.startswith("safety")]
+    assert len(safety) == 1 and "no fault" in safety[0] and "limits hit: shoulder_pan" in safety[0], r.stdout
