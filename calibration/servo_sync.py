@@ -104,11 +104,12 @@ def write_servo_calibration(bus: ServoBus, cal: ArmCalibration, relock: bool = T
         raise CalibrationMismatchError(f"the servos did not keep the calibration just written:\n  {lines}", mismatches)
 
 
-def verify_against_servos(bus: ServoBus, cal: ArmCalibration) -> list[ServoMismatch]:
+def verify_against_servos(bus: ServoBus, cal: ArmCalibration, raise_on_no_answer: bool = False) -> list[ServoMismatch]:
     """Every difference between ``cal`` and what the servos hold, per motor; empty when they agree.
 
     Never prompts and never writes. A servo that does not answer is reported as a mismatch of
-    its own (the other servos are still checked).
+    its own (the other servos are still checked), unless ``raise_on_no_answer``: then the bus's
+    ArmError propagates (a driver's connect() must fail, and a vanished port stay a PortGoneError).
     """
     mismatches: list[ServoMismatch] = []
     for motor in JOINT_NAMES:
@@ -118,6 +119,8 @@ def verify_against_servos(bus: ServoBus, cal: ArmCalibration) -> list[ServoMisma
             try:
                 held = int(bus.read(reg, m.id))
             except ArmError as exc:
+                if raise_on_no_answer:
+                    raise
                 mismatches.append(ServoMismatch(motor, m.id, "", expected, None, f"no answer reading {reg}: {exc}"))
                 break
             if held != expected:

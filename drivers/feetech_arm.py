@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from calibration.calibration_file import ArmCalibration, MotorCalibration
+from calibration.servo_sync import verify_against_servos
 from calibration.conventions import (
     GRIPPER_INDEX,
     JOINT_IDS,
@@ -288,16 +289,11 @@ class _FeetechArm:
         return ArmCalibration(motors)
 
     def _compare_calibration(self) -> list[str]:
+        """File vs servos, through the one implementation the calibration CLI uses too; a servo
+        that does not answer raises (as any other read during connect would)."""
         if self.calibration is None:
             return []
-        held = self.read_calibration()
-        out = []
-        for name in JOINT_NAMES:
-            a, b = self.calibration[name], held[name]
-            for fld in ("homing_offset", "range_min", "range_max"):
-                if getattr(a, fld) != getattr(b, fld):
-                    out.append(f"{name}.{fld}: file {getattr(a, fld)}, servo {getattr(b, fld)}")
-        return out
+        return [m.describe() for m in verify_against_servos(self.bus, self.calibration, raise_on_no_answer=True)]
 
     def write_calibration(self, cal: ArmCalibration) -> None:
         """Write Homing_Offset and Min/Max_Position_Limit of every joint, like LeRobot.

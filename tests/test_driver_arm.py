@@ -249,6 +249,10 @@ def test_write_calibration_like_lerobot(tmp_path):
         f = FeetechFollower(str(emu.link_path), cal)
         f.connect()
         assert f.calibration_mismatches  # factory EEPROM differs from the file: reported, not overwritten
+        # the same wording as `so101d calibrate --verify` (calibration.servo_sync, one implementation)
+        off = cal["elbow_flex"].homing_offset
+        assert f"motor 'elbow_flex' (id 3): Homing_Offset is 0 on the servo, {off} in the file" in f.calibration_mismatches
+        assert len(f.calibration_mismatches) == 6 * 3 - 2  # all differ but wrist_roll's range (0..4095 both)
         assert emu.arm.eeprom_calibration().to_json_dict() != cal.to_json_dict()
         for s in emu.arm.servos:  # a locked servo ignores EEPROM writes: write_calibration must unlock
             s.set_register("Lock", 1)
