@@ -64,14 +64,19 @@ def run_naive(src: str, root: str) -> dict:
     import numpy as np
 
     from calibration.conventions import sim_rad_to_units
-    from sim_bridge.isaaclab_hdf5 import open_dataset_for_append
+    from lerobot.configs.video import RGBEncoderConfig
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    from daemon.dataset_schema import ROBOT_TYPE, dataset_features
 
     t0 = time.monotonic()
     frames = 0
     with h5py.File(src, "r") as f:
         names = sorted(f["data"].keys(), key=lambda n: int(n.split("_")[1]))
         cams = {c: tuple(f["data"][names[0]]["obs"][c].shape[1:3]) for c in ("front", "wrist")}
-        ds = open_dataset_for_append(Path(root), cams, 30)
+        ds = LeRobotDataset.create("local/naive", fps=30, features=dataset_features(cams), root=root,
+                                   robot_type=ROBOT_TYPE, use_videos=True,
+                                   rgb_encoder=RGBEncoderConfig(vcodec="h264", preset="ultrafast", crf=23, g=2))
         for name in names:
             g = f["data"][name]
             actions = np.array(g["actions"])

@@ -17,6 +17,8 @@ Import validates every selected demo completely (every key, every chunk of every
 read, shapes and values checked) *before* the dataset is touched, so a truncated or corrupt file
 is refused with an error that names the file, the demo and the key, and nothing is half-written.
 Both directions stream demo by demo and frame chunk by frame chunk: memory stays bounded.
+Imported episodes go through the recorder's own store (``daemon.recording.store``): the same
+h264 encoding and image statistics as live recordings, and one crash-safe transaction per episode.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import logging
 import os
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,13 +41,7 @@ from daemon.dataset_schema import (
     ACTION_KEY,
     DEFAULT_FPS,
     IMAGE_KEY_PREFIX,
-    ROBOT_TYPE,
     STATE_KEY,
-    TELEOP_ACTION_KEY,
-    EpisodeTag,
-    append_episode_tag,
-    dataset_features,
-    feature_differences,
     read_episode_tags,
 )
 
@@ -236,33 +233,29 @@ def repo_id_for(root: Path) -> str:
     return f"local/{Path(root).name}"
 
 
-def open_dataset_for_append(root: Path, cameras: dict[str, tuple[int, int]], fps: int, repo_id: str | None = None):
-    """Resume the dataset at ``root`` (refusing a schema mismatch) or create it."""
-    _offline()
-    from lerobot.configs.video import RGBEncoderConfig
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+def open_store(root: Path, cameras: dict[str, tuple[int, int]], fps: int, repo_id: str | None = None):
+    """The recording store of the dataset at ``root``, refusing a schema mismatch up front.
 
-    root = Path(root)
-    features = dataset_features(cameras)
-    # h264 through PyAV's bundled encoder: AV1 (LeRobot's default) is far too slow on 2 cores.
-    encoder = RGBEncoderConfig(vcodec="h264", crf=23, g=2, preset="veryfast") if cameras else None
-    if (root / "meta" / "info.json").exists():
-        info = json.loads((root / "meta" / "info.json").read_text())
-        diffs = feature_differences(features, info.get("features", {}))
-        if diffs:
-            raise HDF5FormatError(f"dataset {root} does not match the demos' schema:\n  " + "\n  ".join(diffs))
-        if int(info.get("fps", fps)) != fps:
-            log.info("dataset %s is %s fps; resampling to that", root, info["fps"])
-        return LeRobotDataset.resume(repo_id or repo_id_for(root), root=root, rgb_encoder=encoder)
-    return LeRobotDataset.create(
-        repo_id or repo_id_for(root),
-        fps=fps,
-        features=features,
-        root=root,
-        robot_type=ROBOT_TYPE,
-        use_videos=True,
-        rgb_encoder=encoder,
-    )
+    Imports go through the same store as the daemon's recordings: the same h264 encoder and image
+    statistics, and one crash-safe transaction per episode (a killed import keeps every episode it
+    committed and nothing half-written; the next start of either repairs a torn commit).
+    """
+    _offline()
+    from daemon.recording.store import DatasetBusyError, DatasetStore, StoreConfig, config_differences
+
+    cfg = StoreConfig(root=str(root), repo_id=repo_id or repo_id_for(root), fps=fps,
+                      cameras=[(name, h, w) for name, (h, w) in sorted(cameras.items())])
+    diffs = config_differences(cfg)
+    if diffs:
+        raise HDF5FormatError(f"dataset {root} does not match the demos' schema:\n  " + "\n  ".join(diffs))
+    store = DatasetStore(cfg)
+    try:
+        notes = store.repair(wait_s=0.0)  # never wait on a recording daemon: say so
+    except DatasetBusyError as exc:
+        raise HDF5FormatError(str(exc)) from None
+    for note in notes:
+        log.warning("%s", note)
+    return store
 
 
 def dataset_fps(root: Path, default: int = DEFAULT_FPS) -> int:
@@ -310,6 +303,52 @@ def _frames_of(
             yield state_units[i], action_units[i], {cam: images[cam][i] for cam in info.cameras}
 
 
+def _stage_demo(store, d: DemoInfo, rows: np.ndarray, fps: int, task: str, chunk_frames: int) -> Path:
+    """Write one demo as a staged episode (the recorder's on-disk format), ready for commit."""
+    from daemon.recording.store import write_json_atomic
+    from daemon.recording.writer import CameraEncoder
+
+    uid = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
+    stage = store.staging / f"ep-{uid}"
+    stage.mkdir(parents=True)
+    try:
+        cams = sorted(d.cameras)
+        encoders = {cam: CameraEncoder(stage / cam / "video.mp4", fps, store.cfg) for cam in cams}
+        for e in encoders.values():
+            e.start()
+        states, actions = [], []
+        with h5py.File(d.path, "r") as f:
+            for state, action, images in _frames_of(f, d, rows, chunk_frames):
+                states.append(state)
+                actions.append(action)
+                for cam, img in images.items():
+                    encoders[cam].feed(np.ascontiguousarray(img))
+        for e in encoders.values():
+            e.finish()
+        n = len(rows)
+        state_arr = np.asarray(states, np.float32).reshape(n, NUM_JOINTS)
+        action_arr = np.asarray(actions, np.float32).reshape(n, NUM_JOINTS)
+        np.savez(stage / "rows.npz", state=state_arr, action=action_arr, teleop=action_arr)
+        np.savez(stage / "timing.npz", grid_s=np.arange(n) / fps,
+                 state_offset_s=(rows - rows[0]) / d.step_hz - np.arange(n) / fps,  # sim time vs grid
+                 camera_offset_s=np.zeros((n, len(cams))), camera_names=np.asarray(cams, dtype=str))
+        tag = {
+            "success": d.success, "origin": "import", "follower_kind": "sim-leisaac", "frames": n,
+            "late_frames": 0, "missing_frames": 0, "worst_camera_skew_ms": 0.0, "notes": [],
+            "source": {"file": str(d.path), "demo": d.name, "generated": d.generated, "step_hz": d.step_hz},
+        }
+        write_json_atomic(stage / "episode.json", {
+            "uid": uid, "task": task, "frames": n, "tag": tag,
+            "video_stats": {cam: encoders[cam].stats for cam in cams},
+        })
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return stage
+
+
 def import_hdf5(
     files: Sequence[Path],
     dataset_root: Path,
@@ -354,41 +393,28 @@ def import_hdf5(
         with h5py.File(d.path, "r") as f:
             validate_demo(f, d, chunk_frames)
     target_fps = fps or dataset_fps(dataset_root)
-    # Pass 2: write.
+    # Pass 2: write, one committed episode at a time.
     t0 = time.monotonic()
-    ds = open_dataset_for_append(dataset_root, cameras, target_fps)
+    store = open_store(dataset_root, cameras, target_fps)
     try:
-        next_index = ds.meta.total_episodes
-        for d in plan:
-            rows = resample_indices(d.num_samples, d.step_hz, target_fps, skip_frames)
-            label = task or f"imported from {d.path.name}"
-            with h5py.File(d.path, "r") as f:
-                for state, action, images in _frames_of(f, d, rows, chunk_frames):
-                    frame = {STATE_KEY: state, ACTION_KEY: action, TELEOP_ACTION_KEY: action, "task": label}
-                    for cam, img in images.items():
-                        frame[IMAGE_KEY_PREFIX + cam] = img
-                    ds.add_frame(frame)
-            ds.save_episode()
-            append_episode_tag(
-                dataset_root,
-                EpisodeTag(
-                    episode_index=next_index,
-                    success=d.success,
-                    origin="import",
-                    follower_kind="sim-leisaac",
-                    source={"file": str(d.path), "demo": d.name, "generated": d.generated, "step_hz": d.step_hz},
-                    frames=len(rows),
-                ),
-            )
-            summary.episode_indices.append(next_index)
-            next_index += 1
-            summary.demos_imported += 1
-            summary.frames_written += len(rows)
-            say(f"imported {d.where()} -> episode {next_index - 1} ({len(rows)} frames at {target_fps} fps)")
+        _write_plan(store, plan, summary, target_fps, skip_frames, task, chunk_frames, say)
     finally:
-        ds.finalize()
+        store.release_ownership()
     summary.seconds = time.monotonic() - t0
     return summary
+
+
+def _write_plan(store, plan: list[DemoInfo], summary: ImportSummary, fps: int, skip_frames: int, task: str,
+                chunk_frames: int, say: Callable[[str], None]) -> None:
+    """Stage and commit each demo in turn: a crash keeps every episode committed before it."""
+    for d in plan:
+        rows = resample_indices(d.num_samples, d.step_hz, fps, skip_frames)
+        stage = _stage_demo(store, d, rows, fps, task or f"imported from {d.path.name}", chunk_frames)
+        result = store.commit(stage)
+        summary.episode_indices.append(result["episode_index"])
+        summary.demos_imported += 1
+        summary.frames_written += len(rows)
+        say(f"imported {d.where()} -> episode {result['episode_index']} ({len(rows)} frames at {fps} fps)")
 
 
 # ---------------------------------------------------------------------------------------------

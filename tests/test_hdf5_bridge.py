@@ -256,3 +256,60 @@ def test_cli_import_info_and_clear_error(tmp_path: Path, capsys: pytest.CaptureF
     assert "sim 2" in out and "generated 0" in out
     assert so101d(["import-hdf5", str(tmp_path / "missing.hdf5"), "--dataset", str(root)]) == 1
     assert "not a readable HDF5 file" in capsys.readouterr().err
+
+
+def test_import_is_refused_while_another_process_owns_the_dataset(tmp_path: Path) -> None:
+    from daemon.recording.store import DatasetStore, StoreConfig
+
+    src = tmp_path / "demos.hdf5"
+    write_leisaac_file(src, lengths=(21,), failed=(), cameras=())
+    root = tmp_path / "ds"
+    import_hdf5([src], root)
+    owner = DatasetStore(StoreConfig(root=str(root), repo_id="local/ds", cameras=[]))
+    owner.take_ownership()  # what a recording daemon's writer holds
+    try:
+        before = tree_digest(root)
+        with pytest.raises(HDF5FormatError, match="in use by another so101d process"):
+            import_hdf5([src], root)
+        assert tree_digest(root) == before
+    finally:
+        owner.release_ownership()
+    import_hdf5([src], root)  # free again
+    assert load(root).meta.total_episodes == 2
+
+
+def test_kill_9_mid_import_keeps_every_committed_episode(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    src = tmp_path / "many.hdf5"
+    write_leisaac_file(src, lengths=(121,) * 12, failed=())
+    root = tmp_path / "ds"
+    tags = root / "meta" / "so101d_episodes.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daemon.cli", "import-hdf5", str(src), "--dataset", str(root)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if tags.exists() and len(tags.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, "the import finished before it could be killed (make the file bigger)"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # The next writer repairs whatever the kill tore, then appends: nothing committed is lost.
+    import_hdf5([src], root, max_episodes=1)
+    ds = load(root)
+    committed = ds.meta.total_episodes
+    assert committed >= 3 and committed < 13
+    assert len(read_episode_tags(root)) == committed
+    last = ds.meta.episodes[committed - 1]
+    assert int(last["length"]) == 61
+    assert tuple(ds[int(last["dataset_from_index"])]["observation.images.front"].shape) == (3, H, W)

@@ -26,6 +26,7 @@ The staging folder is a hidden sibling of the dataset (``.<name>.so101d-staging`
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -61,6 +62,10 @@ REWRITTEN_IN_PLACE = ("meta/info.json", "meta/stats.json", "meta/tasks.parquet")
 
 class DatasetMismatchError(ValueError):
     """The dataset on disk was recorded with another configuration."""
+
+
+class DatasetBusyError(RuntimeError):
+    """Another so101d process (a recording daemon, an import) owns the dataset right now."""
 
 
 @dataclass
@@ -210,6 +215,40 @@ class DatasetStore:
         self.staging = staging_dir(self.root)
         self.staging.mkdir(parents=True, exist_ok=True)
         self._cls: type | None = None
+        self._owner_fd: int | None = None
+
+    def take_ownership(self, wait_s: float = 0.0) -> None:
+        """Become the dataset's only writer for this store's lifetime (advisory lock).
+
+        ``repair()`` deletes staged episodes that are still being written; run by a second process
+        it would destroy the first one's episode in progress. So the daemon's writer and
+        `so101d import-hdf5` both take this lock first, and the second one is refused.
+        """
+        if self._owner_fd is not None:
+            return
+        fd = os.open(self.staging / "owner.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.1)  # e.g. a killed daemon's writer still committing its saved episodes
+                    continue
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise DatasetBusyError(
+                f"dataset {self.root} is in use by another so101d process (pid {holder}): "
+                "stop its recording first, or write to another dataset") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._owner_fd = fd
+
+    def release_ownership(self) -> None:
+        if self._owner_fd is not None:
+            os.close(self._owner_fd)  # closing the descriptor drops the lock
+            self._owner_fd = None
 
     # -- start-up --------------------------------------------------------------------------------
     def check_compatible(self) -> None:
@@ -224,8 +263,13 @@ class DatasetStore:
             return 0
         return int(json.loads(info_path.read_text()).get("total_episodes", 0))
 
-    def repair(self) -> list[str]:
-        """Roll back a torn commit, drop incomplete staged episodes. Returns what was done."""
+    def repair(self, wait_s: float = 60.0) -> list[str]:
+        """Roll back a torn commit, drop incomplete staged episodes. Returns what was done.
+
+        Takes ownership of the dataset first, waiting up to ``wait_s`` for a previous owner (a
+        killed daemon's writer finishing its commits); DatasetBusyError after that.
+        """
+        self.take_ownership(wait_s)
         notes: list[str] = []
         marker = self.staging / MARKER
         if marker.exists():
@@ -284,7 +328,19 @@ class DatasetStore:
 
     # -- commit ----------------------------------------------------------------------------------
     def commit(self, stage: Path) -> dict[str, Any]:
-        """Commit one staged episode; returns {"episode_index", "frames", "commit_s"}."""
+        """Commit one staged episode; returns {"episode_index", "frames", "commit_s"}.
+
+        Commits are serialised across processes (the daemon's writer and `so101d import-hdf5`
+        may append to the same dataset) with an advisory lock in the staging folder.
+        """
+        with open(self.staging / "commit.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                return self._commit_locked(stage)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _commit_locked(self, stage: Path) -> dict[str, Any]:
         t0 = time.monotonic()
         meta = json.loads((stage / "episode.json").read_text())
         rows = np.load(stage / "rows.npz", allow_pickle=False)
