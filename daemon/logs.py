@@ -14,13 +14,39 @@ import threading
 import time
 
 
+class CurrentStderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record is emitted, not when it was set up.
+
+    ``main()`` can run inside a process that swaps stderr (pytest's capture, a test calling the
+    CLI in-process): a stream bound at setup would be closed by then and every later log call
+    would print "--- Logging error ---" instead of the message.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: ANN201 - the live sys.stderr
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:  # StreamHandler.__init__/setStream assign it: ignored
+        pass
+
+
 def setup_logging(level: str = "INFO") -> None:
+    """One stderr handler on the root logger (calling it again replaces it, no duplicates).
+
+    Other handlers on the root logger (a test framework's capture) are left alone; a plain
+    StreamHandler (basicConfig's) is replaced so lines are not printed twice.
+    """
     under_journal = bool(os.environ.get("JOURNAL_STREAM")) or bool(os.environ.get("INVOCATION_ID"))
     fmt = "%(levelname)s %(name)s: %(message)s" if under_journal else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    handler = logging.StreamHandler(sys.stderr)
+    handler = CurrentStderrHandler()
     handler.setFormatter(logging.Formatter(fmt, datefmt="%H:%M:%S"))
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [h for h in root.handlers if type(h) is not logging.StreamHandler and not isinstance(h, CurrentStderrHandler)]
+    root.addHandler(handler)
     try:
         root.setLevel(level.upper())
     except ValueError:

@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -56,3 +57,29 @@ class MujocoSimThread:
     def close(self) -> None:
         self.sim.stop()
         self.thread.join(5)
+
+
+def connect_lerobot(make: Callable[[], Any], attempts: int = 3) -> Any:
+    """Connect a LeRobot device (SOFollower, SOLeader or a bare FeetechMotorsBus) built by
+    ``make()``, retrying only the handshake.
+
+    LeRobot's SDK waits 50 ms for each status packet and does not retry during connect: on a
+    shared 2-core machine a reply is occasionally later than that ("There is no status packet",
+    LR#1252, or a motor "missing" from the handshake). That is not what the tests are about, so
+    such a failure gets a fresh device (re-opening the port flushes late bytes), up to
+    ``attempts`` times. AssertionError (a test's input() guard: a prompt) is never retried.
+    """
+    last: Exception | None = None
+    for _ in range(attempts):
+        device = make()
+        try:
+            device.connect()
+            return device
+        except (ConnectionError, RuntimeError) as exc:
+            last = exc
+            bus = getattr(device, "bus", device)
+            if bus.is_connected:
+                bus.port_handler.closePort()
+            time.sleep(0.3)
+    assert last is not None
+    raise last

@@ -152,7 +152,8 @@ def test_start_aligns_slowly_then_follows(make_bench):
     wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "follower on the moved leader")
     assert bench.mode == "teleop"
     st = bench.daemon.status()
-    assert st["rate_hz"] > 20 and st["follower"]["connected"] and st["servos"]["gripper"]["torque"] is True
+    assert st["follower"]["connected"] and st["servos"]["gripper"]["torque"] is True
+    wait_for(lambda: bench.daemon.status()["cycles"] > st["cycles"], 10, "the loop to keep cycling")
 
 
 def test_leader_jump_larger_than_step_limit_is_spread(make_bench):
@@ -341,10 +342,12 @@ def test_slow_leader_never_stalls_the_follower_loop(make_bench):
     bench.lb.set_latency(0.03)
     time.sleep(0.5)
     loop = bench.daemon.loop
-    c0, t0 = loop.cycles, time.monotonic()
-    time.sleep(1.0)
-    rate = (loop.cycles - c0) / (time.monotonic() - t0)
-    assert rate > 70, f"loop rate fell to {rate:.0f} Hz"
+    # Not paced by the leader: the loop runs cycles the leader cannot have been read for (a 30 ms
+    # reply caps it at ~33 reads/s). A ratio of two counts in one window, whatever the load.
+    c0, r0 = loop.cycles, bench.leader.counters.transactions
+    wait_for(lambda: bench.leader.counters.transactions - r0 >= 15, 30, "15 slow leader reads")
+    cycles, reads = loop.cycles - c0, bench.leader.counters.transactions - r0
+    assert cycles > 1.5 * reads, f"{cycles} loop cycles for {reads} leader reads: the loop waited for the leader"
     assert bench.mode == "teleop"
     bench.la.set_pose_units(POSE_B)
     wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "tracking through the slow leader")

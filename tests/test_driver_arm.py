@@ -12,6 +12,7 @@ from calibration.conventions import JOINT_NAMES, ticks_to_units, unit_limits
 from drivers.arm_interface import ArmHealth, BusTimeoutError, FollowerArm, HandshakeError, LeaderArm, PortGoneError
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader, FollowerBusConfig, LeaderBusConfig
+from support import connect_lerobot
 
 TICK_DEG = 360.0 / 4095
 
@@ -339,17 +340,21 @@ def test_leader_can_be_driven_for_a_take_over(tmp_path):
 
 def test_lerobot_reads_the_calibration_we_wrote(tmp_path):
     """Interop: after our write_calibration, LeRobot 0.6.1's FeetechMotorsBus finds the arm
-    calibrated (no input() prompt on its connect) and normalises to the same units."""
+    calibrated (no input() prompt on its connect) and normalises to the same units.
+
+    The emulator runs in its own process (``so101d emulate``): LeRobot's SDK allows 50 ms per
+    status packet, which an in-process emulator sharing our GIL misses under load."""
     from lerobot.motors import Motor, MotorCalibration, MotorNormMode
     from lerobot.motors.feetech import FeetechMotorsBus
 
-    emu = serve(tmp_path, preset="factory")
-    try:
+    from drivers.emulator.process import EmulatorProcess
+
+    with EmulatorProcess(tmp_path / "bench", leader=False, preset="factory") as proc:
         cal = reference_calibration("follower")
-        ours = FeetechFollower(str(emu.link_path), cal)
+        ours = FeetechFollower(str(proc.follower_path), cal)
         ours.connect()
         ours.write_calibration(cal)
-        emu.arm.set_pose_units([15.0, -25.0, 35.0, -45.0, 55.0, 65.0])
+        proc.control({"cmd": "set_pose", "arm": "follower", "pose_units": [15.0, -25.0, 35.0, -45.0, 55.0, 65.0]})
         units = ours.read_joints()
         ours.close()
         motors = {
@@ -360,16 +365,13 @@ def test_lerobot_reads_the_calibration_we_wrote(tmp_path):
             n: MotorCalibration(cal[n].id, cal[n].drive_mode, cal[n].homing_offset, cal[n].range_min, cal[n].range_max)
             for n in JOINT_NAMES
         }
-        lr = FeetechMotorsBus(str(emu.link_path), motors, calibration=lr_cal)
-        lr.connect()
+        lr = connect_lerobot(lambda: FeetechMotorsBus(str(proc.follower_path), motors, calibration=lr_cal))
         try:
             assert lr.is_calibrated
             got = lr.sync_read("Present_Position", num_retry=2)
             np.testing.assert_allclose([got[n] for n in JOINT_NAMES], units, atol=1e-6)
         finally:
             lr.disconnect(disable_torque=False)
-    finally:
-        emu.stop()
 
 
 def test_against_the_emulator_process(tmp_path):

@@ -174,7 +174,9 @@ def test_sync_read_takes_at_least_the_wire_time(tmp_path: Path, baud: int) -> No
         reader = _sync_reader(port, ph)
         wire_s = P.wire_time_s(14 + 6 * 8, baud) + 6 * 100e-6
         times = []
-        for _ in range(20):
+        for _ in range(200):  # 10 timed replies; a try lost to a descheduled process is retried
+            if len(times) >= 10:
+                break
             t0 = time.perf_counter()
             if reader.txRxPacket() == scs.COMM_SUCCESS:
                 times.append(time.perf_counter() - t0)
@@ -193,12 +195,15 @@ def test_no_wire_time_mode_answers_faster_than_the_wire(tmp_path: Path) -> None:
         assert port.openPort() and port.setBaudRate(115_200)
         reader = _sync_reader(port, scs.PacketHandler(0))
         times = []
-        for _ in range(20):
+        wire_s = P.wire_time_s(62, 115_200)
+        for _ in range(200):  # one reply beating the wire proves it; a loaded machine may need tries
             t0 = time.perf_counter()
             if reader.txRxPacket() == scs.COMM_SUCCESS:
                 times.append(time.perf_counter() - t0)
+                if len(times) >= 20 or min(times) < wire_s:
+                    break
         port.closePort()
-    assert times and min(times) < P.wire_time_s(62, 115_200)  # 5.4 ms of wire skipped
+    assert times and min(times) < wire_s  # 5.4 ms of wire skipped
 
 
 def test_link_over_a_real_file_is_refused(tmp_path: Path) -> None:

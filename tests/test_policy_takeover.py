@@ -57,7 +57,10 @@ def test_leader_is_moved_to_the_follower_pose_then_released(leader) -> None:
     # bounded speed: 15+ degrees at 60 deg/s took several ticks, each step within speed * elapsed time
     times = np.array([c[0] for c in t.commands])
     cmds = np.array([c[1] for c in t.commands])
-    assert len(cmds) >= 10
+    assert len(cmds) >= 3
+    # shoulder_pan moved 25 degrees, to within the 3 degree tolerance (the start pose itself
+    # within 1.5): at 60 deg/s that takes at least 20.5/60 s, however few steps a loaded machine ran
+    assert times[-1] - times[0] >= (25.0 - 3.0 - 1.5) / 60.0 - 0.01
     steps = np.abs(np.diff(cmds, axis=0))
     dts = np.diff(times)[:, None]
     assert np.all(steps[:, :5] <= 60.0 * dts + 1e-9)
