@@ -14,6 +14,7 @@ table's timestamps (``k / fps``) stay true and the episode's EpisodeTag counts t
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import multiprocessing as mp
 import threading
@@ -37,6 +38,26 @@ IDLE, RECORDING, ERROR, STARTING, CLOSED = "idle", "recording", "error", "starti
 
 class RecordingError(RuntimeError):
     """A verb that cannot be done now (clear message for the CLI/socket)."""
+
+
+SHUTDOWN_CHOICES = ("save", "discard")
+_MAX_NOTE_CHARS = 200
+
+
+def save_extras_bytes(extras: dict[str, Any]) -> bytes:
+    """The SAVE record's tag extras (origin, follower kind, notes) as JSON in the TASK_BYTES field.
+
+    Notes that do not fit are dropped from the end, with a last note saying how many; the
+    writer never sees truncated JSON."""
+    notes = [str(n)[:_MAX_NOTE_CHARS] for n in extras.get("notes", [])]
+    dropped = 0
+    while True:
+        data = dict(extras, notes=notes + ([f"{dropped} more notes dropped"] if dropped else []))
+        raw = json.dumps(data, separators=(",", ":")).encode("utf-8")
+        if len(raw) <= TASK_BYTES or not notes:
+            return raw[:TASK_BYTES] if len(raw) <= TASK_BYTES else b"{}"
+        notes = notes[:-1]
+        dropped += 1
 
 
 @dataclass
@@ -92,6 +113,16 @@ class Recorder:
                           "episodes_saved": 0, "episodes_discarded": 0}
         self._rl = RateLimitedLogger(log, period_s=5.0, burst=2)
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        # Episode hooks (a simulated follower's reset/start/stop, staleness notes): objects with
+        # ``episode_starting(recorder)`` (may raise RecordingError: the episode does not start) and
+        # ``episode_ending(recorder, saved) -> (success | None, notes)``.
+        self._episode_hooks: list[Any] = []
+        self._origin = cfg.origin
+        self._notes: list[str] = []
+        self._starting = False
+        # The follower kind for the episode tag, asked at save time (a sim names its backend only
+        # once it has said hello); None: cfg.follower_kind.
+        self.follower_kind_fn: Callable[[], str] | None = None
         self._ring: Ring | None = None
         self._proc: Any = None
         self._conn: Any = None
@@ -136,14 +167,32 @@ class Recorder:
         if self._phase == ERROR:
             raise RecordingError(self._error)
 
-    def close(self, timeout_s: float = 120.0) -> None:
-        """Stops recording (the episode in progress is discarded), lets the writer commit, stops."""
+    def close(self, timeout_s: float = 120.0, on_episode: str = "discard") -> None:
+        """Stops recording, lets the writer commit every saved episode, stops it.
+
+        ``on_episode``: what happens to the episode in progress: "discard", or "save" (tagged
+        "saved at shutdown", success unjudged unless an episode hook says otherwise)."""
+        if on_episode not in SHUTDOWN_CHOICES:
+            raise ValueError(f"on_episode must be one of {SHUTDOWN_CHOICES}, got {on_episode!r}")
         if self._phase == CLOSED:
             return
+        if self._phase == RECORDING and on_episode == "save":
+            try:
+                r = self.save_episode(None, notes=["saved at shutdown (daemon stopping)"])
+                log.warning("shutdown: episode %d in progress saved (%d frames)", r["episode"], r["frames"])
+            except RecordingError as exc:
+                log.warning("shutdown: episode in progress not saved: %s", exc)
         with self._lock:
             if self._phase == RECORDING:
                 self._q.append((KIND_DISCARD, self._seq))
+                log.warning("shutdown: episode %d in progress discarded ([recording] on_shutdown)",
+                            self.episode_number)
+                discarding = True
+            else:
+                discarding = False
             self._phase = CLOSED
+        if discarding:
+            self._run_ending_hooks(saved=False)
         self._wake.set()
         deadline = time.monotonic() + timeout_s
         while self._q and time.monotonic() < deadline:
@@ -167,6 +216,24 @@ class Recorder:
         if self._ring is not None:
             self._ring.close()
             self._ring = None
+
+    def add_episode_hook(self, hook: Any) -> None:
+        """See ``_episode_hooks``: called around every episode, whoever starts it (verb, policy, demo)."""
+        self._episode_hooks.append(hook)
+
+    def add_note(self, text: str) -> bool:
+        """Adds a note to the episode in progress' tag (e.g. "sim went stale at frame 120").
+        Returns False (nothing recorded) when no episode is recording."""
+        with self._lock:
+            if self._phase != RECORDING:
+                return False
+            self._notes.append(str(text))
+        return True
+
+    @property
+    def frames_recorded(self) -> int:
+        """Frames of the episode in progress so far (0 when idle)."""
+        return self._frame_index if self._phase == RECORDING else 0
 
     def add_listener(self, fn: Callable[[dict[str, Any]], None]) -> None:
         """Called (on the events thread) with every writer event dict: saved, error, ..."""
@@ -202,23 +269,37 @@ class Recorder:
         self._wake.set()
 
     # -- episode verbs -----------------------------------------------------------------------------
-    def start_episode(self, task: str | None = None) -> dict[str, Any]:
+    def start_episode(self, task: str | None = None, origin: str | None = None) -> dict[str, Any]:
+        """Starts an episode. ``origin`` goes into its tag: "teleop" (default), "policy", ..."""
         task = (task or self._task or self.cfg.default_task).strip()
         if not task:
             raise RecordingError("the task text must not be empty")
         if len(task.encode("utf-8")) > TASK_BYTES:
             raise RecordingError(f"task text longer than {TASK_BYTES} bytes")
+        origin = (origin or self.cfg.origin).strip()
+        if not origin or len(origin) > 32:
+            raise RecordingError(f"origin must be a short word (teleop, policy...), got {origin!r}")
         with self._lock:
-            if self._phase == STARTING:
-                raise RecordingError("recorder still starting (writer process loading), try again in a moment")
-            if self._phase == ERROR:
-                raise RecordingError(f"recording stopped: {self._error}")
-            if self._phase == CLOSED:
-                raise RecordingError("recorder is closed")
-            if self._phase == RECORDING:
-                raise RecordingError(f"episode {self.episode_number} already recording; save or discard it first")
+            self._check_can_start()
+            self._starting = True
+        try:
+            for hook in self._episode_hooks:  # e.g. the sim resets its scene (seconds at most)
+                hook.episode_starting(self)
+        except RecordingError:
+            with self._lock:
+                self._starting = False
+            raise
+        except Exception as exc:  # noqa: BLE001 - a hook's failure is this verb's error, named
+            with self._lock:
+                self._starting = False
+            raise RecordingError(f"episode not started: {type(exc).__name__}: {exc}") from None
+        with self._lock:
+            self._starting = False
+            self._check_can_start()
             self._seq += 1
             self._task = task
+            self._origin = origin
+            self._notes = []
             self._frame_index = 0
             self._t0 = None
             self._next_grid_s = 0.0
@@ -226,10 +307,48 @@ class Recorder:
             self._q.append((KIND_START, self._seq, task))
             self._phase = RECORDING
         self._wake.set()
-        return {"episode": self.episode_number, "task": task}
+        return {"episode": self.episode_number, "task": task, "origin": origin}
 
-    def save_episode(self, success: bool | None = None) -> dict[str, Any]:
-        """Ends the episode; returns as soon as it is queued (encoding/commit go on in the writer)."""
+    def _check_can_start(self) -> None:
+        """Under the lock: raises RecordingError when no episode can start now."""
+        if self._starting:
+            raise RecordingError("another episode is starting")
+        if self._phase == STARTING:
+            raise RecordingError("recorder still starting (writer process loading), try again in a moment")
+        if self._phase == ERROR:
+            raise RecordingError(f"recording stopped: {self._error}")
+        if self._phase == CLOSED:
+            raise RecordingError("recorder is closed")
+        if self._phase == RECORDING:
+            raise RecordingError(f"episode {self.episode_number} already recording; save or discard it first")
+
+    def _run_ending_hooks(self, saved: bool) -> tuple[bool | None, list[str]]:
+        """Episode hooks at the end of an episode: their verdict (first one given) and notes."""
+        verdict: bool | None = None
+        notes: list[str] = []
+        for hook in self._episode_hooks:
+            try:
+                v, n = hook.episode_ending(self, saved)
+            except Exception as exc:  # noqa: BLE001 - ending must always work
+                log.error("episode hook failed at the end of the episode: %s", exc)
+                notes.append(f"episode hook failed: {exc}")
+                continue
+            if verdict is None and v is not None:
+                verdict = bool(v)
+            notes.extend(n)
+        return verdict, notes
+
+    def save_episode(self, success: bool | None = None, notes: list[str] | None = None) -> dict[str, Any]:
+        """Ends the episode; returns as soon as it is queued (encoding/commit go on in the writer).
+
+        ``success`` None: the episode hooks' verdict (a sim's success signal) if any, else unjudged.
+        ``notes`` are added to the episode's tag."""
+        with self._lock:
+            if self._phase != RECORDING:
+                raise RecordingError("no episode is recording")
+        verdict, hook_notes = self._run_ending_hooks(saved=True)
+        if success is None:
+            success = verdict
         with self._lock:
             if self._phase != RECORDING:
                 raise RecordingError("no episode is recording")
@@ -240,7 +359,10 @@ class Recorder:
                 self._phase = IDLE
                 self._wake.set()
                 raise RecordingError("the episode has no frames yet (is the control loop running?); discarded")
-            self._q.append((KIND_SAVE, self._seq, -1 if success is None else int(bool(success))))
+            kind = self.follower_kind_fn() if self.follower_kind_fn is not None else self.cfg.follower_kind
+            extras = save_extras_bytes({"origin": self._origin, "follower_kind": str(kind),
+                                        "notes": self._notes + hook_notes + list(notes or [])})
+            self._q.append((KIND_SAVE, self._seq, -1 if success is None else int(bool(success)), extras))
             self._saves_in_flight += 1
             self._phase = IDLE
         self._wake.set()
@@ -255,6 +377,7 @@ class Recorder:
             self._phase = IDLE
             self._counters["episodes_discarded"] += 1
         self._wake.set()
+        self._run_ending_hooks(saved=False)
         return {"episode": self.episode_number, "discarded_frames": frames}
 
     @property
@@ -289,6 +412,8 @@ class Recorder:
             "fps": self.cfg.fps,
             "episode": self.episode_number,
             "task": self._task,
+            "origin": self._origin if recording else None,
+            "notes": list(self._notes) if recording else [],
             "elapsed_s": round(time.monotonic() - self._episode_started_s, 2) if recording else 0.0,
             "frames": self._frame_index if recording else 0,
             "episodes_in_dataset": self._committed_total,
@@ -304,7 +429,7 @@ class Recorder:
 
     def register(self, server: Any) -> None:
         """Registers the episode verbs on the daemon's control socket."""
-        server.register("episode.start", lambda req: self.start_episode(req.get("task")))
+        server.register("episode.start", lambda req: self.start_episode(req.get("task"), req.get("origin")))
         server.register("episode.save", lambda req: self.save_episode(req.get("success")))
         server.register("episode.discard", lambda req: self.discard_episode())
         server.register("episode.status", lambda req: self.status())
@@ -342,6 +467,7 @@ class Recorder:
                     rec["task"] = item[2].encode("utf-8")
                 elif kind == KIND_SAVE:
                     rec["success"] = item[2]
+                    rec["task"] = item[3] if len(item) > 3 else b""
                 ring.publish_record()
 
     def _fill_frame(self, ring: Ring, rec: np.ndarray, item: tuple) -> None:

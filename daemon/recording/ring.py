@@ -42,7 +42,7 @@ RECORD_DTYPE = np.dtype(
         ("teleop", np.float32, (6,)),
         ("cam_capture_s", np.float64, (MAX_CAMERAS,)),  # NaN: no image yet
         ("cam_seq", np.int64, (MAX_CAMERAS,)),
-        ("task", f"S{TASK_BYTES}"),  # START only
+        ("task", f"S{TASK_BYTES}"),  # START: the task text; SAVE: the tag extras as JSON (or empty)
     ]
 )
 

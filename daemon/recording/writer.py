@@ -376,7 +376,11 @@ def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any,
                             current = None
                             send({"event": "discarded", "episode_seq": seq, "reason": "no frames"})
                         else:
-                            meta = current.stage(None if s < 0 else bool(s), follower_kind, origin)
+                            extras = save_extras(bytes(rec["task"][0]))
+                            current.notes.extend(str(n) for n in extras.get("notes", []) if n)
+                            meta = current.stage(None if s < 0 else bool(s),
+                                                 str(extras.get("follower_kind") or follower_kind),
+                                                 str(extras.get("origin") or origin))
                             stage_dir, current = current.dir, None
                             send({"event": "staged", "episode_seq": seq, "frames": meta["frames"],
                                   "tag": meta["tag"]})
@@ -406,6 +410,25 @@ def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any,
             conn.close()
         except OSError:
             pass
+
+
+def save_extras(raw: bytes) -> dict[str, Any]:
+    """The SAVE record's tag extras (origin, follower_kind, notes); {} when absent or unreadable."""
+    import json  # noqa: PLC0415
+
+    raw = raw.rstrip(b"\0")
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        log.error("unreadable tag extras in a SAVE record: %r", raw[:80])
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    if not isinstance(data.get("notes", []), list):
+        data["notes"] = [str(data["notes"])]
+    return data
 
 
 def store_config_dict(cfg: StoreConfig) -> dict[str, Any]:
