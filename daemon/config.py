@@ -121,6 +121,7 @@ class RecordingConfig:
     repo_id: str = "local/so101d"
     fps: int = 30
     task: str = "teleoperation"  # default task string of an episode
+    on_shutdown: Literal["save", "discard"] = "save"  # the episode in progress at SIGTERM / stop
 
 
 @dataclass

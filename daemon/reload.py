@@ -38,6 +38,7 @@ LIVE_KEYS: tuple[str, ...] = (
     "follower.torque_off_on_shutdown",
     "follower.stale_timeout_s",
     "recording.task",
+    "recording.on_shutdown",  # read when the daemon stops
 )
 
 

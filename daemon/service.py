@@ -247,12 +247,22 @@ class Daemon:
             return
         both = self.loop.follower_link.connected and (self.loop.leader_link is None or self.loop.leader_link.connected)
         st = self.loop.state
-        if not self._ready_sent and both:
-            self.notifier.ready(f"{st.mode}: arms connected")
+        # READY=1 once the service can do what it is configured for: arms connected and, with
+        # [recording] enabled, the recorder accepting episode.start (its writer process takes
+        # seconds to load); `systemctl start so101d && so101d episode start` then just works.
+        # A recorder that failed does not hold READY back (teleop works; STATUS/status say why).
+        rec = self.recorder
+        rec_starting = rec is not None and getattr(rec, "phase", "") == "starting"
+        if not self._ready_sent and both and not rec_starting:
+            self.notifier.ready(f"{st.mode}: arms connected" + (", recording ready" if rec is not None else ""))
             self._ready_sent = True
         elif not self._ready_sent:
             missing = [n for n, link in (("leader", self.loop.leader_link), ("follower", self.loop.follower_link)) if link is not None and not link.connected]
-            self.notifier.status(f"waiting for {' and '.join(missing)}")
+            waiting = [f"waiting for {' and '.join(missing)}"] if missing else []
+            if rec_starting:
+                waiting.append("recording: starting (dataset writer loading)")
+            self.notifier.status("; ".join(waiting))
+            return
         reporter = getattr(self, "_reporter", None)
         if reporter is None:
             try:
@@ -263,7 +273,17 @@ class Daemon:
             self._service_status = ServiceStatus
         period = self.loop.stats.period.summary()
         hz = 1.0 / period.mean if period.mean else None
-        reporter.update(self._service_status(mode=st.mode, loop_hz=hz, detail=st.reason))
+        episodes, recording, detail = None, False, st.reason
+        if rec is not None:
+            try:
+                rs = rec.status()
+                episodes, recording = int(rs["episodes_in_dataset"]), rs["phase"] == "recording"
+                if rs["phase"] == "error":
+                    detail = f"{detail}; recording stopped: {rs['error']}" if detail else f"recording stopped: {rs['error']}"
+            except Exception:  # noqa: BLE001 - status text only
+                pass
+        reporter.update(self._service_status(mode=st.mode, loop_hz=hz, episodes=episodes, recording=recording,
+                                             detail=detail))
 
     def reload(self) -> str:
         """Re-read the configuration file; apply the keys that can change live (daemon/reload.py),

@@ -8,6 +8,7 @@ does). Everything the recorder needs from the daemon goes through its published 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -59,22 +60,64 @@ def _success_arg(req: dict[str, Any]) -> bool | None:
     raise ValueError(f'"success" must be true, false or null, got {v!r}')
 
 
+def sim_camera_factory(follower: Any) -> Any:
+    """``build_cameras``' sim_factory for a simulated follower (None when it has no cameras)."""
+    if not callable(getattr(follower, "camera", None)):
+        return None
+    return lambda name, c: follower.camera(name, c.width, c.height, float(c.fps))
+
+
+def follower_dataset_kind(follower: Any) -> str:
+    """The EpisodeTag follower_kind: the sim's ("sim-mujoco", "sim-leisaac"), "emulated" for a
+    Feetech follower on a pseudo-terminal (our bus emulator; a real USB adapter never is one),
+    else "feetech"."""
+    kind = getattr(follower, "dataset_kind", None)
+    if isinstance(kind, str) and kind:
+        return kind
+    base = str(getattr(follower, "kind", None) or "feetech")
+    port = getattr(follower, "port", None)
+    if base == "feetech" and isinstance(port, str) and os.path.realpath(port).startswith("/dev/pts/"):
+        return "emulated"
+    return base
+
+
+def _origin_arg(req: dict[str, Any]) -> str | None:
+    v = req.get("origin")
+    if v is None or isinstance(v, str):
+        return v
+    raise ValueError(f'"origin" must be a string, got {v!r}')
+
+
 def attach_recorder(daemon: Any, cameras: list[Camera] | None = None, follower_kind: str | None = None,
                     root: str | Path | None = None) -> Recorder:
-    """Builds, opens and plugs in the recorder; returns it (already registered and hooked)."""
+    """Builds, opens and plugs in the recorder; returns it (already registered and hooked).
+
+    With a simulated follower (anything with reset/start/stop_episode) its cameras serve kind
+    "sim", its episodes follow the recorder's (SimEpisodeHook) and episodes are tagged with its
+    backend; on shutdown the episode in progress is saved or discarded per [recording] on_shutdown.
+    """
     rc = daemon.cfg.recording
+    follower = daemon.follower
     if cameras is None:
-        cameras = build_cameras(daemon.cfg.cameras)
-    kind = follower_kind or getattr(daemon.follower, "kind", None) or "feetech"
+        cameras = build_cameras(daemon.cfg.cameras, sim_factory=sim_camera_factory(follower))
     rec = Recorder(RecorderConfig(root=str(root or dataset_root(rc)), repo_id=rc.repo_id, fps=rc.fps,
-                                  default_task=rc.task, follower_kind=str(kind)), cameras)
+                                  default_task=rc.task,
+                                  follower_kind=str(follower_kind or follower_dataset_kind(follower))),
+                   cameras)
+    if follower_kind is None:  # a sim names its backend only once connected: ask at save time
+        rec.follower_kind_fn = lambda: follower_dataset_kind(follower)
+    if all(callable(getattr(follower, m, None)) for m in ("reset_episode", "start_episode", "stop_episode", "events")):
+        from daemon.recording.sim_episodes import SimEpisodeHook  # noqa: PLC0415
+
+        rec.add_episode_hook(SimEpisodeHook(follower))
     rec.open()
     reg = daemon.server.register
-    reg("episode.start", _verb(lambda req: rec.start_episode(req.get("task"))))
+    reg("episode.start", _verb(lambda req: rec.start_episode(req.get("task"), _origin_arg(req))))
     reg("episode.save", _verb(lambda req: rec.save_episode(_success_arg(req))))
     reg("episode.discard", _verb(lambda req: rec.discard_episode()))
     reg("episode.status", _verb(lambda req: rec.status()))
     daemon.loop.add_hook(rec)
     daemon.status_extras["recording"] = rec.status
-    daemon.on_stop.append(rec.close)
+    # read at stop time: a reloaded configuration counts
+    daemon.on_stop.append(lambda: rec.close(on_episode=getattr(daemon.cfg.recording, "on_shutdown", "discard")))
     return rec
