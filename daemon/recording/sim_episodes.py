@@ -46,7 +46,12 @@ class SimEpisodeHook:
         except TimeoutError as exc:
             raise RecordingError(f"the simulator did not confirm its reset: {exc}") from None
         self.follower.events()  # drop the reset's own events and anything from an older episode
-        self._episode_seq = self.follower.start_episode()
+        self._episode_seq = seq = self.follower.start_episode()
+        try:  # both sims confirm within a tick; frame 0 is then inside the sim's episode
+            self.follower.wait_event("started", seq, self.reset_timeout_s)
+        except TimeoutError as exc:
+            self.follower.stop_episode()
+            raise RecordingError(f"the simulator did not start its episode: {exc}") from None
         self._start_watch(recorder)
 
     def episode_ending(self, recorder: Any, saved: bool) -> tuple[bool | None, list[str]]:
@@ -59,7 +64,7 @@ class SimEpisodeHook:
         verdict: bool | None = None
         for ev in self.follower.events():
             if self._episode_seq is not None and ev.seq != self._episode_seq:
-                continue
+                continue  # "started" is still in the queue; events of older episodes are not ours
             if ev.event in ("success", "terminated"):
                 notes.append(f"sim {ev.event}" + (f": {ev.detail}" if ev.detail else ""))
                 if verdict is None:  # the first signal decides (a cube lifted, then dropped: success)
