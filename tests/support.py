@@ -1,20 +1,25 @@
 """Helpers shared by the test files (not the recording tests, which keep recording_support.py).
 
-Small on purpose: polling with a deadline, a free loopback port, an emulated arm served on a
-pseudo-terminal, the MuJoCo follower on a thread. Each replaces copies that lived in several files.
+Small on purpose: polling with a deadline (a predicate, or the daemon's status over its socket),
+a free loopback port, an emulated arm served on a pseudo-terminal, the SDK's port on an emulated
+follower, the MuJoCo follower on a thread, LeRobot's connect with bounded handshake retries.
+Each replaces copies that lived in several files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from pathlib import Path
 
 import numpy as np
 
+from daemon.control_client import ControlClient, DaemonUnavailable
 from drivers.emulator import BusEmulator, EmulatedArm
 
 
@@ -26,6 +31,17 @@ def wait_for(pred: Callable[[], bool], timeout_s: float = 10.0, what: str = "con
             return
         time.sleep(0.01)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def poll_until(pred: Callable[[], Any], timeout_s: float = 10.0, period_s: float = 0.01) -> bool:
+    """Poll ``pred`` until it is true (True) or ``timeout_s`` passed (its last value, as a bool),
+    for ``assert poll_until(...), diagnosis`` where the caller words the failure."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(period_s)
+    return bool(pred())
 
 
 def free_port() -> int:
@@ -43,13 +59,37 @@ def still_arm_on_pty(link: Path, role: str, pose_units: np.ndarray) -> tuple[Emu
     return arm, BusEmulator(link, arm).start()
 
 
-class MujocoSimThread:
-    """Our MuJoCo follower bound at ``endpoint``, stepping on a daemon thread (no cameras)."""
+@contextlib.contextmanager
+def sdk_port_on_emulated_follower(tmp_path: Path) -> Iterator[tuple[EmulatedArm, BusEmulator, Any, Any]]:
+    """An emulated follower on a pty and the Feetech SDK's PortHandler / PacketHandler open on it."""
+    import scservo_sdk as scs  # noqa: PLC0415
 
-    def __init__(self, endpoint: str, cameras: tuple = ()) -> None:
+    arm = EmulatedArm("follower")
+    bus = BusEmulator(tmp_path / "follower", arm).start()
+    port = scs.PortHandler(str(tmp_path / "follower"))
+    assert port.openPort()
+    try:
+        yield arm, bus, port, scs.PacketHandler(0)
+    finally:
+        if port.is_open:
+            try:
+                port.closePort()
+            except OSError:  # a test that unplugged the emulated port
+                pass
+        bus.stop()
+
+
+class MujocoSimThread:
+    """Our MuJoCo follower bound at ``endpoint``, stepping on a daemon thread.
+
+    ``config_kw`` goes to MujocoFollowerConfig (seed 0 unless given; ``cameras=()`` for none).
+    """
+
+    def __init__(self, endpoint: str, **config_kw: Any) -> None:
         from sim_bridge.mujoco_follower import MujocoFollower, MujocoFollowerConfig  # noqa: PLC0415 - mujoco is heavy
 
-        self.sim = MujocoFollower(MujocoFollowerConfig(bind=endpoint, cameras=cameras, seed=0))
+        config_kw.setdefault("seed", 0)
+        self.sim = MujocoFollower(MujocoFollowerConfig(bind=endpoint, **config_kw))
         self.sim.open()
         self.thread = threading.Thread(target=self.sim.run, daemon=True)
         self.thread.start()
@@ -83,3 +123,21 @@ def connect_lerobot(make: Callable[[], Any], attempts: int = 3) -> Any:
             time.sleep(0.3)
     assert last is not None
     raise last
+
+
+def wait_status(sock: Path, pred: Callable[[dict], bool], timeout_s: float = 20.0, proc: subprocess.Popen | None = None) -> dict:
+    """Poll the daemon's `status` over its socket until ``pred(status)``; fail early if ``proc`` exited."""
+    end = time.monotonic() + timeout_s
+    last: dict | str = "no reply"
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"daemon exited early with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            with ControlClient(sock, timeout_s=2) as c:
+                last = c.request("status")
+            if pred(last):
+                return last
+        except DaemonUnavailable as exc:
+            last = str(exc)
+        time.sleep(0.1)
+    raise AssertionError(f"status never matched; last: {last}")

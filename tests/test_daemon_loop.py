@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +19,9 @@ from calibration.conventions import GRIPPER_INDEX
 from daemon.config import config_from_dict
 from daemon.control_client import ControlClient
 from daemon.service import Daemon
-from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
+from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
+from support import still_arm_on_pty, wait_for
 
 POSE_A = np.array([0.0, -60.0, 60.0, 40.0, 0.0, 20.0])
 POSE_B = np.array([30.0, -40.0, 45.0, 30.0, 20.0, 50.0])
@@ -64,23 +64,12 @@ class CycleRecorder:
         return checked
 
 
-def wait_for(pred: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
 class Bench:
     def __init__(self, root: Path, leader_pose, follower_pose, **cfg_overrides) -> None:
         self.root = root
-        self.la = EmulatedArm("leader", initial_pose_units=leader_pose)
-        self.la.set_pose_units(leader_pose)  # still, moved only by the test ("by hand")
-        self.fa = EmulatedArm("follower", initial_pose_units=follower_pose)
-        self.lb = BusEmulator(root / "leader", self.la).start()
-        self.fb = BusEmulator(root / "follower", self.fa).start()
+        # still, moved only by the test ("by hand")
+        self.la, self.lb = still_arm_on_pty(root / "leader", "leader", leader_pose)
+        self.fa, self.fb = still_arm_on_pty(root / "follower", "follower", follower_pose)
         data = {
             "socket": {"path": str(root / "c.sock")},
             "safety": {"align_speed_deg_s": 60.0, "align_gripper_speed_pct_s": 80.0},

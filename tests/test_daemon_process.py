@@ -12,14 +12,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
 from calibration.calibration_file import save_calibration
-from daemon.control_client import ControlClient, DaemonUnavailable
+from daemon.control_client import ControlClient
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
+from support import wait_status  # also imported from here by other test files
 
 SO101D = [sys.executable, "-m", "daemon.cli"]
 
@@ -28,23 +28,6 @@ SO101D = [sys.executable, "-m", "daemon.cli"]
 def run_dir():
     with tempfile.TemporaryDirectory(prefix="so101d-") as d:
         yield Path(d)
-
-
-def wait_status(sock: Path, pred, timeout_s: float = 20.0, proc: subprocess.Popen | None = None) -> dict:
-    end = time.monotonic() + timeout_s
-    last: dict | str = "no reply"
-    while time.monotonic() < end:
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"daemon exited early with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
-        try:
-            with ControlClient(sock, timeout_s=2) as c:
-                last = c.request("status")
-            if pred(last):
-                return last
-        except DaemonUnavailable as exc:
-            last = str(exc)
-        time.sleep(0.1)
-    raise AssertionError(f"status never matched; last: {last}")
 
 
 def test_run_serves_then_sigterm_stops_cleanly(run_dir):

@@ -12,7 +12,7 @@ from calibration.conventions import JOINT_NAMES, ticks_to_units, unit_limits
 from drivers.arm_interface import ArmHealth, BusTimeoutError, FollowerArm, HandshakeError, LeaderArm, PortGoneError
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader, FollowerBusConfig, LeaderBusConfig
-from support import connect_lerobot
+from support import connect_lerobot, poll_until
 
 TICK_DEG = 360.0 / 4095
 
@@ -35,15 +35,6 @@ def follower(follower_emu):
     f.connect()
     yield f
     f.close()
-
-
-def wait_for(pred, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_protocols_are_implemented(follower):
@@ -177,7 +168,7 @@ def test_write_goals_moves_the_follower(follower, follower_emu):
     follower.set_torque(True)
     target = np.array([20.0, -15.0, 10.0, 25.0, -30.0, 70.0])
     follower.write_goals(target)
-    assert wait_for(lambda: np.all(np.abs(follower.read_joints() - target) < 1.0)), follower.read_joints()
+    assert poll_until(lambda: np.all(np.abs(follower.read_joints() - target) < 1.0)), follower.read_joints()
     np.testing.assert_allclose(follower_emu.arm.pose_units(), target, atol=1.0)
 
 
@@ -203,11 +194,11 @@ def test_goals_are_clamped_to_the_calibrated_range(follower, follower_emu):
     # a sync write has no reply: wait until the emulator has applied it
     follower.write_goals(hi + 50.0)
     want_hi = [cal[n].range_max for n in JOINT_NAMES]
-    assert wait_for(lambda: follower_emu.arm.goal_ticks().tolist() == want_hi), follower_emu.arm.goal_ticks()
+    assert poll_until(lambda: follower_emu.arm.goal_ticks().tolist() == want_hi), follower_emu.arm.goal_ticks()
     assert follower.last_goal_ticks.tolist() == want_hi
     follower.write_goals(lo - 50.0)
     want_lo = [cal[n].range_min for n in JOINT_NAMES]
-    assert wait_for(lambda: follower_emu.arm.goal_ticks().tolist() == want_lo), follower_emu.arm.goal_ticks()
+    assert poll_until(lambda: follower_emu.arm.goal_ticks().tolist() == want_lo), follower_emu.arm.goal_ticks()
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
@@ -331,7 +322,7 @@ def test_leader_can_be_driven_for_a_take_over(tmp_path):
         leader.set_torque(True)
         target = np.array([10.0, -10.0, 5.0, 0.0, 20.0, 50.0])
         leader.write_goals(target)
-        assert wait_for(lambda: np.all(np.abs(leader.read_joints() - target) < 1.0)), leader.read_joints()
+        assert poll_until(lambda: np.all(np.abs(leader.read_joints() - target) < 1.0)), leader.read_joints()
         leader.close()  # a leader is never left holding
         assert not any(s.torque_enabled for s in emu.arm.servos)
     finally:

@@ -17,25 +17,15 @@ from drivers.emulator import BusEmulator, EmulatedArm
 from drivers.sts3215_table import ERR_OVERHEAT, ERR_OVERLOAD, ERR_VOLTAGE
 
 from test_emulator_sdk import ok  # noqa: E402  (same retry rule for client-side timeouts)
+from support import sdk_port_on_emulated_follower  # noqa: E402
 
 ADDR_PRESENT = 56
 
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[tuple[EmulatedArm, BusEmulator, scs.PortHandler, scs.PacketHandler]]:
-    arm = EmulatedArm("follower")
-    bus = BusEmulator(tmp_path / "follower", arm).start()
-    port = scs.PortHandler(str(tmp_path / "follower"))
-    assert port.openPort()
-    try:
-        yield arm, bus, port, scs.PacketHandler(0)
-    finally:
-        if port.is_open:
-            try:
-                port.closePort()
-            except OSError:
-                pass
-        bus.stop()
+    with sdk_port_on_emulated_follower(tmp_path) as r:
+        yield r
 
 
 def _sync_reader(port, ph, ids=range(1, 7)) -> scs.GroupSyncRead:

@@ -12,6 +12,7 @@ import scservo_sdk as scs
 from drivers import protocol as P
 from drivers.emulator import BusEmulator, EmulatedArm
 from drivers.sts3215_table import MODEL_NUMBER_STS3215
+from support import sdk_port_on_emulated_follower
 
 ADDR_PRESENT = 56
 ADDR_GOAL = 42
@@ -38,15 +39,8 @@ def ok(port: scs.PortHandler, fn, *args):
 
 @pytest.fixture
 def follower(tmp_path: Path) -> Iterator[tuple[EmulatedArm, BusEmulator, scs.PortHandler, scs.PacketHandler]]:
-    arm = EmulatedArm("follower")
-    bus = BusEmulator(tmp_path / "follower", arm).start()
-    port = scs.PortHandler(str(tmp_path / "follower"))
-    assert port.openPort()
-    try:
-        yield arm, bus, port, scs.PacketHandler(0)
-    finally:
-        port.closePort()
-        bus.stop()
+    with sdk_port_on_emulated_follower(tmp_path) as rig:
+        yield rig
 
 
 def test_ping_every_servo_answers_with_model_777(follower) -> None:

@@ -19,7 +19,7 @@ from calibration.calibration_file import save_calibration
 from daemon.dataset_schema import read_episode_tags
 from daemon.policy.tiny import tiny_act_checkpoint
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
-from test_daemon_process import wait_status
+from support import wait_status
 
 SO101D = [sys.executable, "-m", "daemon.cli"]
 H, W = 48, 64

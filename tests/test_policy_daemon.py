@@ -17,20 +17,12 @@ from daemon.policy.tiny import tiny_act_checkpoint
 from daemon.recording.cameras import CameraConfig as CamCfg
 from daemon.recording.cameras import VirtualArmCamera
 from daemon.service import Daemon
-from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
+from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
+from support import still_arm_on_pty, wait_for
 
 H, W = 48, 64
 POSE = np.array([0.0, -20.0, 20.0, 10.0, 0.0, 40.0])
-
-
-def wait_for(pred, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Rows:
@@ -55,11 +47,8 @@ def ckpt(tmp_path_factory) -> Path:
 def bench():
     d = tempfile.TemporaryDirectory(prefix="so101d-pol-")
     root = Path(d.name)
-    la = EmulatedArm("leader", initial_pose_units=POSE)
-    la.set_pose_units(POSE)
-    fa = EmulatedArm("follower", initial_pose_units=POSE)
-    lb = BusEmulator(root / "leader", la).start()
-    fb = BusEmulator(root / "follower", fa).start()
+    la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
+    fa, fb = still_arm_on_pty(root / "follower", "follower", POSE)
     cfg = config_from_dict({
         "socket": {"path": str(root / "c.sock")},
         "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 100.0, "max_step_deg": 1.0},

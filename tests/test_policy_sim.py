@@ -3,9 +3,7 @@ targets flow through the same safety layer into the simulated arm, and the sim a
 
 from __future__ import annotations
 
-import socket
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -18,28 +16,13 @@ from daemon.policy.tiny import tiny_act_checkpoint
 from daemon.recording.cameras import CameraConfig as CamCfg
 from daemon.recording.cameras import VirtualArmCamera
 from daemon.service import Daemon
-from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
+from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechLeader
-from sim_bridge.mujoco_follower import MujocoFollower, MujocoFollowerConfig
 from sim_bridge.sim_follower import SimFollower
+from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for
 
 H, W = 48, 64
 POSE = np.array([0.0, -40.0, 40.0, 20.0, 0.0, 30.0])
-
-
-def wait_for(pred, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -61,14 +44,10 @@ class Rows:
 def test_policy_drives_the_mujoco_follower(ckpt: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="so101d-polsim-") as d:
         root = Path(d)
-        la = EmulatedArm("leader", initial_pose_units=POSE)
-        la.set_pose_units(POSE)
-        lb = BusEmulator(root / "leader", la).start()
-        endpoint = f"tcp://127.0.0.1:{_free_port()}"
-        sim = MujocoFollower(MujocoFollowerConfig(bind=endpoint, cameras=(), seed=0))
-        sim.open()
-        st = threading.Thread(target=sim.run, daemon=True)
-        st.start()
+        la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
+        sim_thread = MujocoSimThread(endpoint, cameras=())
+        sim = sim_thread.sim
         cfg = config_from_dict({
             "socket": {"path": str(root / "c.sock")},
             "follower": {"kind": "sim", "endpoint": endpoint, "stale_timeout_s": 0.3},
@@ -121,6 +100,5 @@ def test_policy_drives_the_mujoco_follower(ckpt: Path) -> None:
         finally:
             daemon.stop()
             cam.stop()
-            sim.stop()
-            st.join(5)
+            sim_thread.close()
             lb.stop()

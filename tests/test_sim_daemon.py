@@ -6,10 +6,7 @@ alive), and a new sim on the same endpoint must be picked up by the loop's own r
 
 from __future__ import annotations
 
-import socket
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +14,10 @@ import pytest
 
 from daemon.config import config_from_dict
 from daemon.service import Daemon
-from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
+from drivers.emulator import EmulatedArm, reference_calibration
 from drivers.feetech_arm import FeetechLeader
-from sim_bridge.mujoco_follower import MujocoFollower, MujocoFollowerConfig
 from sim_bridge.sim_follower import SimFollower
+from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for
 
 POSE_A = np.array([0.0, -60.0, 60.0, 40.0, 0.0, 20.0])
 POSE_B = np.array([25.0, -40.0, 45.0, 30.0, 20.0, 60.0])
@@ -28,42 +25,13 @@ POSE_B = np.array([25.0, -40.0, 45.0, 30.0, 20.0, 60.0])
 TOL = np.array([4.0, 8.0, 8.0, 8.0, 4.0, 4.0])
 
 
-def wait_for(pred, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Sim:
-    def __init__(self, bind: str) -> None:
-        self.sim = MujocoFollower(MujocoFollowerConfig(bind=bind, cameras=(), seed=0))
-        self.sim.open()
-        self.t = threading.Thread(target=self.sim.run, daemon=True)
-        self.t.start()
-
-    def close(self) -> None:
-        self.sim.stop()
-        self.t.join(5)
-
-
 @pytest.fixture
 def bench():
     d = tempfile.TemporaryDirectory(prefix="so101d-sim-")
     root = Path(d.name)
-    la = EmulatedArm("leader", initial_pose_units=POSE_A)
-    la.set_pose_units(POSE_A)
-    lb = BusEmulator(root / "leader", la).start()
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    sims = [Sim(endpoint)]
+    la, lb = still_arm_on_pty(root / "leader", "leader", POSE_A)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    sims = [MujocoSimThread(endpoint, cameras=())]
     cfg = config_from_dict({
         "socket": {"path": str(root / "c.sock")},
         "follower": {"kind": "sim", "endpoint": endpoint, "stale_timeout_s": 0.5},
@@ -82,7 +50,7 @@ def bench():
     d.cleanup()
 
 
-def _sim_error(sim: Sim, la: EmulatedArm) -> np.ndarray:
+def _sim_error(sim: MujocoSimThread, la: EmulatedArm) -> np.ndarray:
     return np.abs(sim.sim.joint_units() - la.pose_units())
 
 
@@ -101,7 +69,7 @@ def test_daemon_teleoperates_the_mujoco_follower_and_survives_a_sim_restart(benc
     assert daemon.loop.is_running()
     la.set_pose_units(POSE_A)
     # a new sim on the same endpoint: picked up by the loop's reconnect thread, realigned, following
-    sims.append(Sim(endpoint))
+    sims.append(MujocoSimThread(endpoint, cameras=()))
     wait_for(lambda: mode() in ("aligning", "teleop"), 20, f"reconnected (mode {mode()})")
     wait_for(lambda: mode() == "teleop", 20, "teleop again")
     wait_for(lambda: np.all(_sim_error(sims[1], la) <= TOL), 10, "the new sim arm on the leader")

@@ -19,6 +19,7 @@ from drivers.arm_interface import FollowerArm
 from sim_bridge.leisaac_follower import LeisaacBridge, LeisaacBridgeConfig, build_parser, image_to_uint8
 from sim_bridge.server import SimServerEndpoint
 from sim_bridge.sim_follower import SimFollower
+from support import poll_until
 
 H, W = 48, 64
 SUCCESS_PAN_RAD = 1.0  # the fake task "succeeds" when the pan joint passes this
@@ -53,15 +54,6 @@ class FakeLeisaacEnv:
         return self._obs(), np.zeros(1), terminated, np.array([False]), {}
 
 
-def _wait(pred, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return bool(pred())
-
-
 @pytest.fixture
 def bridge():
     env = FakeLeisaacEnv()
@@ -91,14 +83,14 @@ def test_targets_become_leisaac_radians_and_state_comes_back(bridge):
         assert isinstance(f, FollowerArm)
         assert env.reset_seeds == [None]
         goal = np.array([20.0, -30.0, 45.0, 10.0, -60.0, 80.0])
-        assert _wait(lambda: (f.write_goals(goal), np.allclose(f.read_joints(), goal, atol=0.05))[1], 20)
+        assert poll_until(lambda: (f.write_goals(goal), np.allclose(f.read_joints(), goal, atol=0.05))[1], 20)
         expected_rad = units_to_sim_rad(goal)
         np.testing.assert_allclose(env.actions[-1][0], expected_rad, atol=1e-5)
         # gripper 80 (LeRobot units) is LeIsaac's own normalised map of the gripper, exactly
         np.testing.assert_allclose(expected_rad[5], normalized_to_sim_rad(np.array([0, 0, 0, 0, 0, 80.0]))[5])
         cams = f.cameras()
         assert set(cams) == {"front", "wrist"}
-        assert _wait(lambda: all(c.latest_frame() is not None for c in cams.values()))
+        assert poll_until(lambda: all(c.latest_frame() is not None for c in cams.values()))
         fr = cams["front"].latest_frame().pixels
         assert fr.shape == (H, W, 3) and fr[0, 0, 1] == 200 and fr[-1, 0, 1] == 0
     finally:
@@ -117,7 +109,7 @@ def test_success_reset_and_hold(bridge):
         f.wait_event("started", start, 5)
         pan_deg_for_success = np.rad2deg(SUCCESS_PAN_RAD) + 10.0  # LeRobot degrees = LeIsaac angle for pan
         goal = np.array([pan_deg_for_success, 0.0, 0.0, 0.0, 0.0, 50.0])
-        assert _wait(lambda: (f.write_goals(goal), any(e.event == "success" for e in list(f._events)))[1])
+        assert poll_until(lambda: (f.write_goals(goal), any(e.event == "success" for e in list(f._events)))[1])
         ev = f.wait_event("success", start, 1)
         assert ev.seq == start and seq < start
         # success is reported once per episode
@@ -129,7 +121,7 @@ def test_success_reset_and_hold(bridge):
         f.write_goals(far)
         time.sleep(0.01)
         f.close()
-        assert _wait(lambda: b._daemon_was_stale, 5)
+        assert poll_until(lambda: b._daemon_was_stale, 5)
         time.sleep(0.1)
         held = env.actions[-1][0].copy()
         np.testing.assert_allclose(held, env.q[0], atol=1e-3)

@@ -19,17 +19,9 @@ from calibration.conventions import GRIPPER_INDEX, JOINT_IDS, JOINT_NAMES, sim_u
 from drivers.arm_interface import FollowerArm, PortGoneError
 from sim_bridge.mujoco_follower import MujocoFollower, MujocoFollowerConfig, mj_rad_to_units, units_to_mj_rad
 from sim_bridge.sim_follower import SimFollower
+from support import poll_until
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _wait(pred, timeout_s: float = 10.0, period_s: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(period_s)
-    return bool(pred())
 
 
 class ThreadSim:
@@ -68,7 +60,7 @@ def _track(f: SimFollower, goal: np.ndarray, tol: np.ndarray | float, timeout_s:
         except PortGoneError:  # a sim starved of CPU for a moment: the loop would hold and retry
             return False
 
-    assert _wait(reached, timeout_s, 1 / 30), f"did not reach {goal}: at {f.last_known_joints().round(1)}"
+    assert poll_until(reached, timeout_s, 1 / 30), f"did not reach {goal}: at {f.last_known_joints().round(1)}"
     return f.last_known_joints()
 
 
@@ -97,9 +89,9 @@ def test_cameras_arrive(follower):
     assert set(cams) == {"front", "wrist"}
     for cam in cams.values():
         cam.start()
-    assert _wait(lambda: all(c.latest_frame() is not None for c in cams.values()), 10)
+    assert poll_until(lambda: all(c.latest_frame() is not None for c in cams.values()), 10)
     first = {n: c.latest_frame() for n, c in cams.items()}
-    assert _wait(lambda: all(c.latest_frame().seq > first[n].seq + 3 for n, c in cams.items()), 10)
+    assert poll_until(lambda: all(c.latest_frame().seq > first[n].seq + 3 for n, c in cams.items()), 10)
     for name, cam in cams.items():
         fr = cam.latest_frame()
         assert fr.pixels.shape == (240, 320, 3) and fr.pixels.dtype == np.uint8
@@ -138,12 +130,12 @@ def test_gripper_closes_from_the_leader_side(sim, follower):
 def test_torque_off_is_limp_and_on_holds(follower):
     _track(follower, np.array([0.0, -20.0, 20.0, 0.0, 0.0, 50.0]), tol=np.array([3, 5, 5, 5, 3, 3.0]))
     follower.set_torque(False)
-    assert _wait(lambda: not follower.read_health().servos["shoulder_lift"].torque_enabled, 5)
+    assert poll_until(lambda: not follower.read_health().servos["shoulder_lift"].torque_enabled, 5)
     before = follower.read_joints()
     # a limp arm falls under gravity
-    assert _wait(lambda: np.abs(follower.read_joints()[1:3] - before[1:3]).max() > 10, 5)
+    assert poll_until(lambda: np.abs(follower.read_joints()[1:3] - before[1:3]).max() > 10, 5)
     follower.set_torque(True)
-    assert _wait(lambda: follower.read_health().servos["shoulder_lift"].torque_enabled, 5)
+    assert poll_until(lambda: follower.read_health().servos["shoulder_lift"].torque_enabled, 5)
     time.sleep(0.3)
     a = follower.read_joints()
     time.sleep(0.5)
@@ -200,9 +192,9 @@ def test_sim_holds_when_the_daemon_goes_quiet():
         start = f.read_joints()
         far = np.array([100.0, 60.0, -80.0, 80.0, 150.0, 90.0])
         f.write_goals(far)
-        assert _wait(lambda: np.abs(f.read_joints() - start).max() > 2, 5)  # it started moving
+        assert poll_until(lambda: np.abs(f.read_joints() - start).max() > 2, 5)  # it started moving
         f.close()  # the daemon vanishes mid-motion
-        assert _wait(lambda: s.sim._daemon_was_stale, 5)
+        assert poll_until(lambda: s.sim._daemon_was_stale, 5)
         target_rad = units_to_mj_rad(far)
         assert not np.allclose(s.sim.data.ctrl[:6], np.clip(target_rad, s.sim._ctrl_lo, s.sim._ctrl_hi), atol=0.05), (
             "with the daemon gone the sim holds instead of finishing the last move"
@@ -239,7 +231,7 @@ def test_sim_killed_mid_stream_is_detected_and_a_new_sim_is_picked_up(transport,
     try:
         f.connect()
         goal = np.array([5.0, -50.0, 60.0, 10.0, 0.0, 40.0])
-        assert _wait(lambda: (f.write_goals(goal), f._fresh())[1], 10)  # mid-stream
+        assert poll_until(lambda: (f.write_goals(goal), f._fresh())[1], 10)  # mid-stream
         for _ in range(10):
             f.write_goals(goal)
             time.sleep(1 / 30)

@@ -7,9 +7,7 @@ and the sim's front/wrist cameras (delivered over the bridge), then the dataset 
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -22,37 +20,21 @@ from daemon.config import config_from_dict  # noqa: E402
 from daemon.dataset_schema import read_episode_tags  # noqa: E402
 from daemon.recording.attach import attach_recorder  # noqa: E402
 from daemon.service import Daemon  # noqa: E402
-from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration  # noqa: E402
+from drivers.emulator import reference_calibration  # noqa: E402
 from drivers.feetech_arm import FeetechLeader  # noqa: E402
-from sim_bridge.mujoco_follower import MujocoFollower, MujocoFollowerConfig  # noqa: E402
 from sim_bridge.sim_follower import SimFollower  # noqa: E402
+from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for  # noqa: E402
 
 W, H = 160, 120
 POSE = np.array([10.0, -50.0, 55.0, 30.0, 0.0, 40.0])
 
 
-def wait_for(pred, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
 def test_sim_episode_is_recorded_with_sim_cameras(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
-    sim = MujocoFollower(MujocoFollowerConfig(bind=endpoint, camera_width=W, camera_height=H, seed=0))
-    sim.open()
-    st = threading.Thread(target=sim.run, daemon=True)
-    st.start()
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    sim = MujocoSimThread(endpoint, camera_width=W, camera_height=H)
     d = tempfile.TemporaryDirectory(prefix="so101d-simrec-")
     root = Path(d.name)
-    la = EmulatedArm("leader", initial_pose_units=POSE)
-    la.set_pose_units(POSE)
-    lb = BusEmulator(root / "leader", la).start()
+    la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
     cfg = config_from_dict({
         "socket": {"path": str(root / "c.sock")},
         "follower": {"kind": "sim", "endpoint": endpoint, "stale_timeout_s": 0.5},
@@ -78,8 +60,7 @@ def test_sim_episode_is_recorded_with_sim_cameras(tmp_path):
         assert rec.wait_saved(120), rec.status()
     finally:
         daemon.stop()
-        sim.stop()
-        st.join(5)
+        sim.close()
         lb.stop()
         d.cleanup()
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
