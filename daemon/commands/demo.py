@@ -6,6 +6,10 @@ through a pick-and-place demo) and follower on pseudo-terminals in a run directo
 arms' reference calibrations are written to a bench calibration root there; the daemon runs on
 daemon/configs/virtual_bench.toml with those paths filled in, and live status is printed to the
 terminal until Ctrl-C (or ``--duration`` seconds).
+
+Meanwhile it records ``--record N`` short demo episodes (default 3; 0 = no recording) with two
+virtual cameras into a dataset that outlives the demo (~/so101d/demo-datasets, or <--dir>/datasets),
+then prints where it is and the exact command that loads it (again when the demo exits).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 from importlib import resources
@@ -31,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--socket", metavar="PATH", help="control socket (default: the usual per-user path, so `so101d status` finds it)")
     parser.add_argument("--no-wire-time", action="store_true", help="emulator answers at once (no modelled wire time)")
     parser.add_argument("--quiet", action="store_true", help="no live status, log lines only")
+    parser.add_argument("--record", type=int, default=3, metavar="N",
+                        help="record N demo episodes, then say how to load them (default 3; 0 = no recording)")
+    parser.add_argument("--episode-time", type=float, default=5.0, metavar="S", help="length of a demo episode (default 5 s)")
 
 
 def bench_config_data(base_file: str | None) -> dict[str, Any]:
@@ -40,8 +48,11 @@ def bench_config_data(base_file: str | None) -> dict[str, Any]:
     return tomllib.loads(text)
 
 
-def prepare_bench(run_dir: Path, base_file: str | None = None, socket_path: str | None = None) -> tuple[Any, dict[str, Any]]:
-    """Bench calibration root + configuration for arms linked at run_dir/leader and run_dir/follower."""
+def prepare_bench(run_dir: Path, base_file: str | None = None, socket_path: str | None = None,
+                  dataset_root: str | Path | None = None, record: bool = True) -> tuple[Any, dict[str, Any]]:
+    """Bench calibration root + configuration for arms linked at run_dir/leader and run_dir/follower.
+
+    ``dataset_root`` replaces [recording] dataset_root; ``record=False`` turns recording off."""
     from calibration.calibration_file import save_calibration  # noqa: PLC0415
     from daemon.config import config_from_dict, dump_toml  # noqa: PLC0415
     from drivers.emulator import reference_calibration  # noqa: PLC0415
@@ -52,6 +63,10 @@ def prepare_bench(run_dir: Path, base_file: str | None = None, socket_path: str 
     data.setdefault("calibration", {})["root"] = str(run_dir / "calibration")
     if socket_path:
         data.setdefault("socket", {})["path"] = socket_path
+    if dataset_root is not None:
+        data.setdefault("recording", {})["dataset_root"] = str(dataset_root)
+    if not record:
+        data.setdefault("recording", {})["enabled"] = False
     cfg = config_from_dict(data)
     root = Path(cfg.calibration.root)
     save_calibration(reference_calibration("leader"), "leader", cfg.leader.id, root)
@@ -76,13 +91,21 @@ def run(args: argparse.Namespace) -> int:
     from daemon.service import Daemon, StartupError  # noqa: PLC0415
     from drivers.emulator.process import EmulatorProcess  # noqa: PLC0415
 
+    if args.record < 0:
+        print(f"so101d demo: --record must be 0 or more, got {args.record}", file=sys.stderr)
+        return 2
+    if not args.episode_time > 0:
+        print(f"so101d demo: --episode-time must be positive, got {args.episode_time}", file=sys.stderr)
+        return 2
     temp = args.dir is None
     run_dir = Path(tempfile.mkdtemp(prefix="so101d-demo-")) if temp else Path(args.dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     emu = None
     try:
         try:
-            cfg, _ = prepare_bench(run_dir, args.config, args.socket)
+            # the dataset must outlive the run dir when that is temporary: then the config's root
+            ds_root = run_dir / "datasets" if (not temp and not args.config) else None
+            cfg, _ = prepare_bench(run_dir, args.config, args.socket, dataset_root=ds_root, record=args.record > 0)
         except (ConfigError, OSError, tomllib.TOMLDecodeError) as exc:
             print(f"so101d demo: bad bench configuration: {exc}", file=sys.stderr)
             return 2
@@ -97,8 +120,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"so101d demo: daemon on the virtual bench; control socket {daemon.socket_path}"
               f" (try `so101d status --watch --socket {daemon.socket_path}`); Ctrl-C stops", file=sys.stderr)
+        live = not (args.quiet or not sys.stdout.isatty())
+        demo = _DemoRecording(daemon, args.record, args.episode_time, live) if cfg.recording.enabled and args.record > 0 else None
         try:
-            if args.quiet or not sys.stdout.isatty():
+            if not live:
                 last = [0.0]
 
                 def tick() -> None:
@@ -112,11 +137,61 @@ def run(args: argparse.Namespace) -> int:
         except SocketInUseError as exc:
             print(f"so101d demo: {exc} (stop it, or give --socket PATH)", file=sys.stderr)
             return 2
+        except StartupError as exc:  # e.g. the demo dataset was recorded with other cameras
+            print(f"so101d demo: cannot start: {exc}", file=sys.stderr)
+            return 2
+        finally:
+            if demo is not None:
+                demo.stop()
+                if daemon.loop.cycles:
+                    demo.summary(cfg)
     finally:
         if emu is not None:
             emu.stop()
         if temp:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+class _DemoRecording:
+    """``record_demo_episodes`` on a thread beside the live status; stopped (the episode in
+    progress discarded) before the recorder closes."""
+
+    def __init__(self, daemon: Any, episodes: int, episode_s: float, live: bool) -> None:
+        from daemon.recording.demo_session import record_demo_episodes  # noqa: PLC0415
+
+        self._stop = threading.Event()
+        self.saved = 0
+        self.error = ""
+        # live: lines go through logging (printed above the status table); else plain stdout
+        say = log.info if live else (lambda text: print(text, flush=True))
+
+        def body() -> None:
+            try:
+                self.saved = record_demo_episodes(daemon, episodes, episode_s, say=say, stop=self._stop.is_set)
+            except Exception as exc:  # noqa: BLE001 - the demo goes on without recording
+                self.error = str(exc)
+                log.error("demo recording failed: %s", exc)
+
+        self._thread = threading.Thread(target=body, name="demo-recording", daemon=True)
+        daemon.on_stop.insert(0, self.stop)  # before the recorder's close
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def summary(self, cfg: Any) -> None:
+        """Printed when the demo exits: the dataset is complete on disk now."""
+        from daemon.recording.attach import dataset_root  # noqa: PLC0415
+        from daemon.recording.demo_session import episodes_on_disk, how_to_load  # noqa: PLC0415
+
+        root = dataset_root(cfg.recording).resolve()
+        n = episodes_on_disk(root)
+        if n == 0:
+            print(f"so101d demo: no episodes recorded{': ' + self.error if self.error else ''}", flush=True)
+            return
+        print(f"so101d demo: {n} episodes in the dataset", flush=True)
+        print(how_to_load(str(root), cfg.recording.repo_id), flush=True)
 
 
 def _run_live(daemon: Any, duration: float | None) -> int:

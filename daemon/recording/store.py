@@ -442,11 +442,13 @@ class DatasetStore:
             self._cls = _dataset_class()
         enc = RGBEncoderConfig(vcodec=self.cfg.vcodec, preset=self.cfg.preset, crf=self.cfg.crf, g=self.cfg.gop)
         streaming = bool(self.cfg.cameras)
+        # The writer never decodes video: naming the decoder skips LeRobot's torchcodec probe, which
+        # logs a long traceback per commit where torchcodec cannot load FFmpeg's libraries.
         if existed:
-            return self._cls.resume(self.cfg.repo_id, root=self.root, rgb_encoder=enc,
+            return self._cls.resume(self.cfg.repo_id, root=self.root, rgb_encoder=enc, video_backend="pyav",
                                     streaming_encoding=streaming, encoder_threads=self.cfg.encoder_threads)
         return self._cls.create(self.cfg.repo_id, fps=self.cfg.fps, features=self.cfg.features(), root=self.root,
-                                robot_type=self.cfg.robot_type, use_videos=True, rgb_encoder=enc,
+                                robot_type=self.cfg.robot_type, use_videos=True, rgb_encoder=enc, video_backend="pyav",
                                 streaming_encoding=streaming, encoder_threads=self.cfg.encoder_threads)
 
     def rollback_if_torn(self) -> str | None:
