@@ -284,8 +284,11 @@ def test_kill_9_mid_import_keeps_every_committed_episode(tmp_path: Path) -> None
     import sys
     import time
 
+    from sim_bridge.isaaclab_hdf5 import COMMIT_BATCH
+
+    demos = 2 * COMMIT_BATCH + 8
     src = tmp_path / "many.hdf5"
-    write_leisaac_file(src, lengths=(121,) * 12, failed=())
+    write_leisaac_file(src, lengths=(41,) * demos, failed=())
     root = tmp_path / "ds"
     tags = root / "meta" / "so101d_episodes.jsonl"
     proc = subprocess.Popen(
@@ -293,23 +296,25 @@ def test_kill_9_mid_import_keeps_every_committed_episode(tmp_path: Path) -> None
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
-            if tags.exists() and len(tags.read_text().splitlines()) >= 2:
+            if tags.exists() and len(tags.read_text().splitlines()) >= COMMIT_BATCH:
                 break
             time.sleep(0.01)
         assert proc.poll() is None, "the import finished before it could be killed (make the file bigger)"
+        time.sleep(0.5)  # somewhere inside the next batch: staging or committing
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
         if proc.poll() is None:
             proc.kill()
-    # The next writer repairs whatever the kill tore, then appends: nothing committed is lost.
+    # The next writer repairs whatever the kill tore, commits complete staged demos, then appends:
+    # nothing committed is lost and the dataset loads.
     import_hdf5([src], root, max_episodes=1)
     ds = load(root)
     committed = ds.meta.total_episodes
-    assert committed >= 3 and committed < 13
+    assert COMMIT_BATCH + 1 <= committed <= demos + 1
     assert len(read_episode_tags(root)) == committed
     last = ds.meta.episodes[committed - 1]
-    assert int(last["length"]) == 61
+    assert int(last["length"]) == 21
     assert tuple(ds[int(last["dataset_from_index"])]["observation.images.front"].shape) == (3, H, W)

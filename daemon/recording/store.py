@@ -328,26 +328,32 @@ class DatasetStore:
 
     # -- commit ----------------------------------------------------------------------------------
     def commit(self, stage: Path) -> dict[str, Any]:
-        """Commit one staged episode; returns {"episode_index", "frames", "commit_s"}.
+        """Commit one staged episode; returns {"episode_index", "frames", "commit_s", "uid"}."""
+        return self.commit_many([stage])[0]
 
-        Commits are serialised across processes (the daemon's writer and `so101d import-hdf5`
-        may append to the same dataset) with an advisory lock in the staging folder.
+    def commit_many(self, stages: list[Path]) -> list[dict[str, Any]]:
+        """Commit staged episodes in ONE transaction (all or none); one result per episode.
+
+        LeRobot's ``resume`` re-reads every episode's metadata and each resumed session writes new
+        files, so a commit costs more the bigger the dataset: bulk writers (the HDF5 import) commit
+        in batches. Commits are serialised across processes (the daemon's writer and
+        `so101d import-hdf5` may append to the same dataset) with an advisory lock.
         """
         with open(self.staging / "commit.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                return self._commit_locked(stage)
+                return self._commit_locked(stages)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def _commit_locked(self, stage: Path) -> dict[str, Any]:
+    def _commit_locked(self, stages: list[Path]) -> list[dict[str, Any]]:
         t0 = time.monotonic()
-        meta = json.loads((stage / "episode.json").read_text())
-        rows = np.load(stage / "rows.npz", allow_pickle=False)
-        n = int(meta["frames"])
-        if n == 0:
-            shutil.rmtree(stage, ignore_errors=True)
-            raise ValueError("episode has no frames")
+        metas = [json.loads((stage / "episode.json").read_text()) for stage in stages]
+        rows = [np.load(stage / "rows.npz", allow_pickle=False) for stage in stages]
+        for stage, meta in zip(stages, metas):
+            if int(meta["frames"]) == 0:
+                shutil.rmtree(stage, ignore_errors=True)
+                raise ValueError(f"episode {stage.name} has no frames")
         existed = (self.root / "meta" / "info.json").exists()
         if existed:
             self.check_compatible()
@@ -360,25 +366,29 @@ class DatasetStore:
             elif (backup / src.name).exists():
                 (backup / src.name).unlink()
         write_json_atomic(self.staging / MARKER, {
-            "stage": stage.name, "files_before": _list_files(self.root) if existed else None})
+            "stages": [stage.name for stage in stages], "files_before": _list_files(self.root) if existed else None})
 
-        links = self.staging / f"links-{meta['uid']}"
-        videos: dict[str, tuple[Path, dict | None]] = {}
-        for name, _, _ in self.cfg.cameras:
-            d = links / name
-            d.mkdir(parents=True, exist_ok=True)
-            link = d / "video.mp4"
-            if link.exists():
-                link.unlink()
-            os.link(stage / name / "video.mp4", link)
-            stats = meta["video_stats"].get(name)
-            videos[IMAGE_KEY_PREFIX + name] = (
-                link, {k: np.asarray(v) for k, v in stats.items()} if stats else None)
+        links = [self.staging / f"links-{meta['uid']}" for meta in metas]
+        videos: list[dict[str, tuple[Path, dict | None]]] = []
+        for stage, meta, link_dir in zip(stages, metas, links):
+            per_camera: dict[str, tuple[Path, dict | None]] = {}
+            for name, _, _ in self.cfg.cameras:
+                d = link_dir / name
+                d.mkdir(parents=True, exist_ok=True)
+                link = d / "video.mp4"
+                if link.exists():
+                    link.unlink()
+                os.link(stage / name / "video.mp4", link)
+                stats = meta["video_stats"].get(name)
+                per_camera[IMAGE_KEY_PREFIX + name] = (
+                    link, {k: np.asarray(v) for k, v in stats.items()} if stats else None)
+            videos.append(per_camera)
 
         ds = None
         try:
             ds = self._open(existed)
-            episode_index = self._save(ds, meta, rows, n, videos)
+            indices = [self._save(ds, meta, r, int(meta["frames"]), v) for meta, r, v in zip(metas, rows, videos)]
+            ds.finalize()
         except BaseException:
             if ds is not None:
                 _abandon(ds)
@@ -388,20 +398,24 @@ class DatasetStore:
 
         timing_dir = self.root / TIMING_DIR
         timing_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(stage / "timing.npz", timing_dir / f"episode_{episode_index:06d}.npz")
-        tag_data = dict(meta["tag"])
-        tag_data["episode_index"] = episode_index
-        tag_data.setdefault("source", {})["recording_uid"] = meta["uid"]
-        append_episode_tag(self.root, EpisodeTag(**tag_data))
+        for stage, meta, episode_index in zip(stages, metas, indices):
+            shutil.copy2(stage / "timing.npz", timing_dir / f"episode_{episode_index:06d}.npz")
+            tag_data = dict(meta["tag"])
+            tag_data["episode_index"] = episode_index
+            tag_data.setdefault("source", {})["recording_uid"] = meta["uid"]
+            append_episode_tag(self.root, EpisodeTag(**tag_data))
         (self.staging / MARKER).unlink()  # commit point
         _fsync_dir(self.staging)
-        shutil.rmtree(links, ignore_errors=True)
-        shutil.rmtree(stage, ignore_errors=True)
-        return {"episode_index": episode_index, "frames": n, "commit_s": round(time.monotonic() - t0, 3),
-                "uid": meta["uid"]}
+        commit_s = round(time.monotonic() - t0, 3)
+        for stage, link_dir in zip(stages, links):
+            shutil.rmtree(link_dir, ignore_errors=True)
+            shutil.rmtree(stage, ignore_errors=True)
+        return [{"episode_index": i, "frames": int(m["frames"]), "commit_s": commit_s, "uid": m["uid"]}
+                for i, m in zip(indices, metas)]
 
     def _save(self, ds: Any, meta: dict[str, Any], rows: Any, n: int,
               videos: dict[str, tuple[Path, dict | None]]) -> int:
+        """Append one episode to an open dataset (the caller finalizes once for the batch)."""
         if videos:  # LeRobot only builds the (streaming) encoder when there are video keys
             ds.writer._streaming_encoder.results = videos
         episode_index = ds.meta.total_episodes
@@ -420,7 +434,6 @@ class DatasetStore:
             buf[key] = [None] * n
         ds.save_episode(episode_data=buf)
         self._fault_point(episode_index)
-        ds.finalize()
         return episode_index
 
     def _fault_point(self, episode_index: int) -> None:
