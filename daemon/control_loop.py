@@ -583,7 +583,13 @@ class ControlLoop:
         follower_ok = follower_link.connected and self.measured is not None and (now - self.measured_at_s) <= max(0.5, self.cfg.safety.leader_stale_s * 5)
         if self.intent == "policy":
             src = self.policy_source
-            tgt = src.target(now, self.measured) if (src is not None and self.measured is not None) else None
+            tgt = None
+            if src is not None and self.measured is not None:
+                try:
+                    tgt = src.target(now, self.measured)
+                except Exception as exc:  # noqa: BLE001 - a policy bug must not kill the loop: hold
+                    self.hook_errors += 1
+                    _rl.error("policy.target", "policy target failed (holding): %r", exc)
             target, age, name = tgt, (0.0 if tgt is not None else math.inf), "policy"
         else:
             target, age, name = self.leader_units, now - self.leader_read_at_s, "leader"

@@ -185,7 +185,9 @@ def update(s: ControllerState, inp: CycleInputs, p: SafetyParams) -> CycleOutput
     if not _finite(target):
         return holding("hold", f"{inp.target_name} target not finite")
     goal = np.clip(target, p.lower, p.upper)
-    tracking = s.mode in ("aligning", "teleop", "policy") and s.command is not None and s.torque_on is True
+    # A switch of source (teleop <-> policy) restarts alignment: the new target may be far away,
+    # and max_step alone would let it move at max_step per cycle (1000 deg/s at the defaults).
+    tracking = s.mode in ("aligning", inp.intent) and s.command is not None and s.torque_on is True
     start = s.command if tracking else here
     assert start is not None
 

@@ -1,0 +1,144 @@
+"""Review findings on the control loop, against the emulated bench (our driver on the STS3215
+emulator, the loop itself; no daemon service around it).
+
+1. A switch between tracking sources (policy -> teleop via ``teleop start``, teleop -> policy)
+   must re-align at the alignment speed from where the arm is, not step at ``max_step`` per cycle
+   (10 deg/cycle at 100 Hz = 1000 deg/s) toward a source that may be far away.
+2. A policy source that raises must not kill the loop thread: the follower holds.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from daemon.config import config_from_dict
+from daemon.control_loop import ControlLoop
+from drivers.emulator import reference_calibration
+from drivers.feetech_arm import FeetechFollower, FeetechLeader
+from support import still_arm_on_pty, wait_for
+
+POSE_A = np.array([0.0, -60.0, 60.0, 40.0, 0.0, 20.0])
+POSE_B = np.array([40.0, -30.0, 30.0, 10.0, 30.0, 60.0])
+
+
+class ConstantPolicy:
+    """A target source that always has a fresh target (as a policy with a full action queue)."""
+
+    def __init__(self, pose: np.ndarray) -> None:
+        self.pose = np.asarray(pose, dtype=np.float64)
+
+    def target(self, now_monotonic_s: float, state_units: np.ndarray) -> np.ndarray | None:
+        return self.pose.copy()
+
+
+class BrokenPolicy:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def target(self, now_monotonic_s: float, state_units: np.ndarray) -> np.ndarray | None:
+        self.calls += 1
+        raise RuntimeError("policy worker died")
+
+
+class Commands:
+    def __init__(self, loop: ControlLoop) -> None:
+        self.loop = loop
+        self.rows: list[tuple[str, np.ndarray, np.ndarray]] = []
+
+    def on_cycle(self, now, state, action, teleop_action):
+        self.rows.append((self.loop.state.mode, state.copy(), action.copy()))
+
+
+def biggest_step(rows: list, params) -> np.ndarray:
+    """Largest per-joint move of the command in one cycle; where alignment (re)starts, measured
+    from the follower's measured pose (where the design starts it), else from the previous command."""
+    biggest = np.zeros(6)
+    for i in range(1, len(rows)):
+        if rows[i][0] == "aligning" and rows[i - 1][0] != "aligning":
+            step = np.abs(rows[i][2] - np.clip(rows[i][1], params.lower, params.upper))
+        else:
+            step = np.abs(rows[i][2] - rows[i - 1][2])
+        biggest = np.maximum(biggest, step)
+    return biggest
+
+
+@pytest.fixture
+def bench():
+    d = tempfile.TemporaryDirectory(prefix="so101d-review-")
+    root = Path(d.name)
+    parts: dict = {}
+    la, lb = still_arm_on_pty(root / "leader", "leader", POSE_A)
+    fa, fb = still_arm_on_pty(root / "follower", "follower", POSE_B)
+    cfg = config_from_dict({
+        "socket": {"path": str(root / "c.sock")},
+        "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 120.0},
+        "control": {"reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.2, "health_period_s": 0.1,
+                    "start_mode": "idle"},
+    })
+    leader = FeetechLeader(str(root / "leader"), reference_calibration("leader"))
+    follower = FeetechFollower(str(root / "follower"), reference_calibration("follower"))
+    loop = ControlLoop(leader, follower, cfg)
+    rec = Commands(loop)
+    loop.add_hook(rec)
+    parts.update(loop=loop, rec=rec, la=la, fa=fa)
+    loop.start()
+    try:
+        wait_for(lambda: loop.state.mode == "idle" and loop.leader_link.connected, 20.0, "loop idle with both arms")
+        yield parts
+    finally:
+        loop.stop()
+        lb.stop()
+        fb.stop()
+        d.cleanup()
+
+
+def test_policy_to_teleop_switch_realigns_instead_of_jumping(bench) -> None:
+    loop, rec = bench["loop"], bench["rec"]
+    loop.policy_source = ConstantPolicy(POSE_B)  # the follower already stands at POSE_B
+    loop.call(lambda: loop.set_intent("policy"))
+    wait_for(lambda: loop.state.mode == "policy", 20.0, "policy tracking")
+    params = loop.params
+    n0 = len(rec.rows)
+    # the operator types `so101d teleop start` while the policy drives; the leader sits at POSE_A
+    loop.call(lambda: loop.set_intent("teleop"))
+    wait_for(lambda: len(rec.rows) > n0 + 20, 10.0, "cycles after the switch")
+    rows = rec.rows[n0 - 1:]
+    biggest = biggest_step(rows, params)
+    assert np.all(biggest <= params.max_align_step + 1e-6), (
+        f"policy -> teleop moved {biggest} in one cycle (alignment allows {params.max_align_step})")
+    assert any(r[0] == "aligning" for r in rows), "the switch did not re-align"
+
+
+def test_teleop_to_policy_switch_realigns_instead_of_jumping(bench) -> None:
+    loop, rec = bench["loop"], bench["rec"]
+    loop.call(lambda: loop.set_intent("teleop"))
+    wait_for(lambda: loop.state.mode == "teleop", 30.0, "teleop tracking")
+    params = loop.params
+    loop.policy_source = ConstantPolicy(POSE_B)  # far from where teleop left the arm (POSE_A)
+    n0 = len(rec.rows)
+    loop.call(lambda: loop.set_intent("policy"))
+    wait_for(lambda: len(rec.rows) > n0 + 20, 10.0, "cycles after the switch")
+    rows = rec.rows[n0 - 1:]
+    biggest = biggest_step(rows, params)
+    assert np.all(biggest <= params.max_align_step + 1e-6), (
+        f"teleop -> policy moved {biggest} in one cycle (alignment allows {params.max_align_step})")
+
+
+def test_policy_source_that_raises_does_not_kill_the_loop(bench) -> None:
+    loop, fa = bench["loop"], bench["fa"]
+    src = BrokenPolicy()
+    loop.policy_source = src
+    pose_before = fa.pose_units()
+    loop.call(lambda: loop.set_intent("policy"))
+    wait_for(lambda: src.calls >= 20, 10.0, "policy asked for targets")
+    time.sleep(0.1)
+    assert loop.is_running(), "a raising policy source killed the control loop"
+    assert loop.state.mode == "hold", loop.state
+    assert np.allclose(fa.pose_units(), pose_before, atol=2.0)
+    # and the operator can still get out of it
+    loop.call(lambda: loop.set_intent("hold"))
