@@ -151,7 +151,8 @@ def update(s: ControllerState, inp: CycleInputs, p: SafetyParams) -> CycleOutput
 
     # --- fault: hold or torque off ---------------------------------------------------------
     if fault:
-        if p.on_fault == "torque_off":
+        # the operator's torque off is obeyed during a fault too (a trapped hand, a smoking servo)
+        if p.on_fault == "torque_off" or not inp.torque_wanted:
             st = ControllerState(mode="fault", torque_on=False, fault=fault, reason=f"{fault}: torque off")
             return CycleOutput(st, None, _torque_change(s, False))
         hold = s.hold_pose if s.mode == "fault" and s.hold_pose is not None else here

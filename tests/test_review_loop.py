@@ -142,3 +142,22 @@ def test_policy_source_that_raises_does_not_kill_the_loop(bench) -> None:
     assert np.allclose(fa.pose_units(), pose_before, atol=2.0)
     # and the operator can still get out of it
     loop.call(lambda: loop.set_intent("hold"))
+
+
+def test_torque_off_is_obeyed_while_a_fault_holds_the_arm(bench) -> None:
+    """on_fault = hold latches a hold; the operator's `torque off` (e.g. to free a trapped hand)
+    must still switch the follower limp, not be ignored until the fault is cleared."""
+    from drivers.sts3215_table import ERR_OVERHEAT
+
+    loop, fa = bench["loop"], bench["fa"]
+    loop.call(lambda: loop.set_intent("hold"))
+    wait_for(lambda: loop.state.mode == "hold" and all(s.torque_enabled for s in fa.servos), 20.0, "holding, torque on")
+    fa.set_error_bits("elbow_flex", ERR_OVERHEAT)
+    wait_for(lambda: loop.state.mode == "fault", 20.0, "fault latched")
+    assert all(s.torque_enabled for s in fa.servos)  # on_fault = hold: still holding
+    loop.call(lambda: loop.set_torque_wanted(False))
+    wait_for(lambda: not any(s.torque_enabled for s in fa.servos), 5.0,
+             f"torque off during a fault (mode {loop.state.mode}: {loop.state.reason})")
+    time.sleep(0.2)
+    assert not any(s.torque_enabled for s in fa.servos), "torque came back on by itself"
+    assert loop.state.fault  # still latched: clearing it stays the operator's explicit act
