@@ -580,7 +580,10 @@ class ControlLoop:
                         _rl.error("hook.leader", "leader hook failed: %r", exc)
         # 2. update (pure)
         t_u = _MONO()
-        follower_ok = follower_link.connected and self.measured is not None and (now - self.measured_at_s) <= max(0.5, self.cfg.safety.leader_stale_s * 5)
+        # a pose measured before the link's last (re)connect is not this arm's pose any more (the
+        # connect thread may flip ``connected`` after this cycle's read was skipped)
+        follower_ok = (follower_link.connected and self.measured is not None and self.measured_at_s >= follower_link.since_s
+                       and (now - self.measured_at_s) <= max(0.5, self.cfg.safety.leader_stale_s * 5))
         if self.intent == "policy":
             src = self.policy_source
             tgt = None

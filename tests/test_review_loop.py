@@ -161,3 +161,72 @@ def test_torque_off_is_obeyed_while_a_fault_holds_the_arm(bench) -> None:
     time.sleep(0.2)
     assert not any(s.torque_enabled for s in fa.servos), "torque came back on by itself"
     assert loop.state.fault  # still latched: clearing it stays the operator's explicit act
+
+
+POSE_LOW = np.array([40.0, -10.0, 5.0, -20.0, 30.0, 60.0])
+
+
+def test_reconnect_does_not_hold_the_pose_measured_before_the_loss(tmp_path: Path) -> None:
+    """A USB glitch that also rebooted the servos: torque off, the arm dropped while the port was
+    away. The cycle in which the reconnect lands (the connect thread sets ``connected`` while the
+    cycle waits for the leader) must not take the pre-loss pose as this cycle's measurement:
+    torque on + that goal would snap the arm back up at full speed."""
+    from drivers.emulator.servo import ADDR_TORQUE_ENABLE
+
+    la, lb = still_arm_on_pty(tmp_path / "leader", "leader", POSE_A)
+    fa, fb = still_arm_on_pty(tmp_path / "follower", "follower", POSE_B)
+    cfg = config_from_dict({
+        "socket": {"path": str(tmp_path / "c.sock")},
+        "safety": {"leader_stale_s": 0.5},
+        "control": {"reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.1, "start_mode": "idle"},
+    })
+    leader = FeetechLeader(str(tmp_path / "leader"), reference_calibration("leader"))
+    follower = FeetechFollower(str(tmp_path / "follower"), reference_calibration("follower"))
+    loop = ControlLoop(leader, follower, cfg)  # stepped by hand: cycle() on this thread
+    link = loop.follower_link
+
+    class ReplugDuringLeaderRead:
+        armed = False
+
+        def on_leader(self, now, units):
+            if self.armed:  # the reconnect lands between the follower read and the update
+                self.armed = False
+                fb.replug()
+                wait_for(lambda: link.connected, 10.0, "follower reconnected")
+
+    hook = ReplugDuringLeaderRead()
+    loop.add_hook(hook)
+
+    def step(n: int) -> None:
+        for _ in range(n):
+            loop.cycle(time.monotonic())
+            time.sleep(0.01)
+
+    try:
+        loop.leader_link.start()
+        link.start()
+        wait_for(lambda: link.connected and loop.leader_link.connected, 20.0, "both arms connected")
+        loop.intent = "hold"
+        step(30)
+        assert loop.state.mode == "hold" and all(s.torque_enabled for s in fa.servos)
+        fb.unplug()
+        for _ in range(50):
+            step(1)
+            if not link.connected:
+                break
+        assert not link.connected
+        for s in fa.servos:  # the servos rebooted: torque off, and the arm fell
+            s.write(ADDR_TORQUE_ENABLE, b"\x00")
+        fa.set_pose_units(POSE_LOW)
+        hook.armed = True
+        step(60)
+        assert link.connected
+        err = np.abs(fa.pose_units() - POSE_LOW)
+        assert np.all(err < 3.0), f"the follower moved {err} after the reconnect (back to the pre-loss pose?)"
+    finally:
+        loop.leader_link.stop()
+        link.stop()
+        leader.close()
+        follower.close()
+        lb.stop()
+        fb.stop()
