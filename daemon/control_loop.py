@@ -360,7 +360,11 @@ class ControlLoop:
                     pose = np.clip(pose, self.params.lower, self.params.upper)
                 arm.write_goals(pose)
                 arm.set_torque(True)
-                self.state = _replace_torque(self.state, True)
+                # torque is back at the present pose: a fault that persists must hold *this* pose,
+                # not the one captured when it began (a joint may have moved while limp)
+                from dataclasses import replace  # noqa: PLC0415
+
+                self.state = replace(self.state, torque_on=True, hold_pose=pose, command=pose)
                 self._read_health(_MONO())
                 break
             except PortGoneError as exc:

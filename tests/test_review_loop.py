@@ -230,3 +230,28 @@ def test_reconnect_does_not_hold_the_pose_measured_before_the_loss(tmp_path: Pat
         follower.close()
         lb.stop()
         fb.stop()
+
+
+def test_failed_fault_clear_does_not_snap_back_to_the_old_hold_pose(bench) -> None:
+    """A fault holds; one servo's own protection had cut its torque and the joint was moved by
+    hand. `teleop start` while another fault persists re-enables torque at the present pose and
+    fails; the hold that follows must hold that present pose, not drive the joint back."""
+    from drivers.emulator.servo import ADDR_TORQUE_ENABLE
+    from drivers.sts3215_table import ERR_OVERHEAT
+
+    loop, fa = bench["loop"], bench["fa"]
+    loop.call(lambda: loop.set_intent("hold"))
+    wait_for(lambda: loop.state.mode == "hold" and all(s.torque_enabled for s in fa.servos), 20.0, "holding, torque on")
+    fa.set_error_bits("shoulder_pan", ERR_OVERHEAT)
+    wait_for(lambda: loop.state.mode == "fault", 20.0, "fault latched")
+    fa.servo("elbow_flex").write(ADDR_TORQUE_ENABLE, b"\x00")  # its protection cut the torque...
+    moved = fa.pose_units()
+    moved[2] -= 30.0
+    fa.set_pose_units(moved)  # ...and the elbow was pushed 30 deg
+    time.sleep(0.1)
+    with pytest.raises(RuntimeError, match="fault still present"):
+        loop.call(lambda: loop.set_intent("teleop"))
+    time.sleep(0.5)
+    assert fa.servo("elbow_flex").torque_enabled
+    err = abs(fa.pose_units()[2] - moved[2])
+    assert err < 3.0, f"the elbow moved {err:.1f} deg after the failed fault clear (back to the old hold pose)"
