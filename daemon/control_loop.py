@@ -419,6 +419,10 @@ class ControlLoop:
         if self._worker is not None:
             self._worker.stop()
         self._shutdown_follower()
+        bus_cfg = getattr(self.follower_link.arm, "config", None)
+        if not self.cfg.follower.torque_off_on_shutdown and hasattr(bus_cfg, "disable_torque_on_close"):
+            # hold on shutdown: the driver's close() must not switch the torque off after all
+            bus_cfg.disable_torque_on_close = False
         for link in (self.leader_link, self.follower_link):
             if link is not None:
                 try:

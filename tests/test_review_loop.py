@@ -255,3 +255,16 @@ def test_failed_fault_clear_does_not_snap_back_to_the_old_hold_pose(bench) -> No
     assert fa.servo("elbow_flex").torque_enabled
     err = abs(fa.pose_units()[2] - moved[2])
     assert err < 3.0, f"the elbow moved {err:.1f} deg after the failed fault clear (back to the old hold pose)"
+
+
+def test_stop_with_hold_on_shutdown_leaves_the_follower_holding(bench) -> None:
+    """follower.torque_off_on_shutdown = false (the default) promises a held pose when the daemon
+    stops; closing the driver must not then switch the torque off (the arm would drop)."""
+    loop, fa = bench["loop"], bench["fa"]
+    assert loop.cfg.follower.torque_off_on_shutdown is False
+    loop.call(lambda: loop.set_intent("hold"))
+    wait_for(lambda: loop.state.mode == "hold" and all(s.torque_enabled for s in fa.servos), 20.0, "holding, torque on")
+    pose = fa.pose_units()
+    loop.stop()
+    assert all(s.torque_enabled for s in fa.servos), "the follower went limp on a hold-on-shutdown stop"
+    assert np.allclose(fa.pose_units(), pose, atol=2.0)
