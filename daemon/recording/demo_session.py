@@ -61,7 +61,7 @@ def record_demo_episodes(daemon: Any, episodes: int = 3, episode_s: float = 5.0,
     rec = daemon.recorder
     if not _wait(lambda: rec.phase != "starting", 300, stop):
         return 0
-    rec.wait_ready(1)  # raises with the writer's error if it failed
+    rec.wait_ready(60)  # raises with the writer's error if it failed (ready is set just after the phase)
     # alignment first: record following, not aligning
     _wait(lambda: daemon.loop.state.mode == "teleop", 30, stop)
     saved = 0
