@@ -108,6 +108,7 @@ DEFAULT_BAUDRATE = 1_000_000
 # for faster fault detection.
 DEFAULT_REPLY_MARGIN_S = 0.05
 DEFAULT_RETRIES = 2  # LeRobot 0.6.1's SOFollower num_read_retries
+SEND_TIMEOUT_S = 0.5  # a request that cannot be written this long: the adapter is wedged or gone
 
 
 class ServoNoReplyError(BusTimeoutError):
@@ -312,10 +313,15 @@ class FeetechBus:
 
     def _send(self, packet: bytes, what: str) -> None:
         view = memoryview(packet)
+        # A wedged adapter that never drains its output must not stall the control loop forever:
+        # a request is a few dozen bytes, so 0.5 s without room to write means the port is gone.
+        deadline = time.monotonic() + SEND_TIMEOUT_S
         while view:
             try:
                 n = os.write(self._fd, view)
             except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise self._gone(what, TimeoutError(f"output not drained within {SEND_TIMEOUT_S} s")) from None
                 select.select([], [self._fd], [], 0.01)
                 continue
             except OSError as exc:
