@@ -325,7 +325,10 @@ class EmulatorProcess:
         # Output goes to a file, not a pipe nobody drains (a full pipe would stall the emulator).
         self.log_path = self.directory / "emulator.log"
         with open(self.log_path, "ab") as log_file:
-            self.proc = subprocess.Popen(self.args, stdout=log_file, stderr=subprocess.STDOUT)
+            # Its own session: a Ctrl-C at the terminal reaches the process that owns this handle,
+            # which stops its clients first and then the emulator (stop()), instead of the arms
+            # vanishing under a daemon that is still shutting down.
+            self.proc = subprocess.Popen(self.args, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         links = [p for p in (self.leader_path, self.follower_path) if p]
         while time.monotonic() < deadline:
