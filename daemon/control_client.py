@@ -13,6 +13,7 @@ import json
 import os
 import socket
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 
@@ -116,8 +117,19 @@ def socket_path_from_args(args: argparse.Namespace) -> str:
     return path
 
 
-def run_simple(args: argparse.Namespace, cmd: str, **fields: Any) -> int:
-    """Send one verb and print its result; exit 0 on ok, 1 on an error reply, 2 if no daemon."""
+def run_simple(
+    args: argparse.Namespace,
+    cmd: str,
+    *,
+    label: str | None = None,
+    render: Callable[[dict[str, Any]], str] | None = None,
+    **fields: Any,
+) -> int:
+    """Send one verb and print its result; exit 0 on ok, 1 on an error reply, 2 if no daemon.
+
+    ``label`` names the verb in error messages (default ``cmd``); ``render`` turns an ok reply
+    into the printed text (default: the reply's message).
+    """
     import sys  # noqa: PLC0415
 
     try:
@@ -127,8 +139,11 @@ def run_simple(args: argparse.Namespace, cmd: str, **fields: Any) -> int:
         print(f"so101d: {exc}", file=sys.stderr)
         return 2
     if not reply.get("ok"):
-        print(f"so101d: {cmd}: {reply.get('error')}", file=sys.stderr)
+        print(f"so101d: {label or cmd}: {reply.get('error')}", file=sys.stderr)
         return 1
-    msg = reply.get("message")
-    print(msg if msg else f"{cmd}: ok")
+    if render is not None:
+        print(render(reply))
+    else:
+        msg = reply.get("message")
+        print(msg if msg else f"{cmd}: ok")
     return 0

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from daemon.control_client import ControlClient, DaemonUnavailable, add_socket_arguments, socket_path_from_args
+from daemon.control_client import add_socket_arguments, run_simple
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,14 +54,9 @@ def run(args: argparse.Namespace) -> int:
         fields["task"] = args.task
     if args.action == "save":
         fields["success"] = args.success
-    try:
-        with ControlClient(socket_path_from_args(args)) as c:
-            reply = c.call(f"episode.{args.action}", **fields)
-    except DaemonUnavailable as exc:
-        print(f"so101d: {exc}", file=sys.stderr)
-        return 2
-    if not reply.get("ok"):
-        print(f"so101d: episode {args.action}: {reply.get('error')}", file=sys.stderr)
-        return 1
-    print(describe(args.action, reply) if not getattr(args, "json", False) else json.dumps(reply))
-    return 0
+    as_json = getattr(args, "json", False)
+    return run_simple(
+        args, f"episode.{args.action}", label=f"episode {args.action}",
+        render=(lambda reply: json.dumps(reply)) if as_json else (lambda reply: describe(args.action, reply)),
+        **fields,
+    )
