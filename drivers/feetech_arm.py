@@ -14,6 +14,18 @@ How this differs from LeRobot 0.6.1's SOFollower / SOLeader, and why:
   A calibration stored in the servos that differs from the file is *reported*
   (``calibration_mismatches``) and logged, never silently overwritten: the caller decides
   (``write_calibration``), because writing EEPROM is the calibration procedure's job.
+* Configuration distinguishes registers that matter for safety (limits, offsets, torque caps,
+  Phase, Operating_Mode, the gains) from those that only tune timing (Return_Delay_Time,
+  Maximum_Acceleration, Acceleration). Real servos do not all keep the latter: third-party STS
+  tables list 85 as factory (read-only) and clamp Return_Delay_Time below 50; LeRobot writes them
+  and never checks. A refused timing register is a warning (logged, ``configure_warnings``, in the
+  daemon's status); a refused safety register fails ``connect`` naming joint and register.
+* The gripper's torque cap goes to Torque_Limit (48) as well as Max_Torque_Limit (16): the real
+  servo caps at 48 and only seeds it from 16 at power-on, so writing 16 alone (as LeRobot does)
+  leaves the gripper at 100 % torque until the next power cycle (LR#3942).
+* A servo whose overload protection latched refuses torque until its power is cycled (real
+  STS3215s keep the bit through Torque_Enable writes, and may stop answering): ``set_torque(True)``
+  checks Torque_Enable afterwards and raises ``OverloadLatchedError`` saying exactly that.
 * Configuration reads first and writes only registers that differ. EEPROM has a limited number of
   writes, and an EEPROM write needs Lock 0, which LeRobot ties to torque off: rewriting unchanged
   registers on every reconnect would drop a holding follower for nothing.
@@ -56,7 +68,7 @@ from drivers.arm_interface import (
     ServoHealth,
 )
 from drivers.feetech_bus import DEFAULT_REPLY_MARGIN_S, DEFAULT_RETRIES, FeetechBus, ServoNoReplyError, decode_value
-from drivers.sts3215_table import CONTROL_TABLE, MODEL_NUMBER_STS3215
+from drivers.sts3215_table import CONTROL_TABLE, ERR_OVERCURRENT, ERR_OVERLOAD, MODEL_NUMBER_STS3215
 
 log = logging.getLogger("drivers.feetech_arm")
 
@@ -69,6 +81,25 @@ HEALTH_END = CONTROL_TABLE["Present_Current"][0] + CONTROL_TABLE["Present_Curren
 HEALTH_LEN = HEALTH_END - HEALTH_START
 CURRENT_MA_PER_UNIT = 6.5  # STS3215 Present_Current unit (Feetech: 6.5 mA)
 PHASE_ANGLE_FEEDBACK_BIT = 0x10  # LeRobot clears it so positions stay in 0..4095 (LR#3373)
+# Registers that only tune timing: a servo that does not keep our value still works safely, so a
+# refusal is a warning, not a failed connect (see the module docstring).
+TIMING_REGISTERS = frozenset({"Return_Delay_Time", "Maximum_Acceleration", "Acceleration"})
+LATCHING_ERRORS = ERR_OVERLOAD | ERR_OVERCURRENT
+
+
+class OverloadLatchedError(ArmError):
+    """A servo's overload/over-current protection latched: only a power cycle clears it."""
+
+    def __init__(self, message: str, joints: list[str]) -> None:
+        super().__init__(message)
+        self.joints = joints
+
+
+def power_cycle_message(joints: list[str], silent: list[str] | None = None) -> str:
+    """What the operator reads: which joint, and that the arm's power must be cycled."""
+    names = ", ".join(joints)
+    quiet = f" ({', '.join(silent)} no longer answering)" if silent else ""
+    return f"{names} overload latched{quiet}: power-cycle the arm"
 
 
 def describe_joint(servo_id: int) -> str:
@@ -128,6 +159,9 @@ class _FeetechArm:
         self.bus = FeetechBus(port, config.baudrate, retries=config.retries, reply_margin_s=config.reply_margin_s)
         self.firmware: tuple[int, int] | None = None
         self.calibration_mismatches: list[str] = []
+        # Timing registers a servo did not keep (joint, register, wanted, reads): reported, not fatal.
+        self.configure_warnings: list[str] = []
+        self._refused: dict[tuple[int, str], int] = {}  # (id, register) -> value it holds instead
         self.torque_enabled: bool | None = None  # as last read or commanded; None: unknown
         self.last_goal_ticks: np.ndarray | None = None  # the last Goal_Position sync-written
         self._connected = False
@@ -221,15 +255,39 @@ class _FeetechArm:
         d.sram["Acceleration"] = c.acceleration
         return d
 
+    def plan_configuration(self) -> dict[int, dict[str, tuple[int, int]]]:
+        """What ``configure`` would write: id -> register -> (reads now, would write). Reads only
+        (``so101d doctor``'s dry run uses it)."""
+        plan: dict[int, dict[str, tuple[int, int]]] = {}
+        for sid in JOINT_ID_LIST:
+            want = self._desired(sid)
+            writes: dict[str, tuple[int, int]] = {}
+            for reg, value in {**want.eeprom, **want.sram}.items():
+                held = self.bus.read(reg, sid)
+                if held != value and self._refused.get((sid, reg)) != held:
+                    writes[reg] = (held, value)
+            phase = self.bus.read("Phase", sid)
+            if phase & PHASE_ANGLE_FEEDBACK_BIT:
+                writes["Phase"] = (phase, phase & ~PHASE_ANGLE_FEEDBACK_BIT)
+            if writes:
+                plan[sid] = writes
+        return plan
+
     def configure(self) -> None:
-        """Bring every servo to the desired registers, writing only those that differ."""
+        """Bring every servo to the desired registers, writing only those that differ.
+
+        A timing register (``TIMING_REGISTERS``) the servo does not keep is a warning
+        (``configure_warnings``, logged) and is not written again while it holds the same value;
+        any other register not kept raises ArmError naming joint and register.
+        """
         plan: dict[int, dict[str, int]] = {}
         eeprom_needed = False
         for sid in JOINT_ID_LIST:
             want = self._desired(sid)
             writes: dict[str, int] = {}
             for reg, value in {**want.eeprom, **want.sram}.items():
-                if self.bus.read(reg, sid) != value:
+                held = self.bus.read(reg, sid)
+                if held != value and self._refused.get((sid, reg)) != held:
                     writes[reg] = value
                     eeprom_needed |= reg in want.eeprom
             phase = self.bus.read("Phase", sid)
@@ -246,15 +304,30 @@ class _FeetechArm:
             for reg, value in writes.items():
                 self.bus.write(reg, sid, value)
             log.debug("%s on %s: %s configured: %s", self.role, self.port, describe_joint(sid), writes)
-        # A locked servo acknowledges an EEPROM write and ignores it: read every change back.
-        kept_not = [
-            f"{describe_joint(sid)} {reg}={value} (reads {held})"
-            for sid, writes in plan.items()
-            for reg, value in writes.items()
-            if (held := self.bus.read(reg, sid)) != value
-        ]
+        # Read every change back: a servo acknowledges writes it does not keep (a read-only or
+        # clamped register; and with Lock = 1 an EEPROM write takes effect but is not saved, so
+        # it would be gone after the next power cycle: that is why EEPROM is written with Lock 0).
+        kept_not: list[str] = []
+        for sid, writes in plan.items():
+            for reg, value in writes.items():
+                held = self.bus.read(reg, sid)
+                if held == value:
+                    self._refused.pop((sid, reg), None)
+                elif reg in TIMING_REGISTERS:
+                    self._refused[(sid, reg)] = held
+                else:
+                    kept_not.append(f"{describe_joint(sid)} {reg}={value} (reads {held})")
         if kept_not:
             raise ArmError(f"{self.role} arm on {self.port}: servos did not keep their configuration: " + "; ".join(kept_not))
+        self.configure_warnings = []
+        for (sid, reg), held in sorted(self._refused.items()):
+            want = self._desired(sid)
+            asked = {**want.eeprom, **want.sram}[reg]
+            self.configure_warnings.append(
+                f"{describe_joint(sid)} keeps {reg}={held} (asked {asked}; timing only, carrying on)"
+            )
+        for w in self.configure_warnings:
+            log.warning("%s on %s: %s", self.role, self.port, w)
         self._after_configure()
 
     def _after_configure(self) -> None:
@@ -425,15 +498,51 @@ class _FeetechArm:
         On a leader this is for a policy take-over (the leader driven to the follower's pose);
         teleoperation keeps it off."""
         if enabled:
-            present = self.read_joints_ticks()
-            self.bus.sync_write("Goal_Position", {sid: int(v) for sid, v in zip(JOINT_ID_LIST, present.tolist())})
-            self.last_goal_ticks = present
-            for sid in JOINT_ID_LIST:
-                self.bus.write("Torque_Enable", sid, 1)
-                self.bus.write("Lock", sid, 1)
+            try:
+                present = self.read_joints_ticks()
+                self.bus.sync_write("Goal_Position", {sid: int(v) for sid, v in zip(JOINT_ID_LIST, present.tolist())})
+                self.last_goal_ticks = present
+                for sid in JOINT_ID_LIST:
+                    self.bus.write("Torque_Enable", sid, 1)
+                    self.bus.write("Lock", sid, 1)
+            except ServoNoReplyError as exc:
+                # A servo that showed an overload and then fell silent is not a bus hiccup.
+                latched = self.latched_joints(list(exc.missing_ids))
+                if latched:
+                    raise OverloadLatchedError(power_cycle_message(latched, latched), latched) from exc
+                raise
+            self._check_torque_taken()
             self.torque_enabled = True
         else:
             self._torque_off_all()
+
+    def latched_joints(self, ids: list[int] | tuple[int, ...] | None = None) -> list[str]:
+        """Joints whose latest status packet carried a latching protection bit (overload or
+        over-current), among ``ids`` (all by default)."""
+        bits = self.bus.last_error_bits
+        return [NAME_BY_ID[s] for s in (ids if ids is not None else JOINT_ID_LIST) if bits.get(s, 0) & LATCHING_ERRORS]
+
+    def _check_torque_taken(self) -> None:
+        """After Torque_Enable 1: every servo must report torque on. One that refuses with its
+        overload/over-current bit set (or went silent after showing it) needs a power cycle."""
+        try:
+            states = self.bus.sync_read("Torque_Enable", JOINT_ID_LIST)
+        except ServoNoReplyError as exc:
+            latched = self.latched_joints(list(exc.missing_ids))
+            if latched:
+                raise OverloadLatchedError(power_cycle_message(latched, latched), latched) from exc
+            raise
+        refused = [s for s in JOINT_ID_LIST if not states[s]]
+        if not refused:
+            return
+        self.torque_enabled = False
+        latched = self.latched_joints(refused)
+        if latched:
+            raise OverloadLatchedError(power_cycle_message(latched), latched)
+        raise ArmError(
+            f"{self.role} arm on {self.port}: torque did not come on for "
+            + ", ".join(describe_joint(s) for s in refused)
+        )
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -507,6 +616,8 @@ class FeetechFollower(_FeetechArm):
             d.eeprom["Max_Torque_Limit"] = c.gripper_max_torque_limit
             d.eeprom["Protection_Current"] = c.gripper_protection_current
             d.eeprom["Overload_Torque"] = c.gripper_overload_torque
+            # The cap in force now: 16 only seeds 48 at the servo's next power-on.
+            d.sram["Torque_Limit"] = c.gripper_max_torque_limit
         return d
 
     def close(self) -> None:
@@ -519,6 +630,9 @@ class FeetechFollower(_FeetechArm):
 
 
 __all__ = [
+    "OverloadLatchedError",
+    "TIMING_REGISTERS",
+    "power_cycle_message",
     "BusConfig",
     "FeetechFollower",
     "FeetechLeader",

@@ -53,6 +53,8 @@ checksum) and a transaction either returns fresh values for *every* servo asked 
 Failure semantics (what the control loop relies on)
 ---------------------------------------------------
 * No reply / corrupt reply -> retried up to ``retries`` times (counted in ``counters.retries``),
+  as soon as the bus has gone quiet (every reply byte is in, or a corrupt packet was seen and no
+  byte came for ``quiet_s``) rather than after the full reply deadline,
   then ``ServoNoReplyError`` (a ``BusTimeoutError``) naming the servo ids that stayed silent and
   the port; ``counters.failures`` counts it. A partial sync read is never returned as a whole.
 * The port vanished -> ``PortGoneError``; the port is closed and ``open()`` may be called again.
@@ -108,6 +110,10 @@ DEFAULT_BAUDRATE = 1_000_000
 # for faster fault detection.
 DEFAULT_REPLY_MARGIN_S = 0.05
 DEFAULT_RETRIES = 2  # LeRobot 0.6.1's SOFollower num_read_retries
+# After a corrupt packet, the bus counts as quiet (the rest of the replies are not coming) once no
+# byte arrived this long: longer than a USB adapter's gap between transfers of one reply (1 ms
+# frames plus CH343-like jitter). An FTDI adapter's latency timer adds to it (``latency_timer_s``).
+DEFAULT_QUIET_S = 0.005
 SEND_TIMEOUT_S = 0.5  # a request that cannot be written this long: the adapter is wedged or gone
 
 
@@ -191,9 +197,11 @@ class FeetechBus:
         retries: int = DEFAULT_RETRIES,
         reply_margin_s: float = DEFAULT_REPLY_MARGIN_S,
         exclusive: bool = True,
+        quiet_s: float = DEFAULT_QUIET_S,
     ) -> None:
         if retries < 0:
             raise ValueError("retries must be >= 0")
+        self.quiet_s = quiet_s
         self.port = port
         self.baudrate = baudrate
         self.retries = retries
@@ -340,11 +348,22 @@ class FeetechBus:
         got: dict[int, tuple[int, bytes]] = {}
         corrupt = False
         want = len(pending) * (STATUS_OVERHEAD_BYTES + data_len)
+        received = 0
+        last_rx = 0.0
         fd = self._fd
         while pending:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 break
+            if received >= want:
+                break  # every byte owed is in and a reply is still missing: retry at once
+            if corrupt:
+                # The rest of this attempt's replies may still be on the wire; a new request now
+                # would collide with them on the half-duplex bus. Wait for quiet, not the deadline.
+                remaining = min(remaining, last_rx + self.quiet_s - now)
+                if remaining <= 0:
+                    break
             try:
                 ready, _, _ = select.select((fd,), (), (), remaining)
             except OSError as exc:
@@ -360,6 +379,8 @@ class FeetechBus:
             if not chunk:
                 raise self._gone(what, None)
             self._rx_bytes += len(chunk)
+            received += len(chunk)
+            last_rx = time.monotonic()
             buf += chunk
             corrupt |= self._parse(buf, pending, got, data_len)
         if pending:
@@ -385,7 +406,10 @@ class FeetechBus:
                 pos = k + 1
                 continue
             end = k + 4 + length
-            if length < 2 or sid > MAX_SERVO_ID:
+            if length != data_len + 2 or sid > MAX_SERVO_ID:
+                # Every reply this transaction waits for has the same LEN. Any other is a damaged
+                # byte (or a stray packet): trusting it would wait for bytes that are really the
+                # next servos' replies, up to the deadline. Hunt for the next header at once.
                 corrupt = True
                 pos = k + 2
                 continue

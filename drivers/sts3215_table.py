@@ -86,6 +86,9 @@ SIGN_BIT: dict[str, int] = {
     "Present_Position": 15,
     "Goal_Position": 15,
     "Present_Load": 10,
+    # Feetech's own SMS/STS library decodes the current with sign bit 15 (the issue-19 audit);
+    # LeRobot 0.6.1 reads it unsigned. A negative current must not read as 5 A.
+    "Present_Current": 15,
 }
 
 # Status-packet error bits (and the Status register's bits).

@@ -29,6 +29,7 @@ import numpy as np
 from calibration.calibration_file import ArmCalibration, MotorCalibration
 from calibration.conventions import GRIPPER_INDEX, JOINT_IDS, JOINT_NAMES, MAX_TICK, NUM_JOINTS, ticks_to_units
 from drivers.emulator.motion import REST_POSE_UNITS, DemoMotion, MotionSource, StillMotion
+from drivers.emulator.realism import ServoRealism
 from drivers.emulator.servo import EmulatedServo, ServoPhysics, factory_registers
 from drivers.sts3215_table import (
     BAUD_RATE_BY_CODE,
@@ -137,6 +138,7 @@ class EmulatedArm:
         baudrate: int = 1_000_000,
         clock: Callable[[], float] = time.monotonic,
         gripper_reversed: bool = False,
+        realism: ServoRealism | None = None,
     ) -> None:
         if role not in ("leader", "follower"):
             raise ValueError(f"role must be 'leader' or 'follower', got {role!r}")
@@ -165,7 +167,7 @@ class EmulatedArm:
                 gravity_sign=_GRAVITY_SIGN[joint],
             )
             regs = _preset_registers(role, preset, joint, codes[baudrate])
-            servo = EmulatedServo(JOINT_IDS[joint], phys[i], clock, physics, regs)
+            servo = EmulatedServo(JOINT_IDS[joint], phys[i], clock, physics, regs, realism)
             servo.on_release = self._on_torque_release
             self.servos.append(servo)
         self._motion: MotionSource | None = None
@@ -344,10 +346,41 @@ class EmulatedArm:
             s.update()
             s.temperature_c = float(celsius)
 
+    def refuse_writes(self, joint: str | int, register: str, refuse: bool = True) -> None:
+        """Make one servo acknowledge writes to ``register`` without keeping them (a unit whose
+        firmware treats it as read-only), or stop doing so."""
+        from drivers.sts3215_table import CONTROL_TABLE  # noqa: PLC0415
+
+        if register not in CONTROL_TABLE:
+            raise KeyError(f"unknown register {register!r}")
+        addr, size = CONTROL_TABLE[register]
+        with self.lock:
+            s = self.servo(joint)
+            for a in range(addr, addr + size):
+                (s.refused_addresses.add if refuse else s.refused_addresses.discard)(a)
+
     def set_online(self, joint: str | int, online: bool) -> None:
         """Take a servo off the bus (no replies at all, absent from sync reads) or put it back."""
         with self.lock:
             self.servo(joint).online = bool(online)
+
+    def set_realism(self, realism: ServoRealism) -> None:
+        """Make every servo as strict as ``realism`` says (``drivers.emulator.realism``)."""
+        with self.lock:
+            for s in self.servos:
+                s.update()
+                s.realism = realism
+
+    @property
+    def realism(self) -> ServoRealism:
+        return self.servos[0].realism
+
+    def power_cycle(self) -> None:
+        """The operator unplugs the arm's power and plugs it back: every servo reloads its saved
+        EEPROM and starts with SRAM reset (torque off, Lock 1, latches cleared)."""
+        with self.lock:
+            for s in self.servos:
+                s.power_cycle()
 
     # --- introspection ------------------------------------------------------------------------
     def eeprom_calibration(self) -> ArmCalibration:
@@ -384,5 +417,7 @@ class EmulatedArm:
                     "error_bits": bits,
                     "errors": [name for bit, name in ERROR_BIT_NAMES.items() if bits & bit],
                     "lock": s.reg("Lock"),
+                    "torque_limit": s.reg("Torque_Limit"),
+                    "power_cycles": s.power_cycles,
                 }
             return {"role": self.role, "preset": self.preset, "pose_units": self.pose_units().round(3).tolist(), "servos": servos}

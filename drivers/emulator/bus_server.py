@@ -20,9 +20,14 @@ GIL switch interval is lowered to 0.5 ms; even so, an emulator sharing a process
 with a busy-polling client on a loaded machine can be late by milliseconds. Timing-sensitive
 clients (benchmarks, LeRobot's single-try handshake) should use ``EmulatorProcess``.
 
-Faults: drop the next N replies, corrupt reply checksums at a rate, add latency, take a servo off
-the bus (``arm.set_online``), force error bits (``arm.set_error_bits``), unplug (link removed,
-pty closed: the client's next read/write fails with EIO) and replug (fresh pty, same link path).
+Faults: drop the next N replies, corrupt replies at a rate (the checksum, any byte, a dropped or
+an inserted byte), add latency, take a servo off the bus (``arm.set_online``), force error bits
+(``arm.set_error_bits``), unplug (link removed, pty closed: the client's next read/write fails
+with EIO) and replug (fresh pty, same link path).
+
+Realism (``drivers.emulator.realism.BusRealism``): USB-like delivery (chunks on 1 ms frames,
+latency, jitter, an FTDI latency timer), broadcast-ping collisions, a silent servo silencing the
+later ones of a sync read.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
+import math
 import os
 import random
 import select
@@ -44,6 +50,7 @@ from pathlib import Path
 
 from drivers import protocol as P
 from drivers.emulator.arm import EmulatedArm
+from drivers.emulator.realism import BusRealism
 from drivers.emulator.servo import EmulatedServo
 from drivers.sts3215_table import BAUD_RATE_BY_CODE, BROADCAST_ID, CONTROL_TABLE
 
@@ -85,15 +92,25 @@ class BusStats:
     unplugs: int = 0
     handler_errors: int = 0  # packets whose handling raised (a bug: logged, packet skipped)
     ignored: int = 0  # well-framed packets a servo ignores (unknown instruction, bad parameters)
+    collisions: int = 0  # broadcast pings whose answers collided on the wire
+    chained_silences: int = 0  # sync-read replies silenced by an earlier silent servo
+    usb_transfers: int = 0  # USB transfers delivered (with a USB profile)
     late_replies: int = 0  # replies written more than 0.5 ms after their deadline
     stale_dropped: int = 0  # replies so late (STALE_REPLY_S) they were dropped
     max_lateness_s: float = 0.0
+
+
+CORRUPT_MODES = ("checksum", "any", "len", "drop", "insert")
 
 
 @dataclass
 class Faults:
     drop_next: int = 0
     corrupt_rate: float = 0.0
+    # checksum: the last byte; any: one random byte (LEN included); len: the LEN byte;
+    # drop: one byte lost; insert: one stray byte added
+    corrupt_mode: str = "checksum"
+    corrupt_next: int = 0  # damage exactly the next N status packets (deterministic tests)
     latency_s: float = 0.0
 
 
@@ -109,8 +126,11 @@ class BusEmulator:
         seed: int = 0,
         realtime: bool = True,
         gil_switch_interval_s: float | None = 0.0005,
+        realism: BusRealism | None = None,
     ) -> None:
         self.link_path = Path(link_path)
+        self.realism = realism or BusRealism()
+        self._usb_last_flush = 0.0  # FTDI: when the adapter last sent a transfer to the host
         self.arm = arm
         self.wire_time = wire_time
         self.realtime = realtime
@@ -257,10 +277,26 @@ class BusEmulator:
 
     def corrupt_checksums(self, rate: float) -> None:
         """Send a wrong checksum on this fraction (0..1) of status packets."""
+        self.corrupt(rate, "checksum")
+
+    def corrupt(self, rate: float, mode: str = "checksum", next_n: int = 0) -> None:
+        """Damage this fraction (0..1) of status packets, and the next ``next_n`` for certain:
+        ``mode`` one of CORRUPT_MODES."""
         if not 0.0 <= rate <= 1.0:
             raise ValueError("corruption rate must be within 0..1")
+        if mode not in CORRUPT_MODES:
+            raise ValueError(f"corruption mode {mode!r}; known: {', '.join(CORRUPT_MODES)}")
+        if next_n < 0:
+            raise ValueError("next_n must be >= 0")
         with self.arm.lock:
             self.faults.corrupt_rate = float(rate)
+            self.faults.corrupt_mode = mode
+            self.faults.corrupt_next = int(next_n)
+
+    def set_realism(self, realism: BusRealism) -> None:
+        """USB delivery, ping collisions, silence chains (``drivers.emulator.realism``)."""
+        with self.arm.lock:
+            self.realism = realism
 
     def set_latency(self, seconds: float) -> None:
         """Extra delay before every reply (a slow USB bridge, LR#1166)."""
@@ -380,11 +416,31 @@ class BusEmulator:
                 self.stats.dropped_replies += 1
                 out.append(None)
                 continue
-            if f.corrupt_rate > 0.0 and self._rng.random() < f.corrupt_rate:
-                r = r[:-1] + bytes((r[-1] ^ 0x5A,))
+            if f.corrupt_next > 0 or (f.corrupt_rate > 0.0 and self._rng.random() < f.corrupt_rate):
+                f.corrupt_next = max(0, f.corrupt_next - 1)
+                r = self._damage(r, f.corrupt_mode)
                 self.stats.corrupted_replies += 1
             out.append(r)
         return out
+
+    def _damage(self, r: bytes, mode: str) -> bytes:
+        rng = self._rng
+        if mode == "checksum":
+            return r[:-1] + bytes((r[-1] ^ 0x5A,))
+        if mode == "len":
+            # A LEN that promises more than was sent: a parser that trusts it waits for bytes
+            # that are really the next servo's reply.
+            return r[:3] + bytes((min(0xF0, r[3] + 1 + rng.randrange(40)),)) + r[4:]
+        if mode == "any":
+            k = rng.randrange(len(r))
+            return r[:k] + bytes((r[k] ^ (1 << rng.randrange(8)),)) + r[k + 1 :]
+        if mode == "drop":
+            k = rng.randrange(len(r))
+            return r[:k] + r[k + 1 :]
+        if mode == "insert":
+            k = rng.randrange(len(r) + 1)
+            return r[:k] + bytes((rng.randrange(256),)) + r[k:]
+        raise ValueError(mode)
 
     def _schedule(
         self,
@@ -408,8 +464,11 @@ class BusEmulator:
         req_baud = client_baud or reply_baud
         # The request occupies the wire first (it may queue behind earlier traffic).
         t = max(t_rx, self._bus_free_at) + P.wire_time_s(pkt.wire_length, req_baud)
-        for r, delay in zip(replies, delays):
+        segments: list[tuple[float, bytes]] = []  # (time its last byte leaves the wire, bytes)
+        for r, o, delay in zip(replies, out, delays):
             t += delay + P.wire_time_s(len(r), reply_baud)
+            if o is not None:
+                segments.append((t, o))
         # A dropped reply never reached the wire: only delivered bytes take time.
         dropped_bytes = sum(len(r) for r, o in zip(replies, out) if o is None)
         t -= P.wire_time_s(dropped_bytes, reply_baud)
@@ -418,6 +477,10 @@ class BusEmulator:
         if not payload:
             return
         self.stats.replies += sum(1 for r in out if r is not None)
+        usb = self.realism.usb
+        if usb is not None:
+            self._deliver_usb(segments, reply_baud, latency, t_rx, usb)
+            return
         deadline = t + latency
         self._wait_until(deadline)
         late = time.perf_counter() - deadline
@@ -429,6 +492,53 @@ class BusEmulator:
             self.stats.stale_dropped += 1
             return
         self._write(payload)
+
+    def _deliver_usb(self, segments: list[tuple[float, bytes]], baud: int, latency: float, t_rx: float, usb) -> None:
+        """Hand the reply bytes over as a USB adapter would: transfers of at most
+        ``usb.chunk_bytes``, each leaving on a 1 ms frame once its bytes are in (FTDI: a short
+        one only when the latency timer ran out), plus the adapter's latency and jitter."""
+        byte_s = P.wire_time_s(1, baud)
+        timed: list[tuple[float, int]] = []  # (arrival of each byte at the adapter, byte)
+        for end, data in segments:
+            n = len(data)
+            timed += [(end - (n - 1 - k) * byte_s + latency, b) for k, b in enumerate(data)]
+        frame = usb.frame_s
+        transfers: list[tuple[float, bytes]] = []
+        i = 0
+        while i < len(timed):
+            chunk = timed[i : i + usb.chunk_bytes]
+            if usb.latency_timer_s:
+                # FTDI: a full buffer goes out at once; a partial one when the latency timer runs
+                # out. The timer restarts at every transfer (an empty status-only one when there
+                # is nothing to send), so it expires every latency_timer_s after the last one.
+                ready = chunk[-1][0]
+                if len(chunk) < usb.chunk_bytes:
+                    timer = usb.latency_timer_s
+                    ready = self._usb_last_flush + max(1, math.ceil((ready - self._usb_last_flush) / timer)) * timer
+            else:
+                # cdc_acm (CH343): what came in before the end of the current frame leaves then.
+                ready = math.ceil(chunk[0][0] / frame) * frame if frame else chunk[-1][0]
+                chunk = [c for c in chunk if c[0] <= ready] or chunk[:1]
+                ready = max(ready, chunk[-1][0])
+            when = (math.ceil(ready / frame) * frame if frame else ready) + self._rng.uniform(0.0, usb.jitter_s) + usb.latency_s
+            if transfers and when < transfers[-1][0]:
+                when = transfers[-1][0]  # transfers arrive in order
+            self._usb_last_flush = when
+            transfers.append((when, bytes(b for _, b in chunk)))
+            i += len(chunk)
+        for n, (when, data) in enumerate(transfers):
+            self._wait_until(when)
+            late = time.perf_counter() - when
+            if n == 0:
+                if late > self.stats.max_lateness_s:
+                    self.stats.max_lateness_s = late
+                if late > 0.0005:
+                    self.stats.late_replies += 1
+                if time.perf_counter() - t_rx > STALE_REPLY_S + usb.latency_timer_s + usb.latency_s + usb.jitter_s + 0.005:
+                    self.stats.stale_dropped += 1
+                    return
+            self.stats.usb_transfers += 1
+            self._write(data)
 
     @staticmethod
     def _wait_until(deadline: float) -> None:
@@ -487,10 +597,27 @@ class BusEmulator:
                 for s in listening(sorted((s for s in arm.servos if s.online), key=lambda s: s.servo_id)):
                     s.update(now)
                     reply(s, s.servo_id)
+                if self.realism.ping_collisions and len(replies) > 1:
+                    # Every servo starts answering after its own return delay: on the shared
+                    # line the bits fight (a 0 wins on the open-collector-like bus) and the host
+                    # reads one garbled packet.
+                    self.stats.collisions += 1
+                    width = max(len(r) for r in replies)
+                    blob = bytearray(b"\xff" * width)
+                    for r in replies:
+                        for k, b in enumerate(r):
+                            blob[k] &= b
+                    replies[:] = [bytes(blob)]
+                    delays[:] = [min(delays)]
             elif instr == P.INST_SYNC_READ and len(params) >= 2 and params[1] <= MAX_READ_LEN:
                 addr, n = params[0], params[1]
-                for sid in params[2:]:
-                    for s in listening(arm.servos_by_id(sid)):
+                for k, sid in enumerate(params[2:]):
+                    answering = listening(arm.servos_by_id(sid))
+                    if not answering and self.realism.silence_chains:
+                        # The servos after a silent one wait for its reply that never comes.
+                        self.stats.chained_silences += len(params) - 3 - k
+                        break
+                    for s in answering:
                         reply(s, sid, s.read(addr, n, now))
             elif instr == P.INST_SYNC_WRITE and len(params) >= 2:
                 addr, n = params[0], params[1]

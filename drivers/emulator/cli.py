@@ -20,6 +20,7 @@ from calibration.calibration_file import save_calibration
 from drivers.emulator.arm import EmulatedArm
 from drivers.emulator.motion import MotionError, motion_from_spec
 from drivers.emulator.process import ControlServer, EmulatorHost
+from drivers.emulator.realism import PRESETS, realism_from_spec
 from drivers.sts3215_table import BAUD_RATE_BY_CODE
 
 log = logging.getLogger("so101d.emulate")
@@ -55,6 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not ask for a real-time scheduling slot for the serving threads (by default they "
         "try SCHED_RR 1, then nice -5, so replies leave on time on a loaded machine)",
     )
+    parser.add_argument(
+        "--realism",
+        metavar="PRESET[,PRESET...]",
+        default="",
+        help="make the emulated hardware stricter, like real servos and USB adapters (default: "
+        "LeRobot-compatible). Presets: " + "; ".join(f"{k}: {v}" for k, v in PRESETS.items()),
+    )
     parser.add_argument("--control", metavar="SOCKET", help="JSON-lines control socket (fault injection, poses)")
     parser.add_argument(
         "--calibration-out",
@@ -78,12 +86,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"so101d emulate: {exc}", file=sys.stderr)
         return 2
 
+    try:
+        realism = realism_from_spec(args.realism)
+    except ValueError as exc:
+        print(f"so101d emulate: --realism: {exc}", file=sys.stderr)
+        return 2
     host = EmulatorHost()
     rt = not args.no_realtime
     if args.leader:
-        host.add("leader", args.leader, EmulatedArm("leader", args.preset, motion=motion, baudrate=args.baud), not args.no_wire_time, rt)
+        arm = EmulatedArm("leader", args.preset, motion=motion, baudrate=args.baud)
+        host.add("leader", args.leader, arm, not args.no_wire_time, rt, realism)
     if args.follower:
-        host.add("follower", args.follower, EmulatedArm("follower", args.preset, baudrate=args.baud), not args.no_wire_time, rt)
+        host.add("follower", args.follower, EmulatedArm("follower", args.preset, baudrate=args.baud), not args.no_wire_time, rt, realism)
 
     if args.calibration_out:
         root = Path(args.calibration_out)

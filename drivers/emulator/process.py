@@ -14,7 +14,11 @@ Commands (``arm`` defaults to the only arm when there is one):
   set_pose {pose_units: [6]}; set_joint_ticks {joint, ticks}; set_motion {motion: demo|still|PATH};
   block {joint, at_ticks: int|null}; drop_replies {n}; corrupt {rate}; latency {seconds};
   set_online {joint, online}; error_bits {joint, bits}; voltage {volts, joint?};
-  temperature {joint, celsius}; set_register {joint, name, value}; clear_faults; unplug; replug.
+  temperature {joint, celsius}; set_register {joint, name, value}; clear_faults; unplug; replug;
+  corrupt {rate, mode?: checksum|any|len|drop|insert, next?: N}; power_cycle (the arm's power unplugged and
+  plugged back: saved EEPROM reloaded, SRAM reset); realism {preset?: "strict,ch343", servo?: {..},
+  usb?: ch343|ftdi|ftdi-1ms|null} (no argument: the current settings); refuse_writes {joint, name,
+  refuse?} (a servo acknowledges writes to that register without keeping them).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 from drivers.emulator.arm import EmulatedArm
 from drivers.emulator.bus_server import BusEmulator
 from drivers.emulator.motion import motion_from_spec
+from drivers.emulator.realism import USB_PROFILES, Realism, realism_from_spec, servo_realism_from_json
 from drivers.sts3215_table import CONTROL_TABLE
 
 log = logging.getLogger("so101d.emulator")
@@ -54,12 +59,21 @@ class EmulatorHost:
         self.buses: dict[str, BusEmulator] = {}
 
     def add(
-        self, name: str, link_path: str | os.PathLike, arm: EmulatedArm, wire_time: bool = True, realtime: bool = True
+        self,
+        name: str,
+        link_path: str | os.PathLike,
+        arm: EmulatedArm,
+        wire_time: bool = True,
+        realtime: bool = True,
+        realism: Realism | None = None,
     ) -> BusEmulator:
         if name in self.arms:
             raise ValueError(f"arm {name!r} already present")
         self.arms[name] = arm
         self.buses[name] = BusEmulator(link_path, arm, wire_time=wire_time, realtime=realtime)
+        if realism is not None:
+            arm.set_realism(realism.servo)
+            self.buses[name].set_realism(realism.bus)
         return self.buses[name]
 
     def start(self) -> None:
@@ -129,6 +143,34 @@ def _cmd_set_register(host: EmulatorHost, req: dict) -> dict:
     return {}
 
 
+def _cmd_realism(host: EmulatorHost, req: dict) -> dict:
+    """Set (any of preset / servo / usb) and report the realism of one arm or of every arm."""
+    names = [host._pick(req)] if req.get("arm") is not None or len(host.arms) == 1 else sorted(host.arms)
+    for name in names:
+        arm, bus = host.arms[name], host.buses[name]
+        if "preset" in req:
+            r = realism_from_spec(str(req["preset"]))
+            arm.set_realism(r.servo)
+            bus.set_realism(r.bus)
+        if "servo" in req:
+            if not isinstance(req["servo"], dict):
+                raise EmulatorControlError("'servo' must be an object of realism options")
+            arm.set_realism(servo_realism_from_json(req["servo"]))
+        if "usb" in req:
+            usb = req["usb"]
+            if usb is not None and usb not in USB_PROFILES:
+                raise EmulatorControlError(f"unknown USB profile {usb!r}; known: {', '.join(USB_PROFILES)} or null")
+            from dataclasses import replace  # noqa: PLC0415
+
+            bus.set_realism(replace(bus.realism, usb=None if usb is None else USB_PROFILES[usb]))
+    return {"realism": {n: Realism(host.arms[n].realism, host.buses[n].realism).to_json() for n in names}}
+
+
+def _cmd_corrupt(host: EmulatorHost, req: dict) -> dict:
+    host.buses[host._pick(req)].corrupt(float(_need(req, "rate")), str(req.get("mode", "checksum")), int(req.get("next", 0)))
+    return {}
+
+
 def _cmd_set_motion(host: EmulatorHost, req: dict) -> dict:
     arm = host.arms[host._pick(req)]
     arm.set_motion(motion_from_spec(str(_need(req, "motion"))))
@@ -147,7 +189,10 @@ _COMMANDS: dict[str, Callable[[EmulatorHost, dict], dict | None]] = {
     "set_motion": _cmd_set_motion,
     "block": lambda h, r: h.arms[h._pick(r)].block_joint(_joint(r), None if r.get("at_ticks") is None else float(r["at_ticks"])),
     "drop_replies": lambda h, r: h.buses[h._pick(r)].drop_replies(int(_need(r, "n"))),
-    "corrupt": lambda h, r: h.buses[h._pick(r)].corrupt_checksums(float(_need(r, "rate"))),
+    "corrupt": _cmd_corrupt,
+    "power_cycle": lambda h, r: h.arms[h._pick(r)].power_cycle(),
+    "refuse_writes": lambda h, r: h.arms[h._pick(r)].refuse_writes(_joint(r), str(_need(r, "name")), bool(r.get("refuse", True))),
+    "realism": _cmd_realism,
     "latency": lambda h, r: h.buses[h._pick(r)].set_latency(float(_need(r, "seconds"))),
     "set_online": lambda h, r: h.arms[h._pick(r)].set_online(_joint(r), bool(_need(r, "online"))),
     "error_bits": lambda h, r: h.arms[h._pick(r)].set_error_bits(_joint(r), int(_need(r, "bits"))),

@@ -18,7 +18,8 @@ Model (good enough to make timing, stalls and protections behave like the real s
 - an obstacle (``block_at``) stops the horn; the position error then loads the motor
   (P_Coefficient-scaled, capped by Torque_Limit / Max_Torque_Limit);
 - overload protection: load above Overload_Torque % for Protection_Time x 10 ms cuts the torque
-  and latches the overload bit (cleared by the next Torque_Enable write); likewise current
+  and latches the overload bit (cleared by the next Torque_Enable write, or only by a power
+  cycle under ``ServoRealism.overload_latch_until_power_cycle``); likewise current
   (15 mA + 15 mA per % of load) above Protection_Current (6.5 mA units) for
   Over_Current_Protection_Time x 10 ms latches the over-current bit;
 - temperature: first-order heating with load squared; voltage sags with load; error bits for
@@ -26,6 +27,10 @@ Model (good enough to make timing, stalls and protections behave like the real s
 - torque off: the horn stays where it is, or follows an external source (a leader arm moved by
   hand or by a motion source); when torque is released the source is dropped, so a joint the
   motor drove stays where the motor left it.
+
+EEPROM: ``saved_eeprom`` is what survives ``power_cycle()``. A write made with Lock = 0 is applied
+and saved; with Lock = 1 it is ignored (default) or applied but not saved
+(``ServoRealism.lock_applies_unsaved``, as on the real servo). See ``drivers.emulator.realism``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from drivers.emulator.realism import ServoRealism
 from drivers.sts3215_table import (
     CONTROL_TABLE,
     EEPROM_END,
@@ -58,6 +64,8 @@ ADDR_LOCK = _A["Lock"]
 ADDR_ID = _A["ID"]
 ADDR_PRESENT_POSITION = _A["Present_Position"]
 ADDR_PRESENT_CURRENT = _A["Present_Current"]
+ADDR_RETURN_DELAY = _A["Return_Delay_Time"]
+ADDR_MAX_ACCELERATION = _A["Maximum_Acceleration"]
 
 # Addresses the host cannot change (firmware, model, the feedback block).
 _READ_ONLY = frozenset(
@@ -145,9 +153,14 @@ class EmulatedServo:
         clock: Callable[[], float],
         physics: ServoPhysics | None = None,
         registers: bytearray | None = None,
+        realism: ServoRealism | None = None,
     ) -> None:
         self.mem = registers if registers is not None else factory_registers(servo_id)
         self.mem[ADDR_ID] = servo_id
+        self.realism = realism or ServoRealism()
+        self.saved_eeprom = bytes(self.mem[:EEPROM_END])  # what a power cycle brings back
+        self.power_cycles = 0
+        self.refused_addresses: set[int] = set()  # fault injection: writes here acknowledged, not kept
         self.clock = clock
         self.physics = physics or ServoPhysics()
         self.phys = float(physical_ticks)  # raw encoder, unwrapped
@@ -195,8 +208,10 @@ class EmulatedServo:
         self.mem[addr : addr + size] = (int(value) & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
 
     def set_register(self, name: str, value: int) -> None:
-        """Set a register directly (test/preset API: bypasses Lock and read-only rules)."""
+        """Set a register directly (test/preset API: bypasses Lock and read-only rules; an EEPROM
+        register is saved too, as if it had been so since the factory)."""
         self._set_reg(name, value)
+        self.saved_eeprom = bytes(self.mem[:EEPROM_END])
 
     @property
     def homing_offset(self) -> int:
@@ -301,6 +316,9 @@ class EmulatedServo:
         return acc * 100.0 if acc else NO_RAMP_ACCEL_TPS2
 
     def _torque_cap_pct(self) -> float:
+        if self.realism.torque_limit_seeded_at_power_on:
+            # The real servo caps at Torque_Limit; Max_Torque_Limit only seeds it at power-on.
+            return min(self._reg("Torque_Limit"), 1000) / 10.0
         return min(self._reg("Torque_Limit"), self._reg("Max_Torque_Limit"), 1000) / 10.0
 
     def _integrate_torque_on(self, dt: float) -> None:
@@ -384,6 +402,8 @@ class EmulatedServo:
     def _trip(self, bit: int) -> None:
         """Protection: cut the torque and latch the error bit, as the STS3215 does."""
         self.latched_errors |= bit
+        if self.realism.overload_goes_silent:
+            self.online = False  # answers nothing until power_cycle()
         self.mem[ADDR_TORQUE_ENABLE] = 0
         self.vel_tps = 0.0
         self.load_pct = 0.0
@@ -446,27 +466,45 @@ class EmulatedServo:
         return data + bytes(length - len(data))
 
     def write(self, address: int, data: bytes, now: float | None = None) -> None:
-        """Apply a WRITE. EEPROM bytes are ignored while Lock is 1; read-only bytes always."""
+        """Apply a WRITE. EEPROM bytes: applied and saved with Lock 0; with Lock 1 ignored, or
+        applied but not saved (``realism.lock_applies_unsaved``). Read-only bytes: never."""
         self.update(now)
         locked = self.mem[ADDR_LOCK] == 1
+        realism = self.realism
         touched: set[int] = set()
+        saved = bytearray(self.saved_eeprom)
         for k, byte in enumerate(data):
             a = address + k
             if a >= TABLE_SIZE or a in _READ_ONLY:
                 continue
-            if a < EEPROM_END and locked:
+            if a == ADDR_MAX_ACCELERATION and realism.max_acceleration_read_only:
                 continue
+            if a in self.refused_addresses:
+                continue
+            if a == ADDR_RETURN_DELAY and byte < realism.return_delay_min:
+                byte = realism.return_delay_min
+            if a < EEPROM_END:
+                if locked and not realism.lock_applies_unsaved:
+                    continue
+                if not locked:
+                    saved[a] = byte
             if a == ADDR_TORQUE_ENABLE:
                 self._write_torque_enable(byte)
                 continue
             self.mem[a] = byte
             touched.add(a)
+        self.saved_eeprom = bytes(saved)
         if ADDR_GOAL_POSITION in touched or ADDR_GOAL_POSITION + 1 in touched:
             self._clamp_goal()
         if ADDR_LOCK in touched and self.mem[ADDR_LOCK] > 1:
             self.mem[ADDR_LOCK] = 1
 
     def _write_torque_enable(self, value: int) -> None:
+        if self.latched_errors and self.realism.overload_latch_until_power_cycle:
+            # The protection holds until power is removed: torque stays off, the bit stays set.
+            if not value:
+                self.mem[ADDR_TORQUE_ENABLE] = 0
+            return
         self.latched_errors = 0
         self.overload_s = 0.0
         if value == 128:
@@ -489,6 +527,24 @@ class EmulatedServo:
         clamped = max(lim[0], min(lim[1], goal))
         if clamped != goal:
             self._set_reg("Goal_Position", encode_sign_magnitude(clamped, 15))
+
+    def power_cycle(self) -> None:
+        """Power removed and restored: saved EEPROM reloaded, SRAM reset (torque off, Lock 1,
+        Torque_Limit seeded from Max_Torque_Limit, goal = present), latches cleared, online."""
+        self.update()
+        self.mem[:EEPROM_END] = self.saved_eeprom
+        fresh = factory_registers(self.mem[ADDR_ID])
+        for name in ("Torque_Enable", "Acceleration", "Goal_Time", "Goal_Velocity", "Lock"):
+            addr, size = CONTROL_TABLE[name]
+            self.mem[addr : addr + size] = fresh[addr : addr + size]
+        self._set_reg("Torque_Limit", self._reg("Max_Torque_Limit"))
+        self.latched_errors = 0
+        self.overload_s = self.overcurrent_s = 0.0
+        self.vel_tps = self.load_pct = 0.0
+        self.pending_reg_write = None
+        self.online = True  # an external source (the hand on a leader) keeps moving the horn
+        self._set_reg("Goal_Position", encode_sign_magnitude(self._present_now(), 15) if self._unwrapped_feedback() else self._present_now())
+        self.power_cycles += 1
 
     # --- API for tests / motion sources -----------------------------------------------------
     def move_to_present(self, present_ticks: float) -> None:
