@@ -432,9 +432,20 @@ class _FeetechArm:
         except ServoNoReplyError as exc:
             missing = list(exc.missing_ids)
             answered = [s for s in JOINT_ID_LIST if s not in missing]
-            if not answered:
+            blocks = {}
+            if answered:
+                blocks = self.bus.sync_read_bytes(HEALTH_START, HEALTH_LEN, answered, what="SYNC_READ health")
+            # On a real bus one silent servo can silence the ones listed after it in a sync read:
+            # ask each missing one alone (no retry) so only the truly silent are reported.
+            for sid in list(missing):
+                try:
+                    blocks[sid] = self.bus.read_bytes(HEALTH_START, HEALTH_LEN, sid, retries=0)
+                except ServoNoReplyError:
+                    continue
+                missing.remove(sid)
+            if not blocks:
                 raise
-            blocks = self.bus.sync_read_bytes(HEALTH_START, HEALTH_LEN, answered, what="SYNC_READ health")
+            blocks = {s: blocks[s] for s in JOINT_ID_LIST if s in blocks}
         servos: dict[str, ServoHealth] = {}
         for sid, blk in blocks.items():
             servos[NAME_BY_ID[sid]] = ServoHealth(
