@@ -49,7 +49,7 @@ from calibration.conventions import JOINT_NAMES, NUM_JOINTS
 from daemon.logs import RateLimitedLogger
 from daemon.safety import ControllerState, CycleInputs, CycleOutput, SafetyParams, update
 from daemon.stats import LoopStats
-from drivers.arm_interface import ArmError, ArmHealth, FollowerArm, HandshakeError, LeaderArm, PortGoneError
+from drivers.arm_interface import ArmError, ArmHealth, FollowerArm, HandshakeError, LeaderArm, OverloadLatchedError, PortGoneError
 from drivers.sts3215_table import describe_error_bits
 
 log = logging.getLogger("so101d.loop")
@@ -58,6 +58,9 @@ _rl = RateLimitedLogger(log, period_s=5.0, burst=3)
 _MISSING_FAULT_CYCLES = 3  # consecutive reads with a silent servo before it is a fault
 _JOINT_BY_ID = {i + 1: name for i, name in enumerate(JOINT_NAMES)}
 _SPIN_S = 0.0003  # sleep until this long before a deadline, then spin (sleep overshoots ~0.1 ms)
+_RATE_CHECK_S = 2.0  # how often the loop asks whether its configured rate is achievable at all
+_RATE_IMPOSSIBLE = 0.9  # median cycle work above this share of the period: the rate cannot be held
+_LATCHING_BITS = 0x20 | 0x08  # overload, over-current: real servos keep them until a power cycle
 _MONO = time.monotonic
 
 
@@ -271,6 +274,13 @@ class ControlLoop:
         self.command: np.ndarray | None = None
         self.health: ArmHealth | None = None
         self.fault_now = ""
+        # A latched overload the re-arm could not clear: the operator must cycle the arm's power.
+        # Set by _recover_fault, cleared when the health read shows the latch gone (power cycled);
+        # the next re-arm then configures the servos again (a power cycle reset their SRAM).
+        self.power_cycle_required = ""
+        self._reconfigure = False
+        self.rate_warning = ""  # set when the adapters make the configured rate impossible
+        self._next_rate_check_s = 0.0
         self._next_health_s = 0.0
         self._health_cost_s = 0.005
         # counters
@@ -353,6 +363,14 @@ class ControlLoop:
         if not link.connected:
             raise RuntimeError("follower not connected")
         arm = link.arm
+        if self._reconfigure and hasattr(arm, "configure"):
+            # The arm's power was cycled: Acceleration, Torque_Limit, Lock ... are at power-on values.
+            try:
+                arm.configure()
+            except ArmError as exc:
+                raise RuntimeError(f"cannot configure the follower after its power cycle: {exc}") from exc
+            self._reconfigure = False
+            log.info("follower configured again after its power cycle")
         for attempt in range(3):  # a noisy bus may drop one of these few transactions: try again
             try:
                 pose = arm.read_joints()
@@ -369,6 +387,12 @@ class ControlLoop:
                 break
             except PortGoneError as exc:
                 raise RuntimeError(f"cannot re-arm the follower: {exc}") from exc
+            except OverloadLatchedError as exc:
+                # Not a bus hiccup and not cleared by another torque write: say exactly what helps.
+                self.power_cycle_required = str(exc)
+                self.fault_now = str(exc)
+                log.error("FOLLOWER FAULT: %s (waiting for the power cycle)", exc)
+                raise RuntimeError(str(exc)) from exc
             except ArmError as exc:
                 if attempt == 2:
                     raise RuntimeError(f"cannot re-arm the follower: {exc}") from exc
@@ -535,6 +559,14 @@ class ControlLoop:
             self._next_health_s = now + self.cfg.control.health_period_s
         self._health_cost_s = 0.8 * self._health_cost_s + 0.2 * (_MONO() - t0)
         fault = describe_faults(self.health, self.cfg.safety.fault_bits, self.cfg.safety.max_temperature_c)
+        if self.power_cycle_required:
+            latched = self.health.missing or any(h.status_bits & _LATCHING_BITS for h in self.health.servos.values())
+            if latched:
+                fault = f"{self.power_cycle_required} ({fault})" if fault else self.power_cycle_required
+            else:
+                log.warning("follower power cycle seen (%s cleared): resume when ready", self.power_cycle_required)
+                self.power_cycle_required = ""
+                self._reconfigure = True
         if fault and fault != self.fault_now:
             log.error("FOLLOWER FAULT: %s (reaction: %s)", fault, self.cfg.safety.on_fault)
         elif not fault and self.fault_now:
@@ -711,6 +743,8 @@ class ControlLoop:
                         self._read_health(end)
                     continue
                 deadline += period
+                if end >= self._next_rate_check_s:
+                    self._check_rate(end)
                 # health in the slack, if it fits (else try again next cycle); once it is a whole
                 # period overdue it is read anyway: a fault must never go unseen because the
                 # cycles are tight (or because one slow read inflated the cost estimate)
@@ -742,6 +776,37 @@ class ControlLoop:
                 if fut.set_running_or_notify_cancel():
                     fut.set_exception(RuntimeError("control loop stopped"))
 
+    def _check_rate(self, now: float) -> None:
+        """Say clearly (status + log) when the arms' round trips make the configured rate
+        impossible (an FTDI adapter on its default 16 ms latency timer), and when that passes."""
+        self._next_rate_check_s = now + _RATE_CHECK_S
+        cycle = self.stats.cycle.summary()
+        if cycle.window < 50:
+            return
+        period_ms = self.period_s * 1000.0
+        if cycle.p50 * 1000.0 <= _RATE_IMPOSSIBLE * period_ms:
+            if self.rate_warning:
+                log.info("control rate achievable again (cycle p50 %.1f ms)", cycle.p50 * 1000.0)
+            self.rate_warning = ""
+            return
+        parts = []
+        for link, stage in ((self.follower_link, self.stats.follower_read), (self.leader_link, self.stats.leader_read)):
+            if link is None:
+                continue
+            p50 = stage.summary().p50 * 1000.0
+            bus = getattr(link.arm, "bus", None)
+            timer = getattr(bus, "latency_timer_ms", None)
+            hint = f", FTDI latency_timer {timer} ms" if timer else ""
+            parts.append(f"{link.name} reads {p50:.1f} ms (p50{hint})")
+        warning = (
+            f"{self.cfg.control.rate_hz:g} Hz is impossible here: a cycle takes {cycle.p50 * 1000.0:.1f} ms (p50) of "
+            f"its {period_ms:.1f} ms period ({'; '.join(parts)}). On an FTDI adapter set latency_timer to 1 "
+            "(the udev rule of `so101d install-service`), or lower control.rate_hz"
+        )
+        if not self.rate_warning:
+            log.warning("%s", warning)
+        self.rate_warning = warning
+
     def _wait_until(self, deadline: float) -> float:
         if self.free_run:
             return _MONO()
@@ -757,6 +822,13 @@ class ControlLoop:
         return now
 
     # ------------------------------------------------------------------ status (any thread)
+    def _fault_text(self, fault: str) -> str:
+        """The fault as the operator must read it: a needed power cycle first."""
+        need = self.power_cycle_required
+        if need and need not in fault:
+            return f"{need} ({fault})" if fault else need
+        return fault
+
     def status(self) -> dict[str, Any]:
         st = self.state
         now = _MONO()
@@ -778,6 +850,7 @@ class ControlLoop:
                 "connects": link.connects,
                 "losses": link.losses,
                 "last_error": link.last_error,
+                "configure_warnings": list(getattr(link.arm, "configure_warnings", []) or []),
                 "bus": None if counters is None else {k: getattr(counters, k) for k in ("transactions", "retries", "failures", "reconnects")},
             }
 
@@ -795,7 +868,7 @@ class ControlLoop:
             "mode": st.mode,
             "intent": self.intent,
             "reason": st.reason,
-            "fault": st.fault or self.fault_now,
+            "fault": self._fault_text(st.fault or self.fault_now),
             "torque_wanted": self.torque_wanted,
             "follower_kind": self.follower_kind,
             "uptime_s": round(now - self.started_at_s, 3),
@@ -809,6 +882,8 @@ class ControlLoop:
             "follower_errors": self.follower_errors,
             "hook_errors": self.hook_errors,
             "overlap_io": self._worker is not None,
+            "rate_warning": self.rate_warning,
+            "power_cycle_required": self.power_cycle_required,
             "safety": {
                 **{k: getattr(self.cfg.safety, k) for k in ("align_speed_deg_s", "max_step_deg", "leader_stale_s", "on_fault")},
                 "fault_latched": st.fault,  # stays until the operator clears it

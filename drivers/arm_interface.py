@@ -26,6 +26,15 @@ class BusTimeoutError(ArmError):
     """A transaction got no (or no valid) reply within its retries."""
 
 
+class OverloadLatchedError(ArmError):
+    """A servo's overload / over-current protection latched: only a power cycle of the arm clears
+    it (real STS3215s keep the bit, and refuse torque, through Torque_Enable writes)."""
+
+    def __init__(self, message: str, joints: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.joints = list(joints or [])
+
+
 class HandshakeError(ArmError):
     """Connected, but the servos found do not match what was expected (names the servo and port)."""
 

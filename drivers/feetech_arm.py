@@ -64,6 +64,7 @@ from drivers.arm_interface import (
     BusCounters,
     BusTimeoutError,
     HandshakeError,
+    OverloadLatchedError,
     PortGoneError,
     ServoHealth,
 )
@@ -85,14 +86,6 @@ PHASE_ANGLE_FEEDBACK_BIT = 0x10  # LeRobot clears it so positions stay in 0..409
 # refusal is a warning, not a failed connect (see the module docstring).
 TIMING_REGISTERS = frozenset({"Return_Delay_Time", "Maximum_Acceleration", "Acceleration"})
 LATCHING_ERRORS = ERR_OVERLOAD | ERR_OVERCURRENT
-
-
-class OverloadLatchedError(ArmError):
-    """A servo's overload/over-current protection latched: only a power cycle clears it."""
-
-    def __init__(self, message: str, joints: list[str]) -> None:
-        super().__init__(message)
-        self.joints = joints
 
 
 def power_cycle_message(joints: list[str], silent: list[str] | None = None) -> str:

@@ -117,6 +117,18 @@ DEFAULT_QUIET_S = 0.005
 SEND_TIMEOUT_S = 0.5  # a request that cannot be written this long: the adapter is wedged or gone
 
 
+def latency_timer_ms(port: str) -> int | None:
+    """The ftdi_sio latency timer of the adapter behind ``port`` (sysfs), or None where there is
+    none (cdc_acm adapters such as the CH343, a pty). FTDI's default is 16 ms: every short reply
+    then waits up to 16 ms in the adapter, which no 100 Hz loop survives."""
+    try:
+        dev = os.path.basename(os.path.realpath(port))
+        with open(f"/sys/bus/usb-serial/devices/{dev}/latency_timer") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
 class ServoNoReplyError(BusTimeoutError):
     """No valid reply within the retries; ``missing_ids`` lists the servos that stayed silent."""
 
@@ -202,6 +214,7 @@ class FeetechBus:
         if retries < 0:
             raise ValueError("retries must be >= 0")
         self.quiet_s = quiet_s
+        self.latency_timer_ms: int | None = None  # ftdi_sio's, read at open (None: not an FTDI)
         self.port = port
         self.baudrate = baudrate
         self.retries = retries
@@ -249,6 +262,10 @@ class FeetechBus:
             self._ser = ser
             self._fd = ser.fd
             self._buf.clear()
+            self.latency_timer_ms = latency_timer_ms(self.port)
+            if self.latency_timer_ms:
+                # A reply can pause this long between USB transfers: not "quiet" before that.
+                self.quiet_s = max(self.quiet_s, self.latency_timer_ms / 1000.0 + 0.002)
 
     def close(self) -> None:
         with self._lock:
@@ -583,6 +600,7 @@ class FeetechBus:
 
 __all__ = [
     "FeetechBus",
+    "latency_timer_ms",
     "ServoNoReplyError",
     "checksum",
     "decode_value",
