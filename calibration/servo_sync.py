@@ -82,8 +82,9 @@ def read_servo_calibration(bus: ServoBus, ids: dict[str, int] | None = None) -> 
 def write_servo_calibration(bus: ServoBus, cal: ArmCalibration, relock: bool = True) -> None:
     """Write offsets and limits to every servo's EEPROM, then read them back.
 
-    EEPROM writes need Lock 0 (LeRobot's disable_torque writes Torque_Enable 0 then Lock 0, and
-    we do the same: a locked servo silently keeps its old values). Torque must be off anyway
+    EEPROM writes are saved only with Lock 0 (LeRobot's disable_torque writes Torque_Enable 0
+    then Lock 0, and we do the same: with Lock 1 a real STS3215 applies the write but does not
+    save it, so the calibration would be gone at the next power-off). Torque must be off anyway
     while the offset changes, or the servo would jump to a goal now expressed in other ticks.
     With ``relock`` the EEPROM is locked again afterwards (the power-on state), so a stray write
     later cannot change the calibration. Raises CalibrationMismatchError if a value did not stick.

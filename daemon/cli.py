@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "policy": ("daemon.commands.policy", "load, start, stop a local policy (inference next to the servos); check, serve"),
     # hardware and calibration
     "calibrate": ("calibration.cli", "calibrate a leader or follower arm"),
+    "doctor": ("daemon.commands.doctor", "bring-up check of the arms (read-only; --power-cycle proves settings persist)"),
     "emulate": ("drivers.emulator.cli", "serve emulated SO-101 arms on pseudo-terminals"),
     "find-ports": ("daemon.commands.find_ports", "identify the leader's and follower's serial ports; write udev rules"),
     "install-service": ("daemon.commands.install_service", "install the systemd unit, udev rules and configuration"),
