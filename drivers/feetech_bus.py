@@ -142,10 +142,11 @@ class ServoNoReplyError(BusTimeoutError):
 class _Incomplete(Exception):
     """Internal: one attempt of a transaction did not get every reply."""
 
-    def __init__(self, missing: list[int], corrupt: bool) -> None:
+    def __init__(self, missing: list[int], corrupt: bool, quiet: bool = False) -> None:
         super().__init__(missing, corrupt)
         self.missing = missing
         self.corrupt = corrupt
+        self.quiet = quiet  # ended because the bus went quiet: nothing of it is still on its way
 
 
 def checksum(body: bytes | bytearray) -> int:
@@ -367,6 +368,7 @@ class FeetechBus:
         want = len(pending) * (STATUS_OVERHEAD_BYTES + data_len)
         received = 0
         last_rx = 0.0
+        quiet = False
         fd = self._fd
         while pending:
             now = time.monotonic()
@@ -374,18 +376,21 @@ class FeetechBus:
             if remaining <= 0:
                 break
             if received >= want:
+                quiet = True
                 break  # every byte owed is in and a reply is still missing: retry at once
             if corrupt:
                 # The rest of this attempt's replies may still be on the wire; a new request now
                 # would collide with them on the half-duplex bus. Wait for quiet, not the deadline.
                 remaining = min(remaining, last_rx + self.quiet_s - now)
                 if remaining <= 0:
+                    quiet = True
                     break
             try:
                 ready, _, _ = select.select((fd,), (), (), remaining)
             except OSError as exc:
                 raise self._gone(what, exc) from exc
             if not ready:
+                quiet = corrupt and time.monotonic() < deadline
                 break
             try:
                 chunk = os.read(fd, max(want - len(buf), 64))
@@ -401,7 +406,7 @@ class FeetechBus:
             buf += chunk
             corrupt |= self._parse(buf, pending, got, data_len)
         if pending:
-            raise _Incomplete(sorted(pending, key=list(expected_ids).index), corrupt)
+            raise _Incomplete(sorted(pending, key=list(expected_ids).index), corrupt, quiet)
         return got
 
     def _parse(self, buf: bytearray, pending: set[int], got: dict[int, tuple[int, bytes]], data_len: int) -> bool:
@@ -466,6 +471,7 @@ class FeetechBus:
             if self._settle_bytes > 0:
                 self._settle(what)
             last: _Incomplete | None = None
+            in_flight = False  # an attempt timed out with bytes possibly still on their way
             rx_start = self._rx_bytes
             for attempt in range(tries):
                 if attempt:
@@ -478,17 +484,19 @@ class FeetechBus:
                     got = self._receive(expected_ids, data_len, time.monotonic() + budget_s, what)
                 except _Incomplete as inc:
                     last = inc
+                    in_flight |= not inc.quiet
                     log.debug("%s: %s: no reply from %s (try %d/%d)", self.port, what, inc.missing, attempt + 1, tries)
                     continue
                 for sid, (err, _) in got.items():
                     self.last_error_bits[sid] = err
-                if attempt:
+                if attempt and in_flight:
                     self._owe(attempt + 1, reply_bytes, rx_start, tries * budget_s)
                 return got
             assert last is not None
             # servos that stayed silent through every attempt are not expected to answer late
             silent_bytes = len(last.missing) * (STATUS_OVERHEAD_BYTES + data_len) * tries
-            self._owe(tries, reply_bytes, rx_start - silent_bytes, tries * budget_s)
+            if in_flight:
+                self._owe(tries, reply_bytes, rx_start - silent_bytes, tries * budget_s)
             self.counters.failures += 1
             if not os.path.exists(self.port):
                 # the device node went away but the fd still "works" (e.g. a removed symlink)

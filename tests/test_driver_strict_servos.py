@@ -230,3 +230,19 @@ def test_every_noise_shape_is_survived_without_a_wrong_value(noisy, mode):
         for _ in range(150):
             assert b.sync_read("Present_Position", ids) == want
     assert bus.stats.corrupted_replies > 5
+
+
+def test_a_dropped_byte_is_retried_once_the_bus_is_quiet_not_after_the_deadline(noisy):
+    arm, bus = noisy
+    ids = list(range(1, 7))
+    want = {i: int(t) for i, t in zip(ids, arm.present_ticks())}
+    with FeetechBus(str(bus.link_path)) as b:
+        times = []
+        for _ in range(5):
+            bus.corrupt(0.0, "drop", next_n=1)  # one byte of servo 1's reply lost on the wire
+            t0 = time.perf_counter()
+            assert b.sync_read("Present_Position", ids) == want
+            times.append(time.perf_counter() - t0)
+        assert b.counters.retries == 5
+        # quiet_s (5 ms) after the last byte, not reply_margin_s (50 ms)
+        assert sorted(times)[2] < 0.025, f"median {sorted(times)[2] * 1e3:.1f} ms"

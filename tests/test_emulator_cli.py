@@ -133,6 +133,7 @@ def test_sigint_is_clean_too(tmp_path: Path) -> None:
         ([], "give --leader PATH and/or --follower PATH"),
         (["--leader", "X", "--leader-motion", "/nonexistent/traj.csv"], "cannot read trajectory"),
         (["--follower", "X", "--baud", "12345"], "unsupported --baud"),
+        (["--follower", "X", "--realism", "strict,pl2303"], "--realism: unknown realism preset 'pl2303'"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_reason(tmp_path: Path, args: list[str], message: str) -> None:

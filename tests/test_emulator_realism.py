@@ -216,3 +216,30 @@ def test_a_silent_servo_silences_the_later_ones_but_health_names_only_the_silent
             f.close()
     finally:
         bus.stop()
+
+
+def test_presets_compose_and_bad_options_are_refused() -> None:
+    from drivers.emulator.realism import servo_realism_from_json
+
+    r = realism_from_spec("strict, ftdi ,collisions")
+    assert r.servo.lock_applies_unsaved and r.bus.usb is USB_FTDI and r.bus.ping_collisions
+    assert realism_from_spec("strict,lerobot") == realism_from_spec("")  # lerobot resets to the default
+    with pytest.raises(ValueError, match="unknown servo realism option"):
+        servo_realism_from_json({"lock_aplies_unsaved": True})
+
+
+def test_power_cycle_reloads_saved_eeprom_and_resets_sram() -> None:
+    arm = EmulatedArm("follower", realism=realism_from_spec("strict").servo)
+    g = arm.servo("gripper")
+    g.write(41, b"\x10")  # Acceleration (SRAM)
+    g.write(48, (300).to_bytes(2, "little"))  # Torque_Limit (SRAM)
+    g.write(21, b"\x05")  # P_Coefficient with Lock = 1: applied, not saved
+    assert g.reg("P_Coefficient") == 5
+    g.write(55, b"\x00")  # unlock
+    g.write(16, (400).to_bytes(2, "little"))  # Max_Torque_Limit, saved
+    g.write(40, b"\x01")
+    arm.power_cycle()
+    assert g.reg("P_Coefficient") == 16 and g.reg("Max_Torque_Limit") == 400
+    assert g.reg("Torque_Limit") == 400  # seeded from Max_Torque_Limit at power-on
+    assert g.reg("Acceleration") == 0 and g.reg("Lock") == 1 and g.reg("Torque_Enable") == 0
+    assert g.goal_ticks() == g.present_ticks()
