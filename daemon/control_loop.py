@@ -363,14 +363,10 @@ class ControlLoop:
         if not link.connected:
             raise RuntimeError("follower not connected")
         arm = link.arm
-        if self._reconfigure and hasattr(arm, "configure"):
-            # The arm's power was cycled: Acceleration, Torque_Limit, Lock ... are at power-on values.
-            try:
-                arm.configure()
-            except ArmError as exc:
-                raise RuntimeError(f"cannot configure the follower after its power cycle: {exc}") from exc
-            self._reconfigure = False
-            log.info("follower configured again after its power cycle")
+        try:
+            self._reconfigure_if_needed(arm)
+        except ArmError as exc:
+            raise RuntimeError(f"cannot configure the follower after its power cycle: {exc}") from exc
         for attempt in range(3):  # a noisy bus may drop one of these few transactions: try again
             try:
                 pose = arm.read_joints()
@@ -399,6 +395,14 @@ class ControlLoop:
         if self.fault_now:
             raise RuntimeError(f"fault still present: {self.fault_now}")
         self._clear_fault = True
+
+    def _reconfigure_if_needed(self, arm: Any) -> None:
+        """After a power cycle the servos' SRAM (Acceleration, Torque_Limit, Lock) is at its
+        power-on values: configure again before torque goes on."""
+        if self._reconfigure and hasattr(arm, "configure"):
+            arm.configure()
+            self._reconfigure = False
+            log.info("follower configured again after its power cycle")
 
     def apply_config(self, cfg: Any) -> None:
         """Swap in a reloaded configuration (loop thread, between cycles). Only keys that are read
@@ -689,6 +693,10 @@ class ControlLoop:
         arm = self.follower_link.arm
         try:
             if out.torque is True:
+                if self.power_cycle_required:
+                    # torque writes cannot clear a latched overload: do not hammer the bus
+                    raise OverloadLatchedError(self.power_cycle_required)
+                self._reconfigure_if_needed(arm)
                 # the goal register first, so enabling torque holds the pose instead of jumping
                 if self.measured is not None and self.params is not None:
                     arm.write_goals(np.clip(self.measured, self.params.lower, self.params.upper))
@@ -703,7 +711,11 @@ class ControlLoop:
             self.follower_errors += 1
             if out.torque is not None:
                 self.state = _replace_torque(self.state, None)  # unknown: ask again next cycle
-            if isinstance(exc, PortGoneError) or not isinstance(exc, ArmError):
+            if isinstance(exc, OverloadLatchedError):
+                if self.power_cycle_required != str(exc):
+                    log.error("FOLLOWER FAULT: %s (waiting for the power cycle)", exc)
+                self.power_cycle_required = self.fault_now = str(exc)
+            elif isinstance(exc, PortGoneError) or not isinstance(exc, ArmError):
                 self.follower_link.lost(f"{type(exc).__name__}: {exc}")
             else:
                 _rl.warning("follower.write", "follower write failed: %s", exc)
