@@ -79,10 +79,13 @@ def test_ftdi_latency_timer_fails_the_round_trip_check(bench: EmulatorProcess) -
     assert r.returncode == 1
     assert checks(r.stdout, "follower")["round trip"] == "FAIL"
     assert "100 Hz is impossible on this adapter" in r.stdout
-    assert checks(r.stdout, "leader")["round trip"] == "PASS"  # per adapter
+    # per adapter: the leader's has no such latency. (WARN rather than PASS is possible when the
+    # shared machine is loaded enough to push the median read past half the period.)
+    assert checks(r.stdout, "leader")["round trip"] in ("PASS", "WARN")
     bench.control({"cmd": "realism", "arm": "follower", "usb": "ch343"})
     r = doctor(bench, "--only", "follower")
-    assert checks(r.stdout, "follower")["round trip"] == "PASS", r.stdout
+    assert checks(r.stdout, "follower")["round trip"] in ("PASS", "WARN"), r.stdout
+    assert "impossible" not in r.stdout
 
 
 def test_a_latched_overload_and_a_calibration_mismatch_fail_for_their_reasons(bench: EmulatorProcess) -> None:
