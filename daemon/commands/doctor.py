@@ -370,12 +370,22 @@ def run(args: argparse.Namespace) -> int:
             hint = " (is the daemon running? `systemctl stop so101d` first)" if "busy" in str(exc).lower() or "lock" in str(exc).lower() else ""
             rep.add("port", FAIL, f"{exc}{hint}")
             continue
+        steps: list[tuple[str, Callable[[], Any]]] = [
+            ("configuration", lambda: dry_run(rep, arm, bus, ids)),
+            ("health block read", lambda: health_block(rep, bus, ids)),
+            ("round trip", lambda: round_trips(rep, bus, ids, args.round_trips, cfg.control.rate_hz)),
+            ("calibration", lambda: calibration(rep, bus, cal, source)),
+        ]
         try:
             if identify(rep, bus, ids):
-                dry_run(rep, arm, bus, ids)
-                health_block(rep, bus, ids)
-                round_trips(rep, bus, ids, args.round_trips, cfg.control.rate_hz)
-                calibration(rep, bus, cal, source)
+                for name, step in steps:
+                    # one failed transaction fails its own check; the others still tell their story
+                    try:
+                        step()
+                    except PortGoneError:
+                        raise
+                    except ArmError as exc:
+                        rep.add(name, FAIL, f"bus error: {exc}")
         except ArmError as exc:
             rep.add("bus", FAIL, str(exc))
         finally:
