@@ -76,12 +76,12 @@ def test_a_healthy_bench_passes_every_check_and_changes_nothing(bench: EmulatorP
 def test_ftdi_latency_timer_fails_the_round_trip_check(bench: EmulatorProcess) -> None:
     bench.control({"cmd": "realism", "arm": "follower", "usb": "ftdi"})
     r = doctor(bench)
-    assert r.returncode == 1
-    assert checks(r.stdout, "follower")["round trip"] == "FAIL"
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert checks(r.stdout, "follower")["round trip"] == "FAIL", r.stdout
     assert "100 Hz is impossible on this adapter" in r.stdout
     # per adapter: the leader's has no such latency. (WARN rather than PASS is possible when the
     # shared machine is loaded enough to push the median read past half the period.)
-    assert checks(r.stdout, "leader")["round trip"] in ("PASS", "WARN")
+    assert checks(r.stdout, "leader")["round trip"] in ("PASS", "WARN"), r.stdout
     bench.control({"cmd": "realism", "arm": "follower", "usb": "ch343"})
     r = doctor(bench, "--only", "follower")
     assert checks(r.stdout, "follower")["round trip"] in ("PASS", "WARN"), r.stdout
