@@ -105,7 +105,8 @@ def test_write_then_read_back_sram_and_eeprom_lock(follower) -> None:
     arm, _, port, ph = follower
     assert ok(port, ph.write1ByteTxRx, port, 2, 41, 77) == (scs.COMM_SUCCESS, 0)  # Acceleration (SRAM)
     assert ok(port, ph.read1ByteTxRx, port, 2, 41)[0] == 77
-    # Lock is 1 at power-on: an EEPROM write is acknowledged but ignored.
+    # Lock is 1 at power-on: the default emulator acknowledges an EEPROM write and ignores it (a
+    # real servo applies it without saving it: realism 'strict', tests/test_emulator_realism.py).
     assert ok(port, ph.write1ByteTxRx, port, 2, 21, 5) == (scs.COMM_SUCCESS, 0)
     assert ok(port, ph.read1ByteTxRx, port, 2, 21)[0] == 16
     assert ok(port, ph.write1ByteTxRx, port, 2, 55, 0) == (scs.COMM_SUCCESS, 0)
