@@ -101,6 +101,30 @@ def test_our_driver_connects_on_the_same_real_bench_and_reports_what_was_refused
         f.close()
 
 
+def test_lerobot_bus_reads_true_values_through_every_noise_shape_and_the_ftdi_timer(real_bench: EmulatorProcess) -> None:
+    """LeRobot's own retries against each corruption mode and the FTDI latency: slower, never wrong."""
+    assert real_bench.follower_path is not None
+    lr = connect_lerobot(lambda: FeetechMotorsBus(str(real_bench.follower_path), _motors(), calibration=_lerobot_calibration()))
+    try:
+        snap = real_bench.control({"cmd": "snapshot"})["servos"]
+        truth = {n: snap[n]["present_ticks"] for n in JOINT_NAMES}
+        for mode in ("any", "len", "drop", "insert"):
+            real_bench.control({"cmd": "corrupt", "rate": 0.02, "mode": mode})
+            for _ in range(25):
+                assert lr.sync_read("Present_Position", normalize=False, num_retry=5) == truth, mode
+        real_bench.control({"cmd": "clear_faults"})
+        stats = real_bench.control({"cmd": "stats"})["stats"]
+        assert stats["corrupted_replies"] > 0
+        real_bench.control({"cmd": "realism", "usb": "ftdi"})
+        t0 = time.perf_counter()
+        assert lr.sync_read("Present_Position", normalize=False, num_retry=3) == truth
+        assert time.perf_counter() - t0 >= 0.001  # through the FTDI model, not at once
+    finally:
+        real_bench.control({"cmd": "clear_faults"})
+        real_bench.control({"cmd": "realism", "usb": "ch343"})
+        lr.port_handler.closePort()
+
+
 # --- in-process options ------------------------------------------------------------------------
 @pytest.fixture
 def strict_rig(tmp_path) -> Iterator[tuple[EmulatedArm, BusEmulator, scs.PortHandler, scs.PacketHandler]]:
