@@ -240,9 +240,10 @@ def _wait_answering(bus: Any, ids: dict[str, int], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if bus.is_open or (bus.open() or True):
-                if all(bus.ping(sid, retries=0) == 777 for sid in ids.values()):
-                    return True
+            if not bus.is_open:
+                bus.open()  # an adapter powered from the arm comes back as a new device
+            if all(bus.ping(sid, retries=0) == 777 for sid in ids.values()):
+                return True
         except ArmError:
             bus.close()
             time.sleep(0.2)
