@@ -85,6 +85,15 @@ PHASE_ANGLE_FEEDBACK_BIT = 0x10  # LeRobot clears it so positions stay in 0..409
 # Registers that only tune timing: a servo that does not keep our value still works safely, so a
 # refusal is a warning, not a failed connect (see the module docstring).
 TIMING_REGISTERS = frozenset({"Return_Delay_Time", "Maximum_Acceleration", "Acceleration"})
+# Third-party STS tables: Return_Delay_Time below 50 (100 us) reads 50. A servo already at or
+# under that floor is left alone: rewriting it (EEPROM: torque off) on every daemon start would
+# drop a holding follower for nothing.
+RETURN_DELAY_FLOOR = 50
+
+
+def _settled(reg: str, held: int, want: int) -> bool:
+    """A timing register that is as close to ``want`` as real servos allow."""
+    return reg == "Return_Delay_Time" and want < RETURN_DELAY_FLOOR and held <= RETURN_DELAY_FLOOR
 LATCHING_ERRORS = ERR_OVERLOAD | ERR_OVERCURRENT
 
 
@@ -257,7 +266,7 @@ class _FeetechArm:
             writes: dict[str, tuple[int, int]] = {}
             for reg, value in {**want.eeprom, **want.sram}.items():
                 held = self.bus.read(reg, sid)
-                if held != value and self._refused.get((sid, reg)) != held:
+                if held != value and self._refused.get((sid, reg)) != held and not _settled(reg, held, value):
                     writes[reg] = (held, value)
             phase = self.bus.read("Phase", sid)
             if phase & PHASE_ANGLE_FEEDBACK_BIT:
@@ -280,7 +289,11 @@ class _FeetechArm:
             writes: dict[str, int] = {}
             for reg, value in {**want.eeprom, **want.sram}.items():
                 held = self.bus.read(reg, sid)
-                if held != value and self._refused.get((sid, reg)) != held:
+                if held == value:
+                    self._refused.pop((sid, reg), None)
+                elif reg in TIMING_REGISTERS and (self._refused.get((sid, reg)) == held or _settled(reg, held, value)):
+                    self._refused[(sid, reg)] = held  # not written again: reported below
+                else:
                     writes[reg] = value
                     eeprom_needed |= reg in want.eeprom
             phase = self.bus.read("Phase", sid)

@@ -246,3 +246,21 @@ def test_a_dropped_byte_is_retried_once_the_bus_is_quiet_not_after_the_deadline(
         assert b.counters.retries == 5
         # quiet_s (5 ms) after the last byte, not reply_margin_s (50 ms)
         assert sorted(times)[2] < 0.025, f"median {sorted(times)[2] * 1e3:.1f} ms"
+
+
+def test_a_daemon_restart_on_configured_strict_servos_keeps_the_follower_holding(strict_factory):
+    arm, bus = strict_factory
+    first = _follower(bus, disable_torque_on_close=False)
+    first.connect()
+    first.set_torque(True)
+    first.close()  # the daemon stops with the follower holding its pose
+    second = _follower(bus)  # a new daemon process: it has no memory of what was refused
+    second.connect()
+    try:
+        # Return_Delay_Time reads 50 (the servos' floor): not rewritten, so no EEPROM write and
+        # no torque drop; still reported
+        assert second.torque_enabled is True
+        assert all(s.reg("Torque_Enable") == 1 for s in arm.servos)
+        assert any("Return_Delay_Time=50" in w for w in second.configure_warnings)
+    finally:
+        second.close()
