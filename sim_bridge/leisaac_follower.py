@@ -48,6 +48,11 @@ class LeisaacBridgeConfig:
     cameras: tuple[str, ...] = ("front", "wrist")
     jpeg_quality: int | None = None  # JPEG frames across a network link (e.g. an SSH tunnel)
     daemon_staleness_s: float = 0.1
+    # After any scene reset (the daemon's or one the env did inside step) the arm sits at the reset
+    # pose while the daemon's target is wherever the leader is: move the target there at this speed
+    # instead of letting the sim's PD drive jump (the daemon's own alignment does not see a reset).
+    realign_speed_deg_s: float = 45.0
+    realign_tolerance_deg: float = 1.0
 
 
 def to_numpy(x: Any) -> np.ndarray:
@@ -106,6 +111,9 @@ class LeisaacBridge:
         self._ended_sent = False
         self._daemon_was_stale = True
         self._stop = threading.Event()
+        self.daemon_target_rad: np.ndarray | None = None  # the daemon's last target, sim radians
+        self.realigning = False
+        self.auto_resets = 0
 
     # -- observation access ----------------------------------------------------------------------
     def _policy_obs(self) -> dict[str, Any]:
@@ -123,8 +131,13 @@ class LeisaacBridge:
     def reset(self, seed: int | None = None) -> None:
         with self.step_context():
             self.obs, _ = self.env.reset(seed=seed) if seed is not None else self.env.reset()
-        self.target_rad = self.joint_rad().copy()  # hold the reset pose until the daemon commands
+        self._after_reset()
         self._success_sent = self._ended_sent = False
+
+    def _after_reset(self) -> None:
+        """Hold the reset pose, then re-align slowly to the daemon's target (never a jump)."""
+        self.target_rad = self.joint_rad().copy()
+        self.realigning = True
 
     def _apply(self, inbox: ServerInbox) -> None:
         if inbox.torque is not None:
@@ -133,7 +146,9 @@ class LeisaacBridge:
                 log.info("torque off: LeIsaac's action interface cannot go limp; holding the measured pose")
         if inbox.target_units is not None and inbox.target_seq != self.ack_seq:
             if self.torque:
-                self.target_rad = units_to_sim_rad(inbox.target_units)
+                self.daemon_target_rad = units_to_sim_rad(inbox.target_units)
+                if not self.realigning:
+                    self.target_rad = self.daemon_target_rad
             self.ack_seq, self.ack_sent_s = inbox.target_seq, inbox.target_sent_s
         for cmd in inbox.episode_cmds:
             self.episode_seq = cmd["seq"]
@@ -160,18 +175,33 @@ class LeisaacBridge:
             self.target_rad = self.joint_rad().copy()  # hold where it is
             if stale and not self._daemon_was_stale:
                 log.warning("daemon silent: holding the current pose")
+            self.daemon_target_rad = None  # a stale target must not be re-aligned to later
         self._daemon_was_stale = stale
+        if self.realigning:
+            self._realign_step()
         if self.pre_step is not None:
             self.pre_step()
         with self.step_context():
             self.obs, _rew, terminated, truncated, _info = self.env.step(self.to_action(self.target_rad))
         self.steps += 1
+        terminated_now = bool(to_numpy(terminated).reshape(-1)[0])
+        truncated_now = bool(to_numpy(truncated).reshape(-1)[0])
+        if terminated_now or truncated_now:
+            # Isaac Lab reset the scene inside step (a Direct task without manual_terminate, or a
+            # manager-based task with a live termination term): ``terminated`` was computed
+            # *before* that reset and is the success verdict; the scene we see now is the reset one.
+            success = terminated_now
+            self.auto_resets += 1
+            self._after_reset()
+            log.warning("the env reset its scene inside step (%s): holding the reset pose, re-aligning slowly",
+                        "success" if terminated_now else "time out")
+        else:
+            success = bool(self.success_fn()) if self.success_fn is not None else False
         self._send_state()
-        success = bool(self.success_fn()) if self.success_fn is not None else bool(to_numpy(terminated).reshape(-1)[0])
         if success and not self._success_sent:
             self._success_sent = True
             self.ep.send_event("success", "task success term", seq=self.episode_seq)
-        if bool(to_numpy(truncated).reshape(-1)[0]) and not self._ended_sent:
+        if truncated_now and not self._ended_sent:
             self._ended_sent = True
             self.ep.send_event("terminated", "episode time out", seq=self.episode_seq)
         if now >= self._next_frame_s and self.ep.has_peer:
@@ -181,6 +211,19 @@ class LeisaacBridge:
                 if name in pobs:
                     self.ep.send_frame(name, self._frame_seq, now, image_to_uint8(pobs[name]), self.cfg.jpeg_quality)
             self._frame_seq += 1
+
+    def _realign_step(self) -> None:
+        """Move the sim target toward the daemon's target by at most one step's worth of
+        ``realign_speed_deg_s``; done (1:1 again) once every joint is within tolerance."""
+        goal = self.daemon_target_rad
+        if goal is None or self.target_rad is None:
+            return  # no daemon target yet: keep holding
+        lim = np.deg2rad(self.cfg.realign_speed_deg_s) / self.cfg.step_hz
+        delta = goal - self.target_rad
+        self.target_rad = self.target_rad + np.clip(delta, -lim, lim)
+        if np.all(np.abs(goal - self.target_rad) <= np.deg2rad(self.cfg.realign_tolerance_deg)):
+            self.target_rad = goal.copy()
+            self.realigning = False
 
     def stop(self) -> None:
         self._stop.set()
@@ -214,6 +257,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def prepare_env_cfg(env_cfg: Any) -> Any:
+    """Configure a task as LeIsaac's teleop script does (teleop_se3_agent.py), so nothing resets
+    the scene inside ``step``; returns the success term to evaluate ourselves (manager-based).
+
+    Manager-based: ``terminations.time_out`` and ``terminations.success`` set to None.
+    Direct (``single_arm_env._get_dones``): ``never_time_out = True`` and ``manual_terminate =
+    True`` -- without the latter ``_get_dones`` returns ``_check_success()`` as ``done`` and the
+    env resets itself on success, inside step, before we could read the success.
+    """
+    success_term = None
+    if hasattr(env_cfg, "terminations"):
+        success_term = getattr(env_cfg.terminations, "success", None)
+        for name in ("time_out", "success"):
+            if hasattr(env_cfg.terminations, name):
+                setattr(env_cfg.terminations, name, None)
+    if hasattr(env_cfg, "never_time_out"):
+        env_cfg.never_time_out = True
+    if hasattr(env_cfg, "manual_terminate"):
+        env_cfg.manual_terminate = True
+        if hasattr(env_cfg, "return_success_status"):
+            env_cfg.return_success_status = False  # done stays False: the daemon ends episodes
+    return success_term
+
+
 def success_fn_for(env: Any, success_term: Any) -> Callable[[], bool] | None:
     """Evaluate the task's success term ourselves (ManagerBased) or ``_check_success`` (Direct)."""
     if success_term is not None and getattr(success_term, "func", None) is not None:
@@ -244,15 +311,7 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
     env_cfg.use_teleop_device("so101leader")  # absolute joint positions, pan..gripper
     env_cfg.seed = args.seed if args.seed is not None else int(time.time())
     env_cfg.recorders = None
-    success_term = None
-    if hasattr(env_cfg, "terminations"):
-        success_term = getattr(env_cfg.terminations, "success", None)
-        # no auto-reset from Isaac Lab: the daemon ends episodes; success is evaluated by us
-        for name in ("time_out", "success"):
-            if hasattr(env_cfg.terminations, name):
-                setattr(env_cfg.terminations, name, None)
-    if hasattr(env_cfg, "never_time_out"):
-        env_cfg.never_time_out = True
+    success_term = prepare_env_cfg(env_cfg)
     env = gym.make(args.task, cfg=env_cfg).unwrapped
 
     pre_step = None

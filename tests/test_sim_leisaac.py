@@ -1,8 +1,9 @@
-"""The LeIsaac follower's logic, driven through SimFollower with a fake LeIsaac-style environment.
+"""The LeIsaac follower's logic, driven through SimFollower with LeIsaac-contract fake envs.
 
-The fake env has LeIsaac's interface: ``reset(seed=)`` -> (obs, info), ``step(action (1, 6) joint
-radians)`` -> (obs, reward, terminated, truncated, info), ``obs["policy"]`` holding ``joint_pos``
-(1, 6) radians and ``front`` / ``wrist`` (1, H, W, 3) uint8 images.
+The envs (``tests/fixtures/leisaac_env.py``) mirror Isaac Lab's ``ManagerBasedRLEnv.step`` and
+LeIsaac's ``enhance/envs/direct_rl_env.py`` + ``tasks/template/direct/single_arm_env.py``
+``_get_dones``: both reset the scene *inside* ``step`` when a termination fires, unless the task
+is configured the way LeIsaac's ``teleop_se3_agent.py`` configures it.
 """
 
 from __future__ import annotations
@@ -10,63 +11,56 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from calibration.conventions import normalized_to_sim_rad, units_to_sim_rad
 from drivers.arm_interface import FollowerArm
-from sim_bridge.leisaac_follower import LeisaacBridge, LeisaacBridgeConfig, build_parser, image_to_uint8
+from fixtures.isaaclab_scene import REST_POSE_RAD
+from fixtures.leisaac_env import H, SUCCESS_PAN_RAD, W, FakeDirectRLEnv, FakeManagerBasedRLEnv
+from sim_bridge.leisaac_follower import (
+    LeisaacBridge,
+    LeisaacBridgeConfig,
+    build_parser,
+    image_to_uint8,
+    prepare_env_cfg,
+    success_fn_for,
+)
 from sim_bridge.server import SimServerEndpoint
 from sim_bridge.sim_follower import SimFollower
 from support import poll_until
 
-H, W = 48, 64
-SUCCESS_PAN_RAD = 1.0  # the fake task "succeeds" when the pan joint passes this
+STEP_HZ = 120.0
+CFG = LeisaacBridgeConfig(step_hz=STEP_HZ, publish_hz=30.0, daemon_staleness_s=0.1)
 
 
-class FakeLeisaacEnv:
-    def __init__(self) -> None:
-        self.q = np.zeros((1, 6), np.float32)
-        self.actions: list[np.ndarray] = []
-        self.reset_seeds: list[int | None] = []
-        self.steps = 0
-
-    def _obs(self):
-        img = np.zeros((1, H, W, 3), np.uint8)
-        img[..., 0] = np.uint8((self.q[0, 0] * 40) % 255)
-        img[:, : H // 2, :, 1] = 200
-        return {"policy": {"joint_pos": self.q.copy(), "front": img, "wrist": img[:, ::-1].copy(),
-                           "joint_vel": np.zeros((1, 6), np.float32)}}
-
-    def reset(self, seed=None):
-        self.reset_seeds.append(seed)
-        self.q[:] = 0.1
-        return self._obs(), {}
-
-    def step(self, action):
-        a = np.asarray(action, dtype=np.float32)
-        assert a.shape == (1, 6)
-        self.actions.append(a.copy())
-        self.q += 0.05 * (a - self.q)  # a first-order joint servo (time constant ~20 steps)
-        self.steps += 1
-        terminated = np.array([self.q[0, 0] > SUCCESS_PAN_RAD])
-        return self._obs(), np.zeros(1), terminated, np.array([False]), {}
+def serve(env, prepare: bool = True):
+    """The bridge as main() builds it: task configured like LeIsaac's teleop, success term ours."""
+    success_term = prepare_env_cfg(env.cfg) if prepare else getattr(getattr(env.cfg, "terminations", None), "success", None)
+    ep = SimServerEndpoint("tcp://127.0.0.1:0", backend="leisaac:fake",
+                           cameras=[{"name": "front", "width": W, "height": H}, {"name": "wrist", "width": W, "height": H}])
+    ep.open()
+    b = LeisaacBridge(env, ep, config=CFG, success_fn=success_fn_for(env, success_term))
+    t = threading.Thread(target=b.run, daemon=True)
+    t.start()
+    return b, t
 
 
 @pytest.fixture
 def bridge():
-    env = FakeLeisaacEnv()
-    ep = SimServerEndpoint("tcp://127.0.0.1:0", backend="leisaac:fake",
-                           cameras=[{"name": "front", "width": W, "height": H}, {"name": "wrist", "width": W, "height": H}])
-    ep.open()
-    b = LeisaacBridge(env, ep, config=LeisaacBridgeConfig(step_hz=120.0, publish_hz=30.0, daemon_staleness_s=0.1))
-    t = threading.Thread(target=b.run, daemon=True)
-    t.start()
+    env = FakeManagerBasedRLEnv()
+    b, t = serve(env)
     yield b, env
     b.stop()
     t.join(5)
-    ep.close()
+    b.ep.close()
+
+
+def max_target_step_deg(actions: list[np.ndarray]) -> float:
+    a = np.rad2deg(np.concatenate(actions, 0))
+    return float(np.max(np.abs(np.diff(a, axis=0)))) if len(a) > 1 else 0.0
 
 
 def test_isaac_is_not_imported_outside_main():
@@ -81,11 +75,11 @@ def test_targets_become_leisaac_radians_and_state_comes_back(bridge):
     try:
         f.connect()
         assert isinstance(f, FollowerArm)
-        assert env.reset_seeds == [None]
+        assert env.reset_seeds == [None] and env.cfg.terminations.success is None
         goal = np.array([20.0, -30.0, 45.0, 10.0, -60.0, 80.0])
         assert poll_until(lambda: (f.write_goals(goal), np.allclose(f.read_joints(), goal, atol=0.05))[1], 20)
         expected_rad = units_to_sim_rad(goal)
-        np.testing.assert_allclose(env.actions[-1][0], expected_rad, atol=1e-5)
+        np.testing.assert_allclose(env.actions_seen[-1][0], expected_rad, atol=1e-5)
         # gripper 80 (LeRobot units) is LeIsaac's own normalised map of the gripper, exactly
         np.testing.assert_allclose(expected_rad[5], normalized_to_sim_rad(np.array([0, 0, 0, 0, 0, 80.0]))[5])
         cams = f.cameras()
@@ -115,6 +109,7 @@ def test_success_reset_and_hold(bridge):
         # success is reported once per episode
         time.sleep(0.2)
         assert sum(e.event == "success" for e in f.events()) == 1
+        assert env.resets.count("auto") == 0, "teleop configuration: the scene never resets by itself"
 
         # the daemon goes quiet mid-move: the bridge holds the measured pose instead of the target
         far = np.array([-50.0, 0.0, 0.0, 0.0, 0.0, 50.0])
@@ -123,8 +118,8 @@ def test_success_reset_and_hold(bridge):
         f.close()
         assert poll_until(lambda: b._daemon_was_stale, 5)
         time.sleep(0.1)
-        held = env.actions[-1][0].copy()
-        np.testing.assert_allclose(held, env.q[0], atol=1e-3)
+        held = env.actions_seen[-1][0].copy()
+        np.testing.assert_allclose(held, env.scene.joint_pos[0], atol=1e-3)
         assert abs(held[0] - units_to_sim_rad(far)[0]) > 0.3, "held where it was, not at the last target"
     finally:
         f.close()
@@ -149,3 +144,86 @@ def test_workstation_script_needs_only_numpy_zmq_msgpack():
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def drive_to_success(f: SimFollower, b: LeisaacBridge) -> int:
+    seq = f.start_episode()
+    f.wait_event("started", seq, 5)
+    goal = np.array([np.rad2deg(SUCCESS_PAN_RAD) + 15.0, 0.0, 0.0, 0.0, 0.0, 50.0])
+    assert poll_until(lambda: (f.write_goals(goal), any(e.event == "success" for e in list(f._events)))[1], 30)
+    return seq
+
+
+def test_direct_task_configured_like_leisaac_teleop_keeps_success_and_its_scene():
+    """single_arm_env._get_dones: with manual_terminate the Direct task never resets by itself;
+    success comes from _check_success, read by us after the step."""
+    env = FakeDirectRLEnv()
+    b, t = serve(env)
+    f = SimFollower(b.ep.endpoint, staleness_s=3.0, connect_timeout_s=10)
+    try:
+        assert env.cfg.manual_terminate is True and env.cfg.never_time_out is True
+        f.connect()
+        seq = drive_to_success(f, b)
+        assert f.wait_event("success", seq, 1).seq == seq
+        assert env.resets.count("auto") == 0
+        assert env.scene.joint_pos[0, 0] > SUCCESS_PAN_RAD  # the scene that succeeded is still there
+    finally:
+        f.close()
+        b.stop()
+        t.join(5)
+        b.ep.close()
+
+
+def test_direct_task_that_resets_inside_step_keeps_the_success_and_never_jumps():
+    """A Direct task left as Isaac Lab builds it (manual_terminate False): _get_dones returns
+    _check_success() and step resets the scene. The success (computed before the reset) still
+    reaches the daemon, and the arm goes back toward the daemon's target at the re-align speed."""
+    env = FakeDirectRLEnv()
+    b, t = serve(env, prepare=False)
+    f = SimFollower(b.ep.endpoint, staleness_s=3.0, connect_timeout_s=10)
+    try:
+        f.connect()
+        seq = drive_to_success(f, b)
+        assert f.wait_event("success", seq, 1).seq == seq
+        assert poll_until(lambda: "auto" in env.resets, 5)
+        n_reset = env.auto_reset_at[0]  # actions_seen index of the step that reset the scene
+        # the daemon keeps commanding a far goal; after the reset the arm must crawl back to it
+        goal = np.array([40.0, 0, 0, 0, 0, 50.0])
+        assert poll_until(lambda: (f.write_goals(goal), len(env.actions_seen) > n_reset + 60)[1], 10)
+        after = env.actions_seen[n_reset:]
+        limit_deg = CFG.realign_speed_deg_s / STEP_HZ
+        # first target after the reset: one re-align step from the reset pose, not the old target
+        assert max_target_step_deg([REST_POSE_RAD.astype(np.float32), after[0]]) <= limit_deg + 1e-4
+        assert max_target_step_deg(after) <= limit_deg + 1e-4, "a target jumped after the reset"
+        assert abs(np.rad2deg(after[-1][0, 0])) < 40.0, "still re-aligning, not at the goal in one step"
+    finally:
+        f.close()
+        b.stop()
+        t.join(5)
+        b.ep.close()
+
+
+def test_a_daemon_reset_realigns_slowly_too(bridge):
+    b, env = bridge
+    f = SimFollower(b.ep.endpoint, staleness_s=3.0, connect_timeout_s=10)
+    try:
+        f.connect()
+        far = np.array([60.0, -30.0, 20.0, 0.0, 0.0, 80.0])
+        assert poll_until(lambda: (f.write_goals(far), np.allclose(f.read_joints(), far, atol=0.5))[1], 30)
+        f.reset_episode(timeout_s=5)  # the arm is at rest now, the daemon's target still far
+        n = env.reset_at[-1]
+        assert poll_until(lambda: (f.write_goals(far), len(env.actions_seen) > n + 30)[1], 10)
+        after = [REST_POSE_RAD.astype(np.float32)] + env.actions_seen[n:]  # from the reset pose on
+        assert max_target_step_deg(after) <= CFG.realign_speed_deg_s / STEP_HZ + 1e-4
+        assert b.realigning, "60 degrees at 45 deg/s take more than 30 steps at 120 Hz"
+    finally:
+        f.close()
+
+
+def test_prepare_env_cfg_matches_leisaac_teleop():
+    manager = SimpleNamespace(terminations=SimpleNamespace(success="S", time_out="T"))
+    assert prepare_env_cfg(manager) == "S"
+    assert manager.terminations.success is None and manager.terminations.time_out is None
+    direct = FakeDirectRLEnv().cfg
+    assert prepare_env_cfg(direct) is None
+    assert direct.manual_terminate and direct.never_time_out and not direct.return_success_status
