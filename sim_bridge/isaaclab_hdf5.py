@@ -23,6 +23,7 @@ h264 encoding and image statistics as live recordings, and one crash-safe transa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import h5py
 import numpy as np
@@ -49,6 +51,11 @@ log = logging.getLogger("so101d.hdf5")
 
 DEFAULT_STEP_HZ = 60.0  # LeIsaac: sim step 1/60 s, decimation 1
 CAMERA_NAMES = ("front", "wrist")
+# LeIsaac's converter (scripts/convert/isaaclab2lerobot.py, add_episode): demos with fewer than
+# 10 recorded steps are dropped and the first 5 steps of every demo are skipped (the arm settling
+# after the reset). Our defaults match it; both are overridable and reported.
+LEISAAC_SKIP_FRAMES = 5
+LEISAAC_MIN_FRAMES = 10
 DEFAULT_CHUNK_FRAMES = 32  # 32 x 640x480x3 = 29 MB per camera per chunk
 COMMIT_BATCH = 16  # demos per dataset transaction
 _DEMO_RE = re.compile(r"^demo_(\d+)$")
@@ -67,6 +74,7 @@ class DemoInfo:
     step_hz: float
     cameras: dict[str, tuple[int, int]]  # name -> (height, width)
     generated: bool
+    empty: bool = False  # initial_state only / num_samples = 0 (LeIsaac's recorder after a reset)
 
     def where(self, key: str = "") -> str:
         return f"{self.path}: {self.name}" + (f"/{key}" if key else "")
@@ -77,9 +85,15 @@ class ImportSummary:
     files: list[str] = field(default_factory=list)
     demos_seen: int = 0
     demos_imported: int = 0
-    demos_skipped_failed: int = 0
-    demos_skipped_short: int = 0
+    demos_skipped_failed: int = 0  # success attribute false
+    demos_skipped_unjudged: int = 0  # no success attribute (LeIsaac's converter: not successful)
+    demos_skipped_empty: int = 0  # initial_state only / num_samples = 0
+    demos_skipped_short: int = 0  # fewer than min_frames steps
+    demos_not_selected: int = 0  # beyond --max-episodes
+    skip_frames: int = LEISAAC_SKIP_FRAMES
+    min_frames: int = LEISAAC_MIN_FRAMES
     frames_written: int = 0
+    source_steps: int = 0  # sim steps of the imported demos after --skip-frames (LeIsaac's converter's frame count)
     seconds: float = 0.0
     episode_indices: list[int] = field(default_factory=list)
 
@@ -130,6 +144,11 @@ def _file_step_hz(f: h5py.File, default: float) -> float:
     return default
 
 
+def _success_attr(g: h5py.Group) -> bool | None:
+    """Isaac Lab's HDF5DatasetFileHandler.load_episode: ``success`` only when the attribute exists."""
+    return bool(np.asarray(g.attrs["success"]).item()) if "success" in g.attrs else None
+
+
 def scan_file(path: Path, step_hz: float | None = None, generated: bool | None = None) -> list[DemoInfo]:
     """List the demos of one file (structure and attributes only; no bulk reads).
 
@@ -152,6 +171,12 @@ def scan_file(path: Path, step_hz: float | None = None, generated: bool | None =
             if not isinstance(g, h5py.Group):
                 continue
             info_where = f"{path}: {name}"
+            declared_n = int(np.asarray(g.attrs["num_samples"]).item()) if "num_samples" in g.attrs else None
+            if "actions" not in g and (declared_n == 0 or (declared_n is None and "initial_state" in g)):
+                # LeIsaac's streaming recorder writes the initial_state of the episode that began
+                # at the last reset even when no step followed (num_samples = 0): an empty demo.
+                demos.append(DemoInfo(path, name, 0, _success_attr(g), hz, {}, is_generated, empty=True))
+                continue
             for key in ("actions", "obs/joint_pos"):
                 if key not in g:
                     raise HDF5FormatError(f"{info_where}: missing key '{key}'")
@@ -162,9 +187,7 @@ def scan_file(path: Path, step_hz: float | None = None, generated: bool | None =
                     raise HDF5FormatError(
                         f"{info_where}: attribute num_samples={declared} but 'actions' has {n} rows (truncated file?)"
                     )
-            success: bool | None = None
-            if "success" in g.attrs:
-                success = bool(np.asarray(g.attrs["success"]).item())
+            success = _success_attr(g)
             cameras: dict[str, tuple[int, int]] = {}
             obs = g["obs"]
             for cam in CAMERA_NAMES:
@@ -273,22 +296,45 @@ def dataset_fps(root: Path, default: int = DEFAULT_FPS) -> int:
 # ---------------------------------------------------------------------------------------------
 # Import
 # ---------------------------------------------------------------------------------------------
+@dataclass
+class Selection:
+    chosen: list[DemoInfo] = field(default_factory=list)
+    failed: int = 0
+    unjudged: int = 0
+    empty: int = 0
+    short: int = 0
+    not_selected: int = 0
+
+
 def select_demos(
-    demos: Sequence[DemoInfo], successful_only: bool, skip_frames: int, max_episodes: int | None
-) -> tuple[list[DemoInfo], int, int]:
-    chosen: list[DemoInfo] = []
-    failed = short = 0
+    demos: Sequence[DemoInfo], successful_only: bool, skip_frames: int, max_episodes: int | None,
+    min_frames: int = LEISAAC_MIN_FRAMES, keep_unjudged: bool = False,
+) -> Selection:
+    """Which demos are imported, LeIsaac's converter's rules by default, every skip counted.
+
+    Order of the checks: empty (nothing recorded), failed / unjudged (``--all`` keeps both,
+    ``keep_unjudged`` keeps demos without a success attribute), fewer than ``min_frames`` steps,
+    nothing left after ``skip_frames`` (at least 2 steps must remain), ``max_episodes``.
+    """
+    sel = Selection()
     for d in demos:
+        if d.empty:
+            sel.empty += 1
+            continue
         if successful_only and d.success is False:
-            failed += 1
+            sel.failed += 1
             continue
-        if d.num_samples - skip_frames < 2:
-            short += 1
+        if successful_only and d.success is None and not keep_unjudged:
+            sel.unjudged += 1
             continue
-        if max_episodes is not None and len(chosen) >= max_episodes:
-            break
-        chosen.append(d)
-    return chosen, failed, short
+        if d.num_samples < min_frames or d.num_samples - skip_frames < 2:
+            sel.short += 1
+            continue
+        if max_episodes is not None and len(sel.chosen) >= max_episodes:
+            sel.not_selected += 1
+            continue
+        sel.chosen.append(d)
+    return sel
 
 
 def _frames_of(
@@ -310,12 +356,9 @@ def _frames_of(
 
 def _stage_demo(store, d: DemoInfo, rows: np.ndarray, fps: int, task: str, chunk_frames: int) -> Path:
     """Write one demo as a staged episode (the recorder's on-disk format), ready for commit."""
-    import av
 
     from daemon.recording.store import write_json_atomic
     from daemon.recording.writer import CameraEncoder
-
-    av.logging.set_level(av.logging.WARNING)  # no libx264 summary lines per demo
 
     uid = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
     stage = store.staging / f"ep-{uid}"
@@ -358,40 +401,52 @@ def _stage_demo(store, d: DemoInfo, rows: np.ndarray, fps: int, task: str, chunk
     return stage
 
 
+class ImportProgress(Protocol):
+    """Where an import reports its progress (the CLI draws a bar with rate and ETA)."""
+
+    def begin(self, demos: int, frames: int) -> None: ...
+    def advance(self, demos: int, frames: int) -> None: ...
+    def end(self) -> None: ...
+
+
 def import_hdf5(
     files: Sequence[Path],
     dataset_root: Path,
     task: str = "",
     successful_only: bool = True,
-    skip_frames: int = 0,
+    skip_frames: int = LEISAAC_SKIP_FRAMES,
     max_episodes: int | None = None,
     step_hz: float | None = None,
     fps: int | None = None,
     generated: bool | None = None,
     chunk_frames: int = DEFAULT_CHUNK_FRAMES,
-    progress: Callable[[str], None] | None = None,
+    progress: ImportProgress | None = None,
+    min_frames: int = LEISAAC_MIN_FRAMES,
+    keep_unjudged: bool = False,
 ) -> ImportSummary:
     """Append the selected demos of ``files`` to the dataset at ``dataset_root``.
 
+    Defaults follow LeIsaac's converter: empty demos skipped, missing success = failure, fewer
+    than 10 steps dropped, first 5 steps skipped; every skip is counted in the summary.
     Everything is validated before the dataset is opened; on any format error nothing is written.
     """
-    say = progress or (lambda msg: log.info("%s", msg))
-    summary = ImportSummary(files=[str(p) for p in files])
+    summary = ImportSummary(files=[str(p) for p in files], skip_frames=skip_frames, min_frames=min_frames)
     plan: list[DemoInfo] = []
     remaining = max_episodes
     for path in files:
         demos = scan_file(Path(path), step_hz=step_hz, generated=generated)
         summary.demos_seen += len(demos)
-        chosen, failed, short = select_demos(demos, successful_only, skip_frames, remaining)
-        summary.demos_skipped_failed += failed
-        summary.demos_skipped_short += short
-        plan += chosen
+        sel = select_demos(demos, successful_only, skip_frames, remaining, min_frames, keep_unjudged)
+        summary.demos_skipped_failed += sel.failed
+        summary.demos_skipped_unjudged += sel.unjudged
+        summary.demos_skipped_empty += sel.empty
+        summary.demos_skipped_short += sel.short
+        summary.demos_not_selected += sel.not_selected
+        plan += sel.chosen
         if remaining is not None:
-            remaining -= len(chosen)
-            if remaining <= 0:
-                break
+            remaining -= len(sel.chosen)
     if not plan:
-        say("nothing to import (no demo selected)")
+        log.info("nothing to import (no demo selected)")
         return summary
     cameras = plan[0].cameras
     for d in plan:
@@ -404,17 +459,80 @@ def import_hdf5(
     target_fps = fps or dataset_fps(dataset_root)
     # Pass 2: write, one committed episode at a time.
     t0 = time.monotonic()
+    rows_of = [resample_indices(d.num_samples, d.step_hz, target_fps, skip_frames) for d in plan]
+    if progress is not None:
+        progress.begin(len(plan), int(sum(len(r) for r in rows_of)))
     store = open_store(dataset_root, cameras, target_fps)
     try:
-        _write_plan(store, plan, summary, target_fps, skip_frames, task, chunk_frames, say)
+        with _quiet_ffmpeg():
+            _write_plan(store, plan, rows_of, summary, target_fps, task, chunk_frames, progress)
     finally:
         store.release_ownership()
+        if progress is not None:
+            progress.end()
     summary.seconds = time.monotonic() - t0
     return summary
 
 
-def _write_plan(store, plan: list[DemoInfo], summary: ImportSummary, fps: int, skip_frames: int, task: str,
-                chunk_frames: int, say: Callable[[str], None]) -> None:
+def _libavutil() -> Any:
+    """The libavutil PyAV itself loaded (its wheel bundles FFmpeg in ``av.libs``), or None."""
+    import ctypes
+    import glob
+
+    import av
+
+    pkg = os.path.dirname(os.path.dirname(av.__file__))
+    for path in sorted(glob.glob(os.path.join(pkg, "av.libs", "libavutil*.so*"))):
+        try:
+            return ctypes.CDLL(path)  # already loaded by av: dlopen hands back the same library
+        except OSError:
+            continue
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_ffmpeg() -> Iterator[None]:
+    """LeRobot's per-video INFO lines, HF datasets' "Map" bars and FFmpeg's own log (libx264 statistics, "[mp4 @ ...] Starting second pass" muxer lines) stays
+    off the terminal during an import: only its errors get through.
+
+    ``av.logging.set_level`` alone does not hold: LeRobot's ``get_video_info`` (called for every
+    committed video) ends with ``av.logging.restore_default_callback()``, after which FFmpeg's
+    default callback prints at FFmpeg's own level (INFO). So FFmpeg's level is lowered too, in
+    the libavutil PyAV bundles; both are restored afterwards."""
+    try:
+        import av
+    except ImportError:  # pragma: no cover - av comes with lerobot's dataset extra
+        yield
+        return
+    util = _libavutil()
+    c_before = util.av_log_get_level() if util is not None else None
+    # LeRobot's "Using video codec: ..." INFO lines, once per video per commit, say nothing useful
+    # here (and name hevc for h264 videos): below our INFO for the import's duration.
+    lerobot_log = logging.getLogger("lerobot")
+    lerobot_before = lerobot_log.level
+    lerobot_log.setLevel(max(logging.WARNING, lerobot_before))
+    # HF datasets draws a "Map: 100%" bar per commit; our own bar says the same, once.
+    from datasets.utils import logging as hf_logging
+
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    py_before = av.logging.get_level()
+    av.logging.set_level(av.logging.ERROR)
+    if util is not None:
+        util.av_log_set_level(av.logging.ERROR)
+    try:
+        yield
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
+        lerobot_log.setLevel(lerobot_before)
+        av.logging.set_level(py_before)
+        if util is not None:
+            util.av_log_set_level(c_before)
+
+
+def _write_plan(store, plan: list[DemoInfo], rows_of: list[np.ndarray], summary: ImportSummary, fps: int,
+                task: str, chunk_frames: int, progress: ImportProgress | None) -> None:
     """Stage each demo, committing every ``COMMIT_BATCH`` as one transaction.
 
     Batches keep a 200-demo import from paying LeRobot's per-session cost (re-reading all episode
@@ -429,13 +547,15 @@ def _write_plan(store, plan: list[DemoInfo], summary: ImportSummary, fps: int, s
             summary.episode_indices.append(result["episode_index"])
             summary.demos_imported += 1
             summary.frames_written += n
-            say(f"imported {d.where()} -> episode {result['episode_index']} ({n} frames at {fps} fps)")
+            summary.source_steps += d.num_samples - summary.skip_frames
+            log.debug("imported %s -> episode %d (%d frames at %d fps)", d.where(), result["episode_index"], n, fps)
         pending.clear()
 
-    for d in plan:
-        rows = resample_indices(d.num_samples, d.step_hz, fps, skip_frames)
+    for d, rows in zip(plan, rows_of):
         stage = _stage_demo(store, d, rows, fps, task or f"imported from {d.path.name}", chunk_frames)
         pending.append((stage, d, len(rows)))
+        if progress is not None:
+            progress.advance(1, len(rows))
         if len(pending) >= COMMIT_BATCH:
             flush()
     if pending:

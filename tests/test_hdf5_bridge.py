@@ -1,7 +1,9 @@
 """The Isaac Lab Mimic bridge, as a user runs it.
 
-Build demo files in LeIsaac's layout (data/demo_N/{actions, obs/joint_pos, obs/front, obs/wrist},
-attributes success and num_samples; LZF or gzip), import them, load the dataset with LeRobot,
+Demo files are written the way LeIsaac's streaming recorder and Isaac Lab's HDF5 file handler
+write them (``tests/fixtures/isaaclab_recorder.py``: initial_state, states, obs with ee_frame_state
+and joint_pos_target, actions, processed_actions; empty and unjudged demos), imported with
+LeIsaac's converter's rules by default (counts checked against a transcription of it), load the dataset with LeRobot,
 check values against the source, the time base (60 Hz -> 30 fps), round-trip export -> import,
 and refuse corrupt files without touching the dataset.
 """
@@ -16,6 +18,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from fixtures.isaaclab_recorder import leisaac_episode, record_session, write_isaaclab_file
 
 from calibration.conventions import sim_rad_to_units, units_to_sim_rad
 from daemon.cli import main as so101d
@@ -45,29 +48,37 @@ def write_leisaac_file(
     path: Path,
     lengths: tuple[int, ...] = (61, 61, 61),
     failed: tuple[int, ...] = (1,),
-    compression: str | None = "lzf",
+    compression: str | None = None,
     cameras: tuple[str, ...] = ("front", "wrist"),
+    unjudged: tuple[int, ...] = (),
+    trailing_empty: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Write a LeIsaac-layout file; returns the joint radians per demo name."""
+    """A demo file as LeIsaac writes it; returns the joint radians per demo name.
+
+    ``compression`` None: LeIsaac's streaming recorder (teleop recording, 100-step appends,
+    uncompressed); "gzip": Isaac Lab's HDF5DatasetFileHandler (Mimic's annotate / generate output).
+    ``trailing_empty``: the session ends with the initial_state-only demo the recorder writes
+    after the operator's last reset.
+    """
     truth: dict[str, np.ndarray] = {}
-    with h5py.File(path, "w") as f:
-        data = f.create_group("data")
-        data.attrs["env_args"] = json.dumps({"env_name": "LeIsaac-SO101-PickOrange-v0", "type": 2})
-        for i, n in enumerate(lengths):
-            g = data.create_group(f"demo_{i}")
-            rad = units_to_sim_rad(demo_units(n, phase=i)).astype(np.float32)
-            truth[f"demo_{i}"] = rad
-            g.create_dataset("actions", data=rad, compression=compression)
-            obs = g.create_group("obs")
-            obs.create_dataset("joint_pos", data=rad, compression=compression)
-            obs.create_dataset("joint_vel", data=np.zeros_like(rad), compression=compression)
-            for c, cam in enumerate(cameras):
-                img = np.zeros((n, H, W, 3), np.uint8)
-                img[..., c] = (np.arange(n) * 3 % 200 + 20)[:, None, None]  # brightness encodes the step
-                obs.create_dataset(cam, data=img, compression=compression)
-            g.attrs["num_samples"] = n
-            g.attrs["success"] = i not in failed
-            g.attrs["seed"] = 7
+    episodes = []
+    for i, n in enumerate(lengths):
+        rad = units_to_sim_rad(demo_units(n, phase=i)).astype(np.float32)
+        truth[f"demo_{i}"] = rad
+        images = {}
+        for c, cam in enumerate(cameras):
+            img = np.zeros((n, H, W, 3), np.uint8)
+            img[..., c] = (np.arange(n) * 3 % 200 + 20)[:, None, None]  # brightness encodes the step
+            images[cam] = img
+        success = None if i in unjudged else i not in failed
+        episodes.append(leisaac_episode(rad, images, success, seed=7))
+    if trailing_empty:
+        episodes.append({"initial_state": leisaac_episode(truth["demo_0"][:1], {}, None)["initial_state"],
+                         "steps": [], "success": False})
+    if compression is None:
+        record_session(path, episodes)
+    else:
+        write_isaaclab_file(path, episodes, compression=compression)
     return truth
 
 
@@ -100,7 +111,7 @@ def test_import_successful_demos_at_30fps_with_lerobot_loading(tmp_path: Path) -
     src = tmp_path / "leisaac.hdf5"
     truth = write_leisaac_file(src)
     root = tmp_path / "ds"
-    summary = import_hdf5([src], root, task="pick the orange")
+    summary = import_hdf5([src], root, task="pick the orange", skip_frames=0)
     assert summary.demos_seen == 3 and summary.demos_imported == 2 and summary.demos_skipped_failed == 1
     assert summary.frames_written == 2 * 31
 
@@ -215,7 +226,7 @@ def test_export_then_import_round_trips_values_and_time_base(tmp_path: Path) -> 
     src = tmp_path / "seed.hdf5"
     write_leisaac_file(src, lengths=(41, 41), failed=())
     root = tmp_path / "ds"
-    import_hdf5([src], root)
+    import_hdf5([src], root, skip_frames=0)
     out = tmp_path / "seeds" / "mimic_seed.hdf5"
     assert export_hdf5(root, "0-1", out) == 2
     with h5py.File(out, "r") as f:
@@ -227,7 +238,7 @@ def test_export_then_import_round_trips_values_and_time_base(tmp_path: Path) -> 
         assert g["obs/front"].shape == (41, H, W, 3) and g["obs/joint_pos"].dtype == np.float32
         assert "initial_state" in g and bool(g.attrs["success"]) is True
     back = tmp_path / "back"
-    import_hdf5([out], back)
+    import_hdf5([out], back, skip_frames=0)
     a, b = load(root), load(back)
     assert len(a) == len(b) == 42
     for i in (0, 10, 20, 21, 41):
@@ -316,5 +327,73 @@ def test_kill_9_mid_import_keeps_every_committed_episode(tmp_path: Path) -> None
     assert COMMIT_BATCH + 1 <= committed <= demos + 1
     assert len(read_episode_tags(root)) == committed
     last = ds.meta.episodes[committed - 1]
-    assert int(last["length"]) == 21
+    assert int(last["length"]) == len(resample_indices(41, 60, 30, skip_frames=5))  # LeIsaac's 5 skipped
     assert tuple(ds[int(last["dataset_from_index"])]["observation.images.front"].shape) == (3, H, W)
+
+
+def leisaac_session_file(path: Path) -> None:
+    """A teleop session as LeIsaac's streaming recorder leaves it (enhance/datasets/
+    hdf5_dataset_file_handler.py + enhance/managers/recorder_manager.py): two good demos (one
+    longer than the 100-step flush), one of 8 steps, one failed, one whose success was never
+    set, the initial_state-only demo after the last reset (num_samples = 0), and an episode cut
+    by closing the app (its 100-step flush only, no success attribute)."""
+    write_leisaac_file(path, lengths=(61, 8, 130, 61, 61), failed=(3,), unjudged=(4,), cameras=("front",),
+                       trailing_empty=True)
+    with h5py.File(path, "r") as f:
+        episodes = [dict(f["data"][f"demo_{i}"].attrs) for i in range(6)]
+    assert episodes[5]["num_samples"] == 0 and "success" not in episodes[4]
+    # append the app-closed episode the way the recorder does (its APPEND flush only)
+    tmp = path.with_name("cut.hdf5")
+    rad = units_to_sim_rad(demo_units(150, 0.3)).astype(np.float32)
+    img = np.zeros((150, H, W, 3), np.uint8)
+    record_session(tmp, [], close_mid_episode=leisaac_episode(rad, {"front": img}, None))
+    with h5py.File(tmp, "r") as src, h5py.File(path, "r+") as dst:
+        src.copy(src["data/demo_0"], dst["data"], name="demo_6")
+    tmp.unlink()
+
+
+def test_streaming_recorder_file_imports_with_leisaac_converter_counts(tmp_path: Path) -> None:
+    """Mirrors scripts/convert/isaaclab2lerobot.py: same demos kept, same source steps used."""
+    from fixtures.isaaclab_recorder import leisaac_converter_counts
+
+    src = tmp_path / "dataset.hdf5"
+    leisaac_session_file(src)
+    with h5py.File(src, "r") as f:
+        assert f["data/demo_6"].attrs["num_samples"] == 100 and "success" not in f["data/demo_6"].attrs
+    saved, frames = leisaac_converter_counts(src)
+    s = import_hdf5([src], tmp_path / "ds")
+    assert (s.demos_imported, s.source_steps) == (saved, frames) == (2, (61 - 5) + (130 - 5))
+    assert s.demos_seen == 7
+    assert (s.demos_skipped_empty, s.demos_skipped_failed, s.demos_skipped_unjudged, s.demos_skipped_short) == (1, 1, 2, 1)
+    tags = read_episode_tags(tmp_path / "ds")
+    assert [tags[i].source["demo"] for i in range(2)] == ["demo_0", "demo_2"]
+    ds = load(tmp_path / "ds")
+    assert [int(e["length"]) for e in ds.meta.episodes] == [len(resample_indices(61, 60, 30, 5)),
+                                                            len(resample_indices(130, 60, 30, 5))]
+
+
+def test_every_converter_rule_can_be_overridden(tmp_path: Path) -> None:
+    src = tmp_path / "dataset.hdf5"
+    leisaac_session_file(src)
+    s = import_hdf5([src], tmp_path / "ds", skip_frames=0, min_frames=2, keep_unjudged=True)
+    # demo_0, demo_1 (8 steps), demo_2, demo_4 and the cut demo_6; empty and failed still skipped
+    assert s.demos_imported == 5 and s.source_steps == 61 + 8 + 130 + 61 + 100
+    assert (s.demos_skipped_empty, s.demos_skipped_failed, s.demos_skipped_unjudged) == (1, 1, 0)
+    s = import_hdf5([src], tmp_path / "all", successful_only=False, keep_unjudged=True)
+    assert s.demos_imported == 5 and s.demos_skipped_short == 1 and s.demos_skipped_empty == 1
+
+
+def test_cli_shows_one_progress_bar_and_a_summary_of_every_skip(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "dataset.hdf5"
+    leisaac_session_file(src)
+    assert so101d(["import-hdf5", str(src), "--dataset", str(tmp_path / "ds")]) == 0
+    out, err = capfd.readouterr()
+    assert out.splitlines()[0].startswith("imported 2 of 7 demos")
+    for line in ("skipped 1 empty (initial_state only, num_samples = 0)", "skipped 1 failed (success = false)",
+                 "skipped 2 without a success attribute", "skipped 1 shorter than 10 steps",
+                 "first 5 steps of each demo skipped"):
+        assert line in out, out
+    assert "demo_0" not in out + err, "no line per demo"
+    assert "frames/s" in err and "ETA" in err and "2/2" in err  # the bar: rate, time left, demos done
+    for noise in ("[libx264", "[mp4 @", "Using video codec", "Map:"):
+        assert noise not in out + err
