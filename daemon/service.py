@@ -76,8 +76,19 @@ def make_follower(cfg: Config) -> Any:
     if kind == "sim":
         from sim_bridge.sim_follower import SimFollower  # noqa: PLC0415
 
-        return SimFollower(cfg.follower.endpoint, staleness_s=cfg.follower.stale_timeout_s)
+        follower = SimFollower(cfg.follower.endpoint, staleness_s=cfg.follower.stale_timeout_s)
+        follower.sim_mapping = cfg.follower.sim_mapping  # named in every sim episode's tag notes
+        return follower
     raise StartupError(f"follower.kind: {kind!r} is not available in this build")
+
+
+def mapped_leader(leader: Any, cfg: Config) -> Any:
+    """The leader as the sim follower sees it under ``[follower] sim_mapping`` (see
+    ``sim_bridge.leader_mapping``); its calibration is the leader's own."""
+    from sim_bridge.leader_mapping import LeisaacMappedLeader  # noqa: PLC0415
+
+    cal = getattr(leader, "calibration", None) or load_arm_calibration(cfg, "leader")
+    return LeisaacMappedLeader(leader, cal, cfg.follower.sim_mapping)
 
 
 class RemoteLeaderHook:
@@ -104,6 +115,8 @@ class Daemon:
         self.reloads = 0
         self._reload_requested = threading.Event()
         self.leader = leader if leader is not None else make_leader(cfg)
+        if cfg.follower.kind == "sim" and cfg.follower.sim_mapping != "degrees" and self.leader is not None:
+            self.leader = mapped_leader(self.leader, cfg)
         self.follower = follower if follower is not None else make_follower(cfg)
         self.loop = ControlLoop(self.leader, self.follower, cfg)
         self.socket_path = socket_path or cfg.socket.resolved_path()

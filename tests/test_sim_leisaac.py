@@ -227,3 +227,101 @@ def test_prepare_env_cfg_matches_leisaac_teleop():
     direct = FakeDirectRLEnv().cfg
     assert prepare_env_cfg(direct) is None
     assert direct.manual_terminate and direct.never_time_out and not direct.return_success_status
+
+
+# ---------------------------------------------------------------------------------------------
+# [follower] sim_mapping = "leisaac": LeIsaac's own leader map
+# ---------------------------------------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from calibration.calibration_file import ArmCalibration  # noqa: E402
+from calibration.conventions import (  # noqa: E402
+    JOINT_NAMES,
+    leader_units_to_leisaac_sim_units,
+    map_leader_to_sim,
+    ticks_to_units,
+    units_to_ticks,
+)
+from fixtures.leisaac_mapping import leisaac_leader_to_sim_rad  # noqa: E402
+
+
+@st.composite
+def calibration_and_ticks(draw):
+    cal, ticks = {}, {}
+    for i, name in enumerate(JOINT_NAMES):
+        lo = draw(st.integers(0, 4000))
+        hi = draw(st.integers(lo + 20, 4095))
+        cal[name] = {"id": i + 1, "drive_mode": draw(st.sampled_from([0, 0, 1])), "homing_offset": 0,
+                     "range_min": lo, "range_max": hi}
+        ticks[name] = draw(st.integers(max(0, lo - 200), min(4095, hi + 200)))  # out of range too: clamped
+    return cal, ticks
+
+
+@settings(max_examples=400, deadline=None)
+@given(calibration_and_ticks())
+def test_leisaac_mapping_equals_leisaacs_formula(case):
+    """The daemon reads the leader in LeRobot degrees; mapped, it is LeIsaac's joint target to 1e-6 rad."""
+    cal_json, ticks = case
+    cal = ArmCalibration.from_json_dict(cal_json)
+    leader_units = ticks_to_units(np.array([ticks[n] for n in JOINT_NAMES]), cal)  # what the daemon's leader gives
+    ours_rad = units_to_sim_rad(leader_units_to_leisaac_sim_units(leader_units, cal))
+    np.testing.assert_allclose(ours_rad, leisaac_leader_to_sim_rad(ticks, cal_json), atol=1e-6, rtol=0)
+
+
+def test_the_issue_example_pan_calibrated_650_to_3450_at_plus_50():
+    cal_json = {n: {"id": i + 1, "drive_mode": 0, "homing_offset": 0, "range_min": 650, "range_max": 3450}
+                for i, n in enumerate(JOINT_NAMES)}
+    cal = ArmCalibration.from_json_dict(cal_json)
+    ticks = np.full(6, 2050 + 700)  # +50 normalised: a quarter of the range above the middle
+    u = ticks_to_units(ticks, cal)
+    assert np.rad2deg(units_to_sim_rad(map_leader_to_sim(u, "leisaac", cal))[0]) == pytest.approx(55.0, abs=1e-6)
+    assert np.rad2deg(units_to_sim_rad(map_leader_to_sim(u, "degrees", cal))[0]) == pytest.approx(61.54, abs=0.01)
+    with pytest.raises(ValueError, match="unknown sim_mapping"):
+        map_leader_to_sim(u, "radians", cal)  # type: ignore[arg-type]
+
+
+def test_daemon_with_sim_mapping_leisaac_drives_the_sim_as_leisaacs_leader_would(tmp_path):
+    """[follower] kind = "sim", sim_mapping = "leisaac": an emulated leader -> the daemon -> the
+    LeIsaac bridge; the task's joint targets are LeIsaac's map of the leader, and the episode's
+    tag notes name the mapping."""
+    from daemon.config import config_from_dict
+    from daemon.recording.sim_episodes import SimEpisodeHook
+    from daemon.service import Daemon, make_follower
+    from drivers.emulator import reference_calibration
+    from drivers.feetech_arm import FeetechLeader
+    from support import still_arm_on_pty
+
+    pose = np.array([30.0, -40.0, 50.0, 20.0, 10.0, 60.0])
+    la, lb = still_arm_on_pty(tmp_path / "leader", "leader", pose)
+    env = FakeManagerBasedRLEnv(follow=0.5)
+    b, t = serve(env)
+    cfg = config_from_dict({
+        "socket": {"path": str(tmp_path / "c.sock")},
+        "follower": {"kind": "sim", "endpoint": b.ep.endpoint, "stale_timeout_s": 0.5, "sim_mapping": "leisaac"},
+        "control": {"rate_hz": 60.0},
+        "safety": {"align_speed_deg_s": 180.0, "align_gripper_speed_pct_s": 200.0},
+    })
+    ref = reference_calibration("leader")
+    # this operator calibrated a narrower range than the emulator's reference on every joint
+    leader_cal = ArmCalibration.from_json_dict({
+        n: {**ref.to_json_dict()[n], "range_min": ref[n].range_min + 300, "range_max": ref[n].range_max - 300}
+        for n in JOINT_NAMES})
+    daemon = Daemon(cfg, FeetechLeader(str(tmp_path / "leader"), leader_cal), make_follower(cfg))
+    daemon.start()
+    try:
+        leader_units = ticks_to_units(units_to_ticks(la.pose_units(), ref), leader_cal)  # what the daemon reads
+        want_rad = units_to_sim_rad(leader_units_to_leisaac_sim_units(leader_units, leader_cal))
+        assert poll_until(lambda: daemon.loop.state.mode == "teleop" and not b.realigning
+                          and np.allclose(env.actions_seen[-1][0], want_rad, atol=2e-3), 40), \
+            (daemon.loop.state.mode, np.rad2deg(env.actions_seen[-1][0]), np.rad2deg(want_rad))
+        degrees_rad = units_to_sim_rad(leader_units)
+        assert np.max(np.abs(np.rad2deg(want_rad - degrees_rad))) > 5.0, "the two mappings differ visibly here"
+        _, notes = SimEpisodeHook(daemon.follower).episode_ending(None, True)
+        assert "sim_mapping: leisaac" in notes
+    finally:
+        daemon.stop()
+        b.stop()
+        t.join(5)
+        b.ep.close()
+        lb.stop()
