@@ -90,6 +90,7 @@ class LeisaacBridge:
         success_fn: Callable[[], bool] | None = None,
         step_context: Callable[[], Any] = contextlib.nullcontext,
         pre_step: Callable[[], None] | None = None,
+        seed_recorder: Any = None,
     ) -> None:
         self.env = env
         self.ep = endpoint
@@ -114,6 +115,8 @@ class LeisaacBridge:
         self.daemon_target_rad: np.ndarray | None = None  # the daemon's last target, sim radians
         self.realigning = False
         self.auto_resets = 0
+        self.seed_recorder = seed_recorder  # sim_bridge.seed_recorder.SeedDemoRecorder (--seed_hdf5)
+        self._last_seed: int | None = None
 
     # -- observation access ----------------------------------------------------------------------
     def _policy_obs(self) -> dict[str, Any]:
@@ -129,6 +132,8 @@ class LeisaacBridge:
 
     # -- episode ---------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> None:
+        self._end_seed_demo()
+        self._last_seed = seed
         with self.step_context():
             self.obs, _ = self.env.reset(seed=seed) if seed is not None else self.env.reset()
         self._after_reset()
@@ -158,9 +163,30 @@ class LeisaacBridge:
                 self.ep.send_event("reset_done", seq=self.episode_seq)
             elif cmd["cmd"] == "start":
                 self._success_sent = self._ended_sent = False
+                if self.seed_recorder is not None:
+                    self.seed_recorder.begin(self.scene_state(), seed=self._last_seed)
                 self.ep.send_event("started", seq=self.episode_seq)
             elif cmd["cmd"] == "stop":
+                self._end_seed_demo()
                 self.ep.send_event("stopped", seq=self.episode_seq)
+
+    # -- seed demos (Isaac Lab's ActionStateRecorderManagerCfg terms) --------------------------
+    def scene_state(self) -> Any:
+        """``InteractiveScene.get_state(is_relative=True)``: every articulation and rigid object."""
+        return self.env.scene.get_state(is_relative=True)
+
+    def processed_actions(self, action: Any) -> Any:
+        """``PostStepProcessedActionsRecorder``: the action terms' processed actions, concatenated
+        (a Direct env has no action manager: its processed action is the action it applied)."""
+        manager = getattr(self.env, "action_manager", None)
+        if manager is None:
+            return action
+        parts = [to_numpy(manager.get_term(name).processed_actions) for name in manager.active_terms]
+        return np.concatenate(parts, axis=-1)
+
+    def _end_seed_demo(self) -> None:
+        if self.seed_recorder is not None and self.seed_recorder.recording:
+            self.seed_recorder.end(success=self._success_sent)
 
     def _send_state(self) -> None:
         self.ep.send_state(self.joint_units(), sim_time_s=self.steps / self.cfg.step_hz, torque=self.torque,
@@ -181,12 +207,21 @@ class LeisaacBridge:
             self._realign_step()
         if self.pre_step is not None:
             self.pre_step()
+        recording = self.seed_recorder is not None and self.seed_recorder.recording
+        obs_before = self._policy_obs() if recording else None  # PreStepFlatPolicyObservationsRecorder
+        action = self.to_action(self.target_rad)
         with self.step_context():
-            self.obs, _rew, terminated, truncated, _info = self.env.step(self.to_action(self.target_rad))
+            self.obs, _rew, terminated, truncated, _info = self.env.step(action)
         self.steps += 1
         terminated_now = bool(to_numpy(terminated).reshape(-1)[0])
         truncated_now = bool(to_numpy(truncated).reshape(-1)[0])
+        if recording and not (terminated_now or truncated_now):
+            self.seed_recorder.step(action, obs_before, self.scene_state(), self.processed_actions(action))
         if terminated_now or truncated_now:
+            if recording:
+                # Isaac Lab records this step's post-step state before its in-step reset; we only
+                # see the reset scene now, so the demo ends with the step before (it replays truly).
+                self.seed_recorder.end(success=self._success_sent or terminated_now)
             # Isaac Lab reset the scene inside step (a Direct task without manual_terminate, or a
             # manager-based task with a live termination term): ``terminated`` was computed
             # *before* that reset and is the success verdict; the scene we see now is the reset one.
@@ -254,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jpeg_quality", type=int, default=None)
     p.add_argument("--daemon_staleness_ms", type=float, default=100.0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed_hdf5", default=None, metavar="FILE",
+                   help="also write every daemon episode as an Isaac Lab Mimic seed demo to FILE "
+                        "(initial_state, states, obs incl. ee_frame_state, actions, processed_actions; appended)")
     return p
 
 
@@ -326,6 +364,11 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
         rate_hz=args.step_hz, daemon_staleness_s=args.daemon_staleness_ms / 1000.0,
     )
     ep.open()
+    seed_recorder = None
+    if args.seed_hdf5:
+        from sim_bridge.seed_recorder import SeedDemoRecorder
+
+        seed_recorder = SeedDemoRecorder(args.seed_hdf5, env_name=args.task)
     bridge = LeisaacBridge(
         env, ep,
         config=LeisaacBridgeConfig(step_hz=args.step_hz, publish_hz=args.publish_hz, jpeg_quality=args.jpeg_quality,
@@ -334,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
         success_fn=success_fn_for(env, success_term),
         step_context=torch.inference_mode,
         pre_step=pre_step,
+        seed_recorder=seed_recorder,
     )
     if hasattr(env, "initialize"):
         env.initialize()
@@ -344,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
     except KeyboardInterrupt:
         pass
     finally:
+        if seed_recorder is not None:
+            seed_recorder.close()
         ep.close()
         env.close()
         simulation_app.close()

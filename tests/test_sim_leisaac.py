@@ -8,6 +8,7 @@ is configured the way LeIsaac's ``teleop_se3_agent.py`` configures it.
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -325,3 +326,80 @@ def test_daemon_with_sim_mapping_leisaac_drives_the_sim_as_leisaacs_leader_would
         t.join(5)
         b.ep.close()
         lb.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# seed demos for Isaac Lab Mimic (--seed_hdf5)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("env_cls", [FakeManagerBasedRLEnv, FakeDirectRLEnv])
+def test_seed_demos_survive_strict_reset_to_replay_and_the_ik_step(tmp_path, env_cls):
+    """Episodes the daemon starts and stops become demos that LeIsaac's Mimic scripts accept
+    unmodified: annotate_demos.py / replay.py reset_to(initial_state) on a scene as strict as
+    Isaac Lab's and replay the actions to the recorded states; eef_action_process.py --to_ik
+    builds its IK actions; LeIsaac's converter and our import both take the successful demo."""
+    import h5py
+
+    from fixtures.isaaclab_recorder import annotate_reads, eef_to_ik_reads, leisaac_converter_counts
+    from fixtures.isaaclab_scene import StrictScene
+    from sim_bridge.isaaclab_hdf5 import import_hdf5
+    from sim_bridge.seed_recorder import SeedDemoRecorder
+
+    path = tmp_path / "seeds.hdf5"
+    env = env_cls()
+    rec = SeedDemoRecorder(path, env_name="LeIsaac-SO101-PickOrange-v0", flush_steps=50)
+    success_term = prepare_env_cfg(env.cfg)
+    ep = SimServerEndpoint("tcp://127.0.0.1:0", backend="leisaac:fake")
+    ep.open()
+    b = LeisaacBridge(env, ep, config=CFG, success_fn=success_fn_for(env, success_term), seed_recorder=rec)
+    t = threading.Thread(target=b.run, daemon=True)
+    t.start()
+    f = SimFollower(ep.endpoint, staleness_s=3.0, connect_timeout_s=10)
+    try:
+        f.connect()
+        starts = []
+        for seed, goal_pan in ((3, np.rad2deg(SUCCESS_PAN_RAD) + 15.0), (4, 10.0)):  # a success, then a failure
+            f.reset_episode(seed=seed, timeout_s=5)
+            starts.append(env.scene.get_state(is_relative=True))
+            seq = f.start_episode()
+            f.wait_event("started", seq, 5)
+            goal = np.array([goal_pan, 0.0, 0.0, 0.0, 0.0, 50.0])
+            n0 = len(env.actions_seen)
+            assert poll_until(lambda: (f.write_goals(goal), len(env.actions_seen) > n0 + 260)[1], 30)
+            f.wait_event("stopped", f.stop_episode(), 5)
+    finally:
+        f.close()
+        b.stop()
+        t.join(5)
+        ep.close()
+        rec.close()
+
+    with h5py.File(path, "r") as fh:
+        data = fh["data"]
+        assert json.loads(data.attrs["env_args"]) == {"env_name": "LeIsaac-SO101-PickOrange-v0", "type": 2}
+        assert list(data) == ["demo_0", "demo_1"]
+        assert [bool(data[d].attrs["success"]) for d in data] == [True, False]
+        assert int(data.attrs["total"]) == sum(int(data[d].attrs["num_samples"]) for d in data)
+        for i, name in enumerate(data):
+            g = data[name]
+            n = int(g.attrs["num_samples"])
+            assert n > 260 and int(g.attrs["seed"]) == (3, 4)[i]
+            for key in ("actions", "processed_actions", "obs/joint_pos", "obs/ee_frame_state", "obs/joint_pos_target",
+                        "obs/front", "states/articulation/robot/joint_position", "states/rigid_object/Plate/root_pose"):
+                assert g[key].shape[0] == n, key
+            initial_state, actions = annotate_reads(g)
+            scene = StrictScene(seed=99)  # another layout of the oranges: reset_to must put them back
+            scene.reset_to(initial_state, None, is_relative=True)
+            for obj in scene.objects:
+                np.testing.assert_allclose(scene.obj_pose[obj], starts[i]["rigid_object"][obj]["root_pose"] + np.r_[
+                    [[2.0, -1.0, 0.0, 0, 0, 0, 0]]], atol=1e-6)
+            # replay.py: the same physics from the same state under the same actions ends where the demo ended
+            replay = env_cls()
+            replay.scene = scene
+            for a in actions:
+                replay._physics(a[None])
+            recorded_end = np.asarray(g["states/articulation/robot/joint_position"][-1])
+            np.testing.assert_allclose(replay.scene.joint_pos[0], recorded_end, atol=1e-5)
+            assert eef_to_ik_reads(g).shape == (n, 8)
+    assert leisaac_converter_counts(path)[0] == 1
+    s = import_hdf5([path], tmp_path / "ds")
+    assert s.demos_imported == 1 and s.demos_skipped_failed == 1
