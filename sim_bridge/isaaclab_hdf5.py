@@ -8,10 +8,10 @@ want LeRobot. This module does both directions with h5py alone (no simulator):
   recordings (``daemon.dataset_schema``): LeRobot units through ``calibration.conventions``
   (LeIsaac's limit table), resampled onto the dataset's fps grid so timestamps tell the truth
   (LeIsaac's own converter writes 60 Hz steps into a dataset that claims 30 fps).
-- export: dataset episodes -> LeIsaac-style HDF5 seed demos for Mimic's annotate step, in sim
-  radians at the sim step rate, with the attributes Isaac Lab's HDF5DatasetFileHandler reads
-  (``data.attrs["env_args"]`` JSON, ``data.attrs["total"]``, per demo ``num_samples``,
-  ``success``, ``seed``).
+- export: seed demos for Mimic's annotate step must carry the scene state (``initial_state`` of
+  every articulation and rigid object) that a LeRobot dataset does not keep. Episodes imported from
+  such demos are exported by copying their source demo; every other episode is refused with the
+  reason and the way that works: the LeIsaac follower's ``--seed_hdf5`` (``sim_bridge.seed_recorder``).
 
 Import validates every selected demo completely (every key, every chunk of every dataset is
 read, shapes and values checked) *before* the dataset is touched, so a truncated or corrupt file
@@ -38,14 +38,8 @@ from typing import Any, Protocol
 import h5py
 import numpy as np
 
-from calibration.conventions import NUM_JOINTS, sim_rad_to_units, units_to_sim_rad
-from daemon.dataset_schema import (
-    ACTION_KEY,
-    DEFAULT_FPS,
-    IMAGE_KEY_PREFIX,
-    STATE_KEY,
-    read_episode_tags,
-)
+from calibration.conventions import NUM_JOINTS, sim_rad_to_units
+from daemon.dataset_schema import DEFAULT_FPS, read_episode_tags
 
 log = logging.getLogger("so101d.hdf5")
 
@@ -588,93 +582,115 @@ def parse_episode_selection(sel: str, total: int) -> list[int]:
     return sorted(out)
 
 
-def upsample_rows(n_frames: int, fps: float, step_hz: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For each sim step of the exported demo: (frame below, frame above, blend weight)."""
-    duration_s = (n_frames - 1) / fps
-    n_steps = int(np.floor(duration_s * step_hz + 1e-9)) + 1
-    pos = np.arange(n_steps) * fps / step_hz
-    lo = np.minimum(np.floor(pos).astype(np.int64), n_frames - 1)
-    hi = np.minimum(lo + 1, n_frames - 1)
-    return lo, hi, (pos - lo).astype(np.float64)
+class ExportRefused(ValueError):
+    """Episodes that cannot become Mimic seed demos; the message says why and what to do."""
+
+
+SEED_HOWTO = (
+    "record seed demos on the LeIsaac follower instead: start it with --seed_hdf5 FILE "
+    "(python -m sim_bridge.leisaac_follower --task ... --seed_hdf5 seeds.hdf5); every episode the daemon "
+    "records there is also written to FILE with the full scene state, and FILE goes to LeIsaac's "
+    "scripts/mimic/annotate_demos.py unmodified"
+)
+
+
+def full_scene_state(g: h5py.Group) -> bool:
+    """Does this demo carry what Isaac Lab's ``InteractiveScene.reset_to`` reads: every
+    articulation with root_pose / root_velocity / joint_position / joint_velocity, and the rigid
+    objects with root_pose / root_velocity (a scene without objects has none)?"""
+    init = g.get("initial_state")
+    if not isinstance(init, h5py.Group) or "articulation" not in init or not len(init["articulation"]):
+        return False
+    for art in init["articulation"].values():
+        if any(k not in art for k in ("root_pose", "root_velocity", "joint_position", "joint_velocity")):
+            return False
+    for obj in init.get("rigid_object", {}).values():
+        if any(k not in obj for k in ("root_pose", "root_velocity")):
+            return False
+    return "actions" in g
+
+
+def _why_not_a_seed(ep: int, tag, root: Path) -> str | None:
+    """None when ``ep`` can be exported (its source demo has the full scene state), else why not."""
+    kind = tag.follower_kind if tag else "unknown"
+    src = tag.source if tag else {}
+    if src.get("file") and src.get("demo"):
+        path = Path(src["file"])
+        if not path.is_absolute() and not path.exists():
+            path = root / path
+        if not path.exists():
+            return f"episode {ep}: imported from {src['file']} {src['demo']}, but that file is gone"
+        with h5py.File(path, "r") as f:
+            g = f.get(f"data/{src['demo']}")
+            if g is None:
+                return f"episode {ep}: {src['file']} has no {src['demo']} any more"
+            if not full_scene_state(g):
+                return (f"episode {ep}: its source {src['file']} {src['demo']} has no full initial_state "
+                        "(articulations' root pose and joint state, rigid objects' poses)")
+        return None
+    if kind in ("feetech", "emulated"):
+        what = "on the real arm" if kind == "feetech" else "on the emulated arm"
+        return (f"episode {ep} was recorded {what}: there are no object poses in it. Mimic's annotate step resets "
+                "the scene to each demo's initial_state (every articulation and every object, e.g. PickOrange's "
+                "three oranges and plate) and keeps only demos whose success check passes after replay, so such "
+                "a demo would fail or be dropped silently")
+    if kind == "sim-mujoco":
+        return (f"episode {ep} was recorded on the MuJoCo follower: its scene is not LeIsaac's and the dataset "
+                "keeps no object state")
+    return (f"episode {ep} ({kind}) has no scene state in the dataset (LeRobot datasets keep joints and "
+            "images only)")
 
 
 def export_hdf5(
     dataset_root: Path,
     episodes: str,
     out: Path,
-    env_name: str = "LeIsaac-SO101-PickOrange-v0",
-    step_hz: float = DEFAULT_STEP_HZ,
     progress: Callable[[str], None] | None = None,
 ) -> int:
-    """Write dataset episodes as LeIsaac-style seed demos (sim radians at the sim step rate).
+    """Write dataset episodes as Isaac Lab Mimic seed demos, or refuse with the reason.
 
-    Joint values are linearly interpolated between frames; images repeat the nearest earlier
-    frame. Returns the number of demos written. The file is written to a temp name and renamed,
-    so a crash never leaves a half file at ``out``.
+    A seed demo must replay in LeIsaac: ``initial_state`` with every articulation and rigid
+    object, ``actions``, ``obs/ee_frame_state`` ... (see ``sim_bridge.seed_recorder``). Only
+    episodes imported from such a demo can be exported (their source demo is copied verbatim, with
+    ``so101d_episode_index`` added); any other selected episode refuses the whole export, naming
+    each episode, why, and what to do. The file is written to a temp name and renamed, so a
+    refusal or a crash never leaves a file at ``out``.
     """
-    _offline()
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
     say = progress or (lambda msg: log.info("%s", msg))
     root = Path(dataset_root)
-    ds = LeRobotDataset(repo_id_for(root), root=root, video_backend="pyav")
+    info_path = root / "meta" / "info.json"
+    if not info_path.exists():
+        raise FileNotFoundError(f"{root}: no LeRobot dataset here (meta/info.json missing)")
+    total = int(json.loads(info_path.read_text()).get("total_episodes", 0))
     tags = read_episode_tags(root)
-    indices = parse_episode_selection(episodes, ds.meta.total_episodes)
-    cams = [k[len(IMAGE_KEY_PREFIX):] for k in ds.meta.video_keys]
-    fps = float(ds.meta.fps)
+    indices = parse_episode_selection(episodes, total)
+    problems = [why for ep in indices if (why := _why_not_a_seed(ep, tags.get(ep), root))]
+    if problems:
+        raise ExportRefused("cannot export Mimic seed demos:\n  " + "\n  ".join(problems) + "\n" + SEED_HOWTO)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
     total_steps = 0
-    with h5py.File(tmp, "w") as f:
-        data = f.create_group("data")
-        data.attrs["env_args"] = json.dumps({"env_name": env_name, "type": 2, "step_hz": step_hz})
-        data.attrs["step_hz"] = step_hz
-        for demo_i, ep in enumerate(indices):
-            meta = ds.meta.episodes[ep]
-            start, stop = int(meta["dataset_from_index"]), int(meta["dataset_to_index"])
-            n = stop - start
-            state = np.empty((n, NUM_JOINTS), np.float64)
-            action = np.empty((n, NUM_JOINTS), np.float64)
-            images: dict[str, np.ndarray] = {}
-            for j in range(n):
-                item = ds[start + j]
-                state[j] = item[STATE_KEY].numpy()
-                action[j] = item[ACTION_KEY].numpy()
-                for cam in cams:
-                    img = item[IMAGE_KEY_PREFIX + cam]  # (3, H, W) float in 0..1
-                    rgb = (img.permute(1, 2, 0).numpy() * 255.0 + 0.5).clip(0, 255).astype(np.uint8)
-                    if j == 0:
-                        images[cam] = np.empty((n, *rgb.shape), np.uint8)
-                    images[cam][j] = rgb
-            lo, hi, w = upsample_rows(n, fps, step_hz)
-            blend = lambda a: (a[lo] * (1 - w)[:, None] + a[hi] * w[:, None])  # noqa: E731
-            joint_rad = units_to_sim_rad(blend(state)).astype(np.float32)
-            action_rad = units_to_sim_rad(blend(action)).astype(np.float32)
-            joint_vel = np.gradient(joint_rad, 1.0 / step_hz, axis=0).astype(np.float32) if len(lo) > 1 else np.zeros_like(joint_rad)
-            g = data.create_group(f"demo_{demo_i}")
-            g.attrs["num_samples"] = len(lo)
-            g.attrs["seed"] = 0
-            tag = tags.get(ep)
-            g.attrs["success"] = bool(tag.success) if tag and tag.success is not None else True
-            g.attrs["so101d_episode_index"] = ep
-            g.create_dataset("actions", data=action_rad, compression="gzip")
-            obs = g.create_group("obs")
-            obs.create_dataset("joint_pos", data=joint_rad, compression="gzip")
-            obs.create_dataset("joint_vel", data=joint_vel, compression="gzip")
-            obs.create_dataset("actions", data=action_rad, compression="gzip")
-            for cam, arr in images.items():
-                obs.create_dataset(cam, data=arr[lo], compression="lzf", chunks=(1, *arr.shape[1:]))
-            robot_state = g.create_group("states/articulation/robot")
-            robot_state.create_dataset("joint_position", data=joint_rad)
-            robot_state.create_dataset("joint_velocity", data=joint_vel)
-            init = g.create_group("initial_state/articulation/robot")
-            init.create_dataset("joint_position", data=joint_rad[:1])
-            init.create_dataset("joint_velocity", data=np.zeros_like(joint_rad[:1]))
-            total_steps += len(lo)
-            say(f"episode {ep} -> demo_{demo_i} ({n} frames at {fps:g} fps -> {len(lo)} steps at {step_hz:g} Hz)")
-        data.attrs["total"] = total_steps
-    os.replace(tmp, out)
+    env_name = ""
+    try:
+        with h5py.File(tmp, "w") as f:
+            data = f.create_group("data")
+            for demo_i, ep in enumerate(indices):
+                src = tags[ep].source
+                path = Path(src["file"]) if Path(src["file"]).exists() else root / src["file"]
+                with h5py.File(path, "r") as s_f:
+                    if not env_name and "env_args" in s_f["data"].attrs:
+                        env_name = json.loads(s_f["data"].attrs["env_args"]).get("env_name", "")
+                    s_f.copy(s_f[f"data/{src['demo']}"], data, name=f"demo_{demo_i}")
+                g = data[f"demo_{demo_i}"]
+                g.attrs["so101d_episode_index"] = ep
+                total_steps += int(np.asarray(g.attrs.get("num_samples", g["actions"].shape[0])).item())
+                say(f"episode {ep} -> demo_{demo_i} (from {src['file']} {src['demo']})")
+            data.attrs["env_args"] = json.dumps({"env_name": env_name, "type": 2})
+            data.attrs["total"] = total_steps
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return len(indices)
 
 

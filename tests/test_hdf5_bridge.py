@@ -222,29 +222,81 @@ def test_corrupt_files_are_refused_and_the_dataset_is_untouched(tmp_path: Path, 
     assert load(root).meta.total_episodes == 1
 
 
-def test_export_then_import_round_trips_values_and_time_base(tmp_path: Path) -> None:
+def test_export_copies_imported_seed_demos_that_survive_a_strict_reset_to(tmp_path: Path) -> None:
+    """Imported LeIsaac demos go back out verbatim: scripts/mimic/annotate_demos.py's
+    reset_to(initial_state) on a scene as strict as Isaac Lab's InteractiveScene.reset_to works,
+    eef_action_process.py --to_ik reads what it needs, and re-importing gives the same frames."""
+    from fixtures.isaaclab_recorder import annotate_reads, eef_to_ik_reads
+    from fixtures.isaaclab_scene import StrictScene
+
     src = tmp_path / "seed.hdf5"
     write_leisaac_file(src, lengths=(41, 41), failed=())
     root = tmp_path / "ds"
-    import_hdf5([src], root, skip_frames=0)
+    import_hdf5([src], root)
     out = tmp_path / "seeds" / "mimic_seed.hdf5"
     assert export_hdf5(root, "0-1", out) == 2
-    with h5py.File(out, "r") as f:
+    with h5py.File(out, "r") as f, h5py.File(src, "r") as orig:
         data = f["data"]
-        assert json.loads(data.attrs["env_args"])["env_name"] == "LeIsaac-SO101-PickOrange-v0"
-        g = data["demo_1"]
-        assert g.attrs["num_samples"] == g["actions"].shape[0] == 41  # 21 frames at 30 fps -> 41 steps at 60 Hz
+        assert json.loads(data.attrs["env_args"]) == {"env_name": "LeIsaac-SO101-PickOrange-v0", "type": 2}
         assert data.attrs["total"] == 82
-        assert g["obs/front"].shape == (41, H, W, 3) and g["obs/joint_pos"].dtype == np.float32
-        assert "initial_state" in g and bool(g.attrs["success"]) is True
+        for i in range(2):
+            g, o = data[f"demo_{i}"], orig[f"data/demo_{i}"]
+            assert g.attrs["so101d_episode_index"] == i and bool(g.attrs["success"]) is True
+            np.testing.assert_array_equal(g["actions"][:], o["actions"][:])
+            np.testing.assert_array_equal(g["obs/front"][:], o["obs/front"][:])
+            initial_state, actions = annotate_reads(g)
+            StrictScene(seed=5).reset_to(initial_state, None, is_relative=True)
+            assert eef_to_ik_reads(g).shape == (41, 8) and actions.shape == (41, 6)
     back = tmp_path / "back"
-    import_hdf5([out], back, skip_frames=0)
+    import_hdf5([out], back)
     a, b = load(root), load(back)
-    assert len(a) == len(b) == 42
-    for i in (0, 10, 20, 21, 41):
-        np.testing.assert_allclose(b[i]["observation.state"].numpy(), a[i]["observation.state"].numpy(), atol=1e-3)
-        np.testing.assert_allclose(b[i]["action"].numpy(), a[i]["action"].numpy(), atol=1e-3)
-        assert float(b[i]["timestamp"]) == pytest.approx(float(a[i]["timestamp"]), abs=1e-6)
+    assert len(a) == len(b)
+    for i in (0, 10, len(a) - 1):
+        np.testing.assert_allclose(b[i]["observation.state"].numpy(), a[i]["observation.state"].numpy(), atol=1e-6)
+
+
+def test_export_refuses_real_and_mujoco_episodes_saying_why_and_what_to_do(tmp_path: Path, capsys) -> None:
+    """The holdout-style dataset: an emulated-arm episode and a MuJoCo one recorded by the daemon's
+    recorder, then LeIsaac demos imported beside them (identical features). Only the imported ones
+    can seed Mimic; asking for the others refuses the whole export and writes nothing."""
+    import time
+
+    from daemon.recording.recorder import Recorder, RecorderConfig
+    from recording_support import SyntheticLoop
+
+    root = tmp_path / "ds"
+    rec = Recorder(RecorderConfig(root=str(root), fps=30, follower_kind="emulated"), [])
+    kinds = iter(["emulated", "sim-mujoco"])
+    rec.follower_kind_fn = lambda: next(kinds)
+    rec.open()
+    try:
+        rec.wait_ready(120)
+        with SyntheticLoop(rec):
+            for task in ("real pick", "mujoco pick"):
+                rec.start_episode(task)
+                time.sleep(0.5)
+                rec.save_episode(True)
+                assert rec.wait_saved(120)
+    finally:
+        rec.close()
+    src = tmp_path / "leisaac.hdf5"
+    write_leisaac_file(src, lengths=(41,), failed=(), cameras=())
+    import_hdf5([src], root)
+    ds = load(root)
+    assert ds.meta.total_episodes == 3
+    assert [read_episode_tags(root)[i].follower_kind for i in range(3)] == ["emulated", "sim-mujoco", "sim-leisaac"]
+
+    out = tmp_path / "seeds.hdf5"
+    assert so101d(["export-hdf5", "--dataset", str(root), "--episodes", "all", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "episode 0 was recorded on the emulated arm: there are no object poses in it" in err
+    assert "episode 1 was recorded on the MuJoCo follower" in err
+    assert "episode 2" not in err
+    assert "--seed_hdf5" in err and "annotate_demos.py" in err and f"nothing was written to {out}" in err
+    assert not out.exists() and not list(tmp_path.glob(".seeds.hdf5*"))
+    assert so101d(["export-hdf5", "--dataset", str(root), "--episodes", "2", "--out", str(out)]) == 0
+    with h5py.File(out, "r") as f:
+        assert list(f["data"]) == ["demo_0"] and f["data/demo_0"].attrs["so101d_episode_index"] == 2
 
 
 def test_episode_selection_parsing() -> None:
