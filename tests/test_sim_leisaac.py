@@ -403,3 +403,42 @@ def test_seed_demos_survive_strict_reset_to_replay_and_the_ik_step(tmp_path, env
     assert leisaac_converter_counts(path)[0] == 1
     s = import_hdf5([path], tmp_path / "ds")
     assert s.demos_imported == 1 and s.demos_skipped_failed == 1
+
+
+def test_readme_leisaac_commands_parse():
+    """Every so101d / sim_bridge command and the so101d.toml block of README.leisaac.md are real:
+    the follower's own arguments parse (Isaac Lab's AppLauncher adds --enable_cameras, --device,
+    --headless inside main()), the so101d subcommands parse, the config block loads."""
+    import argparse
+    import shlex
+    import tomllib
+    from pathlib import Path
+
+    from daemon.commands import export_hdf5 as export_cmd
+    from daemon.commands import import_hdf5 as import_cmd
+    from daemon.config import config_from_dict
+
+    text = (Path(__file__).resolve().parents[1] / "README.leisaac.md").read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.startswith("    ")]
+    follower = [ln for ln in lines if "sim_bridge.leisaac_follower" in ln]
+    assert follower
+    for ln in follower:
+        argv = shlex.split(ln.split("sim_bridge.leisaac_follower", 1)[1])
+        args, unknown = build_parser().parse_known_args(argv)
+        assert args.seed_hdf5 and args.task.startswith("LeIsaac-SO101-")
+        assert set(a for a in unknown if a.startswith("--")) <= {"--enable_cameras", "--device", "--headless"}, unknown
+    parsers = {"import-hdf5": import_cmd, "export-hdf5": export_cmd}
+    seen = set()
+    for ln in lines:
+        if not ln.startswith("so101d "):
+            continue
+        argv = [a for a in shlex.split(ln.replace("[", "").replace("]", "").replace(" | ", " ")) if a != "so101d"]
+        p = argparse.ArgumentParser()
+        parsers[argv[0]].add_arguments(p)
+        rest = [a for a in argv[1:] if a not in ("--human", "--successful-only", "--all")]  # alternatives listed together
+        p.parse_args(rest)
+        seen.add(argv[0])
+    assert seen == set(parsers)
+    block = text.split("# so101d.toml", 1)[1].split("\n\n", 1)[0]
+    cfg = config_from_dict(tomllib.loads("\n".join(ln[4:] for ln in block.splitlines()[1:])))
+    assert cfg.follower.kind == "sim" and cfg.follower.sim_mapping == "leisaac"
