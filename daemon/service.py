@@ -94,14 +94,17 @@ def mapped_leader(leader: Any, cfg: Config) -> Any:
 class RemoteLeaderHook:
     """Publishes every fresh leader reading in LeIsaac's remote-leader format (non-blocking)."""
 
-    def __init__(self, publisher: Any, leader_cal: ArmCalibration) -> None:
+    def __init__(self, publisher: Any, leader_cal: ArmCalibration, leader: Any = None) -> None:
         self.publisher = publisher
         self.cal = leader_cal
+        self.leader = leader  # a sim-mapped leader keeps its unmapped reading in last_raw_units
 
     def on_leader(self, now_monotonic_s: float, leader_units: Any) -> None:
         from calibration.conventions import units_to_ticks  # noqa: PLC0415
 
-        self.publisher.publish_ticks(units_to_ticks(leader_units, self.cal), self.cal)
+        raw = getattr(self.leader, "last_raw_units", None)
+        units = raw if raw is not None else leader_units
+        self.publisher.publish_ticks(units_to_ticks(units, self.cal), self.cal)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -251,7 +254,7 @@ class Daemon:
             except Exception as exc:  # noqa: BLE001 - zmq errors: address in use, bad endpoint
                 raise StartupError(f"leisaac_remote_leader.bind: cannot bind {rl.bind}: {exc}") from exc
             self.remote_leader = pub
-            self.loop.add_hook(RemoteLeaderHook(pub, cal))
+            self.loop.add_hook(RemoteLeaderHook(pub, cal, self.leader))
             self.after_stop.append(pub.close)
 
     def tick(self) -> None:

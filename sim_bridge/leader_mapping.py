@@ -24,9 +24,14 @@ class LeisaacMappedLeader:
         self._leader = leader
         self._cal = leader_cal
         self.sim_mapping = mapping
+        # the leader's own reading before mapping, for consumers that want the leader itself
+        # (the LeIsaac remote-leader publisher sends leader ticks, not sim targets)
+        self.last_raw_units: np.ndarray | None = None
 
     def read_joints(self) -> np.ndarray:
-        return map_leader_to_sim(self._leader.read_joints(), self.sim_mapping, self._cal)
+        raw = self._leader.read_joints()
+        self.last_raw_units = raw
+        return map_leader_to_sim(raw, self.sim_mapping, self._cal)
 
     def __getattr__(self, name: str) -> Any:  # connect, close, port, calibration, kind...
         return getattr(self._leader, name)

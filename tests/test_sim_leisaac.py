@@ -320,6 +320,14 @@ def test_daemon_with_sim_mapping_leisaac_drives_the_sim_as_leisaacs_leader_would
         assert np.max(np.abs(np.rad2deg(want_rad - degrees_rad))) > 5.0, "the two mappings differ visibly here"
         _, notes = SimEpisodeHook(daemon.follower).episode_ending(None, True)
         assert "sim_mapping: leisaac" in notes
+        # LeIsaac's remote-leader stream (if also enabled) still carries the leader's own ticks
+        from daemon.service import RemoteLeaderHook
+
+        sent = []
+        pub = SimpleNamespace(publish_ticks=lambda ticks, cal: sent.append(np.asarray(ticks)))
+        RemoteLeaderHook(pub, leader_cal, daemon.leader).on_leader(0.0, daemon.loop.leader_units)
+        np.testing.assert_array_equal(sent[0], units_to_ticks(daemon.leader.last_raw_units, leader_cal))
+        np.testing.assert_allclose(daemon.leader.last_raw_units, leader_units, atol=0.1)
     finally:
         daemon.stop()
         b.stop()
