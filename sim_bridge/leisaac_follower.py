@@ -11,13 +11,21 @@ The environment is created the way LeIsaac's own scripts do (AppLauncher first, 
 actions in the order pan, lift, elbow, wrist_flex, wrist_roll, gripper, then ``gym.make``). Our
 LeRobot-unit targets become LeIsaac joint radians with ``conventions.units_to_sim_rad`` (LeIsaac's
 own limit table); ``obs["policy"]["joint_pos"]`` goes back with ``sim_rad_to_units``; the
-``front`` and ``wrist`` camera terms are published as frames; the task's success term is
-evaluated every step *without* letting Isaac Lab auto-reset the scene (the daemon decides when an
-episode ends and sends ``reset``).
+``front`` and ``wrist`` camera terms are published as frames.
+
+The task is configured as LeIsaac's ``teleop_se3_agent.py`` does (``prepare_env_cfg``): no
+termination term resets a manager-based scene, and a Direct task gets ``never_time_out`` and
+``manual_terminate``; success is evaluated by us after every step (the success term, or a Direct
+task's ``_check_success``). Should a task still reset itself inside ``step``, the ``terminated``
+flag it returns (computed before that reset) is the success. After any scene reset the arm holds
+the reset pose and re-aligns to the daemon's target at ``realign_speed_deg_s`` (never a jump).
+With ``--seed_hdf5 FILE`` every daemon episode is also written as a Mimic seed demo
+(``sim_bridge.seed_recorder``).
 
 Everything except ``main()`` is plain Python over a gym-style env (``reset(seed=)`` and
-``step(action)`` returning ``obs, reward, terminated, truncated, info``), so it is tested here
-with a fake env of the same interface; Isaac imports live only inside ``main()``.
+``step(action)`` returning ``obs, reward, terminated, truncated, info``), tested with fakes built
+from Isaac Lab's and LeIsaac's step/reset source (``tests/fixtures/leisaac_env.py``); Isaac
+imports live only inside ``main()``.
 """
 
 from __future__ import annotations
@@ -203,7 +211,7 @@ class LeisaacBridge:
                 log.warning("daemon silent: holding the current pose")
             self.daemon_target_rad = None  # a stale target must not be re-aligned to later
         self._daemon_was_stale = stale
-        if self.realigning:
+        if self.realigning and self.torque and not stale:
             self._realign_step()
         if self.pre_step is not None:
             self.pre_step()
@@ -289,6 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jpeg_quality", type=int, default=None)
     p.add_argument("--daemon_staleness_ms", type=float, default=100.0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--realign_speed_deg_s", type=float, default=45.0,
+                   help="after a scene reset, move to the daemon's target at this speed (default %(default)s)")
     p.add_argument("--seed_hdf5", default=None, metavar="FILE",
                    help="also write every daemon episode as an Isaac Lab Mimic seed demo to FILE "
                         "(initial_state, states, obs incl. ee_frame_state, actions, processed_actions; appended)")
@@ -372,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
     bridge = LeisaacBridge(
         env, ep,
         config=LeisaacBridgeConfig(step_hz=args.step_hz, publish_hz=args.publish_hz, jpeg_quality=args.jpeg_quality,
-                                   daemon_staleness_s=args.daemon_staleness_ms / 1000.0),
+                                   daemon_staleness_s=args.daemon_staleness_ms / 1000.0,
+                                   realign_speed_deg_s=args.realign_speed_deg_s),
         to_action=lambda rad: torch.tensor(rad, dtype=torch.float32, device=env.device).unsqueeze(0),
         success_fn=success_fn_for(env, success_term),
         step_context=torch.inference_mode,
