@@ -1,7 +1,8 @@
 """Import throughput and peak memory of `so101d import-hdf5` on a many-demo LeIsaac file.
 
 Side by side in one run, each in a fresh subprocess (peak RSS is per process):
-  - ours:  sim_bridge.isaaclab_hdf5.import_hdf5 (streams demo by demo, chunk by chunk)
+  - ours:  sim_bridge.isaaclab_hdf5.import_hdf5 (streams demo by demo, chunk by chunk), with the
+           CLI's progress bar, every step kept (--skip-frames 0 --min-frames 0) so both read the same rows
   - naive: what LeIsaac's converter does: np.array() of each demo's whole datasets, then the
            same LeRobotDataset add_frame / save_episode calls (no resampling).
 Prints frames/s and peak RSS for both and the ratios.
@@ -52,10 +53,12 @@ def make_file(path: Path, demos: int, steps: int, height: int, width: int) -> No
 
 
 def run_ours(src: str, root: str) -> dict:
+    from daemon.commands.import_hdf5 import RichImportProgress
     from sim_bridge.isaaclab_hdf5 import import_hdf5
 
     t0 = time.monotonic()
-    s = import_hdf5([Path(src)], Path(root), task="bench", progress=lambda _m: None)
+    # as the CLI runs it (progress bar on stderr), every step kept so both sides read the same rows
+    s = import_hdf5([Path(src)], Path(root), task="bench", progress=RichImportProgress(), skip_frames=0, min_frames=0)
     return {"frames": s.frames_written, "seconds": time.monotonic() - t0}
 
 

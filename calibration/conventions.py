@@ -208,3 +208,52 @@ def sim_unit_limits() -> tuple[np.ndarray, np.ndarray]:
 
 def degrees_to_rad(deg: float) -> float:
     return deg * math.pi / 180.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Leader -> simulated follower: the two sim mappings ([follower] sim_mapping)
+# ---------------------------------------------------------------------------------------------
+SimMapping = Literal["degrees", "leisaac"]
+SIM_MAPPINGS: tuple[str, ...] = ("degrees", "leisaac")
+
+
+def leader_units_to_leisaac_sim_units(leader_units: np.ndarray, leader_cal: "ArmCalibration") -> np.ndarray:
+    """``sim_mapping = "leisaac"``: the sim follower's units (see ``sim_rad_to_units``) for a leader
+    reading, exactly as LeIsaac maps its own SO-101 leader.
+
+    LeIsaac 0.4.0 reads the leader's Present_Position, normalises it with the leader's calibrated
+    range (``devices/lerobot/common/motors/motors_bus.py`` ``_normalize``: body RANGE_M100_100 of
+    the range clamped to it, sign flipped by drive_mode; gripper RANGE_0_100) and maps -100..100
+    (gripper 0..100) linearly onto its USD joint-limit table
+    (``devices/action_process.py`` ``convert_action_from_so101_leader``). The leader's whole
+    calibrated range therefore spans the sim joint's whole range: ranges are stretched, angles are
+    not kept. ``leader_units`` are the daemon's leader reading (LeRobot degrees, gripper 0..100):
+    the ticks behind them are recovered exactly (``units_to_ticks`` without rounding).
+    """
+    u = np.asarray(leader_units, dtype=np.float64)
+    lo, hi, drive = _ranges(leader_cal)
+    normalized = np.empty(NUM_JOINTS, dtype=np.float64)
+    for i in BODY_INDICES:
+        ticks = u[i] * MAX_TICK / 360.0 + (lo[i] + hi[i]) / 2
+        bounded = min(hi[i], max(lo[i], ticks))
+        norm = (bounded - lo[i]) / (hi[i] - lo[i]) * 200.0 - 100.0
+        normalized[i] = -norm if drive[i] else norm
+    g = GRIPPER_INDEX
+    normalized[g] = min(100.0, max(0.0, u[g]))  # already LeIsaac's RANGE_0_100 (drive_mode applied)
+    return sim_rad_to_units(normalized_to_sim_rad(normalized))
+
+
+def map_leader_to_sim(leader_units: np.ndarray, mapping: SimMapping, leader_cal: "ArmCalibration | None") -> np.ndarray:
+    """The sim follower's target for a leader reading under ``mapping``.
+
+    ``degrees`` (the default): LeRobot degrees are the sim's degrees (angles kept, each joint's
+    zero at the middle of LeIsaac's limit range; gripper 0..100 over its range). ``leisaac``:
+    ``leader_units_to_leisaac_sim_units`` (LeIsaac's own map; needs the leader's calibration).
+    """
+    if mapping == "degrees":
+        return np.asarray(leader_units, dtype=np.float64)
+    if mapping == "leisaac":
+        if leader_cal is None:
+            raise ValueError('sim_mapping = "leisaac" needs the leader\'s calibration')
+        return leader_units_to_leisaac_sim_units(leader_units, leader_cal)
+    raise ValueError(f"unknown sim_mapping {mapping!r} (use one of {', '.join(SIM_MAPPINGS)})")

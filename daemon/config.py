@@ -73,6 +73,9 @@ class FollowerConfig:
     gripper_protection_current: int = 250  # 6.5 mA units
     gripper_overload_torque: int = 25  # percent
     stale_timeout_s: float = 0.1  # sim only: state older than this counts as a lost follower
+    # sim only: "degrees" keeps the leader's angles; "leisaac" maps the leader's calibrated range
+    # onto the sim joint range exactly as LeIsaac's own leader does (calibration.conventions)
+    sim_mapping: Literal["degrees", "leisaac"] = "degrees"
 
 
 @dataclass

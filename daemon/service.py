@@ -76,21 +76,35 @@ def make_follower(cfg: Config) -> Any:
     if kind == "sim":
         from sim_bridge.sim_follower import SimFollower  # noqa: PLC0415
 
-        return SimFollower(cfg.follower.endpoint, staleness_s=cfg.follower.stale_timeout_s)
+        follower = SimFollower(cfg.follower.endpoint, staleness_s=cfg.follower.stale_timeout_s)
+        follower.sim_mapping = cfg.follower.sim_mapping  # named in every sim episode's tag notes
+        return follower
     raise StartupError(f"follower.kind: {kind!r} is not available in this build")
+
+
+def mapped_leader(leader: Any, cfg: Config) -> Any:
+    """The leader as the sim follower sees it under ``[follower] sim_mapping`` (see
+    ``sim_bridge.leader_mapping``); its calibration is the leader's own."""
+    from sim_bridge.leader_mapping import LeisaacMappedLeader  # noqa: PLC0415
+
+    cal = getattr(leader, "calibration", None) or load_arm_calibration(cfg, "leader")
+    return LeisaacMappedLeader(leader, cal, cfg.follower.sim_mapping)
 
 
 class RemoteLeaderHook:
     """Publishes every fresh leader reading in LeIsaac's remote-leader format (non-blocking)."""
 
-    def __init__(self, publisher: Any, leader_cal: ArmCalibration) -> None:
+    def __init__(self, publisher: Any, leader_cal: ArmCalibration, leader: Any = None) -> None:
         self.publisher = publisher
         self.cal = leader_cal
+        self.leader = leader  # a sim-mapped leader keeps its unmapped reading in last_raw_units
 
     def on_leader(self, now_monotonic_s: float, leader_units: Any) -> None:
         from calibration.conventions import units_to_ticks  # noqa: PLC0415
 
-        self.publisher.publish_ticks(units_to_ticks(leader_units, self.cal), self.cal)
+        raw = getattr(self.leader, "last_raw_units", None)
+        units = raw if raw is not None else leader_units
+        self.publisher.publish_ticks(units_to_ticks(units, self.cal), self.cal)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -104,6 +118,8 @@ class Daemon:
         self.reloads = 0
         self._reload_requested = threading.Event()
         self.leader = leader if leader is not None else make_leader(cfg)
+        if cfg.follower.kind == "sim" and cfg.follower.sim_mapping != "degrees" and self.leader is not None:
+            self.leader = mapped_leader(self.leader, cfg)
         self.follower = follower if follower is not None else make_follower(cfg)
         self.loop = ControlLoop(self.leader, self.follower, cfg)
         self.socket_path = socket_path or cfg.socket.resolved_path()
@@ -238,7 +254,7 @@ class Daemon:
             except Exception as exc:  # noqa: BLE001 - zmq errors: address in use, bad endpoint
                 raise StartupError(f"leisaac_remote_leader.bind: cannot bind {rl.bind}: {exc}") from exc
             self.remote_leader = pub
-            self.loop.add_hook(RemoteLeaderHook(pub, cal))
+            self.loop.add_hook(RemoteLeaderHook(pub, cal, self.leader))
             self.after_stop.append(pub.close)
 
     def tick(self) -> None:

@@ -8,10 +8,10 @@ want LeRobot. This module does both directions with h5py alone (no simulator):
   recordings (``daemon.dataset_schema``): LeRobot units through ``calibration.conventions``
   (LeIsaac's limit table), resampled onto the dataset's fps grid so timestamps tell the truth
   (LeIsaac's own converter writes 60 Hz steps into a dataset that claims 30 fps).
-- export: dataset episodes -> LeIsaac-style HDF5 seed demos for Mimic's annotate step, in sim
-  radians at the sim step rate, with the attributes Isaac Lab's HDF5DatasetFileHandler reads
-  (``data.attrs["env_args"]`` JSON, ``data.attrs["total"]``, per demo ``num_samples``,
-  ``success``, ``seed``).
+- export: seed demos for Mimic's annotate step must carry the scene state (``initial_state`` of
+  every articulation and rigid object) that a LeRobot dataset does not keep. Episodes imported from
+  such demos are exported by copying their source demo; every other episode is refused with the
+  reason and the way that works: the LeIsaac follower's ``--seed_hdf5`` (``sim_bridge.seed_recorder``).
 
 Import validates every selected demo completely (every key, every chunk of every dataset is
 read, shapes and values checked) *before* the dataset is touched, so a truncated or corrupt file
@@ -23,6 +23,7 @@ h264 encoding and image statistics as live recordings, and one crash-safe transa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,23 +33,23 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import h5py
 import numpy as np
 
-from calibration.conventions import NUM_JOINTS, sim_rad_to_units, units_to_sim_rad
-from daemon.dataset_schema import (
-    ACTION_KEY,
-    DEFAULT_FPS,
-    IMAGE_KEY_PREFIX,
-    STATE_KEY,
-    read_episode_tags,
-)
+from calibration.conventions import NUM_JOINTS, sim_rad_to_units
+from daemon.dataset_schema import DEFAULT_FPS, read_episode_tags
 
 log = logging.getLogger("so101d.hdf5")
 
 DEFAULT_STEP_HZ = 60.0  # LeIsaac: sim step 1/60 s, decimation 1
 CAMERA_NAMES = ("front", "wrist")
+# LeIsaac's converter (scripts/convert/isaaclab2lerobot.py, add_episode): demos with fewer than
+# 10 recorded steps are dropped and the first 5 steps of every demo are skipped (the arm settling
+# after the reset). Our defaults match it; both are overridable and reported.
+LEISAAC_SKIP_FRAMES = 5
+LEISAAC_MIN_FRAMES = 10
 DEFAULT_CHUNK_FRAMES = 32  # 32 x 640x480x3 = 29 MB per camera per chunk
 COMMIT_BATCH = 16  # demos per dataset transaction
 _DEMO_RE = re.compile(r"^demo_(\d+)$")
@@ -67,6 +68,7 @@ class DemoInfo:
     step_hz: float
     cameras: dict[str, tuple[int, int]]  # name -> (height, width)
     generated: bool
+    empty: bool = False  # initial_state only / num_samples = 0 (LeIsaac's recorder after a reset)
 
     def where(self, key: str = "") -> str:
         return f"{self.path}: {self.name}" + (f"/{key}" if key else "")
@@ -77,9 +79,15 @@ class ImportSummary:
     files: list[str] = field(default_factory=list)
     demos_seen: int = 0
     demos_imported: int = 0
-    demos_skipped_failed: int = 0
-    demos_skipped_short: int = 0
+    demos_skipped_failed: int = 0  # success attribute false
+    demos_skipped_unjudged: int = 0  # no success attribute (LeIsaac's converter: not successful)
+    demos_skipped_empty: int = 0  # initial_state only / num_samples = 0
+    demos_skipped_short: int = 0  # fewer than min_frames steps
+    demos_not_selected: int = 0  # beyond --max-episodes
+    skip_frames: int = LEISAAC_SKIP_FRAMES
+    min_frames: int = LEISAAC_MIN_FRAMES
     frames_written: int = 0
+    source_steps: int = 0  # sim steps of the imported demos after --skip-frames (LeIsaac's converter's frame count)
     seconds: float = 0.0
     episode_indices: list[int] = field(default_factory=list)
 
@@ -130,6 +138,11 @@ def _file_step_hz(f: h5py.File, default: float) -> float:
     return default
 
 
+def _success_attr(g: h5py.Group) -> bool | None:
+    """Isaac Lab's HDF5DatasetFileHandler.load_episode: ``success`` only when the attribute exists."""
+    return bool(np.asarray(g.attrs["success"]).item()) if "success" in g.attrs else None
+
+
 def scan_file(path: Path, step_hz: float | None = None, generated: bool | None = None) -> list[DemoInfo]:
     """List the demos of one file (structure and attributes only; no bulk reads).
 
@@ -152,6 +165,12 @@ def scan_file(path: Path, step_hz: float | None = None, generated: bool | None =
             if not isinstance(g, h5py.Group):
                 continue
             info_where = f"{path}: {name}"
+            declared_n = int(np.asarray(g.attrs["num_samples"]).item()) if "num_samples" in g.attrs else None
+            if "actions" not in g and (declared_n == 0 or (declared_n is None and "initial_state" in g)):
+                # LeIsaac's streaming recorder writes the initial_state of the episode that began
+                # at the last reset even when no step followed (num_samples = 0): an empty demo.
+                demos.append(DemoInfo(path, name, 0, _success_attr(g), hz, {}, is_generated, empty=True))
+                continue
             for key in ("actions", "obs/joint_pos"):
                 if key not in g:
                     raise HDF5FormatError(f"{info_where}: missing key '{key}'")
@@ -162,9 +181,7 @@ def scan_file(path: Path, step_hz: float | None = None, generated: bool | None =
                     raise HDF5FormatError(
                         f"{info_where}: attribute num_samples={declared} but 'actions' has {n} rows (truncated file?)"
                     )
-            success: bool | None = None
-            if "success" in g.attrs:
-                success = bool(np.asarray(g.attrs["success"]).item())
+            success = _success_attr(g)
             cameras: dict[str, tuple[int, int]] = {}
             obs = g["obs"]
             for cam in CAMERA_NAMES:
@@ -273,22 +290,45 @@ def dataset_fps(root: Path, default: int = DEFAULT_FPS) -> int:
 # ---------------------------------------------------------------------------------------------
 # Import
 # ---------------------------------------------------------------------------------------------
+@dataclass
+class Selection:
+    chosen: list[DemoInfo] = field(default_factory=list)
+    failed: int = 0
+    unjudged: int = 0
+    empty: int = 0
+    short: int = 0
+    not_selected: int = 0
+
+
 def select_demos(
-    demos: Sequence[DemoInfo], successful_only: bool, skip_frames: int, max_episodes: int | None
-) -> tuple[list[DemoInfo], int, int]:
-    chosen: list[DemoInfo] = []
-    failed = short = 0
+    demos: Sequence[DemoInfo], successful_only: bool, skip_frames: int, max_episodes: int | None,
+    min_frames: int = LEISAAC_MIN_FRAMES, keep_unjudged: bool = False,
+) -> Selection:
+    """Which demos are imported, LeIsaac's converter's rules by default, every skip counted.
+
+    Order of the checks: empty (nothing recorded), failed / unjudged (``--all`` keeps both,
+    ``keep_unjudged`` keeps demos without a success attribute), fewer than ``min_frames`` steps,
+    nothing left after ``skip_frames`` (at least 2 steps must remain), ``max_episodes``.
+    """
+    sel = Selection()
     for d in demos:
+        if d.empty:
+            sel.empty += 1
+            continue
         if successful_only and d.success is False:
-            failed += 1
+            sel.failed += 1
             continue
-        if d.num_samples - skip_frames < 2:
-            short += 1
+        if successful_only and d.success is None and not keep_unjudged:
+            sel.unjudged += 1
             continue
-        if max_episodes is not None and len(chosen) >= max_episodes:
-            break
-        chosen.append(d)
-    return chosen, failed, short
+        if d.num_samples < min_frames or d.num_samples - skip_frames < 2:
+            sel.short += 1
+            continue
+        if max_episodes is not None and len(sel.chosen) >= max_episodes:
+            sel.not_selected += 1
+            continue
+        sel.chosen.append(d)
+    return sel
 
 
 def _frames_of(
@@ -310,12 +350,9 @@ def _frames_of(
 
 def _stage_demo(store, d: DemoInfo, rows: np.ndarray, fps: int, task: str, chunk_frames: int) -> Path:
     """Write one demo as a staged episode (the recorder's on-disk format), ready for commit."""
-    import av
 
     from daemon.recording.store import write_json_atomic
     from daemon.recording.writer import CameraEncoder
-
-    av.logging.set_level(av.logging.WARNING)  # no libx264 summary lines per demo
 
     uid = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
     stage = store.staging / f"ep-{uid}"
@@ -358,40 +395,52 @@ def _stage_demo(store, d: DemoInfo, rows: np.ndarray, fps: int, task: str, chunk
     return stage
 
 
+class ImportProgress(Protocol):
+    """Where an import reports its progress (the CLI draws a bar with rate and ETA)."""
+
+    def begin(self, demos: int, frames: int) -> None: ...
+    def advance(self, demos: int, frames: int) -> None: ...
+    def end(self) -> None: ...
+
+
 def import_hdf5(
     files: Sequence[Path],
     dataset_root: Path,
     task: str = "",
     successful_only: bool = True,
-    skip_frames: int = 0,
+    skip_frames: int = LEISAAC_SKIP_FRAMES,
     max_episodes: int | None = None,
     step_hz: float | None = None,
     fps: int | None = None,
     generated: bool | None = None,
     chunk_frames: int = DEFAULT_CHUNK_FRAMES,
-    progress: Callable[[str], None] | None = None,
+    progress: ImportProgress | None = None,
+    min_frames: int = LEISAAC_MIN_FRAMES,
+    keep_unjudged: bool = False,
 ) -> ImportSummary:
     """Append the selected demos of ``files`` to the dataset at ``dataset_root``.
 
+    Defaults follow LeIsaac's converter: empty demos skipped, missing success = failure, fewer
+    than 10 steps dropped, first 5 steps skipped; every skip is counted in the summary.
     Everything is validated before the dataset is opened; on any format error nothing is written.
     """
-    say = progress or (lambda msg: log.info("%s", msg))
-    summary = ImportSummary(files=[str(p) for p in files])
+    summary = ImportSummary(files=[str(p) for p in files], skip_frames=skip_frames, min_frames=min_frames)
     plan: list[DemoInfo] = []
     remaining = max_episodes
     for path in files:
         demos = scan_file(Path(path), step_hz=step_hz, generated=generated)
         summary.demos_seen += len(demos)
-        chosen, failed, short = select_demos(demos, successful_only, skip_frames, remaining)
-        summary.demos_skipped_failed += failed
-        summary.demos_skipped_short += short
-        plan += chosen
+        sel = select_demos(demos, successful_only, skip_frames, remaining, min_frames, keep_unjudged)
+        summary.demos_skipped_failed += sel.failed
+        summary.demos_skipped_unjudged += sel.unjudged
+        summary.demos_skipped_empty += sel.empty
+        summary.demos_skipped_short += sel.short
+        summary.demos_not_selected += sel.not_selected
+        plan += sel.chosen
         if remaining is not None:
-            remaining -= len(chosen)
-            if remaining <= 0:
-                break
+            remaining -= len(sel.chosen)
     if not plan:
-        say("nothing to import (no demo selected)")
+        log.info("nothing to import (no demo selected)")
         return summary
     cameras = plan[0].cameras
     for d in plan:
@@ -404,17 +453,80 @@ def import_hdf5(
     target_fps = fps or dataset_fps(dataset_root)
     # Pass 2: write, one committed episode at a time.
     t0 = time.monotonic()
+    rows_of = [resample_indices(d.num_samples, d.step_hz, target_fps, skip_frames) for d in plan]
+    if progress is not None:
+        progress.begin(len(plan), int(sum(len(r) for r in rows_of)))
     store = open_store(dataset_root, cameras, target_fps)
     try:
-        _write_plan(store, plan, summary, target_fps, skip_frames, task, chunk_frames, say)
+        with _quiet_ffmpeg():
+            _write_plan(store, plan, rows_of, summary, target_fps, task, chunk_frames, progress)
     finally:
         store.release_ownership()
+        if progress is not None:
+            progress.end()
     summary.seconds = time.monotonic() - t0
     return summary
 
 
-def _write_plan(store, plan: list[DemoInfo], summary: ImportSummary, fps: int, skip_frames: int, task: str,
-                chunk_frames: int, say: Callable[[str], None]) -> None:
+def _libavutil() -> Any:
+    """The libavutil PyAV itself loaded (its wheel bundles FFmpeg in ``av.libs``), or None."""
+    import ctypes
+    import glob
+
+    import av
+
+    pkg = os.path.dirname(os.path.dirname(av.__file__))
+    for path in sorted(glob.glob(os.path.join(pkg, "av.libs", "libavutil*.so*"))):
+        try:
+            return ctypes.CDLL(path)  # already loaded by av: dlopen hands back the same library
+        except OSError:
+            continue
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_ffmpeg() -> Iterator[None]:
+    """LeRobot's per-video INFO lines, HF datasets' "Map" bars and FFmpeg's own log (libx264 statistics, "[mp4 @ ...] Starting second pass" muxer lines) stays
+    off the terminal during an import: only its errors get through.
+
+    ``av.logging.set_level`` alone does not hold: LeRobot's ``get_video_info`` (called for every
+    committed video) ends with ``av.logging.restore_default_callback()``, after which FFmpeg's
+    default callback prints at FFmpeg's own level (INFO). So FFmpeg's level is lowered too, in
+    the libavutil PyAV bundles; both are restored afterwards."""
+    try:
+        import av
+    except ImportError:  # pragma: no cover - av comes with lerobot's dataset extra
+        yield
+        return
+    util = _libavutil()
+    c_before = util.av_log_get_level() if util is not None else None
+    # LeRobot's "Using video codec: ..." INFO lines, once per video per commit, say nothing useful
+    # here (and name hevc for h264 videos): below our INFO for the import's duration.
+    lerobot_log = logging.getLogger("lerobot")
+    lerobot_before = lerobot_log.level
+    lerobot_log.setLevel(max(logging.WARNING, lerobot_before))
+    # HF datasets draws a "Map: 100%" bar per commit; our own bar says the same, once.
+    from datasets.utils import logging as hf_logging
+
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    py_before = av.logging.get_level()
+    av.logging.set_level(av.logging.ERROR)
+    if util is not None:
+        util.av_log_set_level(av.logging.ERROR)
+    try:
+        yield
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
+        lerobot_log.setLevel(lerobot_before)
+        av.logging.set_level(py_before)
+        if util is not None:
+            util.av_log_set_level(c_before)
+
+
+def _write_plan(store, plan: list[DemoInfo], rows_of: list[np.ndarray], summary: ImportSummary, fps: int,
+                task: str, chunk_frames: int, progress: ImportProgress | None) -> None:
     """Stage each demo, committing every ``COMMIT_BATCH`` as one transaction.
 
     Batches keep a 200-demo import from paying LeRobot's per-session cost (re-reading all episode
@@ -429,13 +541,15 @@ def _write_plan(store, plan: list[DemoInfo], summary: ImportSummary, fps: int, s
             summary.episode_indices.append(result["episode_index"])
             summary.demos_imported += 1
             summary.frames_written += n
-            say(f"imported {d.where()} -> episode {result['episode_index']} ({n} frames at {fps} fps)")
+            summary.source_steps += d.num_samples - summary.skip_frames
+            log.debug("imported %s -> episode %d (%d frames at %d fps)", d.where(), result["episode_index"], n, fps)
         pending.clear()
 
-    for d in plan:
-        rows = resample_indices(d.num_samples, d.step_hz, fps, skip_frames)
+    for d, rows in zip(plan, rows_of):
         stage = _stage_demo(store, d, rows, fps, task or f"imported from {d.path.name}", chunk_frames)
         pending.append((stage, d, len(rows)))
+        if progress is not None:
+            progress.advance(1, len(rows))
         if len(pending) >= COMMIT_BATCH:
             flush()
     if pending:
@@ -468,93 +582,115 @@ def parse_episode_selection(sel: str, total: int) -> list[int]:
     return sorted(out)
 
 
-def upsample_rows(n_frames: int, fps: float, step_hz: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For each sim step of the exported demo: (frame below, frame above, blend weight)."""
-    duration_s = (n_frames - 1) / fps
-    n_steps = int(np.floor(duration_s * step_hz + 1e-9)) + 1
-    pos = np.arange(n_steps) * fps / step_hz
-    lo = np.minimum(np.floor(pos).astype(np.int64), n_frames - 1)
-    hi = np.minimum(lo + 1, n_frames - 1)
-    return lo, hi, (pos - lo).astype(np.float64)
+class ExportRefused(ValueError):
+    """Episodes that cannot become Mimic seed demos; the message says why and what to do."""
+
+
+SEED_HOWTO = (
+    "record seed demos on the LeIsaac follower instead: start it with --seed_hdf5 FILE "
+    "(python -m sim_bridge.leisaac_follower --task ... --seed_hdf5 seeds.hdf5); every episode the daemon "
+    "records there is also written to FILE with the full scene state, and FILE goes to LeIsaac's "
+    "scripts/mimic/annotate_demos.py unmodified"
+)
+
+
+def full_scene_state(g: h5py.Group) -> bool:
+    """Does this demo carry what Isaac Lab's ``InteractiveScene.reset_to`` reads: every
+    articulation with root_pose / root_velocity / joint_position / joint_velocity, and the rigid
+    objects with root_pose / root_velocity (a scene without objects has none)?"""
+    init = g.get("initial_state")
+    if not isinstance(init, h5py.Group) or "articulation" not in init or not len(init["articulation"]):
+        return False
+    for art in init["articulation"].values():
+        if any(k not in art for k in ("root_pose", "root_velocity", "joint_position", "joint_velocity")):
+            return False
+    for obj in init.get("rigid_object", {}).values():
+        if any(k not in obj for k in ("root_pose", "root_velocity")):
+            return False
+    return "actions" in g
+
+
+def _why_not_a_seed(ep: int, tag, root: Path) -> str | None:
+    """None when ``ep`` can be exported (its source demo has the full scene state), else why not."""
+    kind = tag.follower_kind if tag else "unknown"
+    src = tag.source if tag else {}
+    if src.get("file") and src.get("demo"):
+        path = Path(src["file"])
+        if not path.is_absolute() and not path.exists():
+            path = root / path
+        if not path.exists():
+            return f"episode {ep}: imported from {src['file']} {src['demo']}, but that file is gone"
+        with h5py.File(path, "r") as f:
+            g = f.get(f"data/{src['demo']}")
+            if g is None:
+                return f"episode {ep}: {src['file']} has no {src['demo']} any more"
+            if not full_scene_state(g):
+                return (f"episode {ep}: its source {src['file']} {src['demo']} has no full initial_state "
+                        "(articulations' root pose and joint state, rigid objects' poses)")
+        return None
+    if kind in ("feetech", "emulated"):
+        what = "on the real arm" if kind == "feetech" else "on the emulated arm"
+        return (f"episode {ep} was recorded {what}: there are no object poses in it. Mimic's annotate step resets "
+                "the scene to each demo's initial_state (every articulation and every object, e.g. PickOrange's "
+                "three oranges and plate) and keeps only demos whose success check passes after replay, so such "
+                "a demo would fail or be dropped silently")
+    if kind == "sim-mujoco":
+        return (f"episode {ep} was recorded on the MuJoCo follower: its scene is not LeIsaac's and the dataset "
+                "keeps no object state")
+    return (f"episode {ep} ({kind}) has no scene state in the dataset (LeRobot datasets keep joints and "
+            "images only)")
 
 
 def export_hdf5(
     dataset_root: Path,
     episodes: str,
     out: Path,
-    env_name: str = "LeIsaac-SO101-PickOrange-v0",
-    step_hz: float = DEFAULT_STEP_HZ,
     progress: Callable[[str], None] | None = None,
 ) -> int:
-    """Write dataset episodes as LeIsaac-style seed demos (sim radians at the sim step rate).
+    """Write dataset episodes as Isaac Lab Mimic seed demos, or refuse with the reason.
 
-    Joint values are linearly interpolated between frames; images repeat the nearest earlier
-    frame. Returns the number of demos written. The file is written to a temp name and renamed,
-    so a crash never leaves a half file at ``out``.
+    A seed demo must replay in LeIsaac: ``initial_state`` with every articulation and rigid
+    object, ``actions``, ``obs/ee_frame_state`` ... (see ``sim_bridge.seed_recorder``). Only
+    episodes imported from such a demo can be exported (their source demo is copied verbatim, with
+    ``so101d_episode_index`` added); any other selected episode refuses the whole export, naming
+    each episode, why, and what to do. The file is written to a temp name and renamed, so a
+    refusal or a crash never leaves a file at ``out``.
     """
-    _offline()
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
     say = progress or (lambda msg: log.info("%s", msg))
     root = Path(dataset_root)
-    ds = LeRobotDataset(repo_id_for(root), root=root, video_backend="pyav")
+    info_path = root / "meta" / "info.json"
+    if not info_path.exists():
+        raise FileNotFoundError(f"{root}: no LeRobot dataset here (meta/info.json missing)")
+    total = int(json.loads(info_path.read_text()).get("total_episodes", 0))
     tags = read_episode_tags(root)
-    indices = parse_episode_selection(episodes, ds.meta.total_episodes)
-    cams = [k[len(IMAGE_KEY_PREFIX):] for k in ds.meta.video_keys]
-    fps = float(ds.meta.fps)
+    indices = parse_episode_selection(episodes, total)
+    problems = [why for ep in indices if (why := _why_not_a_seed(ep, tags.get(ep), root))]
+    if problems:
+        raise ExportRefused("cannot export Mimic seed demos:\n  " + "\n  ".join(problems) + "\n" + SEED_HOWTO)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
     total_steps = 0
-    with h5py.File(tmp, "w") as f:
-        data = f.create_group("data")
-        data.attrs["env_args"] = json.dumps({"env_name": env_name, "type": 2, "step_hz": step_hz})
-        data.attrs["step_hz"] = step_hz
-        for demo_i, ep in enumerate(indices):
-            meta = ds.meta.episodes[ep]
-            start, stop = int(meta["dataset_from_index"]), int(meta["dataset_to_index"])
-            n = stop - start
-            state = np.empty((n, NUM_JOINTS), np.float64)
-            action = np.empty((n, NUM_JOINTS), np.float64)
-            images: dict[str, np.ndarray] = {}
-            for j in range(n):
-                item = ds[start + j]
-                state[j] = item[STATE_KEY].numpy()
-                action[j] = item[ACTION_KEY].numpy()
-                for cam in cams:
-                    img = item[IMAGE_KEY_PREFIX + cam]  # (3, H, W) float in 0..1
-                    rgb = (img.permute(1, 2, 0).numpy() * 255.0 + 0.5).clip(0, 255).astype(np.uint8)
-                    if j == 0:
-                        images[cam] = np.empty((n, *rgb.shape), np.uint8)
-                    images[cam][j] = rgb
-            lo, hi, w = upsample_rows(n, fps, step_hz)
-            blend = lambda a: (a[lo] * (1 - w)[:, None] + a[hi] * w[:, None])  # noqa: E731
-            joint_rad = units_to_sim_rad(blend(state)).astype(np.float32)
-            action_rad = units_to_sim_rad(blend(action)).astype(np.float32)
-            joint_vel = np.gradient(joint_rad, 1.0 / step_hz, axis=0).astype(np.float32) if len(lo) > 1 else np.zeros_like(joint_rad)
-            g = data.create_group(f"demo_{demo_i}")
-            g.attrs["num_samples"] = len(lo)
-            g.attrs["seed"] = 0
-            tag = tags.get(ep)
-            g.attrs["success"] = bool(tag.success) if tag and tag.success is not None else True
-            g.attrs["so101d_episode_index"] = ep
-            g.create_dataset("actions", data=action_rad, compression="gzip")
-            obs = g.create_group("obs")
-            obs.create_dataset("joint_pos", data=joint_rad, compression="gzip")
-            obs.create_dataset("joint_vel", data=joint_vel, compression="gzip")
-            obs.create_dataset("actions", data=action_rad, compression="gzip")
-            for cam, arr in images.items():
-                obs.create_dataset(cam, data=arr[lo], compression="lzf", chunks=(1, *arr.shape[1:]))
-            robot_state = g.create_group("states/articulation/robot")
-            robot_state.create_dataset("joint_position", data=joint_rad)
-            robot_state.create_dataset("joint_velocity", data=joint_vel)
-            init = g.create_group("initial_state/articulation/robot")
-            init.create_dataset("joint_position", data=joint_rad[:1])
-            init.create_dataset("joint_velocity", data=np.zeros_like(joint_rad[:1]))
-            total_steps += len(lo)
-            say(f"episode {ep} -> demo_{demo_i} ({n} frames at {fps:g} fps -> {len(lo)} steps at {step_hz:g} Hz)")
-        data.attrs["total"] = total_steps
-    os.replace(tmp, out)
+    env_name = ""
+    try:
+        with h5py.File(tmp, "w") as f:
+            data = f.create_group("data")
+            for demo_i, ep in enumerate(indices):
+                src = tags[ep].source
+                path = Path(src["file"]) if Path(src["file"]).exists() else root / src["file"]
+                with h5py.File(path, "r") as s_f:
+                    if not env_name and "env_args" in s_f["data"].attrs:
+                        env_name = json.loads(s_f["data"].attrs["env_args"]).get("env_name", "")
+                    s_f.copy(s_f[f"data/{src['demo']}"], data, name=f"demo_{demo_i}")
+                g = data[f"demo_{demo_i}"]
+                g.attrs["so101d_episode_index"] = ep
+                total_steps += int(np.asarray(g.attrs.get("num_samples", g["actions"].shape[0])).item())
+                say(f"episode {ep} -> demo_{demo_i} (from {src['file']} {src['demo']})")
+            data.attrs["env_args"] = json.dumps({"env_name": env_name, "type": 2})
+            data.attrs["total"] = total_steps
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return len(indices)
 
 

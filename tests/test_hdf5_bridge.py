@@ -1,7 +1,9 @@
 """The Isaac Lab Mimic bridge, as a user runs it.
 
-Build demo files in LeIsaac's layout (data/demo_N/{actions, obs/joint_pos, obs/front, obs/wrist},
-attributes success and num_samples; LZF or gzip), import them, load the dataset with LeRobot,
+Demo files are written the way LeIsaac's streaming recorder and Isaac Lab's HDF5 file handler
+write them (``tests/fixtures/isaaclab_recorder.py``: initial_state, states, obs with ee_frame_state
+and joint_pos_target, actions, processed_actions; empty and unjudged demos), imported with
+LeIsaac's converter's rules by default (counts checked against a transcription of it), load the dataset with LeRobot,
 check values against the source, the time base (60 Hz -> 30 fps), round-trip export -> import,
 and refuse corrupt files without touching the dataset.
 """
@@ -16,6 +18,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from fixtures.isaaclab_recorder import leisaac_episode, record_session, write_isaaclab_file
 
 from calibration.conventions import sim_rad_to_units, units_to_sim_rad
 from daemon.cli import main as so101d
@@ -45,29 +48,37 @@ def write_leisaac_file(
     path: Path,
     lengths: tuple[int, ...] = (61, 61, 61),
     failed: tuple[int, ...] = (1,),
-    compression: str | None = "lzf",
+    compression: str | None = None,
     cameras: tuple[str, ...] = ("front", "wrist"),
+    unjudged: tuple[int, ...] = (),
+    trailing_empty: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Write a LeIsaac-layout file; returns the joint radians per demo name."""
+    """A demo file as LeIsaac writes it; returns the joint radians per demo name.
+
+    ``compression`` None: LeIsaac's streaming recorder (teleop recording, 100-step appends,
+    uncompressed); "gzip": Isaac Lab's HDF5DatasetFileHandler (Mimic's annotate / generate output).
+    ``trailing_empty``: the session ends with the initial_state-only demo the recorder writes
+    after the operator's last reset.
+    """
     truth: dict[str, np.ndarray] = {}
-    with h5py.File(path, "w") as f:
-        data = f.create_group("data")
-        data.attrs["env_args"] = json.dumps({"env_name": "LeIsaac-SO101-PickOrange-v0", "type": 2})
-        for i, n in enumerate(lengths):
-            g = data.create_group(f"demo_{i}")
-            rad = units_to_sim_rad(demo_units(n, phase=i)).astype(np.float32)
-            truth[f"demo_{i}"] = rad
-            g.create_dataset("actions", data=rad, compression=compression)
-            obs = g.create_group("obs")
-            obs.create_dataset("joint_pos", data=rad, compression=compression)
-            obs.create_dataset("joint_vel", data=np.zeros_like(rad), compression=compression)
-            for c, cam in enumerate(cameras):
-                img = np.zeros((n, H, W, 3), np.uint8)
-                img[..., c] = (np.arange(n) * 3 % 200 + 20)[:, None, None]  # brightness encodes the step
-                obs.create_dataset(cam, data=img, compression=compression)
-            g.attrs["num_samples"] = n
-            g.attrs["success"] = i not in failed
-            g.attrs["seed"] = 7
+    episodes = []
+    for i, n in enumerate(lengths):
+        rad = units_to_sim_rad(demo_units(n, phase=i)).astype(np.float32)
+        truth[f"demo_{i}"] = rad
+        images = {}
+        for c, cam in enumerate(cameras):
+            img = np.zeros((n, H, W, 3), np.uint8)
+            img[..., c] = (np.arange(n) * 3 % 200 + 20)[:, None, None]  # brightness encodes the step
+            images[cam] = img
+        success = None if i in unjudged else i not in failed
+        episodes.append(leisaac_episode(rad, images, success, seed=7))
+    if trailing_empty:
+        episodes.append({"initial_state": leisaac_episode(truth["demo_0"][:1], {}, None)["initial_state"],
+                         "steps": [], "success": False})
+    if compression is None:
+        record_session(path, episodes)
+    else:
+        write_isaaclab_file(path, episodes, compression=compression)
     return truth
 
 
@@ -100,7 +111,7 @@ def test_import_successful_demos_at_30fps_with_lerobot_loading(tmp_path: Path) -
     src = tmp_path / "leisaac.hdf5"
     truth = write_leisaac_file(src)
     root = tmp_path / "ds"
-    summary = import_hdf5([src], root, task="pick the orange")
+    summary = import_hdf5([src], root, task="pick the orange", skip_frames=0)
     assert summary.demos_seen == 3 and summary.demos_imported == 2 and summary.demos_skipped_failed == 1
     assert summary.frames_written == 2 * 31
 
@@ -211,29 +222,81 @@ def test_corrupt_files_are_refused_and_the_dataset_is_untouched(tmp_path: Path, 
     assert load(root).meta.total_episodes == 1
 
 
-def test_export_then_import_round_trips_values_and_time_base(tmp_path: Path) -> None:
+def test_export_copies_imported_seed_demos_that_survive_a_strict_reset_to(tmp_path: Path) -> None:
+    """Imported LeIsaac demos go back out verbatim: scripts/mimic/annotate_demos.py's
+    reset_to(initial_state) on a scene as strict as Isaac Lab's InteractiveScene.reset_to works,
+    eef_action_process.py --to_ik reads what it needs, and re-importing gives the same frames."""
+    from fixtures.isaaclab_recorder import annotate_reads, eef_to_ik_reads
+    from fixtures.isaaclab_scene import StrictScene
+
     src = tmp_path / "seed.hdf5"
     write_leisaac_file(src, lengths=(41, 41), failed=())
     root = tmp_path / "ds"
     import_hdf5([src], root)
     out = tmp_path / "seeds" / "mimic_seed.hdf5"
     assert export_hdf5(root, "0-1", out) == 2
-    with h5py.File(out, "r") as f:
+    with h5py.File(out, "r") as f, h5py.File(src, "r") as orig:
         data = f["data"]
-        assert json.loads(data.attrs["env_args"])["env_name"] == "LeIsaac-SO101-PickOrange-v0"
-        g = data["demo_1"]
-        assert g.attrs["num_samples"] == g["actions"].shape[0] == 41  # 21 frames at 30 fps -> 41 steps at 60 Hz
+        assert json.loads(data.attrs["env_args"]) == {"env_name": "LeIsaac-SO101-PickOrange-v0", "type": 2}
         assert data.attrs["total"] == 82
-        assert g["obs/front"].shape == (41, H, W, 3) and g["obs/joint_pos"].dtype == np.float32
-        assert "initial_state" in g and bool(g.attrs["success"]) is True
+        for i in range(2):
+            g, o = data[f"demo_{i}"], orig[f"data/demo_{i}"]
+            assert g.attrs["so101d_episode_index"] == i and bool(g.attrs["success"]) is True
+            np.testing.assert_array_equal(g["actions"][:], o["actions"][:])
+            np.testing.assert_array_equal(g["obs/front"][:], o["obs/front"][:])
+            initial_state, actions = annotate_reads(g)
+            StrictScene(seed=5).reset_to(initial_state, None, is_relative=True)
+            assert eef_to_ik_reads(g).shape == (41, 8) and actions.shape == (41, 6)
     back = tmp_path / "back"
     import_hdf5([out], back)
     a, b = load(root), load(back)
-    assert len(a) == len(b) == 42
-    for i in (0, 10, 20, 21, 41):
-        np.testing.assert_allclose(b[i]["observation.state"].numpy(), a[i]["observation.state"].numpy(), atol=1e-3)
-        np.testing.assert_allclose(b[i]["action"].numpy(), a[i]["action"].numpy(), atol=1e-3)
-        assert float(b[i]["timestamp"]) == pytest.approx(float(a[i]["timestamp"]), abs=1e-6)
+    assert len(a) == len(b)
+    for i in (0, 10, len(a) - 1):
+        np.testing.assert_allclose(b[i]["observation.state"].numpy(), a[i]["observation.state"].numpy(), atol=1e-6)
+
+
+def test_export_refuses_real_and_mujoco_episodes_saying_why_and_what_to_do(tmp_path: Path, capsys) -> None:
+    """The holdout-style dataset: an emulated-arm episode and a MuJoCo one recorded by the daemon's
+    recorder, then LeIsaac demos imported beside them (identical features). Only the imported ones
+    can seed Mimic; asking for the others refuses the whole export and writes nothing."""
+    import time
+
+    from daemon.recording.recorder import Recorder, RecorderConfig
+    from recording_support import SyntheticLoop
+
+    root = tmp_path / "ds"
+    rec = Recorder(RecorderConfig(root=str(root), fps=30, follower_kind="emulated"), [])
+    kinds = iter(["emulated", "sim-mujoco"])
+    rec.follower_kind_fn = lambda: next(kinds)
+    rec.open()
+    try:
+        rec.wait_ready(120)
+        with SyntheticLoop(rec):
+            for task in ("real pick", "mujoco pick"):
+                rec.start_episode(task)
+                time.sleep(0.5)
+                rec.save_episode(True)
+                assert rec.wait_saved(120)
+    finally:
+        rec.close()
+    src = tmp_path / "leisaac.hdf5"
+    write_leisaac_file(src, lengths=(41,), failed=(), cameras=())
+    import_hdf5([src], root)
+    ds = load(root)
+    assert ds.meta.total_episodes == 3
+    assert [read_episode_tags(root)[i].follower_kind for i in range(3)] == ["emulated", "sim-mujoco", "sim-leisaac"]
+
+    out = tmp_path / "seeds.hdf5"
+    assert so101d(["export-hdf5", "--dataset", str(root), "--episodes", "all", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "episode 0 was recorded on the emulated arm: there are no object poses in it" in err
+    assert "episode 1 was recorded on the MuJoCo follower" in err
+    assert "episode 2" not in err
+    assert "--seed_hdf5" in err and "annotate_demos.py" in err and f"nothing was written to {out}" in err
+    assert not out.exists() and not list(tmp_path.glob(".seeds.hdf5*"))
+    assert so101d(["export-hdf5", "--dataset", str(root), "--episodes", "2", "--out", str(out)]) == 0
+    with h5py.File(out, "r") as f:
+        assert list(f["data"]) == ["demo_0"] and f["data/demo_0"].attrs["so101d_episode_index"] == 2
 
 
 def test_episode_selection_parsing() -> None:
@@ -316,5 +379,73 @@ def test_kill_9_mid_import_keeps_every_committed_episode(tmp_path: Path) -> None
     assert COMMIT_BATCH + 1 <= committed <= demos + 1
     assert len(read_episode_tags(root)) == committed
     last = ds.meta.episodes[committed - 1]
-    assert int(last["length"]) == 21
+    assert int(last["length"]) == len(resample_indices(41, 60, 30, skip_frames=5))  # LeIsaac's 5 skipped
     assert tuple(ds[int(last["dataset_from_index"])]["observation.images.front"].shape) == (3, H, W)
+
+
+def leisaac_session_file(path: Path) -> None:
+    """A teleop session as LeIsaac's streaming recorder leaves it (enhance/datasets/
+    hdf5_dataset_file_handler.py + enhance/managers/recorder_manager.py): two good demos (one
+    longer than the 100-step flush), one of 8 steps, one failed, one whose success was never
+    set, the initial_state-only demo after the last reset (num_samples = 0), and an episode cut
+    by closing the app (its 100-step flush only, no success attribute)."""
+    write_leisaac_file(path, lengths=(61, 8, 130, 61, 61), failed=(3,), unjudged=(4,), cameras=("front",),
+                       trailing_empty=True)
+    with h5py.File(path, "r") as f:
+        episodes = [dict(f["data"][f"demo_{i}"].attrs) for i in range(6)]
+    assert episodes[5]["num_samples"] == 0 and "success" not in episodes[4]
+    # append the app-closed episode the way the recorder does (its APPEND flush only)
+    tmp = path.with_name("cut.hdf5")
+    rad = units_to_sim_rad(demo_units(150, 0.3)).astype(np.float32)
+    img = np.zeros((150, H, W, 3), np.uint8)
+    record_session(tmp, [], close_mid_episode=leisaac_episode(rad, {"front": img}, None))
+    with h5py.File(tmp, "r") as src, h5py.File(path, "r+") as dst:
+        src.copy(src["data/demo_0"], dst["data"], name="demo_6")
+    tmp.unlink()
+
+
+def test_streaming_recorder_file_imports_with_leisaac_converter_counts(tmp_path: Path) -> None:
+    """Mirrors scripts/convert/isaaclab2lerobot.py: same demos kept, same source steps used."""
+    from fixtures.isaaclab_recorder import leisaac_converter_counts
+
+    src = tmp_path / "dataset.hdf5"
+    leisaac_session_file(src)
+    with h5py.File(src, "r") as f:
+        assert f["data/demo_6"].attrs["num_samples"] == 100 and "success" not in f["data/demo_6"].attrs
+    saved, frames = leisaac_converter_counts(src)
+    s = import_hdf5([src], tmp_path / "ds")
+    assert (s.demos_imported, s.source_steps) == (saved, frames) == (2, (61 - 5) + (130 - 5))
+    assert s.demos_seen == 7
+    assert (s.demos_skipped_empty, s.demos_skipped_failed, s.demos_skipped_unjudged, s.demos_skipped_short) == (1, 1, 2, 1)
+    tags = read_episode_tags(tmp_path / "ds")
+    assert [tags[i].source["demo"] for i in range(2)] == ["demo_0", "demo_2"]
+    ds = load(tmp_path / "ds")
+    assert [int(e["length"]) for e in ds.meta.episodes] == [len(resample_indices(61, 60, 30, 5)),
+                                                            len(resample_indices(130, 60, 30, 5))]
+
+
+def test_every_converter_rule_can_be_overridden(tmp_path: Path) -> None:
+    src = tmp_path / "dataset.hdf5"
+    leisaac_session_file(src)
+    s = import_hdf5([src], tmp_path / "ds", skip_frames=0, min_frames=2, keep_unjudged=True)
+    # demo_0, demo_1 (8 steps), demo_2, demo_4 and the cut demo_6; empty and failed still skipped
+    assert s.demos_imported == 5 and s.source_steps == 61 + 8 + 130 + 61 + 100
+    assert (s.demos_skipped_empty, s.demos_skipped_failed, s.demos_skipped_unjudged) == (1, 1, 0)
+    s = import_hdf5([src], tmp_path / "all", successful_only=False, keep_unjudged=True)
+    assert s.demos_imported == 5 and s.demos_skipped_short == 1 and s.demos_skipped_empty == 1
+
+
+def test_cli_shows_one_progress_bar_and_a_summary_of_every_skip(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "dataset.hdf5"
+    leisaac_session_file(src)
+    assert so101d(["import-hdf5", str(src), "--dataset", str(tmp_path / "ds")]) == 0
+    out, err = capfd.readouterr()
+    assert out.splitlines()[0].startswith("imported 2 of 7 demos")
+    for line in ("skipped 1 empty (initial_state only, num_samples = 0)", "skipped 1 failed (success = false)",
+                 "skipped 2 without a success attribute", "skipped 1 shorter than 10 steps",
+                 "first 5 steps of each demo skipped"):
+        assert line in out, out
+    assert "demo_0" not in out + err, "no line per demo"
+    assert "frames/s" in err and "ETA" in err and "2/2" in err  # the bar: rate, time left, demos done
+    for noise in ("[libx264", "[mp4 @", "Using video codec", "Map:"):
+        assert noise not in out + err

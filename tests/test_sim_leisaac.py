@@ -1,72 +1,67 @@
-"""The LeIsaac follower's logic, driven through SimFollower with a fake LeIsaac-style environment.
+"""The LeIsaac follower's logic, driven through SimFollower with LeIsaac-contract fake envs.
 
-The fake env has LeIsaac's interface: ``reset(seed=)`` -> (obs, info), ``step(action (1, 6) joint
-radians)`` -> (obs, reward, terminated, truncated, info), ``obs["policy"]`` holding ``joint_pos``
-(1, 6) radians and ``front`` / ``wrist`` (1, H, W, 3) uint8 images.
+The envs (``tests/fixtures/leisaac_env.py``) mirror Isaac Lab's ``ManagerBasedRLEnv.step`` and
+LeIsaac's ``enhance/envs/direct_rl_env.py`` + ``tasks/template/direct/single_arm_env.py``
+``_get_dones``: both reset the scene *inside* ``step`` when a termination fires, unless the task
+is configured the way LeIsaac's ``teleop_se3_agent.py`` configures it.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from calibration.conventions import normalized_to_sim_rad, units_to_sim_rad
 from drivers.arm_interface import FollowerArm
-from sim_bridge.leisaac_follower import LeisaacBridge, LeisaacBridgeConfig, build_parser, image_to_uint8
+from fixtures.isaaclab_scene import REST_POSE_RAD
+from fixtures.leisaac_env import H, SUCCESS_PAN_RAD, W, FakeDirectRLEnv, FakeManagerBasedRLEnv
+from sim_bridge.leisaac_follower import (
+    LeisaacBridge,
+    LeisaacBridgeConfig,
+    build_parser,
+    image_to_uint8,
+    prepare_env_cfg,
+    success_fn_for,
+)
 from sim_bridge.server import SimServerEndpoint
 from sim_bridge.sim_follower import SimFollower
 from support import poll_until
 
-H, W = 48, 64
-SUCCESS_PAN_RAD = 1.0  # the fake task "succeeds" when the pan joint passes this
+STEP_HZ = 120.0
+CFG = LeisaacBridgeConfig(step_hz=STEP_HZ, publish_hz=30.0, daemon_staleness_s=0.1)
 
 
-class FakeLeisaacEnv:
-    def __init__(self) -> None:
-        self.q = np.zeros((1, 6), np.float32)
-        self.actions: list[np.ndarray] = []
-        self.reset_seeds: list[int | None] = []
-        self.steps = 0
-
-    def _obs(self):
-        img = np.zeros((1, H, W, 3), np.uint8)
-        img[..., 0] = np.uint8((self.q[0, 0] * 40) % 255)
-        img[:, : H // 2, :, 1] = 200
-        return {"policy": {"joint_pos": self.q.copy(), "front": img, "wrist": img[:, ::-1].copy(),
-                           "joint_vel": np.zeros((1, 6), np.float32)}}
-
-    def reset(self, seed=None):
-        self.reset_seeds.append(seed)
-        self.q[:] = 0.1
-        return self._obs(), {}
-
-    def step(self, action):
-        a = np.asarray(action, dtype=np.float32)
-        assert a.shape == (1, 6)
-        self.actions.append(a.copy())
-        self.q += 0.05 * (a - self.q)  # a first-order joint servo (time constant ~20 steps)
-        self.steps += 1
-        terminated = np.array([self.q[0, 0] > SUCCESS_PAN_RAD])
-        return self._obs(), np.zeros(1), terminated, np.array([False]), {}
+def serve(env, prepare: bool = True):
+    """The bridge as main() builds it: task configured like LeIsaac's teleop, success term ours."""
+    success_term = prepare_env_cfg(env.cfg) if prepare else getattr(getattr(env.cfg, "terminations", None), "success", None)
+    ep = SimServerEndpoint("tcp://127.0.0.1:0", backend="leisaac:fake",
+                           cameras=[{"name": "front", "width": W, "height": H}, {"name": "wrist", "width": W, "height": H}])
+    ep.open()
+    b = LeisaacBridge(env, ep, config=CFG, success_fn=success_fn_for(env, success_term))
+    t = threading.Thread(target=b.run, daemon=True)
+    t.start()
+    return b, t
 
 
 @pytest.fixture
 def bridge():
-    env = FakeLeisaacEnv()
-    ep = SimServerEndpoint("tcp://127.0.0.1:0", backend="leisaac:fake",
-                           cameras=[{"name": "front", "width": W, "height": H}, {"name": "wrist", "width": W, "height": H}])
-    ep.open()
-    b = LeisaacBridge(env, ep, config=LeisaacBridgeConfig(step_hz=120.0, publish_hz=30.0, daemon_staleness_s=0.1))
-    t = threading.Thread(target=b.run, daemon=True)
-    t.start()
+    env = FakeManagerBasedRLEnv()
+    b, t = serve(env)
     yield b, env
     b.stop()
     t.join(5)
-    ep.close()
+    b.ep.close()
+
+
+def max_target_step_deg(actions: list[np.ndarray]) -> float:
+    a = np.rad2deg(np.concatenate(actions, 0))
+    return float(np.max(np.abs(np.diff(a, axis=0)))) if len(a) > 1 else 0.0
 
 
 def test_isaac_is_not_imported_outside_main():
@@ -81,11 +76,11 @@ def test_targets_become_leisaac_radians_and_state_comes_back(bridge):
     try:
         f.connect()
         assert isinstance(f, FollowerArm)
-        assert env.reset_seeds == [None]
+        assert env.reset_seeds == [None] and env.cfg.terminations.success is None
         goal = np.array([20.0, -30.0, 45.0, 10.0, -60.0, 80.0])
         assert poll_until(lambda: (f.write_goals(goal), np.allclose(f.read_joints(), goal, atol=0.05))[1], 20)
         expected_rad = units_to_sim_rad(goal)
-        np.testing.assert_allclose(env.actions[-1][0], expected_rad, atol=1e-5)
+        np.testing.assert_allclose(env.actions_seen[-1][0], expected_rad, atol=1e-5)
         # gripper 80 (LeRobot units) is LeIsaac's own normalised map of the gripper, exactly
         np.testing.assert_allclose(expected_rad[5], normalized_to_sim_rad(np.array([0, 0, 0, 0, 0, 80.0]))[5])
         cams = f.cameras()
@@ -115,6 +110,7 @@ def test_success_reset_and_hold(bridge):
         # success is reported once per episode
         time.sleep(0.2)
         assert sum(e.event == "success" for e in f.events()) == 1
+        assert env.resets.count("auto") == 0, "teleop configuration: the scene never resets by itself"
 
         # the daemon goes quiet mid-move: the bridge holds the measured pose instead of the target
         far = np.array([-50.0, 0.0, 0.0, 0.0, 0.0, 50.0])
@@ -123,8 +119,8 @@ def test_success_reset_and_hold(bridge):
         f.close()
         assert poll_until(lambda: b._daemon_was_stale, 5)
         time.sleep(0.1)
-        held = env.actions[-1][0].copy()
-        np.testing.assert_allclose(held, env.q[0], atol=1e-3)
+        held = env.actions_seen[-1][0].copy()
+        np.testing.assert_allclose(held, env.scene.joint_pos[0], atol=1e-3)
         assert abs(held[0] - units_to_sim_rad(far)[0]) > 0.3, "held where it was, not at the last target"
     finally:
         f.close()
@@ -149,3 +145,308 @@ def test_workstation_script_needs_only_numpy_zmq_msgpack():
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def drive_to_success(f: SimFollower, b: LeisaacBridge) -> int:
+    seq = f.start_episode()
+    f.wait_event("started", seq, 5)
+    goal = np.array([np.rad2deg(SUCCESS_PAN_RAD) + 15.0, 0.0, 0.0, 0.0, 0.0, 50.0])
+    assert poll_until(lambda: (f.write_goals(goal), any(e.event == "success" for e in list(f._events)))[1], 30)
+    return seq
+
+
+def test_direct_task_configured_like_leisaac_teleop_keeps_success_and_its_scene():
+    """single_arm_env._get_dones: with manual_terminate the Direct task never resets by itself;
+    success comes from _check_success, read by us after the step."""
+    env = FakeDirectRLEnv()
+    b, t = serve(env)
+    f = SimFollower(b.ep.endpoint, staleness_s=3.0, connect_timeout_s=10)
+    try:
+        assert env.cfg.manual_terminate is True and env.cfg.never_time_out is True
+        f.connect()
+        seq = drive_to_success(f, b)
+        assert f.wait_event("success", seq, 1).seq == seq
+        assert env.resets.count("auto") == 0
+        assert env.scene.joint_pos[0, 0] > SUCCESS_PAN_RAD  # the scene that succeeded is still there
+    finally:
+        f.close()
+        b.stop()
+        t.join(5)
+        b.ep.close()
+
+
+def test_direct_task_that_resets_inside_step_keeps_the_success_and_never_jumps():
+    """A Direct task left as Isaac Lab builds it (manual_terminate False): _get_dones returns
+    _check_success() and step resets the scene. The success (computed before the reset) still
+    reaches the daemon, and the arm goes back toward the daemon's target at the re-align speed."""
+    env = FakeDirectRLEnv()
+    b, t = serve(env, prepare=False)
+    f = SimFollower(b.ep.endpoint, staleness_s=3.0, connect_timeout_s=10)
+    try:
+        f.connect()
+        seq = drive_to_success(f, b)
+        assert f.wait_event("success", seq, 1).seq == seq
+        assert poll_until(lambda: "auto" in env.resets, 5)
+        n_reset = env.auto_reset_at[0]  # actions_seen index of the step that reset the scene
+        # the daemon keeps commanding a far goal; after the reset the arm must crawl back to it
+        goal = np.array([40.0, 0, 0, 0, 0, 50.0])
+        assert poll_until(lambda: (f.write_goals(goal), len(env.actions_seen) > n_reset + 60)[1], 10)
+        after = env.actions_seen[n_reset:]
+        limit_deg = CFG.realign_speed_deg_s / STEP_HZ
+        # first target after the reset: one re-align step from the reset pose, not the old target
+        assert max_target_step_deg([REST_POSE_RAD.astype(np.float32), after[0]]) <= limit_deg + 1e-4
+        assert max_target_step_deg(after) <= limit_deg + 1e-4, "a target jumped after the reset"
+        assert abs(np.rad2deg(after[-1][0, 0])) < 40.0, "still re-aligning, not at the goal in one step"
+    finally:
+        f.close()
+        b.stop()
+        t.join(5)
+        b.ep.close()
+
+
+def test_a_daemon_reset_realigns_slowly_too(bridge):
+    b, env = bridge
+    f = SimFollower(b.ep.endpoint, staleness_s=3.0, connect_timeout_s=10)
+    try:
+        f.connect()
+        far = np.array([60.0, -30.0, 20.0, 0.0, 0.0, 80.0])
+        assert poll_until(lambda: (f.write_goals(far), np.allclose(f.read_joints(), far, atol=0.5))[1], 30)
+        f.reset_episode(timeout_s=5)  # the arm is at rest now, the daemon's target still far
+        n = env.reset_at[-1]
+        assert poll_until(lambda: (f.write_goals(far), len(env.actions_seen) > n + 30)[1], 10)
+        after = [REST_POSE_RAD.astype(np.float32)] + env.actions_seen[n:]  # from the reset pose on
+        assert max_target_step_deg(after) <= CFG.realign_speed_deg_s / STEP_HZ + 1e-4
+        assert b.realigning, "60 degrees at 45 deg/s take more than 30 steps at 120 Hz"
+    finally:
+        f.close()
+
+
+def test_prepare_env_cfg_matches_leisaac_teleop():
+    manager = SimpleNamespace(terminations=SimpleNamespace(success="S", time_out="T"))
+    assert prepare_env_cfg(manager) == "S"
+    assert manager.terminations.success is None and manager.terminations.time_out is None
+    direct = FakeDirectRLEnv().cfg
+    assert prepare_env_cfg(direct) is None
+    assert direct.manual_terminate and direct.never_time_out and not direct.return_success_status
+
+
+# ---------------------------------------------------------------------------------------------
+# [follower] sim_mapping = "leisaac": LeIsaac's own leader map
+# ---------------------------------------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from calibration.calibration_file import ArmCalibration  # noqa: E402
+from calibration.conventions import (  # noqa: E402
+    JOINT_NAMES,
+    leader_units_to_leisaac_sim_units,
+    map_leader_to_sim,
+    ticks_to_units,
+    units_to_ticks,
+)
+from fixtures.leisaac_mapping import leisaac_leader_to_sim_rad  # noqa: E402
+
+
+@st.composite
+def calibration_and_ticks(draw):
+    cal, ticks = {}, {}
+    for i, name in enumerate(JOINT_NAMES):
+        lo = draw(st.integers(0, 4000))
+        hi = draw(st.integers(lo + 20, 4095))
+        cal[name] = {"id": i + 1, "drive_mode": draw(st.sampled_from([0, 0, 1])), "homing_offset": 0,
+                     "range_min": lo, "range_max": hi}
+        ticks[name] = draw(st.integers(max(0, lo - 200), min(4095, hi + 200)))  # out of range too: clamped
+    return cal, ticks
+
+
+@settings(max_examples=400, deadline=None)
+@given(calibration_and_ticks())
+def test_leisaac_mapping_equals_leisaacs_formula(case):
+    """The daemon reads the leader in LeRobot degrees; mapped, it is LeIsaac's joint target to 1e-6 rad."""
+    cal_json, ticks = case
+    cal = ArmCalibration.from_json_dict(cal_json)
+    leader_units = ticks_to_units(np.array([ticks[n] for n in JOINT_NAMES]), cal)  # what the daemon's leader gives
+    ours_rad = units_to_sim_rad(leader_units_to_leisaac_sim_units(leader_units, cal))
+    np.testing.assert_allclose(ours_rad, leisaac_leader_to_sim_rad(ticks, cal_json), atol=1e-6, rtol=0)
+
+
+def test_the_issue_example_pan_calibrated_650_to_3450_at_plus_50():
+    cal_json = {n: {"id": i + 1, "drive_mode": 0, "homing_offset": 0, "range_min": 650, "range_max": 3450}
+                for i, n in enumerate(JOINT_NAMES)}
+    cal = ArmCalibration.from_json_dict(cal_json)
+    ticks = np.full(6, 2050 + 700)  # +50 normalised: a quarter of the range above the middle
+    u = ticks_to_units(ticks, cal)
+    assert np.rad2deg(units_to_sim_rad(map_leader_to_sim(u, "leisaac", cal))[0]) == pytest.approx(55.0, abs=1e-6)
+    assert np.rad2deg(units_to_sim_rad(map_leader_to_sim(u, "degrees", cal))[0]) == pytest.approx(61.54, abs=0.01)
+    with pytest.raises(ValueError, match="unknown sim_mapping"):
+        map_leader_to_sim(u, "radians", cal)  # type: ignore[arg-type]
+
+
+def test_daemon_with_sim_mapping_leisaac_drives_the_sim_as_leisaacs_leader_would(tmp_path):
+    """[follower] kind = "sim", sim_mapping = "leisaac": an emulated leader -> the daemon -> the
+    LeIsaac bridge; the task's joint targets are LeIsaac's map of the leader, and the episode's
+    tag notes name the mapping."""
+    from daemon.config import config_from_dict
+    from daemon.recording.sim_episodes import SimEpisodeHook
+    from daemon.service import Daemon, make_follower
+    from drivers.emulator import reference_calibration
+    from drivers.feetech_arm import FeetechLeader
+    from support import still_arm_on_pty
+
+    pose = np.array([30.0, -40.0, 50.0, 20.0, 10.0, 60.0])
+    la, lb = still_arm_on_pty(tmp_path / "leader", "leader", pose)
+    env = FakeManagerBasedRLEnv(follow=0.5)
+    b, t = serve(env)
+    cfg = config_from_dict({
+        "socket": {"path": str(tmp_path / "c.sock")},
+        "follower": {"kind": "sim", "endpoint": b.ep.endpoint, "stale_timeout_s": 0.5, "sim_mapping": "leisaac"},
+        "control": {"rate_hz": 60.0},
+        "safety": {"align_speed_deg_s": 180.0, "align_gripper_speed_pct_s": 200.0},
+    })
+    ref = reference_calibration("leader")
+    # this operator calibrated a narrower range than the emulator's reference on every joint
+    leader_cal = ArmCalibration.from_json_dict({
+        n: {**ref.to_json_dict()[n], "range_min": ref[n].range_min + 300, "range_max": ref[n].range_max - 300}
+        for n in JOINT_NAMES})
+    daemon = Daemon(cfg, FeetechLeader(str(tmp_path / "leader"), leader_cal), make_follower(cfg))
+    daemon.start()
+    try:
+        leader_units = ticks_to_units(units_to_ticks(la.pose_units(), ref), leader_cal)  # what the daemon reads
+        want_rad = units_to_sim_rad(leader_units_to_leisaac_sim_units(leader_units, leader_cal))
+        assert poll_until(lambda: daemon.loop.state.mode == "teleop" and not b.realigning
+                          and np.allclose(env.actions_seen[-1][0], want_rad, atol=2e-3), 40), \
+            (daemon.loop.state.mode, np.rad2deg(env.actions_seen[-1][0]), np.rad2deg(want_rad))
+        degrees_rad = units_to_sim_rad(leader_units)
+        assert np.max(np.abs(np.rad2deg(want_rad - degrees_rad))) > 5.0, "the two mappings differ visibly here"
+        _, notes = SimEpisodeHook(daemon.follower).episode_ending(None, True)
+        assert "sim_mapping: leisaac" in notes
+        # LeIsaac's remote-leader stream (if also enabled) still carries the leader's own ticks
+        from daemon.service import RemoteLeaderHook
+
+        sent = []
+        pub = SimpleNamespace(publish_ticks=lambda ticks, cal: sent.append(np.asarray(ticks)))
+        RemoteLeaderHook(pub, leader_cal, daemon.leader).on_leader(0.0, daemon.loop.leader_units)
+        np.testing.assert_array_equal(sent[0], units_to_ticks(daemon.leader.last_raw_units, leader_cal))
+        np.testing.assert_allclose(daemon.leader.last_raw_units, leader_units, atol=0.1)
+    finally:
+        daemon.stop()
+        b.stop()
+        t.join(5)
+        b.ep.close()
+        lb.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# seed demos for Isaac Lab Mimic (--seed_hdf5)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("env_cls", [FakeManagerBasedRLEnv, FakeDirectRLEnv])
+def test_seed_demos_survive_strict_reset_to_replay_and_the_ik_step(tmp_path, env_cls):
+    """Episodes the daemon starts and stops become demos that LeIsaac's Mimic scripts accept
+    unmodified: annotate_demos.py / replay.py reset_to(initial_state) on a scene as strict as
+    Isaac Lab's and replay the actions to the recorded states; eef_action_process.py --to_ik
+    builds its IK actions; LeIsaac's converter and our import both take the successful demo."""
+    import h5py
+
+    from fixtures.isaaclab_recorder import annotate_reads, eef_to_ik_reads, leisaac_converter_counts
+    from fixtures.isaaclab_scene import StrictScene
+    from sim_bridge.isaaclab_hdf5 import import_hdf5
+    from sim_bridge.seed_recorder import SeedDemoRecorder
+
+    path = tmp_path / "seeds.hdf5"
+    env = env_cls()
+    rec = SeedDemoRecorder(path, env_name="LeIsaac-SO101-PickOrange-v0", flush_steps=50)
+    success_term = prepare_env_cfg(env.cfg)
+    ep = SimServerEndpoint("tcp://127.0.0.1:0", backend="leisaac:fake")
+    ep.open()
+    b = LeisaacBridge(env, ep, config=CFG, success_fn=success_fn_for(env, success_term), seed_recorder=rec)
+    t = threading.Thread(target=b.run, daemon=True)
+    t.start()
+    f = SimFollower(ep.endpoint, staleness_s=3.0, connect_timeout_s=10)
+    try:
+        f.connect()
+        starts = []
+        for seed, goal_pan in ((3, np.rad2deg(SUCCESS_PAN_RAD) + 15.0), (4, 10.0)):  # a success, then a failure
+            f.reset_episode(seed=seed, timeout_s=5)
+            starts.append(env.scene.get_state(is_relative=True))
+            seq = f.start_episode()
+            f.wait_event("started", seq, 5)
+            goal = np.array([goal_pan, 0.0, 0.0, 0.0, 0.0, 50.0])
+            n0 = len(env.actions_seen)
+            assert poll_until(lambda: (f.write_goals(goal), len(env.actions_seen) > n0 + 260)[1], 30)
+            f.wait_event("stopped", f.stop_episode(), 5)
+    finally:
+        f.close()
+        b.stop()
+        t.join(5)
+        ep.close()
+        rec.close()
+
+    with h5py.File(path, "r") as fh:
+        data = fh["data"]
+        assert json.loads(data.attrs["env_args"]) == {"env_name": "LeIsaac-SO101-PickOrange-v0", "type": 2}
+        assert list(data) == ["demo_0", "demo_1"]
+        assert [bool(data[d].attrs["success"]) for d in data] == [True, False]
+        assert int(data.attrs["total"]) == sum(int(data[d].attrs["num_samples"]) for d in data)
+        for i, name in enumerate(data):
+            g = data[name]
+            n = int(g.attrs["num_samples"])
+            assert n > 260 and int(g.attrs["seed"]) == (3, 4)[i]
+            for key in ("actions", "processed_actions", "obs/joint_pos", "obs/ee_frame_state", "obs/joint_pos_target",
+                        "obs/front", "states/articulation/robot/joint_position", "states/rigid_object/Plate/root_pose"):
+                assert g[key].shape[0] == n, key
+            initial_state, actions = annotate_reads(g)
+            scene = StrictScene(seed=99)  # another layout of the oranges: reset_to must put them back
+            scene.reset_to(initial_state, None, is_relative=True)
+            for obj in scene.objects:
+                np.testing.assert_allclose(scene.obj_pose[obj], starts[i]["rigid_object"][obj]["root_pose"] + np.r_[
+                    [[2.0, -1.0, 0.0, 0, 0, 0, 0]]], atol=1e-6)
+            # replay.py: the same physics from the same state under the same actions ends where the demo ended
+            replay = env_cls()
+            replay.scene = scene
+            for a in actions:
+                replay._physics(a[None])
+            recorded_end = np.asarray(g["states/articulation/robot/joint_position"][-1])
+            np.testing.assert_allclose(replay.scene.joint_pos[0], recorded_end, atol=1e-5)
+            assert eef_to_ik_reads(g).shape == (n, 8)
+    assert leisaac_converter_counts(path)[0] == 1
+    s = import_hdf5([path], tmp_path / "ds")
+    assert s.demos_imported == 1 and s.demos_skipped_failed == 1
+
+
+def test_readme_leisaac_commands_parse():
+    """Every so101d / sim_bridge command and the so101d.toml block of README.leisaac.md are real:
+    the follower's own arguments parse (Isaac Lab's AppLauncher adds --enable_cameras, --device,
+    --headless inside main()), the so101d subcommands parse, the config block loads."""
+    import argparse
+    import shlex
+    import tomllib
+    from pathlib import Path
+
+    from daemon.commands import export_hdf5 as export_cmd
+    from daemon.commands import import_hdf5 as import_cmd
+    from daemon.config import config_from_dict
+
+    text = (Path(__file__).resolve().parents[1] / "README.leisaac.md").read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.startswith("    ")]
+    follower = [ln for ln in lines if "sim_bridge.leisaac_follower" in ln]
+    assert follower
+    for ln in follower:
+        argv = shlex.split(ln.split("sim_bridge.leisaac_follower", 1)[1])
+        args, unknown = build_parser().parse_known_args(argv)
+        assert args.seed_hdf5 and args.task.startswith("LeIsaac-SO101-")
+        assert set(a for a in unknown if a.startswith("--")) <= {"--enable_cameras", "--device", "--headless"}, unknown
+    parsers = {"import-hdf5": import_cmd, "export-hdf5": export_cmd}
+    seen = set()
+    for ln in lines:
+        if not ln.startswith("so101d "):
+            continue
+        argv = [a for a in shlex.split(ln.replace("[", "").replace("]", "").replace(" | ", " ")) if a != "so101d"]
+        p = argparse.ArgumentParser()
+        parsers[argv[0]].add_arguments(p)
+        rest = [a for a in argv[1:] if a not in ("--human", "--successful-only", "--all")]  # alternatives listed together
+        p.parse_args(rest)
+        seen.add(argv[0])
+    assert seen == set(parsers)
+    block = text.split("# so101d.toml", 1)[1].split("\n\n", 1)[0]
+    cfg = config_from_dict(tomllib.loads("\n".join(ln[4:] for ln in block.splitlines()[1:])))
+    assert cfg.follower.kind == "sim" and cfg.follower.sim_mapping == "leisaac"

@@ -1,4 +1,11 @@
-"""`so101d export-hdf5`: write dataset episodes as LeIsaac-style HDF5 seed demos for Isaac Lab Mimic."""
+"""`so101d export-hdf5`: dataset episodes as Isaac Lab Mimic seed demos, when they can be.
+
+A seed demo needs the scene state a LeRobot dataset does not keep (every articulation's and
+object's pose at the start, for ``env.reset_to``). Episodes imported from LeIsaac / Isaac Lab HDF5
+demos are exported by copying their source demo; anything else (real arm, MuJoCo, live LeIsaac
+episodes) is refused with the reason and what to do: record seeds with the LeIsaac follower's
+``--seed_hdf5 FILE``.
+"""
 
 from __future__ import annotations
 
@@ -11,17 +18,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", required=True, type=Path, help="dataset root")
     p.add_argument("--episodes", default="all", help="'all', '3', '0-4' or '1,3,7-9' (default all)")
     p.add_argument("--out", required=True, type=Path, help="output .hdf5 file")
-    p.add_argument("--env-name", default="LeIsaac-SO101-PickOrange-v0", help="env_name stored in env_args")
-    p.add_argument("--step-hz", type=float, default=60.0, help="sim step rate to write at (default 60)")
 
 
 def run(args: argparse.Namespace) -> int:
     from sim_bridge.isaaclab_hdf5 import export_hdf5
 
     try:
-        n = export_hdf5(args.dataset, args.episodes, args.out, env_name=args.env_name, step_hz=args.step_hz, progress=print)
+        n = export_hdf5(args.dataset, args.episodes, args.out, progress=print)
     except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}\nnothing was written to {args.out}", file=sys.stderr)
         return 1
-    print(f"wrote {n} demo(s) to {args.out}")
+    print(f"wrote {n} seed demo(s) to {args.out}")
     return 0

@@ -70,6 +70,9 @@ class SimEpisodeHook:
                 if verdict is None:  # the first signal decides (a cube lifted, then dropped: success)
                     verdict = ev.event == "success"
         self._episode_seq = None
+        mapping = getattr(self.follower, "sim_mapping", None)
+        if isinstance(mapping, str):  # which leader -> sim mapping drove this episode
+            notes.append(f"sim_mapping: {mapping}")
         return verdict, notes
 
     # -- staleness watch ---------------------------------------------------------------------------
