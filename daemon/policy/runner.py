@@ -31,6 +31,22 @@ from daemon.policy.worker import MAX_MESSAGE_BYTES, WorkerSpec, pack, unpack, wo
 
 log = logging.getLogger("so101d.policy")
 
+LATENCY_WINDOW = 64  # the refill lead follows the recent requests (a machine that got busier)
+MIN_MARGIN_S = 0.05
+MARGIN_FRACTION = 0.25
+
+
+def keep_up_warning(latency_s: float, queue: QueueConfig, n_actions: int) -> str | None:
+    """The sentence status and `policy check` print when inference cannot keep up with a chunk."""
+    horizon_s = queue.chunk_horizon_s(n_actions)
+    if latency_s <= horizon_s:
+        return None
+    if queue.max_obs_age_s < n_actions * queue.action_period_s:
+        fix = "raise max_obs_age_s or use a faster policy"
+    else:
+        fix = "use a policy with a longer chunk (n_action_steps) or a faster one"
+    return f"policy: inference {latency_s:.2f} s > usable horizon {horizon_s:.2f} s: {fix}"
+
 
 class FrameSource(Protocol):
     """What PolicySource needs from a camera (the recording helper's Camera satisfies it)."""
@@ -60,6 +76,13 @@ class _Samples:
     def add(self, v: float) -> None:
         self._d.append(v)
 
+    def recent_percentile(self, q: float, last: int) -> float | None:
+        """Percentile q of the newest ``last`` samples, in seconds (None when empty)."""
+        if not self._d:
+            return None
+        a = np.fromiter(self._d, dtype=np.float64)[-last:]
+        return float(np.percentile(a, q))
+
     def summary_ms(self) -> dict[str, float] | None:
         if not self._d:
             return None
@@ -81,6 +104,12 @@ class PolicySource:
             raise ValueError(f"policy needs camera(s) {', '.join(missing)} but no frame source was given for them")
         # refill_below >= n_action_steps keeps the worker busy back to back (freshest chunks, most CPU)
         self.queue = ActionQueue(config.queue, action_dim=NUM_JOINTS)
+        # The next chunk is asked for when the queue's usable horizon falls to this (seconds):
+        # measured latency (high percentile) + margin. 0 until the first chunk has been timed (the
+        # empty queue asks at once anyway).
+        self.refill_lead_s = 0.0
+        self.latency_estimate_s: float | None = None
+        self._timeout_s = config.request_timeout_s
         self.state = "stopped"  # stopped | loading | ready | error
         self.error: str | None = None
         self.worker_info: dict[str, Any] = {}
@@ -199,13 +228,40 @@ class PolicySource:
             self._drain(now_s)
         if self.state != "ready":
             return None
-        if self._in_flight is not None and now_s - self._in_flight_since > self.config.request_timeout_s:
+        if self._in_flight is not None and now_s - self._in_flight_since > self._timeout_s:
             self.timeouts += 1
             self.last_error = f"inference request {self._in_flight} timed out"
             self._in_flight = None
-        if self._in_flight is None and now_s >= self._retry_after and self.queue.needs_refill(now_s):
+        if self._in_flight is None and now_s >= self._retry_after and self.queue.needs_refill(now_s, self.refill_lead_s):
             self._request(now_s, state_units)
         return self.queue.target(now_s)
+
+    def _update_refill_lead(self) -> None:
+        """After each timed chunk: latency p99 of the recent requests plus a margin.
+
+        The margin (a quarter of the latency, at least 50 ms, for the jitter of a loaded machine and
+        the loop's poll period) plus the cross-fade time makes the next chunk land while the current
+        one still drives, so the new one fades in from it instead of from a hold."""
+        est = self.latency.recent_percentile(99, LATENCY_WINDOW)
+        if est is None:
+            return
+        self.latency_estimate_s = est
+        self.refill_lead_s = est + max(MIN_MARGIN_S, MARGIN_FRACTION * est) + self.queue.config.blend_s
+        # a policy that is merely slow is not stuck: abandoning its requests would pile them up
+        self._timeout_s = max(self.config.request_timeout_s, 3.0 * est)
+
+    def chunk_horizon_s(self) -> float:
+        """How long one fresh chunk can drive: chunk length or max_obs_age_s, whichever is shorter."""
+        n = int(self.worker_info.get("n_action_steps") or self.info.n_action_steps or 1)
+        return self.queue.config.chunk_horizon_s(n)
+
+    def keep_up_warning(self) -> str | None:
+        """A plain sentence when inference is slower than a chunk can drive (the arm will hold
+        between chunks), None while it keeps up (or nothing was timed yet)."""
+        if self.latency_estimate_s is None:
+            return None
+        return keep_up_warning(self.latency_estimate_s, self.queue.config,
+                               int(self.worker_info.get("n_action_steps") or self.info.n_action_steps or 1))
 
     def _request(self, now_s: float, state_units: np.ndarray) -> None:
         self._req_id += 1
@@ -303,6 +359,7 @@ class PolicySource:
         fwd = float(msg.get("forward_s", 0.0))
         self.latency.add(total)
         self.overhead.add(total - fwd)
+        self._update_refill_lead()
         for k in ("read", "preprocess", "forward", "postprocess"):
             v = msg.get(f"{k}_s")
             if v is not None:
@@ -341,6 +398,10 @@ class PolicySource:
             "worker": self.worker_info,
             "merge": q.config.merge,
             "queue_depth": q.depth(now_s),
+            "usable_horizon_ms": q.usable_horizon_s(now_s) * 1e3,
+            "chunk_horizon_ms": self.chunk_horizon_s() * 1e3,
+            "refill_lead_ms": self.refill_lead_s * 1e3,
+            "warning": self.keep_up_warning(),
             "chunks_live": len(q),
             "chunk_age_ms": None if newest is None else (now_s - newest) * 1e3,
             "inference_latency_ms": self.latency.summary_ms(),
