@@ -10,6 +10,7 @@ forward pass runs, then sleeps out the rest), inherited by the spawned worker.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -157,6 +158,9 @@ def test_policy_slower_than_its_usable_horizon_is_explained_and_holds(ckpt: Path
                 st = c.request("status")
             r = subprocess.run([sys.executable, "-m", "daemon.cli", "policy", "status", "--socket", sock],
                                capture_output=True, text=True, timeout=60)
+            wide = dict(os.environ, COLUMNS="200")  # the status table's width, not a terminal's
+            r_all = subprocess.run([sys.executable, "-m", "daemon.cli", "status", "--socket", sock],
+                                   capture_output=True, text=True, timeout=60, env=wide)
             end = len(cycles.rows)
             measured_end = np.array(loop.measured)
         finally:
@@ -166,6 +170,7 @@ def test_policy_slower_than_its_usable_horizon_is_explained_and_holds(ckpt: Path
     assert warning is not None and warning.startswith("policy: inference 0.7")
     assert warning.endswith("> usable horizon 0.50 s: raise max_obs_age_s or use a faster policy"), warning
     assert f"WARNING    {warning}" in r.stdout, r.stdout
+    assert warning in r_all.stdout, r_all.stdout  # `so101d status` says it too
     # holds safely: never followed the late chunks, the follower stayed where it was
     assert st["mode"] == "hold" and "policy stale" in st["reason"]
     assert {m for _, m, _, _ in cycles.rows[start:end]} <= {"hold"}
@@ -178,8 +183,6 @@ def test_policy_check_warns_about_a_configuration_that_cannot_keep_up(ckpt: Path
     cfg.write_text(f'[cameras.front]\nkind = "virtual"\nwidth = {W}\nheight = {H}\n[policy]\nmax_obs_age_s = 0.5\n')
 
     def check(delay_s: str) -> subprocess.CompletedProcess:
-        import os  # noqa: PLC0415
-
         env = dict(os.environ, HF_HUB_OFFLINE="1", **{FORWARD_DELAY_ENV: delay_s})
         return subprocess.run([sys.executable, "-m", "daemon.cli", "policy", "check", str(ckpt), "--config", str(cfg),
                                "--repeats", "2"], capture_output=True, text=True, timeout=120, env=env)
