@@ -232,9 +232,14 @@ class PolicySource:
             self.timeouts += 1
             self.last_error = f"inference request {self._in_flight} timed out"
             self._in_flight = None
-        if self._in_flight is None and now_s >= self._retry_after and self.queue.needs_refill(now_s, self.refill_lead_s):
+        if self._in_flight is None and now_s >= self._retry_after and self.wants_chunk(now_s):
             self._request(now_s, state_units)
         return self.queue.target(now_s)
+
+    def wants_chunk(self, now_s: float) -> bool:
+        """The refill rule: what is left of the queue lasts no longer than the measured latency
+        plus margin (bench/bench_policy.py overrides it to measure the old count rule beside it)."""
+        return self.queue.needs_refill(now_s, self.refill_lead_s)
 
     def _update_refill_lead(self) -> None:
         """After each timed chunk: latency p99 of the recent requests plus a margin.
