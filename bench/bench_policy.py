@@ -430,7 +430,8 @@ def run_refill(args: argparse.Namespace) -> int:
         st = runs[-1]["stats"]
         print(f"\n  {rule}: observation -> chunk in the loop, by stage (ms, last round; n = chunks)")
         print(f"  {'stage':<12} {'p50':>9} {'p99':>9} {'max':>9}")
-        for key in ("request", "publish", "read", "preprocess", "forward", "postprocess", "deliver"):
+        for key in ("request", "ask", "handoff", "publish", "read", "preprocess", "forward", "postprocess", "pipe",
+                    "poll", "deliver"):
             v = st["stages_ms"].get(key)
             if v:
                 print(f"  {key:<12} {v['p50']:9.2f} {v['p99']:9.2f} {v['max']:9.2f}   n={v['n']}")

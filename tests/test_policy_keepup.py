@@ -121,6 +121,11 @@ def test_default_chunk_with_slow_inference_drives_without_gaps(ckpt: Path, monke
     assert in_policy >= 0.99, (in_policy, [m for m in modes if m != "policy"])
     # forward ~150 ms measured as such; chunks came back again and again, the newest never ran out
     assert st["stages_ms"]["forward"]["p50"] >= 150.0
+    # the overhead beyond the forward pass, split by stage (issue 16: where did 15 ms go?)
+    for stage in ("ask", "handoff", "publish", "read", "preprocess", "postprocess", "pipe", "poll"):
+        assert st["stages_ms"][stage]["n"] >= 8, stage
+    parts = sum(st["stages_ms"][k]["p50"] for k in ("ask", "handoff", "read", "preprocess", "postprocess", "pipe", "poll"))
+    assert abs(parts - st["overhead_ms"]["p50"]) < 0.5 * st["overhead_ms"]["p50"] + 2.0, (parts, st["overhead_ms"])
     assert st["results"] - before["results"] >= 8
     assert st["chunks_expired"] == before["chunks_expired"] == 0
     assert st["warning"] is None

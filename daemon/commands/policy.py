@@ -77,12 +77,15 @@ def _ms(d: dict[str, float] | None) -> str:
 
 
 STAGES = (  # (key, what it covers), in the order a request goes through them
-    ("request", "loop asks -> worker has it (frame copy into shared memory, pipe)"),
+    ("ask", "cycle start -> the loop asks (its bus reads come first)"),
+    ("handoff", "-> worker has it (publisher thread, frame copy into shared memory, pipe)"),
+    ("publish", "  of which the frame copy"),
     ("read", "worker copies the observation out of shared memory"),
     ("preprocess", "image to float, normalisation, to device"),
     ("forward", "the forward pass"),
     ("postprocess", "unnormalisation, to cpu"),
-    ("deliver", "chunk ready -> in the loop (pipe, wait for the loop's next poll)"),
+    ("pipe", "chunk ready -> decoded in the daemon (pipe, receiver thread)"),
+    ("poll", "-> taken by the loop at its next cycle (at most one loop period)"),
 )
 
 
