@@ -92,11 +92,12 @@ def sample_modes(sock: str, seconds: float, period_s: float = 0.05) -> list[str]
     return modes
 
 
-def test_default_chunk_with_slow_inference_drives_without_gaps(ckpt: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("merge", ["latest", "average"])
+def test_default_chunk_with_slow_inference_drives_without_gaps(ckpt: Path, monkeypatch, merge: str) -> None:
     monkeypatch.setenv(FORWARD_DELAY_ENV, "0.15")
     with tempfile.TemporaryDirectory(prefix="so101d-keepup-") as d:
         root = Path(d)
-        daemon, cycles, cleanup = make_bench(root, {"action_fps": 30.0})
+        daemon, cycles, cleanup = make_bench(root, {"action_fps": 30.0, "merge": merge})
         try:
             loop = daemon.loop
             sock = str(root / "c.sock")
