@@ -198,10 +198,15 @@ def test_policy_verbs_say_what_the_arm_does(bench, ckpt: Path) -> None:
         assert c.request("policy.load", path=str(ckpt), wait_s=90)["state"] == "ready"
     r = so101d("policy", "stop", "--socket", sock)
     assert r.returncode != 0 and "no policy is driving; nothing to stop (mode teleop, policy ready)" in r.stderr, r.stderr
+    r = so101d("policy", "stop", "--takeover", "--socket", sock)
+    assert r.returncode != 0 and "already follows the leader (teleop); nothing to take over" in r.stderr, r.stderr
     assert loop.state.mode == "teleop"
     # driving: a second start is refused (it would clear the running policy's queue), stop holds
     r = so101d("policy", "start", "--no-record", "--socket", sock)
     assert r.returncode == 0, r.stderr
+    # the first chunk may still be computing: the answer says so rather than "driving"
+    assert r.stdout.strip() in ("policy started: the follower holds until the first chunk, then aligns to it",
+                                "policy driving the follower (aligning first)"), r.stdout
     wait_for(lambda: loop.intent == "policy", 10, "policy intent")
     r = so101d("policy", "start", "--no-record", "--socket", sock)
     assert r.returncode != 0 and "already driving" in r.stderr, r.stderr

@@ -129,7 +129,17 @@ class PolicyController:
             if episode is not None:
                 self._end_episode(discard=True)
             raise PolicyError(f"cannot switch to policy mode: {exc}") from None
-        return {"message": "policy driving the follower (aligning first)", "episode": episode, "mode": self._mode()}
+        mode = self._mode()
+        return {"message": self._start_message(mode), "episode": episode, "mode": mode}
+
+    def _start_message(self, mode: str | None) -> str:
+        """What the arm does right after `policy start` (the first chunk may still be computing)."""
+        if mode in ("aligning", "policy"):
+            return "policy driving the follower (aligning first)"
+        if mode == "hold":
+            return "policy started: the follower holds until the first chunk, then aligns to it"
+        reason = getattr(self.daemon.loop.state, "reason", "")
+        return f"policy started, but the follower is {mode}" + (f" ({reason})" if reason else "")
 
     def stop(self, success: bool | None = None, discard: bool = False) -> dict[str, Any]:
         """Hold the follower where it is; close the evaluation episode (saved unless discard).
@@ -177,6 +187,8 @@ class PolicyController:
             raise PolicyError(f"take-over already running ({self.takeover_state.phase})")
         if loop.leader_link is not None and not loop.leader_link.connected:
             raise PolicyError("the leader is not connected")
+        if loop.intent == "teleop":
+            raise PolicyError("the follower already follows the leader (teleop); nothing to take over")
         stopped = self._hold()  # also from a hold after `policy stop`: the leader still has to come over
         t = Takeover(LeaderActuator(leader), config or TakeoverConfig())
         self.takeover_state = t
