@@ -106,8 +106,11 @@ def format_status(st: dict[str, Any]) -> str:
         f"{st.get('chunks_expired')} ran out (arm held), {st.get('timeouts')} timeouts",
     ]
     stages = st.get("stages_ms") or {}
+    lines.append(f"stages     {'p50':>7} {'p99':>7} ms  where the latency goes")
     for key, what in STAGES:
-        lines.append(f"  {key:<12} {_ms(stages.get(key))}  ({what})")
+        d = stages.get(key)
+        nums = f"{d['p50']:7.1f} {d['p99']:7.1f}" if d else f"{'-':>7} {'-':>7}"
+        lines.append(f"  {key:<11}{nums}     {what}")
     if st.get("warning"):
         lines.append(f"WARNING    {st['warning']}")
     if st.get("takeover"):

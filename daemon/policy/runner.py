@@ -67,7 +67,7 @@ class PolicyRunnerConfig:
     task: str = ""
     nice: int = 5
     torch_threads: int | None = None
-    request_timeout_s: float = 2.0  # an inference taking longer is abandoned (a new one is asked)
+    request_timeout_s: float = 2.0  # an inference taking longer (and 3x the measured latency) is abandoned
     load_timeout_s: float = 120.0
 
 
