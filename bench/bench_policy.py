@@ -18,10 +18,20 @@
 4. Ours for other local programs: `so101d policy serve` (its own process, ZeroMQ ipc, msgpack +
    raw arrays) driven by PolicyClient, request/response like LeRobot's.
 5. Control loop rate and p99 period jitter on the emulated bench in teleop vs policy mode.
+6. Refill rule (issue 16), ``--refill``: the daemon on the emulated bench driven by an ACT with
+   LeRobot's default chunk (100 actions at 30 fps; tiny transformer, resnet18 backbone, one 320x240
+   camera) whose forward pass is padded to ``--forward-s`` (engine knob SO101D_POLICY_FORWARD_DELAY_S),
+   ``max_obs_age_s`` 1 s. Rounds alternate the old rule (ask when <= refill_below actions are left,
+   counting those that will expire; no cross-fade) and the new one (ask when the usable horizon falls
+   to latency p99 + margin; cross-fade). Per round: time in mode policy (status sampled every 50 ms),
+   the holds between chunks, the slack when each chunk lands (time left on the previous one;
+   negative = the arm held that long), the largest per-cycle step of the policy's target, and the
+   overhead beyond the forward pass by stage.
 
 Ratios are printed side by side (measured in one run, interleaved where it matters).
 
     .venv/bin/python bench/bench_policy.py [--requests 30] [--skip-lerobot] [--skip-loop]
+    .venv/bin/python bench/bench_policy.py --refill [--refill-seconds 10] [--rounds 2] [--forward-s 0.15]
 """
 
 from __future__ import annotations
@@ -285,14 +295,170 @@ def bench_loop(ckpt: Path, seconds: float) -> dict:
     return out
 
 
+# -- refill rule: old (count) vs new (usable horizon), same daemon, same checkpoint ------------------
+REFILL_H, REFILL_W = 240, 320
+
+
+def _old_rule_source():
+    """PolicySource with the refill rule before issue 16, to measure it beside the new one."""
+    import math
+
+    class OldRule(PolicySource):
+        def wants_chunk(self, now_s: float) -> bool:
+            q = self.queue
+            newest = q._chunks[-1] if len(q) else None
+            if newest is None:
+                return True
+            left = newest.n - max(0, math.ceil((now_s - newest.obs_time_s) / q.config.action_period_s))
+            return left <= q.config.refill_below  # counts actions that will expire before their slot
+
+    return OldRule
+
+
+def bench_refill_round(ckpt: Path, rule: str, seconds: float) -> dict:
+    from daemon.config import config_from_dict
+    from daemon.control_client import ControlClient
+    from daemon.policy.attach import queue_config_from
+    from daemon.recording.cameras import CameraConfig as CamCfg
+    from daemon.recording.cameras import VirtualArmCamera
+    from daemon.service import Daemon
+    from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
+    from drivers.feetech_arm import FeetechFollower, FeetechLeader
+
+    pose = np.array([0.0, -20.0, 20.0, 10.0, 0.0, 40.0])
+    with tempfile.TemporaryDirectory(prefix="so101d-bench-refill-") as d:
+        root = Path(d)
+        la, fa = EmulatedArm("leader", initial_pose_units=pose), EmulatedArm("follower", initial_pose_units=pose)
+        la.set_pose_units(pose)
+        fa.set_pose_units(pose)
+        lb, fb = BusEmulator(root / "leader", la).start(), BusEmulator(root / "follower", fa).start()
+        cfg = config_from_dict({"socket": {"path": str(root / "c.sock")},
+                                "cameras": {"front": {"kind": "virtual", "width": REFILL_W, "height": REFILL_H}}})
+        daemon = Daemon(cfg, FeetechLeader(str(root / "leader"), reference_calibration("leader")),
+                        FeetechFollower(str(root / "follower"), reference_calibration("follower")))
+        cam = VirtualArmCamera(CamCfg(name="front", width=REFILL_W, height=REFILL_H, fps=30))
+        loop = daemon.loop
+        cycles: list[tuple[float, str, np.ndarray]] = []
+
+        class Hook:
+            def on_cycle(self, now, state, action, raw):
+                cam.set_state(state)
+                cycles.append((now, loop.state.mode, np.array(raw, dtype=np.float64)))
+
+        loop.add_hook(Hook())
+        qcfg = queue_config_from(cfg.policy)
+        if rule == "before":
+            qcfg.blend_s = 0.0
+        cls = _old_rule_source() if rule == "before" else PolicySource
+        src = cls(PolicyRunnerConfig(str(ckpt), cameras={"front": (REFILL_H, REFILL_W)}, queue=qcfg), {"front": cam})
+        cam.start()
+        daemon.start()
+        try:
+            src.start()
+            if not src.wait_ready(300):
+                raise SystemExit(f"policy worker failed: {src.error}")
+            end = time.monotonic() + 20
+            while not (loop.follower_link.connected and loop.measured is not None) and time.monotonic() < end:
+                time.sleep(0.05)
+            loop.policy_source = src
+            loop.call(lambda: loop.set_intent("policy"))
+            end = time.monotonic() + 30
+            while loop.state.mode != "policy" and time.monotonic() < end:
+                time.sleep(0.01)
+            first_cycle, first_chunk = len(cycles), len(src.chunk_log)
+            modes = []
+            with ControlClient(str(root / "c.sock"), timeout_s=10) as c:
+                t_end = time.monotonic() + seconds
+                nxt = time.monotonic()
+                while nxt < t_end:
+                    modes.append(c.request("status")["mode"])
+                    nxt += 0.05
+                    time.sleep(max(0.0, nxt - time.monotonic()))
+            rows = cycles[first_cycle:]
+            chunks = list(src.chunk_log)[max(0, first_chunk - 1):]
+            st = src.stats()
+            loop.call(lambda: loop.set_intent("hold"))
+        finally:
+            loop.policy_source = None
+            src.stop()
+            daemon.stop()
+            cam.stop()
+            lb.stop()
+            fb.stop()
+    # holds between chunks: runs of cycles not in mode policy
+    gaps, run_start = [], None
+    for now, mode, _ in rows:
+        if mode != "policy" and run_start is None:
+            run_start = now
+        elif mode == "policy" and run_start is not None:
+            gaps.append(now - run_start)
+            run_start = None
+    # slack when each chunk lands: time left on the chunk before it (negative: the arm held)
+    period, age = qcfg.action_period_s, qcfg.max_obs_age_s
+    slack = [(o0 + min(n0 * period, age)) - r1 for (_, o0, _, n0, _), (_, _, r1, _, _) in zip(chunks[:-1], chunks[1:])]
+    pol = [i for i in range(1, len(rows)) if rows[i][1] == "policy" and rows[i - 1][1] == "policy"]
+    raw_step = max((float(np.abs(rows[i][2] - rows[i - 1][2]).max()) for i in pol), default=float("nan"))
+    return {"in_policy": sum(m == "policy" for m in modes) / max(1, len(modes)), "samples": len(modes),
+            "gaps": np.array(gaps), "slack": np.array(slack), "raw_step": raw_step, "stats": st}
+
+
+def run_refill(args: argparse.Namespace) -> int:
+    from daemon.policy.engine import FORWARD_DELAY_ENV
+    from daemon.policy.tiny import make_synthetic_dataset as mk
+
+    os.environ[FORWARD_DELAY_ENV] = str(args.forward_s)  # the spawned workers inherit it
+    with tempfile.TemporaryDirectory(prefix="so101d-bench-refill-") as d:
+        t0 = time.monotonic()
+        ds = mk(Path(d) / "dataset", {"front": (REFILL_H, REFILL_W)}, episodes=2, frames_per_episode=30)
+        ckpt = train_tiny_policy(ds, Path(d) / "act", policy_type="act", steps=4, chunk_size=100).checkpoint
+        print(f"checkpoint: ACT chunk 100 / n_action_steps 100 (tiny transformer, resnet18), one {REFILL_W}x{REFILL_H} "
+              f"camera, built in {time.monotonic() - t0:.1f} s; forward pass padded to {args.forward_s * 1e3:.0f} ms; "
+              f"30 fps, max_obs_age_s 1.0, {args.refill_seconds:g} s per round, status every 50 ms")
+        results: dict[str, list[dict]] = {"before": [], "after": []}
+        for _ in range(args.rounds):
+            for rule in ("before", "after"):
+                results[rule].append(bench_refill_round(ckpt, rule, args.refill_seconds))
+    print(f"\n  {'rule':<7} {'policy %':>8} {'holds':>6} {'hold p50':>9} {'hold max':>9} {'slack p1':>9} {'slack p50':>9} "
+          f"{'expired':>7} {'max raw step':>12}")
+    for rule, runs in results.items():
+        for r in runs:
+            g, sl, st = r["gaps"] * 1e3, r["slack"] * 1e3, r["stats"]
+            print(f"  {rule:<7} {r['in_policy'] * 100:8.1f} {len(g):6d} {pct(g, 50):9.1f} {(g.max() if g.size else 0):9.1f} "
+                  f"{pct(sl, 1):9.1f} {pct(sl, 50):9.1f} {st['chunks_expired']:7d} {r['raw_step']:12.3f}")
+    print("  (holds and slack in ms; slack = time left on the previous chunk when the next one landed)")
+    for rule, runs in results.items():
+        st = runs[-1]["stats"]
+        print(f"\n  {rule}: observation -> chunk in the loop, by stage (ms, last round; n = chunks)")
+        print(f"  {'stage':<12} {'p50':>9} {'p99':>9} {'max':>9}")
+        for key in ("request", "ask", "handoff", "publish", "read", "preprocess", "forward", "postprocess", "pipe",
+                    "poll", "deliver"):
+            v = st["stages_ms"].get(key)
+            if v:
+                print(f"  {key:<12} {v['p50']:9.2f} {v['p99']:9.2f} {v['max']:9.2f}   n={v['n']}")
+        o, lat = st["overhead_ms"], st["inference_latency_ms"]
+        print(f"  {'total':<12} {lat['p50']:9.2f} {lat['p99']:9.2f} {lat['max']:9.2f}")
+        print(f"  {'overhead':<12} {o['p50']:9.2f} {o['p99']:9.2f} {o['max']:9.2f}   (total minus forward)")
+    b = np.mean([r["in_policy"] for r in results["before"]])
+    a = np.mean([r["in_policy"] for r in results["after"]])
+    print(f"\ntime in mode policy: before {b * 100:.1f} %, after {a * 100:.1f} % "
+          f"(held {(1 - b) * 1e3:.0f} vs {(1 - a) * 1e3:.0f} ms per second)")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--refill", action="store_true", help="only the refill-rule comparison (issue 16)")
+    ap.add_argument("--refill-seconds", type=float, default=10.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--forward-s", type=float, default=0.15)
     ap.add_argument("--requests", type=int, default=30)
     ap.add_argument("--skip-lerobot", action="store_true")
     ap.add_argument("--skip-loop", action="store_true")
     ap.add_argument("--loop-seconds", type=float, default=4.0)
     ap.add_argument("--checkpoint", type=Path, help="reuse a checkpoint folder (skips building one)")
     args = ap.parse_args()
+    if args.refill:
+        return run_refill(args)
     with tempfile.TemporaryDirectory(prefix="so101d-bench-policy-") as d:
         ckpt = args.checkpoint or build_checkpoint(Path(d))
         ours = bench_ours(ckpt, args.requests)

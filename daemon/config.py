@@ -151,7 +151,7 @@ class PolicyConfig:
     action_fps: float = 30.0  # rate of the policy's actions (the training dataset's fps)
     merge: Literal["latest", "average"] = "latest"  # overlapping chunks: newest wins, or temporal ensembling
     ensemble_coeff: float = 0.01  # merge = "average": weight exp(-coeff * i), i = 0 the oldest chunk
-    refill_below: int = 10  # ask for the next chunk when this many future actions remain
+    refill_below: int = 10  # floor: also ask when this few usable actions remain (main rule: usable horizon vs measured latency)
     max_obs_age_s: float = 1.0  # actions computed from an older observation are dropped
     record: bool = True  # with [recording] enabled, `policy start` records an evaluation episode
 

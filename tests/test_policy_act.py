@@ -173,7 +173,8 @@ def test_policy_worker_feeds_the_loop(act_ckpt: Path) -> None:
     img = synthetic_frame(state, H, W)
     reference, _ = PolicyEngine.from_checkpoint(str(act_ckpt), ExpectedIO(cameras=CAMS)).infer(state, {"front": img})
     period = 0.05
-    qcfg = QueueConfig(action_period_s=period, interpolate=False, max_obs_age_s=30.0, refill_below=4)
+    # no interpolation and no cross-fade: every target must be exactly one of the chunk's actions
+    qcfg = QueueConfig(action_period_s=period, interpolate=False, max_obs_age_s=30.0, refill_below=4, blend_s=0.0)
     src = PolicySource(PolicyRunnerConfig(str(act_ckpt), cameras=CAMS, queue=qcfg), {"front": StillCamera(img)})
     assert src.target(time.monotonic(), state) is None  # not started: hold
     src.start()

@@ -3,6 +3,8 @@ follower through the same safety layer, over the control socket verbs, with a vi
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -167,3 +169,49 @@ def test_takeover_hands_over_to_teleop_without_a_jump(bench, ckpt: Path) -> None
     assert np.abs(np.array(loop.leader_units) - follower_at_stop).max() < 4.0
     assert not any(bool(s.torque_enabled) for s in emu_leader.servos)  # released for the hand
 
+
+
+def so101d(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "daemon.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_policy_verbs_say_what_the_arm_does(bench, ckpt: Path) -> None:
+    """Issue 18: `so101d policy stop` with no policy said "policy stopped: holding" (exit 0) while
+    the arm kept following the leader. Every policy verb now answers what actually happens."""
+    daemon, ctl, rows, la_emu, root = bench
+    loop = daemon.loop
+    sock = str(root / "c.sock")
+    wait_for(lambda: loop.follower_link.connected and loop.measured is not None, 15, "follower connected")
+    with ControlClient(sock, timeout_s=30) as c:
+        c.request("teleop.start")
+    wait_for(lambda: loop.state.mode == "teleop", 15, f"teleop (now {loop.state.mode}: {loop.state.reason})")
+    # no policy loaded: stop and unload refuse, and the arm goes on following the leader
+    r = so101d("policy", "stop", "--socket", sock)
+    assert r.returncode != 0 and "no policy is driving; nothing to stop" in r.stderr, (r.stdout, r.stderr)
+    assert "holding" not in r.stdout
+    r = so101d("policy", "unload", "--socket", sock)
+    assert r.returncode != 0 and "no policy loaded; nothing to unload" in r.stderr, (r.stdout, r.stderr)
+    time.sleep(0.3)
+    assert loop.intent == "teleop" and loop.state.mode == "teleop"
+    # loaded but not driving: still nothing to stop
+    with ControlClient(sock, timeout_s=100) as c:
+        assert c.request("policy.load", path=str(ckpt), wait_s=90)["state"] == "ready"
+    r = so101d("policy", "stop", "--socket", sock)
+    assert r.returncode != 0 and "no policy is driving; nothing to stop (mode teleop, policy ready)" in r.stderr, r.stderr
+    r = so101d("policy", "stop", "--takeover", "--socket", sock)
+    assert r.returncode != 0 and "already follows the leader (teleop); nothing to take over" in r.stderr, r.stderr
+    assert loop.state.mode == "teleop"
+    # driving: a second start is refused (it would clear the running policy's queue), stop holds
+    r = so101d("policy", "start", "--no-record", "--socket", sock)
+    assert r.returncode == 0, r.stderr
+    # the first chunk may still be computing: the answer says so rather than "driving"
+    assert r.stdout.strip() in ("policy started: the follower holds until the first chunk, then aligns to it",
+                                "policy driving the follower (aligning first)"), r.stdout
+    wait_for(lambda: loop.intent == "policy", 10, "policy intent")
+    r = so101d("policy", "start", "--no-record", "--socket", sock)
+    assert r.returncode != 0 and "already driving" in r.stderr, r.stderr
+    r = so101d("policy", "stop", "--socket", sock)
+    assert r.returncode == 0 and r.stdout.strip() == "policy stopped: holding", (r.stdout, r.stderr)
+    assert loop.state.mode == "hold" and loop.intent == "hold"
+    r = so101d("policy", "unload", "--socket", sock)
+    assert r.returncode == 0 and r.stdout.strip() == "policy unloaded", (r.stdout, r.stderr)

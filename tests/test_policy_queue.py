@@ -18,7 +18,7 @@ def ramp(n: int, start: float, step: float = 1.0) -> np.ndarray:
 
 
 def q(**kw) -> ActionQueue:
-    base = dict(action_period_s=P, interpolate=False, max_obs_age_s=10.0, refill_below=2)
+    base = dict(action_period_s=P, interpolate=False, max_obs_age_s=10.0, refill_below=2, blend_s=0.0)
     base.update(kw)
     return ActionQueue(QueueConfig(**base))
 
@@ -109,3 +109,83 @@ def test_target_returns_a_copy() -> None:
     a = aq.target(10.0)
     a[:] = 99.0
     assert aq.target(10.0)[0] == 1.0
+
+
+# -- issue 16: refill by usable horizon, smooth chunk boundaries --------------------------------
+def test_actions_past_max_obs_age_do_not_count_as_queued() -> None:
+    # LeRobot's default ACT: 100 actions at 30 fps (3.3 s) but only 1 s of them usable
+    aq = ActionQueue(QueueConfig(action_period_s=1 / 30, max_obs_age_s=1.0, refill_below=10))
+    aq.add_chunk(10.0, ramp(100, 0.0), now_s=10.17)
+    assert aq.usable_horizon_s(10.17) == pytest.approx(0.83)
+    assert aq.depth(10.17) == 25  # slots 6..30 start within 1 s of the observation, not 94
+    # 0.3 s before the chunk expires, an inference of 0.2 s (+ margin) must already be under way
+    assert aq.needs_refill(10.7, lead_s=0.35)
+    assert not aq.needs_refill(10.5, lead_s=0.35)
+
+
+def test_usable_horizon_ends_at_the_chunk_end_when_that_comes_first() -> None:
+    aq = q(max_obs_age_s=5.0)
+    aq.add_chunk(10.0, ramp(10, 0.0), now_s=10.1)
+    assert aq.usable_horizon_s(10.1) == pytest.approx(0.9)
+    assert aq.usable_horizon_s(11.5) == 0.0 and q().usable_horizon_s(0.0) == 0.0
+
+
+def test_refill_on_horizon_never_runs_dry_while_inference_is_faster_than_a_chunk() -> None:
+    """One inference in flight at a time, the loop at 100 Hz: the queue never runs dry (the
+    old count rule, refill_below=10 of 100 actions, ran dry once per max_obs_age_s)."""
+    latency = 0.17
+    for lead_s, expect_dry in ((latency + 0.05, False), (None, True)):
+        aq = ActionQueue(QueueConfig(action_period_s=1 / 30, max_obs_age_s=1.0, refill_below=10))
+        in_flight: float | None = None  # obs time of the request being computed
+        dry = 0
+        now = 0.0
+        while now < 10.0:
+            if in_flight is not None and now >= in_flight + latency:
+                aq.add_chunk(in_flight, ramp(100, 0.0), now_s=now)
+                in_flight = None
+            if lead_s is not None:
+                refill = aq.needs_refill(now, lead_s)
+            else:  # the old rule: raw count of the newest chunk's actions left, usable or not
+                newest = aq.newest_obs_time()
+                refill = newest is None or 100 - math.ceil((now - newest) * 30) <= 10
+            if in_flight is None and (len(aq) == 0 or refill):
+                in_flight = now
+            if now > 0.5 and aq.target(now) is None:
+                dry += 1
+            now = round(now + 0.01, 6)
+        assert (dry > 0) is expect_dry, dry
+    assert aq.chunks_expired >= 8  # the old rule: one expiry a second
+
+
+def test_latest_merge_fades_a_new_chunk_in_over_blend_s() -> None:
+    """A new chunk that disagrees with the current one by 30 degrees: without a fade the target
+    steps 30 degrees in one cycle; with blend_s = 0.1 s no 10 ms cycle moves more than 3.1."""
+    for blend_s, max_step in ((0.0, 30.0), (0.1, 3.1)):
+        aq = q(merge="latest", blend_s=blend_s, interpolate=True, action_period_s=1 / 30)
+        aq.add_chunk(10.0, np.zeros((100, 6)), now_s=10.0)
+        targets = []
+        for i in range(100):
+            now = 10.0 + i * 0.01
+            if i == 40:
+                aq.add_chunk(10.2, np.full((100, 6), 30.0), now_s=now)
+            targets.append(aq.target(now)[0])
+        steps = np.abs(np.diff(targets))
+        assert steps.max() == pytest.approx(max_step, abs=0.11), steps.max()
+        assert targets[-1] == 30.0  # the new chunk wins once faded in
+
+
+def test_fades_chain_when_chunks_arrive_faster_than_blend_s() -> None:
+    aq = q(merge="latest", blend_s=0.1, interpolate=True)
+    aq.add_chunk(10.0, np.zeros((100, 6)), now_s=10.0)
+    aq.add_chunk(10.02, np.full((100, 6), 10.0), now_s=10.05)
+    before = aq.target(10.07)[0]
+    aq.add_chunk(10.04, np.full((100, 6), 20.0), now_s=10.07)
+    assert aq.target(10.07)[0] == pytest.approx(before)  # the third starts from where the fade was
+    assert aq.target(10.2)[0] == 20.0
+
+
+def test_average_merge_is_unchanged_by_blend_s() -> None:
+    aq = q(merge="average", ensemble_coeff=0.0, blend_s=0.1)
+    aq.add_chunk(10.0, ramp(10, 0.0), now_s=10.0)
+    aq.add_chunk(10.2, ramp(10, 100.0), now_s=10.2)
+    assert aq.target(10.25)[0] == pytest.approx((2.0 + 100.0) / 2)

@@ -43,9 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("status", help="inference latency, chunk age, queue depth")
     p.add_argument("--json", action="store_true")
     add_socket_arguments(p)
-    p = sub.add_parser("check", help="offline: check a checkpoint against a configuration")
+    p = sub.add_parser("check", help="offline: check a checkpoint against a configuration (and time its inference)")
     p.add_argument("path", metavar="DIR")
-    p.add_argument("--config", metavar="FILE", help="daemon configuration (cameras) to check against")
+    p.add_argument("--config", metavar="FILE", help="daemon configuration (cameras, [policy]) to check against")
+    p.add_argument("--no-timing", action="store_true",
+                   help="skip timing the inference (which loads the policy; a few seconds)")
+    p.add_argument("--repeats", type=int, default=5, metavar="N", help="forward passes to time (default 5)")
     p = sub.add_parser("serve", help="serve a checkpoint over ZeroMQ to local clients")
     p.add_argument("path", metavar="DIR")
     p.add_argument("--endpoint", default=None, help="ipc://PATH or tcp://127.0.0.1:PORT (default: ipc in the runtime dir)")
@@ -65,8 +68,25 @@ def _call(args: argparse.Namespace, cmd: str, **fields: Any) -> dict[str, Any] |
         return 1
 
 
+def _num(v: Any) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
 def _ms(d: dict[str, float] | None) -> str:
     return "-" if not d else f"p50 {d['p50']:.1f} ms, p99 {d['p99']:.1f} ms (n={d['n']})"
+
+
+STAGES = (  # (key, what it covers), in the order a request goes through them
+    ("ask", "cycle start -> the loop asks (its bus reads come first)"),
+    ("handoff", "-> worker has it (publisher thread, frame copy into shared memory, pipe)"),
+    ("publish", "  of which the frame copy"),
+    ("read", "worker copies the observation out of shared memory"),
+    ("preprocess", "image to float, normalisation, to device"),
+    ("forward", "the forward pass"),
+    ("postprocess", "unnormalisation, to cpu"),
+    ("pipe", "chunk ready -> decoded in the daemon (pipe, receiver thread)"),
+    ("poll", "-> taken by the loop at its next cycle (at most one loop period)"),
+)
 
 
 def format_status(st: dict[str, Any]) -> str:
@@ -80,9 +100,19 @@ def format_status(st: dict[str, Any]) -> str:
         f"latency    {_ms(st.get('inference_latency_ms'))}  (observation -> chunk in the loop)",
         f"overhead   {_ms(st.get('overhead_ms'))}  (beyond the forward pass)",
         f"queue      {st.get('queue_depth')} actions ahead, chunk age {'-' if age is None else f'{age:.0f} ms'}, merge {st.get('merge')}",
+        f"horizon    {_num(st.get('usable_horizon_ms'))} ms left of {_num(st.get('chunk_horizon_ms'))} ms per chunk; "
+        f"next chunk asked {_num(st.get('refill_lead_ms'))} ms before the end (latency p99 + margin)",
         f"dropped    {st.get('actions_dropped_stale')} stale actions, {st.get('chunks_rejected')} chunks too old, "
-        f"{st.get('timeouts')} timeouts",
+        f"{st.get('chunks_expired')} ran out (arm held), {st.get('timeouts')} timeouts",
     ]
+    stages = st.get("stages_ms") or {}
+    lines.append(f"stages     {'p50':>7} {'p99':>7} ms  where the latency goes")
+    for key, what in STAGES:
+        d = stages.get(key)
+        nums = f"{d['p50']:7.1f} {d['p99']:7.1f}" if d else f"{'-':>7} {'-':>7}"
+        lines.append(f"  {key:<11}{nums}     {what}")
+    if st.get("warning"):
+        lines.append(f"WARNING    {st['warning']}")
     if st.get("takeover"):
         t = st["takeover"]
         lines.append(f"take-over  {t['phase']}" + (f"  error: {t['error']}" if t.get("error") else ""))
@@ -142,4 +172,50 @@ def _check(args: argparse.Namespace) -> int:
     cam_text = ", ".join(f"{n} {w}x{h}" for n, (c, h, w) in sorted(info.cameras.items())) or "none"
     print(f"ok: {info.policy_type} policy, state {info.state_shape}, cameras {cam_text}, "
           f"chunk {info.chunk_size} (uses {info.n_action_steps})")
+    if args.no_timing:
+        return 0
+    return _check_timing(args, cfg, cams, info)
+
+
+def _check_timing(args: argparse.Namespace, cfg: Any, cams: dict[str, tuple[int, int]], info: Any) -> int:
+    """Time the inference as the daemon's worker runs it; warn when a chunk cannot cover it."""
+    import time  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+
+    from daemon.policy.attach import PolicyError, queue_config_from  # noqa: PLC0415
+    from daemon.policy.checkpoint import CheckpointError, ExpectedIO  # noqa: PLC0415
+    from daemon.policy.engine import PolicyEngine  # noqa: PLC0415
+    from daemon.policy.runner import MARGIN_FRACTION, MIN_MARGIN_S, keep_up_warning  # noqa: PLC0415
+
+    try:
+        qcfg = queue_config_from(cfg.policy)
+        engine = PolicyEngine.from_checkpoint(args.path, ExpectedIO(cameras=cams), device=cfg.policy.device or None,
+                                              task=cfg.policy.task)
+    except (PolicyError, CheckpointError, ValueError) as exc:
+        print(f"so101d: {exc}", file=sys.stderr)
+        return 1
+    engine.max_actions = info.n_action_steps
+    state = np.zeros(tuple(info.state_shape or (6,)), dtype=np.float64)
+    images = {n: np.zeros((h, w, c), dtype=np.uint8) for n, (c, h, w) in info.cameras.items()}
+    engine.infer(state, images)  # warm-up (first pass allocates), as the worker does before "ready"
+    took = []
+    for _ in range(max(1, args.repeats)):
+        t0 = time.perf_counter()
+        engine.infer(state, images)
+        took.append(time.perf_counter() - t0)
+        engine.reset()
+    worst = max(took)
+    n = int(info.n_action_steps or 1)
+    horizon = qcfg.chunk_horizon_s(n)
+    print(f"timing: inference {float(np.median(took)) * 1e3:.0f} ms median, {worst * 1e3:.0f} ms max of {len(took)} "
+          f"on {engine.loaded.device}; one chunk drives {horizon:.2f} s ({n} actions at {1 / qcfg.action_period_s:g} fps, "
+          f"max_obs_age_s {qcfg.max_obs_age_s:g})")
+    warning = keep_up_warning(worst, qcfg, n)
+    if warning:
+        print(f"warning: {warning}; the arm would hold between chunks", file=sys.stderr)
+    elif worst + max(MIN_MARGIN_S, MARGIN_FRACTION * worst) + qcfg.blend_s > horizon:
+        print(f"warning: inference {worst:.2f} s leaves little margin within the usable horizon {horizon:.2f} s "
+              "(the daemon adds the frame copy and the pipe); expect occasional holds on a busy machine",
+              file=sys.stderr)
     return 0

@@ -162,6 +162,8 @@ def _policy_line(st: dict[str, Any]) -> Any | None:
     t = pol.get("takeover")
     if isinstance(t, dict) and t.get("phase"):
         line.append(f"  take-over {t['phase']}", style="red" if t["phase"] == "failed" else "")
+    if pol.get("warning"):  # inference slower than a chunk can drive (issue 16): said, not silent
+        line.append(f"  {pol['warning']}", style="bold yellow")
     if pol.get("last_error") or pol.get("error"):
         line.append(f"  {str(pol.get('error') or pol.get('last_error'))[:80]}", style="red")
     return line

@@ -3,7 +3,8 @@
 checkpoint.py  safe offline loading (safetensors only) + input/output checks against the config
 engine.py      one observation -> one action chunk (the only torch code on the hot path)
 worker.py      the policy process (spawned); obs_buffer.py the shared-memory observation (seqlock)
-action_queue.py time-stamped chunks: stale dropping, latest / temporal-ensembling merge, refill
+action_queue.py time-stamped chunks: stale dropping, latest (cross-faded) / temporal-ensembling merge,
+               usable horizon (what the refill rule compares with the measured latency)
 runner.py      PolicySource: the control loop's microsecond-cost ``target(now, state)``
 attach.py      policy.* socket verbs, mode policy, evaluation episodes, take-over wiring
 takeover.py    policy -> teleop without a jump (leader moved to the follower, then released)

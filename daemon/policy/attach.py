@@ -114,6 +114,10 @@ class PolicyController:
 
     def start(self, record: bool | None = None, task: str | None = None) -> dict[str, Any]:
         src = self._require_ready()
+        if self.daemon.loop.intent == "policy":
+            # a second start would clear the queue under the running policy (a hold) and say
+            # "aligning first" about an arm that is already following it
+            raise PolicyError("the policy is already driving the follower (so101d policy stop first)")
         src.reset()
         record = self.cfg.record if record is None else bool(record)
         episode = None
@@ -125,10 +129,35 @@ class PolicyController:
             if episode is not None:
                 self._end_episode(discard=True)
             raise PolicyError(f"cannot switch to policy mode: {exc}") from None
-        return {"message": "policy driving the follower (aligning first)", "episode": episode, "mode": self._mode()}
+        mode = self._mode()
+        return {"message": self._start_message(mode), "episode": episode, "mode": mode}
+
+    def _start_message(self, mode: str | None) -> str:
+        """What the arm does right after `policy start` (the first chunk may still be computing)."""
+        if mode in ("aligning", "policy"):
+            return "policy driving the follower (aligning first)"
+        if mode == "hold":
+            return "policy started: the follower holds until the first chunk, then aligns to it"
+        reason = getattr(self.daemon.loop.state, "reason", "")
+        return f"policy started, but the follower is {mode}" + (f" ({reason})" if reason else "")
 
     def stop(self, success: bool | None = None, discard: bool = False) -> dict[str, Any]:
-        """Hold the follower where it is; close the evaluation episode (saved unless discard)."""
+        """Hold the follower where it is; close the evaluation episode (saved unless discard).
+
+        Refused when no policy is driving: the arm keeps doing what it does (following the
+        leader, holding), and an answer of "stopped: holding" would say otherwise (issue 18).
+        An evaluation episode left open (the operator switched to teleop by hand) is still closed."""
+        loop = self.daemon.loop
+        if loop.intent != "policy":
+            if self.episode_open:
+                saved = self._end_episode(discard=discard, success=success)
+                return {"message": f"no policy was driving (mode {self._mode()}); evaluation episode closed",
+                        "episode": saved, "mode": self._mode()}
+            raise PolicyError(f"no policy is driving; nothing to stop (mode {self._mode()}, "
+                              f"policy {self.source.state if self.source is not None else 'not loaded'})")
+        return self._hold(success, discard)
+
+    def _hold(self, success: bool | None = None, discard: bool = False) -> dict[str, Any]:
         loop = self.daemon.loop
         if loop.intent == "policy":
             try:
@@ -136,7 +165,10 @@ class PolicyController:
             except Exception as exc:
                 raise PolicyError(f"cannot leave policy mode: {exc}") from None
         saved = self._end_episode(discard=discard, success=success) if self.episode_open else None
-        return {"message": "policy stopped: holding", "episode": saved, "mode": self._mode()}
+        mode = self._mode()
+        # say what the arm does now (a fault or a lost follower is not "holding")
+        message = "policy stopped: holding" if mode == "hold" else f"policy stopped; follower mode {mode}"
+        return {"message": message, "episode": saved, "mode": mode}
 
     def _mode(self) -> str | None:
         loop = self.daemon.loop
@@ -155,7 +187,9 @@ class PolicyController:
             raise PolicyError(f"take-over already running ({self.takeover_state.phase})")
         if loop.leader_link is not None and not loop.leader_link.connected:
             raise PolicyError("the leader is not connected")
-        stopped = self.stop()
+        if loop.intent == "teleop":
+            raise PolicyError("the follower already follows the leader (teleop); nothing to take over")
+        stopped = self._hold()  # also from a hold after `policy stop`: the leader still has to come over
         t = Takeover(LeaderActuator(leader), config or TakeoverConfig())
         self.takeover_state = t
 
@@ -176,13 +210,17 @@ class PolicyController:
                 "episode": stopped.get("episode"), "phase": t.phase}
 
     def unload(self) -> dict[str, Any]:
-        self.stop()
+        if self.source is None:
+            raise PolicyError("no policy loaded; nothing to unload")
+        was_driving = self.daemon.loop.intent == "policy"
+        stopped = self._hold() if was_driving or self.episode_open else None
         with self._lock:
             src, self.source = self.source, None
             self.daemon.loop.policy_source = None
         if src is not None:
             src.stop()
-        return {"message": "policy unloaded"}
+        msg = f"policy stopped ({stopped['mode']}) and unloaded" if was_driving and stopped else "policy unloaded"
+        return {"message": msg, "episode": None if stopped is None else stopped.get("episode")}
 
     def status(self) -> dict[str, Any]:
         src = self.source

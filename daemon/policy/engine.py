@@ -11,6 +11,7 @@ meant for the observation's own time, action k for ``k`` policy periods later.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -18,6 +19,24 @@ import numpy as np
 
 from daemon.dataset_schema import IMAGE_KEY_PREFIX, STATE_KEY
 from daemon.policy.checkpoint import CheckpointError, ExpectedIO, LoadedPolicy, load_policy
+
+# Test and benchmark knob: every forward pass lasts at least this many seconds (the real one runs,
+# then sleeps out the rest, inside its timing), so a tiny checkpoint behaves like a big one on a
+# slow machine without touching LeRobot. Read when the engine is built (the worker inherits it).
+FORWARD_DELAY_ENV = "SO101D_POLICY_FORWARD_DELAY_S"
+
+
+def forward_delay_from_env() -> float:
+    raw = os.environ.get(FORWARD_DELAY_ENV, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ValueError(f"{FORWARD_DELAY_ENV}={raw!r}: must be a number of seconds") from None
+    if not (0.0 <= v <= 60.0):
+        raise ValueError(f"{FORWARD_DELAY_ENV}={raw!r}: must be within 0..60 s")
+    return v
 
 
 @dataclass
@@ -46,6 +65,7 @@ class PolicyEngine:
         self.max_actions = max_actions
         self._device = torch.device(loaded.device)
         self._uses_queues = self.info.policy_type == "diffusion"
+        self.forward_delay_s = forward_delay_from_env()
         self.camera_names = self.info.camera_names
         self.reset()
 
@@ -102,6 +122,11 @@ class PolicyEngine:
                 chunk = policy.predict_action_chunk(batch)
             if self._device.type == "cuda":
                 torch.cuda.synchronize()
+            if self.forward_delay_s > 0:
+                # sleep to an absolute end: a forward pass of the requested duration in total
+                end = t1 + self.forward_delay_s
+                while (left := end - time.perf_counter()) > 0:
+                    time.sleep(left)
             t2 = time.perf_counter()
             actions = self.loaded.postprocessor(chunk)
             out = actions.detach().to("cpu").numpy()

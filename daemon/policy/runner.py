@@ -6,9 +6,13 @@ ActionQueue, and, when the queue runs low, hands the observation to a publisher 
 the cameras' latest frames and the state into shared memory and wakes the worker. ``None`` means
 nothing fresh: the loop holds (safety layer's job).
 
+A receiver thread reads and decodes the worker's messages as they arrive; the loop only pops
+them from a deque (no pipe read, no msgpack on the loop thread).
+
 Timeline of one request (all times ``time.monotonic()``, shared by both processes):
   obs_time (loop asks) -> published (frames copied) -> worker read -> preprocess -> forward ->
-  postprocess -> done -> received by the loop (next cycle's poll).
+  postprocess -> done -> arrived (receiver thread: "pipe") -> taken by the loop (its next cycle:
+  "poll"; up to one loop period, during which the arm could not have used the chunk anyway).
 """
 
 from __future__ import annotations
@@ -31,6 +35,22 @@ from daemon.policy.worker import MAX_MESSAGE_BYTES, WorkerSpec, pack, unpack, wo
 
 log = logging.getLogger("so101d.policy")
 
+LATENCY_WINDOW = 64  # the refill lead follows the recent requests (a machine that got busier)
+MIN_MARGIN_S = 0.05
+MARGIN_FRACTION = 0.25
+
+
+def keep_up_warning(latency_s: float, queue: QueueConfig, n_actions: int) -> str | None:
+    """The sentence status and `policy check` print when inference cannot keep up with a chunk."""
+    horizon_s = queue.chunk_horizon_s(n_actions)
+    if latency_s <= horizon_s:
+        return None
+    if queue.max_obs_age_s < n_actions * queue.action_period_s:
+        fix = "raise max_obs_age_s or use a faster policy"
+    else:
+        fix = "use a policy with a longer chunk (n_action_steps) or a faster one"
+    return f"policy: inference {latency_s:.2f} s > usable horizon {horizon_s:.2f} s: {fix}"
+
 
 class FrameSource(Protocol):
     """What PolicySource needs from a camera (the recording helper's Camera satisfies it)."""
@@ -47,7 +67,7 @@ class PolicyRunnerConfig:
     task: str = ""
     nice: int = 5
     torch_threads: int | None = None
-    request_timeout_s: float = 2.0  # an inference taking longer is abandoned (a new one is asked)
+    request_timeout_s: float = 2.0  # an inference taking longer (and 3x the measured latency) is abandoned
     load_timeout_s: float = 120.0
 
 
@@ -59,6 +79,13 @@ class _Samples:
 
     def add(self, v: float) -> None:
         self._d.append(v)
+
+    def recent_percentile(self, q: float, last: int) -> float | None:
+        """Percentile q of the newest ``last`` samples, in seconds (None when empty)."""
+        if not self._d:
+            return None
+        a = np.fromiter(self._d, dtype=np.float64)[-last:]
+        return float(np.percentile(a, q))
 
     def summary_ms(self) -> dict[str, float] | None:
         if not self._d:
@@ -81,6 +108,12 @@ class PolicySource:
             raise ValueError(f"policy needs camera(s) {', '.join(missing)} but no frame source was given for them")
         # refill_below >= n_action_steps keeps the worker busy back to back (freshest chunks, most CPU)
         self.queue = ActionQueue(config.queue, action_dim=NUM_JOINTS)
+        # The next chunk is asked for when the queue's usable horizon falls to this (seconds):
+        # measured latency (high percentile) + margin. 0 until the first chunk has been timed (the
+        # empty queue asks at once anyway).
+        self.refill_lead_s = 0.0
+        self.latency_estimate_s: float | None = None
+        self._timeout_s = config.request_timeout_s
         self.state = "stopped"  # stopped | loading | ready | error
         self.error: str | None = None
         self.worker_info: dict[str, Any] = {}
@@ -105,7 +138,13 @@ class PolicySource:
         # stats
         self.latency = _Samples()  # obs_time -> chunk received by the loop
         self.overhead = _Samples()  # latency minus forward pass
-        self.stage = {k: _Samples() for k in ("request", "publish", "read", "preprocess", "forward", "postprocess", "deliver")}
+        self.stage = {k: _Samples() for k in ("request", "ask", "handoff", "publish", "read", "preprocess", "forward",
+                                              "postprocess", "pipe", "poll", "deliver")}
+        self._asked_s = 0.0  # when target() asked for the in-flight request (after the cycle's bus reads)
+        # worker -> daemon messages, decoded by the receiver thread: (arrived monotonic s, msg or None = closed)
+        self._inbox: deque[tuple[float, dict[str, Any] | None]] = deque()
+        self._inbox_event = threading.Event()
+        self._rx_thread: threading.Thread | None = None
         self.requests = 0
         self.results = 0
         self.timeouts = 0
@@ -141,20 +180,25 @@ class PolicySource:
         self._stopping = False
         self._pub_thread = threading.Thread(target=self._publisher, name="policy-publisher", daemon=True)
         self._pub_thread.start()
+        self._inbox.clear()
+        self._rx_thread = threading.Thread(target=self._receiver, args=(self._res_r,), name="policy-receiver", daemon=True)
+        self._rx_thread.start()
 
     def wait_ready(self, timeout_s: float | None = None) -> bool:
         """Block until the worker is ready or failed (for CLIs and tests, never the loop)."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.config.load_timeout_s)
         while self.state == "loading" and time.monotonic() < deadline:
-            if self._res_r is not None and self._res_r.poll(0.05):
+            if self.wait_result(0.05):
                 self._drain(time.monotonic())
             self._check_worker_alive()
         return self.state == "ready"
 
     def wait_result(self, timeout_s: float) -> bool:
         """Block until the worker has sent something (benchmarks and tests; never the loop)."""
-        res = self._res_r
-        return bool(res is not None and res.poll(timeout_s))
+        if self._inbox:
+            return True
+        self._inbox_event.clear()
+        return bool(self._inbox) or self._inbox_event.wait(timeout_s)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stopping = True
@@ -171,6 +215,10 @@ class PolicySource:
                 self._proc.join(2.0)
         if self._pub_thread is not None:
             self._pub_thread.join(2.0)
+        if self._rx_thread is not None:
+            self._rx_thread.join(2.0)  # the worker's exit closed its end: the receiver saw EOF
+            self._rx_thread = None
+        self._inbox.clear()
         for c in (self._req_w, self._res_r):
             if c is not None:
                 c.close()
@@ -194,18 +242,49 @@ class PolicySource:
     # -- hot path ------------------------------------------------------------------------------
     def target(self, now_s: float, state_units: np.ndarray) -> np.ndarray | None:
         """Target joint positions for now (LeRobot units), or None (hold). Never blocks."""
-        res = self._res_r
-        if res is not None and res.poll():
+        if self._inbox:
             self._drain(now_s)
         if self.state != "ready":
             return None
-        if self._in_flight is not None and now_s - self._in_flight_since > self.config.request_timeout_s:
+        if self._in_flight is not None and now_s - self._in_flight_since > self._timeout_s:
             self.timeouts += 1
             self.last_error = f"inference request {self._in_flight} timed out"
             self._in_flight = None
-        if self._in_flight is None and now_s >= self._retry_after and self.queue.needs_refill(now_s):
+        if self._in_flight is None and now_s >= self._retry_after and self.wants_chunk(now_s):
             self._request(now_s, state_units)
         return self.queue.target(now_s)
+
+    def wants_chunk(self, now_s: float) -> bool:
+        """The refill rule: what is left of the queue lasts no longer than the measured latency
+        plus margin (bench/bench_policy.py overrides it to measure the old count rule beside it)."""
+        return self.queue.needs_refill(now_s, self.refill_lead_s)
+
+    def _update_refill_lead(self) -> None:
+        """After each timed chunk: latency p99 of the recent requests plus a margin.
+
+        The margin (a quarter of the latency, at least 50 ms, for the jitter of a loaded machine and
+        the loop's poll period) plus the cross-fade time makes the next chunk land while the current
+        one still drives, so the new one fades in from it instead of from a hold."""
+        est = self.latency.recent_percentile(99, LATENCY_WINDOW)
+        if est is None:
+            return
+        self.latency_estimate_s = est
+        self.refill_lead_s = est + max(MIN_MARGIN_S, MARGIN_FRACTION * est) + self.queue.config.blend_s
+        # a policy that is merely slow is not stuck: abandoning its requests would pile them up
+        self._timeout_s = max(self.config.request_timeout_s, 3.0 * est)
+
+    def chunk_horizon_s(self) -> float:
+        """How long one fresh chunk can drive: chunk length or max_obs_age_s, whichever is shorter."""
+        n = int(self.worker_info.get("n_action_steps") or self.info.n_action_steps or 1)
+        return self.queue.config.chunk_horizon_s(n)
+
+    def keep_up_warning(self) -> str | None:
+        """A plain sentence when inference is slower than a chunk can drive (the arm will hold
+        between chunks), None while it keeps up (or nothing was timed yet)."""
+        if self.latency_estimate_s is None:
+            return None
+        return keep_up_warning(self.latency_estimate_s, self.queue.config,
+                               int(self.worker_info.get("n_action_steps") or self.info.n_action_steps or 1))
 
     def _request(self, now_s: float, state_units: np.ndarray) -> None:
         self._req_id += 1
@@ -214,6 +293,7 @@ class PolicySource:
         self._pub_req = self._req_id
         self._in_flight = self._req_id
         self._in_flight_since = now_s
+        self._asked_s = time.monotonic()
         self.requests += 1
         self._pub_event.set()
 
@@ -253,20 +333,35 @@ class PolicySource:
                 continue
             self.stage["publish"].add(time.perf_counter() - t0)
 
-    def _drain(self, now_s: float) -> None:
-        res = self._res_r
-        while res is not None and res.poll():
+    def _receiver(self, conn) -> None:
+        """Reads the worker's messages as they arrive (off the loop thread); ends at EOF."""
+        while True:
             try:
-                msg = unpack(res.recv_bytes(MAX_MESSAGE_BYTES))
+                data = conn.recv_bytes(MAX_MESSAGE_BYTES)
             except (EOFError, OSError):
-                self._worker_died("the policy worker closed its pipe")
+                self._inbox.append((time.monotonic(), None))
+                self._inbox_event.set()
                 return
+            arrived = time.monotonic()
+            try:
+                msg: dict[str, Any] = unpack(data)
             except ValueError as exc:
-                self.last_error = f"bad message from the worker: {exc}"
-                continue
+                msg = {"t": "_bad", "error": str(exc)}
+            self._inbox.append((arrived, msg))
+            self._inbox_event.set()
+
+    def _drain(self, now_s: float) -> None:
+        inbox = self._inbox
+        while inbox:
+            arrived, msg = inbox.popleft()
+            if msg is None:
+                self._pipe_closed()
+                return
             kind = msg["t"]
-            if kind == "result":
-                self._on_result(msg, time.monotonic())
+            if kind == "_bad":
+                self.last_error = f"bad message from the worker: {msg['error']}"
+            elif kind == "result":
+                self._on_result(msg, time.monotonic(), arrived)
             elif kind == "ready":
                 self.worker_info = dict(msg.get("info") or {})
                 self.state = "ready"
@@ -281,7 +376,14 @@ class PolicySource:
                 elif msg.get("req") == self._in_flight:
                     self._in_flight = None
 
-    def _on_result(self, msg: dict[str, Any], recv_s: float) -> None:
+    def _pipe_closed(self) -> None:
+        if self._stopping or self.state == "error":
+            return  # a fatal error was reported before the worker exited: keep that reason
+        proc = self._proc
+        code = proc.exitcode if proc is not None and not proc.is_alive() else None
+        self._worker_died(f"the policy worker exited (code {code})" if code is not None else "the policy worker closed its pipe")
+
+    def _on_result(self, msg: dict[str, Any], recv_s: float, arrived_s: float | None = None) -> None:
         req = int(msg["req"])
         n, dim = int(msg["n"]), int(msg["dim"])
         raw = msg["actions"]
@@ -303,18 +405,30 @@ class PolicySource:
         fwd = float(msg.get("forward_s", 0.0))
         self.latency.add(total)
         self.overhead.add(total - fwd)
+        self._update_refill_lead()
         for k in ("read", "preprocess", "forward", "postprocess"):
             v = msg.get(f"{k}_s")
             if v is not None:
                 self.stage[k].add(float(v))
-        self.stage["deliver"].add(max(0.0, recv_s - float(msg.get("done_s", recv_s))))
+        done_s = float(msg.get("done_s", recv_s))
+        self.stage["deliver"].add(max(0.0, recv_s - done_s))
+        if arrived_s is not None:  # split: the pipe, then waiting for the loop's next cycle
+            self.stage["pipe"].add(max(0.0, arrived_s - done_s))
+            self.stage["poll"].add(max(0.0, recv_s - arrived_s))
         if "got_s" in msg:  # loop asked -> worker has the request (publisher thread, frame copy, pipe)
-            self.stage["request"].add(max(0.0, float(msg["got_s"]) - obs_time))
+            got_s = float(msg["got_s"])
+            self.stage["request"].add(max(0.0, got_s - obs_time))
+            if req == self._pub_req and self._asked_s >= obs_time:
+                # split: the cycle's own bus reads before target() asks, then the hand-off to the worker
+                self.stage["ask"].add(self._asked_s - obs_time)
+                self.stage["handoff"].add(max(0.0, got_s - self._asked_s))
 
     def _check_worker_alive(self) -> None:
         if self._proc is not None and not self._proc.is_alive() and self.state in ("loading", "ready"):
-            if self._res_r is not None and self._res_r.poll():
-                self._drain(time.monotonic())
+            rx = self._rx_thread
+            if rx is not None and rx is not threading.current_thread():
+                rx.join(0.5)  # it reads what the worker sent before exiting, then EOF
+            self._drain(time.monotonic())
             if self.state in ("loading", "ready"):
                 self._worker_died(f"the policy worker exited (code {self._proc.exitcode})")
 
@@ -323,7 +437,6 @@ class PolicySource:
         self.error = why
         self.last_error = why
         self._in_flight = None
-        self._res_r = None
         log.error("policy: %s", why)
 
     # -- status --------------------------------------------------------------------------------
@@ -341,6 +454,10 @@ class PolicySource:
             "worker": self.worker_info,
             "merge": q.config.merge,
             "queue_depth": q.depth(now_s),
+            "usable_horizon_ms": q.usable_horizon_s(now_s) * 1e3,
+            "chunk_horizon_ms": self.chunk_horizon_s() * 1e3,
+            "refill_lead_ms": self.refill_lead_s * 1e3,
+            "warning": self.keep_up_warning(),
             "chunks_live": len(q),
             "chunk_age_ms": None if newest is None else (now_s - newest) * 1e3,
             "inference_latency_ms": self.latency.summary_ms(),

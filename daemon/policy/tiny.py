@@ -88,14 +88,14 @@ class TinyTrainResult:
     losses: list[float]
 
 
-def _policy_config(policy_type: str, input_features, output_features, size: str, device: str):
+def _policy_config(policy_type: str, input_features, output_features, size: str, device: str, chunk_size: int = 10):
     if policy_type == "act":
         from lerobot.policies.act.configuration_act import ACTConfig
 
         if size == "tiny":
             return ACTConfig(
-                input_features=input_features, output_features=output_features, chunk_size=10,
-                n_action_steps=10, dim_model=32, dim_feedforward=64, n_heads=2, n_encoder_layers=1,
+                input_features=input_features, output_features=output_features, chunk_size=chunk_size,
+                n_action_steps=chunk_size, dim_model=32, dim_feedforward=64, n_heads=2, n_encoder_layers=1,
                 n_decoder_layers=1, n_vae_encoder_layers=1, latent_dim=8, pretrained_backbone_weights=None,
                 device=device,
             )
@@ -127,8 +127,12 @@ def train_tiny_policy(
     size: str = "tiny",
     device: str = "cpu",
     seed: int = 0,
+    chunk_size: int = 10,
 ) -> TinyTrainResult:
-    """Train ``steps`` optimiser steps and save a LeRobot checkpoint folder at ``out_dir``."""
+    """Train ``steps`` optimiser steps and save a LeRobot checkpoint folder at ``out_dir``.
+
+    ``chunk_size`` (tiny ACT only; n_action_steps follows it): 100 is what plain ``lerobot-train``
+    gives an ACT (LeRobot's ACTConfig defaults chunk_size = n_action_steps = 100)."""
     import torch
     from lerobot.configs.types import FeatureType
     from lerobot.policies.factory import get_policy_class, make_pre_post_processors
@@ -138,7 +142,7 @@ def train_tiny_policy(
     features = dataset_to_policy_features(dataset.meta.features)
     outputs = {k: f for k, f in features.items() if k == ACTION_KEY}
     inputs = {k: f for k, f in features.items() if f.type is not FeatureType.ACTION and k != TELEOP_ACTION_KEY}
-    cfg = _policy_config(policy_type, inputs, outputs, size, device)
+    cfg = _policy_config(policy_type, inputs, outputs, size, device, chunk_size)
     policy = get_policy_class(policy_type)(cfg)
     pre, post = make_pre_post_processors(cfg, dataset_stats=dataset.meta.stats)
     fps = dataset.meta.fps
@@ -175,9 +179,11 @@ def train_tiny_policy(
 
 
 def tiny_act_checkpoint(
-    work_dir: Path, cameras: dict[str, tuple[int, int]], steps: int = 5, frames_per_episode: int = 30
+    work_dir: Path, cameras: dict[str, tuple[int, int]], steps: int = 5, frames_per_episode: int = 30,
+    chunk_size: int = 10,
 ) -> Path:
     """Dataset + a few training steps of a tiny ACT -> checkpoint folder (work_dir/checkpoint)."""
     work_dir = Path(work_dir)
     ds = make_synthetic_dataset(work_dir / "dataset", cameras, frames_per_episode=frames_per_episode)
-    return train_tiny_policy(ds, work_dir / "checkpoint", policy_type="act", steps=steps).checkpoint
+    return train_tiny_policy(ds, work_dir / "checkpoint", policy_type="act", steps=steps,
+                             chunk_size=chunk_size).checkpoint
