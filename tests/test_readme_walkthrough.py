@@ -446,15 +446,16 @@ def test_export_import_and_info_round_trip(machine: Machine) -> None:
     # Stand-in for Mimic's generated file: the recorded episodes exported as demos.
     export = readme("so101d export-hdf5 --dataset ~/datasets/pick --episodes 0-9 --out seeds.hdf5",
                     **{"~/datasets/pick": str(recorded), "0-9": "0-1", "seeds.hdf5": "generated_dataset.hdf5"})
+    # Episodes 0 (saved --success) and 1 (saved --failure): import keeps the successful one by default.
     ok(so101d(m, export, timeout_s=120))
     imp = readme('so101d import-hdf5 generated_dataset.hdf5 --dataset ~/datasets/pick --task "pick the orange" '
                  "[--all | --successful-only] [--skip-frames 5] [--max-episodes 200] [--step-hz 60] [--generated|--human]")
-    out = ok(so101d(m, imp, timeout_s=180))
-    assert "1" in out  # the successful demo only, by default
+    ok(so101d(m, imp, timeout_s=180))
     ok(so101d(m, readme("so101d export-hdf5 --dataset ~/datasets/pick --episodes 0-9 --out seeds.hdf5", **{"0-9": "0"}), timeout_s=120))
     assert (m.root / "seeds.hdf5").stat().st_size > 0
     info = ok(so101d(m, readme("so101d dataset info ~/datasets/pick")))
-    assert "1" in info and "import" in info.lower(), info
+    assert re.search(r"^episodes\s+1\b", info, re.M) and re.search(r"^by origin\s+import 1\b", info, re.M), info
+    assert re.search(r"^by outcome\s+success 1\s+failure 0\b", info, re.M), info
     loaded = load_with_the_readme_snippet(m, "local/so101d", str(m.home / "datasets" / "pick"))
     assert loaded["episodes"] == 1
 
@@ -462,6 +463,8 @@ def test_export_import_and_info_round_trip(machine: Machine) -> None:
 # ---------------------------------------------------------------------------------------------
 # the simulated follower, configured exactly as the README shows
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="fixed on branch a-recording (issue #18: a sim camera with no size defaults to "
+                                       "640x480, the sim sends 320x240, the feeder thread dies and the episodes are lost)")
 def test_sim_follower_episodes_are_recorded_and_load(machine: Machine, bench: Bench, config: Path) -> None:
     m = machine
     port = free_port()
