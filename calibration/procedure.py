@@ -369,10 +369,10 @@ class CalibrationSession:
         values (every servo is tried, even after one fails).
         """
         before = self.before
-        self.step = Step.NEW
-        self.calibration = None
         if before is None:
             return False
+        self.step = Step.NEW
+        self.calibration = None
         problems: list[str] = []
         for name in JOINT_NAMES:
             sid = JOINT_IDS[name]

@@ -24,7 +24,7 @@ import pytest
 
 from calibration.calibration_file import calibration_path, save_calibration_file
 from calibration.conventions import JOINT_NAMES, unit_limits
-from calibration.procedure import CalibrationProcedureError, CalibrationRestoreError, CalibrationSession
+from calibration.procedure import CalibrationProcedureError, CalibrationRestoreError, CalibrationSession, Step
 from calibration.servo_sync import verify_against_servos
 from drivers.emulator import BusEmulator, EmulatedArm
 from drivers.feetech_bus import FeetechBus
@@ -187,6 +187,8 @@ def test_a_saved_calibration_is_not_undone(follower: CalibratedFollower) -> None
         session.write(ARM_ID, root=follower.root)
     assert verify_against_servos(follower.bus, cal) == []
     assert load(follower.file) == cal
+    assert session.restore() is False and session.step is Step.WRITTEN  # nothing left to undo
+    assert verify_against_servos(follower.bus, cal) == []
 
 
 def test_a_restore_that_cannot_finish_names_the_servo(follower: CalibratedFollower) -> None:
