@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calibration.calibration_file import calibration_path, save_calibration_file
+from calibration.calibration_file import calibration_path, load_calibration_file, save_calibration_file
 from calibration.conventions import JOINT_NAMES, unit_limits
 from calibration.procedure import CalibrationProcedureError, CalibrationRestoreError, CalibrationSession, Step
 from calibration.servo_sync import verify_against_servos
@@ -102,14 +102,8 @@ class CalibratedFollower:
 
     def assert_as_before(self) -> None:
         assert differences(self.before, servo_state(self.arm)) == []
-        cal = load(self.file)
+        cal = load_calibration_file(self.file)
         assert verify_against_servos(self.bus, cal) == []
-
-
-def load(path: Path):
-    from calibration.calibration_file import load_calibration_file
-
-    return load_calibration_file(path)
 
 
 @pytest.fixture
@@ -186,7 +180,7 @@ def test_a_saved_calibration_is_not_undone(follower: CalibratedFollower) -> None
         cal = session.finish()
         session.write(ARM_ID, root=follower.root)
     assert verify_against_servos(follower.bus, cal) == []
-    assert load(follower.file) == cal
+    assert load_calibration_file(follower.file) == cal
     assert session.restore() is False and session.step is Step.WRITTEN  # nothing left to undo
     assert verify_against_servos(follower.bus, cal) == []
 
