@@ -19,7 +19,6 @@ import re
 import shlex
 import tomllib
 import typing
-from pathlib import Path
 
 import pytest
 

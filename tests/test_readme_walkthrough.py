@@ -31,7 +31,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from calibration.calibration_file import ArmCalibration
@@ -427,7 +426,7 @@ def test_sigterm_stops_cleanly_and_the_dataset_loads_with_the_readme_snippet(mac
     m = machine
     assert stop(daemon) == 0, log_of(m, "run")
     ds_root = m.home / "so101d" / "datasets" / "local" / "so101d"
-    info = load_with_the_readme_snippet(m, "local/so101d", "~/so101d/datasets/local/so101d".replace("~", str(m.home)))
+    info = load_with_the_readme_snippet(m, "local/so101d", m.expand("~/so101d/datasets/local/so101d"))
     assert info["episodes"] == 3, info  # saved success, saved failure, record's one; the discarded one is not
     assert info["image_shapes"] == {"observation.images.front": [3, 240, 320]}
     assert {"observation.state", "action", "teleop.action"} <= set(info["features"])
