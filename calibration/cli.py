@@ -8,8 +8,12 @@ reads it, so `lerobot-teleoperate` and the daemon both use it without asking aga
 `--verify` only compares an existing calibration file with what the servos hold (no prompts, no
 writes): exit 0 when they agree, 1 with one line per difference otherwise.
 
-Exit codes: 0 done, 1 verify found differences, 2 calibration rejected or bad input (nothing
-written), 3 bus or port failure.
+Until the calibration is saved the servos are changed (factory offsets, limits 0..4095, torque
+off, EEPROM unlocked). An attempt that ends any other way (rejected, 'q' or end of input, Ctrl-C,
+a bus error, a bug) puts every servo back as it was before, read back and checked.
+
+Exit codes: 0 done, 1 verify found differences, 2 calibration rejected, aborted or bad input
+(servos as before, no file written), 3 bus or port failure (or the servos could not be put back).
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import argparse
 import glob
 import os
 import select
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import TextIO
 
@@ -30,7 +36,7 @@ from calibration.calibration_file import (
     load_calibration_file,
 )
 from calibration.conventions import JOINT_NAMES, MAX_TICK
-from calibration.procedure import FULL_TURN_JOINTS, CalibrationProcedureError, CalibrationSession
+from calibration.procedure import FULL_TURN_JOINTS, CalibrationRestoreError, CalibrationSession
 from calibration.servo_sync import verify_against_servos
 from drivers.arm_interface import ArmError
 
@@ -92,25 +98,63 @@ def run(args: argparse.Namespace) -> int:
     # Calibration is not time-critical: a generous reply timeout and retries beat a spurious
     # "no reply" on a loaded machine (the control loop keeps the tight defaults).
     bus = FeetechBus(port, args.baudrate, retries=3, reply_margin_s=0.5)
+    session: CalibrationSession | None = None
+    code = EXIT_BUS
     try:
         bus.open()
         if args.verify:
-            return _verify(bus, args.role, arm_id, args, out)
-        session = CalibrationSession(
-            bus, role=args.role, min_travel_ticks=args.min_travel_ticks, reversed_gripper=args.reversed_gripper
-        )
-        return _calibrate(session, arm_id, target, port, sys.stdin, out)
-    except Aborted as exc:
-        print(f"\naborted: {exc}; nothing was written (torque stays off)", file=sys.stderr)
-        return EXIT_REJECTED
+            code = _verify(bus, args.role, arm_id, args, out)
+        else:
+            session = CalibrationSession(
+                bus, role=args.role, min_travel_ticks=args.min_travel_ticks, reversed_gripper=args.reversed_gripper
+            )
+            code = _calibrate(session, arm_id, target, port, sys.stdin, out)
+    except (Aborted, KeyboardInterrupt) as exc:
+        why = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        print(f"\naborted ({why}); nothing was written", file=sys.stderr)
+        code = EXIT_REJECTED
     except CalibrationError as exc:  # includes a rejected procedure and a mismatch after writing
-        print(f"\nerror: {exc}", file=sys.stderr)
-        return EXIT_REJECTED
+        print(f"\nerror: {_describe(exc)}", file=sys.stderr)
+        code = EXIT_REJECTED
     except ArmError as exc:
-        print(f"\nbus error on {port}: {exc}", file=sys.stderr)
+        print(f"\nbus error on {port}: {_describe(exc)}", file=sys.stderr)
+        code = EXIT_BUS
+    finally:
+        # Whatever ended the attempt (a rejection already undid itself; an abort, Ctrl-C or an
+        # unexpected exception did not), the servos must not keep factory offsets and 0..4095
+        # limits: a follower with those can be driven into itself.
+        if session is not None:
+            code = _undo(session, code)
+        bus.close()
+    return code
+
+
+def _undo(session: CalibrationSession, code: int) -> int:
+    """Put the servos back if the attempt left them changed; the exit code to use."""
+    if session.before is None:
+        return code
+    # A second Ctrl-C must not cut the restore short (half the servos restored is the worst case).
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
+    try:
+        session.restore()
+    except CalibrationRestoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_BUS
     finally:
-        bus.close()
+        if in_main:
+            signal.signal(signal.SIGINT, previous)
+    print(
+        "The servos were put back as they were before this attempt (offsets, limits, lock, torque), "
+        "read back and checked.",
+        file=sys.stderr,
+    )
+    return code
+
+
+def _describe(exc: BaseException) -> str:
+    """The error with the notes added to it (e.g. a restore that failed after a failed write)."""
+    return "\n".join([str(exc), *getattr(exc, "__notes__", ())])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,13 @@ connects to an arm we calibrated without asking anything), without its ``input()
 5. ``finish()`` validates (each joint moved enough, min < max, no joint crossed the encoder
    seam, gripper direction known) and returns the ArmCalibration; ``write()`` writes offsets and
    limits to the servos, reads them back, and saves the JSON atomically where LeRobot reads it.
+
+Steps 1-4 change the servos (factory offsets, limits 0..4095, torque off, EEPROM unlocked). A
+follower left with limits 0..4095 can be driven into itself, so an attempt that does not end in a
+saved calibration puts every servo back exactly as ``begin()`` found it (``RESTORED_REGISTERS``,
+read back and checked): ``finish()`` does so itself when it rejects the recording, ``write()`` when
+the servos or the file cannot be written, and ``restore()`` (or leaving ``with session:``) does
+so for an abort or any other exception.
 """
 
 from __future__ import annotations
@@ -62,6 +69,22 @@ ReversedGripperPolicy = Literal["flip", "fail"]
 
 class CalibrationProcedureError(CalibrationError):
     """The procedure cannot produce a usable calibration; the message says what to redo."""
+
+
+class CalibrationRestoreError(CalibrationProcedureError):
+    """The servos could not be put back as they were before the attempt (message names each one)."""
+
+
+# What begin() changes, saved before its first write and put back by restore(). Order matters on
+# the way back: EEPROM registers are written with torque off and Lock 0, then torque, then Lock.
+EEPROM_RESTORED: tuple[str, ...] = (
+    "Operating_Mode",
+    "Phase",
+    "Homing_Offset",
+    "Min_Position_Limit",
+    "Max_Position_Limit",
+)
+RESTORED_REGISTERS: tuple[str, ...] = ("Torque_Enable", "Lock", *EEPROM_RESTORED)
 
 
 class Step(Enum):
@@ -116,6 +139,9 @@ class CalibrationSession:
     notes: list[str] = field(default_factory=list, init=False)
     samples: int = field(default=0, init=False)
     calibration: ArmCalibration | None = field(default=None, init=False)
+    # Registers of every servo as begin() found them (motor -> register -> value); None once the
+    # servos hold a saved calibration or have been restored (nothing left to undo).
+    before: dict[str, dict[str, int]] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.role not in ("follower", "leader"):
@@ -139,6 +165,11 @@ class CalibrationSession:
                         f"motor '{name}' (id {JOINT_IDS[name]}) reports model {model}, expected an STS3215 "
                         f"({MODEL_NUMBER_STS3215}); is this an SO-101 {self.role} bus?"
                     )
+        if self.before is None:
+            # Read everything before the first write: a servo that does not answer here fails
+            # the attempt with nothing changed. (A begin() that starts over keeps the first
+            # snapshot: that is still the state before the attempt.)
+            self.before = self._read_registers()
         for name in JOINT_NAMES:
             sid = JOINT_IDS[name]
             self.bus.write("Torque_Enable", sid, 0)
@@ -272,8 +303,10 @@ class CalibrationSession:
         if not problems:
             gripper_drive_mode = self._gripper_drive_mode(problems)
         if problems:
+            message = f"{self.role} calibration rejected:\n  " + "\n  ".join(problems)
+            self._restore_after(message)
             raise CalibrationProcedureError(
-                f"{self.role} calibration rejected:\n  " + "\n  ".join(problems)
+                message + "\nThe servos hold their previous offsets and limits again (nothing was written)."
             )
         motors: dict[str, MotorCalibration] = {}
         for name in JOINT_NAMES:
@@ -311,15 +344,93 @@ class CalibrationSession:
         self._require((Step.FINISHED,), "write", "call finish() first")
         assert self.calibration is not None
         target = Path(path) if path is not None else calibration_path(self.role, arm_id, root)
-        write_servo_calibration(self.bus, self.calibration)
-        saved = save_calibration_file(self.calibration, target, keep_backup=keep_backup)
+        try:
+            write_servo_calibration(self.bus, self.calibration)
+            saved = save_calibration_file(self.calibration, target, keep_backup=keep_backup)
+        except BaseException as exc:
+            # No file claims this calibration: the servos must not hold it (nor the 0..4095
+            # limits) either. The write's own error stays the one raised (a lost servo is still
+            # a bus error); a failed restore is added to it as a note.
+            try:
+                self.restore()
+            except CalibrationRestoreError as restore_exc:
+                exc.add_note(str(restore_exc))
+            raise
+        self.before = None  # the servos and the file agree on the new calibration
         self.step = Step.WRITTEN
         log.info("%s calibration '%s' written to the servos and saved to %s", self.role, arm_id, saved)
         return saved
 
+    def restore(self) -> bool:
+        """Put every servo back as begin() found it, read back and checked; the session starts over.
+
+        Returns False when there was nothing to undo (begin() never wrote, or the calibration was
+        saved). Raises CalibrationRestoreError naming each servo that does not hold its previous
+        values (every servo is tried, even after one fails).
+        """
+        before = self.before
+        if before is None:
+            return False
+        self.step = Step.NEW
+        self.calibration = None
+        problems: list[str] = []
+        for name in JOINT_NAMES:
+            sid = JOINT_IDS[name]
+            want = before[name]
+            try:
+                self.bus.write("Torque_Enable", sid, 0)
+                self.bus.write("Lock", sid, 0)
+                for reg in EEPROM_RESTORED:
+                    self.bus.write(reg, sid, want[reg])
+                if want["Torque_Enable"]:
+                    # It held a pose before: hold where the joint is now (the arm was moved by
+                    # hand), not the stale goal, so torque coming back does not jump.
+                    present = int(self.bus.read("Present_Position", sid))
+                    self.bus.write("Goal_Position", sid, present)
+                    self.bus.write("Torque_Enable", sid, want["Torque_Enable"])
+                self.bus.write("Lock", sid, want["Lock"])
+                held = {reg: int(self.bus.read(reg, sid)) for reg in RESTORED_REGISTERS}
+            except Exception as exc:  # noqa: BLE001 - keep restoring the other servos
+                problems.append(f"motor '{name}' (id {sid}): {type(exc).__name__}: {exc}")
+                continue
+            wrong = [f"{reg} is {held[reg]}, was {want[reg]}" for reg in RESTORED_REGISTERS if held[reg] != want[reg]]
+            if wrong:
+                problems.append(f"motor '{name}' (id {sid}): " + ", ".join(wrong))
+        if problems:
+            raise CalibrationRestoreError(
+                "could not put the servos back as they were before the calibration attempt "
+                "(a follower may now allow 0..4095: do not teleoperate it; calibrate again, "
+                "then check with `so101d calibrate ROLE --verify`):\n  " + "\n  ".join(problems)
+            )
+        self.before = None
+        log.info("%s calibration attempt undone: the servos hold their previous registers", self.role)
+        return True
+
+    def __enter__(self) -> "CalibrationSession":
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        # Leaving the block without a saved calibration (abort, Ctrl-C, any exception, or simply
+        # not writing) undoes the attempt.
+        if self.before is not None:
+            self.restore()
+
     # ------------------------------------------------------------------------------------------
     # helpers
     # ------------------------------------------------------------------------------------------
+    def _restore_after(self, why: str) -> None:
+        """restore(), chaining a restore failure to the reason the attempt failed."""
+        try:
+            self.restore()
+        except CalibrationRestoreError as exc:
+            raise CalibrationRestoreError(f"{why}\n{exc}") from None
+
+    def _read_registers(self) -> dict[str, dict[str, int]]:
+        return {
+            name: {reg: int(self.bus.read(reg, JOINT_IDS[name])) for reg in RESTORED_REGISTERS}
+            for name in JOINT_NAMES
+        }
+
     @property
     def gripper_reversed(self) -> bool | None:
         """True when the gripper closes towards high ticks; None until both marks are recorded."""
