@@ -99,7 +99,8 @@ class RecorderConfig:
     preset: str = "ultrafast"
     crf: int = 23
     # Test hook: StoreConfig.fault for the writer; "feeder_raise" makes the feeder thread raise at
-    # the 11th frame (the recorder's health invariant under a thread that dies).
+    # an episode's 11th frame, "feeder_raise_at_save" at a SAVE record (the health invariant under
+    # a thread that dies).
     fault: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -663,8 +664,9 @@ class Recorder:
                 elif kind == KIND_SAVE:
                     rec["success"] = item[2]
                     rec["task"] = item[3] if len(item) > 3 else b""
-                if self._fault == "feeder_raise" and kind == KIND_FRAME and item[2] == 10:
-                    raise RuntimeError("injected fault (RecorderConfig.fault = 'feeder_raise')")
+                if ((self._fault == "feeder_raise" and kind == KIND_FRAME and item[2] == 10)
+                        or (self._fault == "feeder_raise_at_save" and kind == KIND_SAVE)):
+                    raise RuntimeError(f"injected fault (RecorderConfig.fault = {self._fault!r})")
                 ring.publish_record()
 
     def _fill_frame(self, ring: Ring, rec: np.ndarray, item: tuple) -> None:
