@@ -465,7 +465,7 @@ class Recorder:
                 raise RecordingError(f"recorder still starting: {self._waiting_for}")
             raise RecordingError("recorder still starting (writer process loading), try again in a moment")
         if self._phase == ERROR:
-            raise RecordingError(f"recording stopped: {self._error}")
+            raise RecordingError(f"recording stopped: {self._error} (restart the daemon to record again)")
         if self._phase == CLOSED:
             raise RecordingError("recorder is closed")
         if self._phase == RECORDING:
@@ -725,7 +725,11 @@ class Recorder:
                 msg = conn.recv()
             except (EOFError, OSError):
                 if self._phase != CLOSED:
-                    self._fail("writer process connection lost")
+                    proc = self._proc
+                    if proc is not None:
+                        proc.join(1.0)  # the pipe closes as the process dies: name how it ended
+                    dead = proc is not None and not proc.is_alive()
+                    self._fail(_writer_exit_text(proc.exitcode) if dead else "writer process connection lost")
                 self._ready.set()
                 return
             self._handle_event(msg)
