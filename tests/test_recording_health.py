@@ -254,6 +254,8 @@ def test_writer_killed_mid_episode_is_visible_and_shutdown_exits_non_zero_naming
         assert "recording stopped: writer process died (SIGKILL)" in save.stderr, save.stderr
         start = cli("episode", "start", *sock)
         assert start.returncode != 0 and "writer process died" in start.stderr, start.stderr
+        session = cli("record", "--episodes", "1", "--episode-time", "1", "--no-keys", *sock)
+        assert session.returncode != 0 and "writer process died" in session.stderr, session.stderr
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=60)
     finally:
