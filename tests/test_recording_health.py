@@ -316,15 +316,20 @@ class ScriptedSim:
 
 def test_a_frame_of_the_wrong_size_is_refused_counted_and_recording_goes_on(tmp_path):
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    sim = ScriptedSim(endpoint)
     follower = SimFollower(endpoint, staleness_s=0.5)
-    rec = None
+    sim = rec = None
     try:
-        follower.connect()
-        cams = [follower.camera("front"), follower.camera("wrist")]  # no size: the simulator's
+        # the daemon wires its cameras before the simulator runs: no size given, none known yet
+        cams = [follower.camera("front"), follower.camera("wrist")]
         rec = Recorder(RecorderConfig(root=str(tmp_path / "ds")), cams)
         rec.open()
+        assert rec.phase == "starting"
+        with pytest.raises(RecordingError, match="waiting for the simulator to announce its image size"):
+            rec.start_episode("too early")
+        sim = ScriptedSim(endpoint)
+        follower.connect()
         rec.wait_ready(120)
+        assert [(c.width, c.height) for c in cams] == [(160, 120), (160, 120)]  # from the sim's hello
         with SyntheticLoop(rec):
             rec.start_episode("sort parts")
             assert wait_until(lambda: rec.frames_recorded >= 15, 30)
@@ -346,7 +351,8 @@ def test_a_frame_of_the_wrong_size_is_refused_counted_and_recording_goes_on(tmp_
         if rec is not None:
             assert rec.close(timeout_s=60) == []
         follower.close()
-        sim.close()
+        if sim is not None:
+            sim.close()
     ds = load_dataset(tmp_path / "ds")
     assert ds.num_episodes == 1 and ds.num_frames == r["frames"]
     assert tuple(ds[ds.num_frames - 1]["observation.images.front"].shape) == (3, 120, 160)
