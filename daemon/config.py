@@ -125,6 +125,7 @@ class RecordingConfig:
     fps: int = 30
     task: str = "teleoperation"  # default task string of an episode
     on_shutdown: Literal["save", "discard"] = "save"  # the episode in progress at SIGTERM / stop
+    stop_timeout_s: float = 120.0  # at stop, how long to wait for the writer to commit saved episodes
 
 
 @dataclass
@@ -206,6 +207,7 @@ _CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
     ("socket.mode", lambda v: 0 <= v <= 0o777, "must be a file mode 0..0o777"),
     ("socket.max_request_bytes", lambda v: 256 <= v <= 16 * 1024 * 1024, "must be 256..16 MiB"),
     ("recording.fps", lambda v: 0 < v <= 120, "must be 1..120"),
+    ("recording.stop_timeout_s", lambda v: 0 < v <= 3600, "must be in (0, 3600]"),
 ]
 _CAMERA_CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
     ("width", lambda v: 0 < v <= 8192, "must be 1..8192"),
@@ -282,7 +284,16 @@ def _build(prefix: str, data: Any, cls: type) -> Any:
             kwargs[name] = {k: _coerce(f"{key}.{k}", v, val_tp) for k, v in value.items()}
         else:
             kwargs[name] = _coerce(key, value, tp)
-    return cls(**kwargs)
+    obj = cls(**kwargs)
+    obj.__dict__["_keys_given"] = frozenset(data)  # see keys_given(): defaults vs values the file set
+    return obj
+
+
+def keys_given(section: Any) -> frozenset[str] | None:
+    """The keys a configuration table set explicitly (None: built in Python, not from a file/dict).
+
+    A sim camera takes its size from the simulator unless width/height were given."""
+    return section.__dict__.get("_keys_given")
 
 
 def validate(cfg: Config) -> Config:

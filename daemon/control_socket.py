@@ -54,6 +54,7 @@ class ControlServer:
         self.mode = mode
         self.max_request_bytes = max_request_bytes
         self._handlers: dict[str, Handler] = {}
+        self._unavailable: dict[str, str] = {}  # verb prefix -> why this daemon has no such verbs
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -72,6 +73,12 @@ class ControlServer:
             if name in self._handlers and name not in ("ping", "help"):
                 raise ValueError(f"verb {name!r} is already registered")
             self._handlers[name] = handler
+
+    def explain_missing(self, prefix: str, reason: str) -> None:
+        """Verbs starting with ``prefix`` that are not registered answer ``reason`` (e.g. recording
+        is disabled in this daemon, and how to enable it) instead of "unknown command"."""
+        with self._lock:
+            self._unavailable[prefix] = reason
 
     def unregister(self, name: str) -> None:
         with self._lock:
@@ -221,6 +228,10 @@ class ControlServer:
             handler = self._handlers.get(cmd)
         if handler is None:
             self.errors += 1
+            with self._lock:
+                reason = next((r for p, r in self._unavailable.items() if cmd.startswith(p)), None)
+            if reason is not None:
+                return {"ok": False, "error": reason}
             return {"ok": False, "error": f"unknown command {cmd!r} (try 'help')"}
         try:
             result = handler(req) or {}

@@ -26,6 +26,11 @@ from daemon.control_socket import ControlServer, RequestError
 log = logging.getLogger("so101d.daemon")
 
 
+EXIT_DATA_LOST = 3  # run_forever's exit code when data was lost (see Daemon.data_lost)
+RECORDING_DISABLED = ("recording is disabled in this daemon; enable it with [recording] enabled = true "
+                      "in the configuration (or so101d demo --record N) and restart it")
+
+
 class StartupError(RuntimeError):
     """The daemon cannot start with this configuration (missing calibration, socket in use...)."""
 
@@ -128,6 +133,9 @@ class Daemon:
         self.on_stop: list[Callable[[], None]] = []  # run before the loop stops (save an episode...)
         self.after_stop: list[Callable[[], None]] = []  # run after the loop stopped (close publishers...)
         self.recorder: Any = None
+        # What a stop hook could not keep (e.g. recorded episodes never written): logged, and the
+        # exit code of run_forever becomes EXIT_DATA_LOST so systemd shows the unit failed.
+        self.data_lost: list[str] = []
         self.remote_leader: Any = None  # LeisaacRemoteLeaderPublisher when [leisaac_remote_leader] enabled
         self.status_extras: dict[str, Callable[[], Any]] = {}  # name -> fn() added to `status`
         self._stop = threading.Event()
@@ -235,6 +243,9 @@ class Daemon:
                 self.recorder = attach_recorder(self)
             except Exception as exc:  # noqa: BLE001 - a dataset problem is a start-up error, named
                 raise StartupError(f"recording: {exc}") from exc
+        # No recorder: `so101d episode ...` / `record` get the reason, not "unknown command"
+        # (a recorder attached later registers the real verbs, which take precedence).
+        self.server.explain_missing("episode.", RECORDING_DISABLED)
         # --- policy helper's hook (issue 6): policy.* verbs, `status.policy`, [policy] enabled loads at start
         from daemon.policy.attach import attach_policy  # noqa: PLC0415 - no torch: that lives in the worker
 
@@ -332,7 +343,15 @@ class Daemon:
                 self.notifier.ready()
 
     def run_forever(self, duration_s: float | None = None, on_tick: Callable[[], None] | None = None) -> int:
-        """Start, wait for SIGTERM/SIGINT (or ``duration_s``), stop; SIGHUP reloads. Returns the exit code (0)."""
+        """Start, wait for SIGTERM/SIGINT (or ``duration_s``), stop; SIGHUP reloads. Returns the exit
+        code: 0, 1 when the control loop stopped unexpectedly, EXIT_DATA_LOST when data was lost."""
+        rc = self._run_until_stopped(duration_s, on_tick)
+        if self.data_lost:
+            log.error("exiting with code %d: data was lost: %s", EXIT_DATA_LOST, "; ".join(self.data_lost))
+            return EXIT_DATA_LOST
+        return rc
+
+    def _run_until_stopped(self, duration_s: float | None, on_tick: Callable[[], None] | None) -> int:
         old: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):

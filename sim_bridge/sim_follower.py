@@ -57,13 +57,20 @@ class SimCamera:
     ``capture_monotonic_s`` is the daemon-side arrival time (same clock as the control loop; the
     transport adds well under a millisecond on loopback), the sim's own capture time and sequence
     number are kept in ``stats()``.
+
+    Size: the simulator's. ``width``/``height`` stay 0 until the sim announces them (its hello,
+    else its first frame); the recorder waits for them. A size the configuration asked for
+    (``configured``) that differs from the announced one sets ``size_error`` naming both; frames
+    of another size than announced are the recorder's to refuse (counted), never resized here.
     """
 
-    def __init__(self, follower: "SimFollower", name: str, width: int, height: int, fps: float = 30.0) -> None:
+    def __init__(self, follower: "SimFollower", name: str, width: int = 0, height: int = 0, fps: float = 30.0) -> None:
         self._follower = follower
         self.name = name
-        self.width = int(width)
-        self.height = int(height)
+        self.configured: tuple[int, int] | None = (int(width), int(height)) if width > 0 and height > 0 else None
+        self.width = 0
+        self.height = 0
+        self.size_error = ""
         self.fps = float(fps)
         self._latest: Frame | None = None
         self._seq = 0
@@ -73,14 +80,44 @@ class SimCamera:
         self._last_sim_capture_s = 0.0
         self._started_s = 0.0
         self._active = False
+        self._announced_by = ""
+
+    def configure(self, width: int, height: int) -> None:
+        """The size a configuration asks for (0, 0: none, take the simulator's)."""
+        self.configured = (int(width), int(height)) if width > 0 and height > 0 else None
+        self._check_size()
 
     # called on the I/O thread
+    def _announce(self, width: int, height: int, source: str) -> None:
+        """The simulator's size (hello, or the first frame when the hello gave none). Set once:
+        a sim restarted with another size gets its frames refused by the recorder, counted."""
+        if width <= 0 or height <= 0:
+            return
+        if self.width == 0 and self.height == 0:
+            self.width, self.height = int(width), int(height)
+            self._announced_by = source
+            self._check_size()
+        elif (width, height) != (self.width, self.height):
+            log.error("sim camera %s: the simulator now announces %dx%d (%s), it announced %dx%d before",
+                      self.name, width, height, source, self.width, self.height)
+
+    def _check_size(self) -> None:
+        if self.configured is None or self.width == 0:
+            return
+        if self.configured != (self.width, self.height):
+            cw, ch = self.configured
+            self.size_error = (f"camera {self.name}: [cameras.{self.name}] asks for {cw}x{ch} but the simulator "
+                               f"renders {self.width}x{self.height}; remove width/height from [cameras.{self.name}] "
+                               f"(a sim camera takes the simulator's size) or set them to {self.width}x{self.height}")
+            log.error("%s", self.size_error)
+
     def _deliver(self, pixels: np.ndarray, sim_seq: int, sim_capture_s: float, now_s: float) -> None:
         if self._last_sim_seq >= 0 and sim_seq > self._last_sim_seq + 1:
             self._sim_seq_gaps += sim_seq - self._last_sim_seq - 1
         self._last_sim_seq = sim_seq
         self._last_sim_capture_s = sim_capture_s
-        self.height, self.width = int(pixels.shape[0]), int(pixels.shape[1])
+        if self.width == 0:
+            self._announce(int(pixels.shape[1]), int(pixels.shape[0]), "first frame")
         self._latest = Frame(pixels=pixels, capture_monotonic_s=now_s, seq=self._seq)
         self._seq += 1
         self._frames += 1
@@ -106,6 +143,8 @@ class SimCamera:
             "kind": "sim",
             "width": self.width,
             "height": self.height,
+            "size_from": self._announced_by,
+            "error": self.size_error,
             "fps_configured": self.fps,
             "frames": self._frames,
             "sim_seq_gaps": self._sim_seq_gaps,
@@ -331,11 +370,23 @@ class SimFollower:
         return dict(self._cameras)
 
     def camera(self, name: str, width: int = 0, height: int = 0, fps: float = 30.0) -> SimCamera:
-        """A camera source by name; created on demand so the daemon can wire it before frames flow."""
+        """A camera source by name; created on demand so the daemon can wire it before frames flow.
+
+        ``width``/``height``: the size the configuration asks for (0: the simulator's); the
+        camera's own size is always the one the simulator announces (see SimCamera)."""
         with self._lock:
             cam = self._cameras.get(name)
             if cam is None:
                 cam = self._cameras[name] = SimCamera(self, name, width, height, fps)
+            elif width > 0 and height > 0:
+                cam.configure(width, height)
+            return cam
+
+    def _sim_camera(self, name: str, fps: float = 30.0) -> SimCamera:
+        with self._lock:
+            cam = self._cameras.get(name)
+            if cam is None:
+                cam = self._cameras[name] = SimCamera(self, name, 0, 0, fps)
             return cam
 
     def round_trip_s(self) -> list[float]:
@@ -488,7 +539,7 @@ class SimFollower:
             except P.ProtocolError as err:
                 self.rejects.count(err)
                 return
-            cam = self._cameras.get(h["name"]) or self.camera(h["name"], h["shape"][1], h["shape"][0])
+            cam = self._cameras.get(h["name"]) or self._sim_camera(h["name"])
             cam._deliver(pixels, h["seq"], float(h["capture_s"]), now)
         elif msg.type == "episode":
             with self._event_cv:
@@ -498,8 +549,8 @@ class SimFollower:
             self._sim_info = dict(h)
             for cam in h.get("cameras", []) or []:
                 if isinstance(cam, dict) and isinstance(cam.get("name"), str):
-                    self.camera(cam["name"], int(cam.get("width", 0) or 0), int(cam.get("height", 0) or 0),
-                                float(cam.get("fps", 30.0) or 30.0))
+                    sc = self._sim_camera(cam["name"], float(cam.get("fps", 30.0) or 30.0))
+                    sc._announce(int(cam.get("width", 0) or 0), int(cam.get("height", 0) or 0), "hello")
         elif msg.type == "error":
             log.error("sim at %s reports: %s", self.endpoint, h["error"])
             if "version" in h["error"]:

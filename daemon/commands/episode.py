@@ -41,10 +41,16 @@ def format_status(st: dict) -> str:
         line += (f"\n  last episode: {t.get('frames')} frames, {t.get('late_frames')} late, "
                  f"{t.get('missing_frames')} missing, worst camera skew {t.get('worst_camera_skew_ms')} ms")
     for cam in st.get("cameras", []):
-        line += (f"\n  camera {cam.get('name')}: {cam.get('fps_measured')} fps"
+        line += (f"\n  camera {cam.get('name')}: {cam.get('fps_measured', '?')} fps"
                  + ("  STALLED" if cam.get("stalled") else "") + (f"  {cam['error']}" if cam.get("error") else ""))
+    for name, r in sorted((st.get("frames_refused") or {}).items()):
+        line += f"\n  camera {name}: {r.get('count')} frames refused ({r.get('last')})"
+    if st.get("waiting_for"):
+        line += f"\n  waiting: {st['waiting_for']}"
     if st.get("error"):
         line += f"\n  ERROR: {st['error']}"
+    for lost in st.get("lost_episodes") or []:
+        line += f"\n  LOST: {lost}"
     return line
 
 

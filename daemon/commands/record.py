@@ -137,6 +137,12 @@ def run(args: argparse.Namespace) -> int:
             st = c.request("episode.status")
             print(f"{n} episodes saved; dataset {st.get('dataset')} "
                   f"({st.get('episodes_in_dataset')} episodes, {st.get('saves_pending')} still being written)")
+            # A session is not "done" when recording failed under it: say what was lost, fail.
+            if st.get("phase") == "error" or st.get("lost_episodes"):
+                print(f"so101d record: recording stopped: {st.get('error')}", file=sys.stderr)
+                for lost in st.get("lost_episodes") or []:
+                    print(f"so101d record: LOST {lost}", file=sys.stderr)
+                return 1
     except DaemonUnavailable as exc:
         print(f"so101d: {exc}", file=sys.stderr)
         return 2

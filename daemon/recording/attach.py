@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from daemon.config import CameraConfig as CameraSection
+from daemon.config import keys_given
 from daemon.recording.cameras import Camera, CameraConfig, OpenCVCamera, VirtualArmCamera
 from daemon.recording.recorder import Recorder, RecorderConfig, RecordingError
 
@@ -60,11 +62,31 @@ def _success_arg(req: dict[str, Any]) -> bool | None:
     raise ValueError(f'"success" must be true, false or null, got {v!r}')
 
 
+def configured_size(c: Any) -> tuple[int, int]:
+    """(width, height) a [cameras.<name>] table asks for; (0, 0) when it gives no size.
+
+    A sim camera takes its size from the simulator's announcement; a size given here must then
+    match it (the recorder names both sizes when it does not). Built in Python (no file), a size
+    other than the defaults counts as given."""
+    given = keys_given(c)
+    if given is None:
+        default = CameraSection()
+        given = {k for k in ("width", "height") if getattr(c, k) != getattr(default, k)}
+    if "width" in given or "height" in given:
+        return int(c.width), int(c.height)
+    return 0, 0
+
+
 def sim_camera_factory(follower: Any) -> Any:
     """``build_cameras``' sim_factory for a simulated follower (None when it has no cameras)."""
     if not callable(getattr(follower, "camera", None)):
         return None
-    return lambda name, c: follower.camera(name, c.width, c.height, float(c.fps))
+
+    def make(name: str, c: Any) -> Camera:
+        width, height = configured_size(c)
+        return follower.camera(name, width, height, float(c.fps))
+
+    return make
 
 
 def follower_dataset_kind(follower: Any) -> str:
@@ -119,5 +141,15 @@ def attach_recorder(daemon: Any, cameras: list[Camera] | None = None, follower_k
     daemon.loop.add_hook(rec)
     daemon.status_extras["recording"] = rec.status
     # read at stop time: a reloaded configuration counts
-    daemon.on_stop.append(lambda: rec.close(on_episode=getattr(daemon.cfg.recording, "on_shutdown", "discard")))
+    daemon.on_stop.append(lambda: _close(daemon, rec))
     return rec
+
+
+def _close(daemon: Any, rec: Recorder) -> None:
+    """The daemon's stop hook: episodes lost go to ``daemon.data_lost`` (the exit code says so)."""
+    rc = daemon.cfg.recording
+    lost = rec.close(timeout_s=float(getattr(rc, "stop_timeout_s", 120.0)),
+                     on_episode=getattr(rc, "on_shutdown", "discard"))
+    data_lost = getattr(daemon, "data_lost", None)
+    if isinstance(data_lost, list):
+        data_lost.extend(f"recording: {text}" for text in lost)

@@ -88,8 +88,14 @@ def record_demo_episodes(daemon: Any, episodes: int = 3, episode_s: float = 5.0,
     if stop():
         return saved
     say(f"demo: {saved} episodes recorded; writing them (video encoding) ...")
-    rec.wait_saved(120)
+    written = rec.wait_saved(120)
     st = rec.status()
+    if st["phase"] == "error":  # never "in the dataset" for what is not: name the loss
+        say(f"demo: recording stopped: {st['error']}; {st['episodes_in_dataset']} episodes in the dataset"
+            + "".join(f"; LOST {x}" for x in st.get("lost_episodes", [])))
+        return saved
+    if not written:
+        say(f"demo: {st['saves_pending']} episodes still being written after 120 s")
     say(f"demo: {st['episodes_in_dataset']} episodes in the dataset (teleoperation goes on; Ctrl-C stops)")
     say(how_to_load(st["dataset"], st["repo_id"]))
     return saved

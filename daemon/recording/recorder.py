@@ -42,6 +42,31 @@ class RecordingError(RuntimeError):
 
 SHUTDOWN_CHOICES = ("save", "discard")
 _MAX_NOTE_CHARS = 200
+DEFAULT_STOP_TIMEOUT_S = 120.0  # [recording] stop_timeout_s: how long shutdown waits for the writer
+
+
+@dataclass
+class PendingSave:
+    """An episode answered "saved" (queued) and not yet committed to the dataset."""
+
+    seq: int  # the recorder's episode sequence number (negative: recovered from staging at start)
+    episode: int  # the dataset index it was announced as
+    task: str
+    frames: int
+    staged: bool = False  # durable in staging: a writer crash keeps it (committed at the next start)
+
+    def describe(self) -> str:
+        return f"episode {self.episode} ({self.task!r}, {self.frames} frames)"
+
+
+def frame_refusal(expected_hw: tuple[int, int], pixels: Any) -> str:
+    """Why a camera image cannot go into the dataset feature (HxWx3 uint8), or "" when it can."""
+    shape = getattr(pixels, "shape", None)
+    dtype = getattr(pixels, "dtype", None)
+    want = (expected_hw[0], expected_hw[1], 3)
+    if shape == want and dtype == np.uint8:
+        return ""
+    return f"got {tuple(shape) if shape is not None else type(pixels).__name__} {dtype}, the dataset feature is {want} uint8"
 
 
 def save_extras_bytes(extras: dict[str, Any]) -> bytes:
@@ -73,7 +98,10 @@ class RecorderConfig:
     vcodec: str = "h264"
     preset: str = "ultrafast"
     crf: int = 23
-    fault: str = ""  # test hook, see StoreConfig.fault
+    # Test hook: StoreConfig.fault for the writer; "feeder_raise" makes the feeder thread raise at
+    # an episode's 11th frame, "feeder_raise_at_save" at a SAVE record (the health invariant under
+    # a thread that dies).
+    fault: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -106,11 +134,20 @@ class Recorder:
         self._task = cfg.default_task
         self._ready = threading.Event()
         self._committed_total = 0
-        self._saves_in_flight = 0
+        # Saves answered "queued" and not committed yet, by episode seq (insertion = commit order).
+        self._pending: dict[int, PendingSave] = {}
+        self._lost: list[str] = []  # episodes that will never be in the dataset (logged, status, exit code)
+        self._kept_in_staging: list[str] = []  # filled at close: staged, committed at the next start
+        # Frames refused at the edge (wrong shape/dtype for the dataset feature), per camera.
+        self._refused: dict[str, int] = {c.name: 0 for c in self.cameras}
+        self._refused_last: dict[str, str] = {}
+        self._episode_refused: dict[str, int] = {}
+        self._expected_hw: list[tuple[int, int]] = []  # fixed when the ring is created
+        self._waiting_for = ""  # what a deferred open waits for (a sim camera's announced size)
         self._last_saved: dict[str, Any] = {}
         self._last_staged: dict[str, Any] = {}
         self._counters = {"frames_taken": 0, "frames_without_pixels": 0, "records_lost": 0,
-                          "episodes_saved": 0, "episodes_discarded": 0}
+                          "frames_refused": 0, "episodes_saved": 0, "episodes_discarded": 0}
         self._rl = RateLimitedLogger(log, period_s=5.0, burst=2)
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         # Episode hooks (a simulated follower's reset/start/stop, staleness notes): objects with
@@ -128,16 +165,68 @@ class Recorder:
         self._conn: Any = None
         self._threads: list[threading.Thread] = []
         self._running = False
+        self._closing = threading.Event()
+        self._fault = cfg.fault
 
     # -- life cycle ------------------------------------------------------------------------------
     def open(self) -> None:
-        """Checks the dataset, starts cameras, ring, feeder and writer. Returns at once; see wait_ready."""
+        """Checks the dataset, starts cameras, ring, feeder and writer. Returns at once; see wait_ready.
+
+        A camera whose size is not known yet (a sim camera before the simulator announced it:
+        width/height 0) defers the rest to a thread: the recorder stays "starting" (episode start
+        says what it waits for) until every size is known, and goes to "error" when a camera
+        reports ``size_error`` (a configured size the simulator does not render)."""
+        if self._phase != CLOSED or self._running:
+            raise RecordingError("recorder already open")
+        for cam in self.cameras:
+            cam.start()
+        if all(c.width > 0 and c.height > 0 for c in self.cameras):
+            self._open_now()
+            return
+        self._running = True
+        self._phase = STARTING
+        t = threading.Thread(target=self._open_when_sized, name="rec-open", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _unsized(self) -> list[str]:
+        return [c.name for c in self.cameras if c.width <= 0 or c.height <= 0]
+
+    def _open_when_sized(self) -> None:
+        try:
+            while self._running:
+                errors = [str(getattr(c, "size_error", "") or "") for c in self.cameras]
+                errors = [e for e in errors if e]
+                if errors:
+                    self._fail("; ".join(errors))
+                    return
+                unsized = self._unsized()
+                if not unsized:
+                    break
+                self._waiting_for = (f"camera {', '.join(unsized)}: waiting for the simulator to announce "
+                                     "its image size (is the simulator running?)")
+                time.sleep(0.05)
+            if not self._running or self._closing.is_set():
+                return
+            self._waiting_for = ""
+            self.store_cfg.cameras = [(c.name, c.height, c.width) for c in self.cameras]
+            self._open_now()
+        except BaseException as exc:  # noqa: BLE001 - a dataset mismatch etc.: the recorder's error, named
+            self._fail(f"{type(exc).__name__}: {exc}" if not isinstance(exc, RecordingError) else str(exc))
+        finally:
+            if self._phase == ERROR:
+                self._ready.set()
+
+    def _open_now(self) -> None:
         diffs = config_differences(self.store_cfg)
         if diffs:
             raise DatasetMismatchError(
                 f"dataset {self.store_cfg.root_path} was recorded with another configuration: " + "; ".join(diffs))
         slots = max(2, int(round(self.cfg.pixel_ring_s * self.cfg.fps))) if self.cameras else 0
-        self._ring = Ring.create([(c.name, c.height, c.width) for c in self.cameras], self.cfg.n_records, slots)
+        sizes = [(c.name, c.height, c.width) for c in self.cameras]
+        self.store_cfg.cameras = sizes
+        self._expected_hw = [(h, w) for _, h, w in sizes]
+        self._ring = Ring.create(sizes, self.cfg.n_records, slots)
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
         spec = self._ring.spec
@@ -152,10 +241,10 @@ class Recorder:
                   child, os.getpid(), self.cfg.follower_kind, self.cfg.origin))
         self._proc.start()
         child.close()
-        for cam in self.cameras:
-            cam.start()
         self._running = True
-        self._phase = STARTING
+        with self._lock:
+            if self._phase in (CLOSED, STARTING):
+                self._phase = STARTING
         for target, name in ((self._feeder, "rec-feeder"), (self._events, "rec-events")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -167,21 +256,27 @@ class Recorder:
         if self._phase == ERROR:
             raise RecordingError(self._error)
 
-    def close(self, timeout_s: float = 120.0, on_episode: str = "discard") -> None:
-        """Stops recording, lets the writer commit every saved episode, stops it.
+    def close(self, timeout_s: float = DEFAULT_STOP_TIMEOUT_S, on_episode: str = "discard") -> list[str]:
+        """Stops recording, lets the writer commit every saved episode (at most ``timeout_s``), stops it.
 
         ``on_episode``: what happens to the episode in progress: "discard", or "save" (tagged
-        "saved at shutdown", success unjudged unless an episode hook says otherwise)."""
+        "saved at shutdown", success unjudged unless an episode hook says otherwise).
+
+        Returns the episodes LOST (answered saved, or in progress when recording failed, and
+        never written), also logged as an error; an empty list when nothing was lost. Episodes
+        staged durably but not committed are kept for the next start (logged, not lost)."""
         if on_episode not in SHUTDOWN_CHOICES:
             raise ValueError(f"on_episode must be one of {SHUTDOWN_CHOICES}, got {on_episode!r}")
-        if self._phase == CLOSED:
-            return
+        if self._closing.is_set():
+            return list(self._lost)
+        self._check_health()
         if self._phase == RECORDING and on_episode == "save":
             try:
                 r = self.save_episode(None, notes=["saved at shutdown (daemon stopping)"])
                 log.warning("shutdown: episode %d in progress saved (%d frames)", r["episode"], r["frames"])
             except RecordingError as exc:
                 log.warning("shutdown: episode in progress not saved: %s", exc)
+        self._closing.set()
         with self._lock:
             if self._phase == RECORDING:
                 self._q.append((KIND_DISCARD, self._seq))
@@ -190,13 +285,21 @@ class Recorder:
                 discarding = True
             else:
                 discarding = False
+            failed = self._phase == ERROR
             self._phase = CLOSED
         if discarding:
             self._run_ending_hooks(saved=False)
         self._wake.set()
         deadline = time.monotonic() + timeout_s
-        while self._q and time.monotonic() < deadline:
+        writer_alive = self._proc is not None and self._proc.is_alive()
+        if self._pending and writer_alive:
+            log.info("shutdown: waiting up to %.0f s ([recording] stop_timeout_s) for the writer to commit "
+                     "%d saved episode(s)", timeout_s, len(self._pending))
+        feeder = next((t for t in self._threads if t.name == "rec-feeder"), None)
+        while (self._q and feeder is not None and feeder.is_alive() and writer_alive
+               and time.monotonic() < deadline):
             time.sleep(0.01)
+            writer_alive = self._proc.is_alive()
         if self._conn is not None and self._proc is not None and self._proc.is_alive():
             try:
                 self._conn.send({"cmd": "stop"})
@@ -204,18 +307,42 @@ class Recorder:
                 pass
             self._proc.join(max(0.1, deadline - time.monotonic()))
             if self._proc.is_alive():
-                log.error("writer process did not finish within %.0f s; terminating it", timeout_s)
+                log.error("writer process did not finish within %.0f s ([recording] stop_timeout_s); "
+                          "terminating it", timeout_s)
                 self._proc.terminate()
                 self._proc.join(5)
         self._running = False
         self._wake.set()
         for t in self._threads:
-            t.join(timeout=2)
+            t.join(timeout=2)  # the events thread reads the writer's last "saved" events first
         for cam in self.cameras:
             cam.stop()
         if self._ring is not None:
             self._ring.close()
             self._ring = None
+        with self._lock:
+            for p in self._pending.values():
+                if p.staged:
+                    self._kept_in_staging.append(p.describe())
+                else:
+                    self._lost.append(f"{p.describe()}: saved but never written")
+            self._pending.clear()
+        if self._kept_in_staging:
+            log.warning("shutdown: %d episode(s) staged on disk but not committed, kept for the next start: %s",
+                        len(self._kept_in_staging), "; ".join(self._kept_in_staging))
+        if self._lost:
+            log.error("shutdown: %d episode(s) LOST, not in the dataset%s: %s", len(self._lost),
+                      f" (recording had stopped: {self._error})" if failed else "", "; ".join(self._lost))
+        return list(self._lost)
+
+    @property
+    def lost_episodes(self) -> list[str]:
+        """Episodes that will never be in the dataset (see ``close``)."""
+        return list(self._lost)
+
+    @property
+    def writer_pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
 
     def add_episode_hook(self, hook: Any) -> None:
         """See ``_episode_hooks``: called around every episode, whoever starts it (verb, policy, demo)."""
@@ -259,7 +386,7 @@ class Recorder:
             action = np.array(action_units, dtype=np.float32)
             teleop = np.array(teleop_action_units if teleop_action_units is not None else action_units,
                               dtype=np.float32)
-            frames = [cam.latest_frame() for cam in self.cameras]
+            frames = [self._admit(c, cam.latest_frame()) for c, cam in enumerate(self.cameras)]
             while self._next_grid_s <= now_monotonic_s:
                 k = self._frame_index
                 self._q.append((KIND_FRAME, self._seq, k, k / self.cfg.fps, now_monotonic_s,
@@ -267,6 +394,24 @@ class Recorder:
                 self._frame_index += 1
                 self._next_grid_s = self._t0 + self._frame_index / self.cfg.fps
         self._wake.set()
+
+    def _admit(self, c: int, frame: Any) -> Any:
+        """The edge: a frame that does not fit the dataset feature (shape/dtype) is refused here,
+        counted per camera and logged, and the row records that camera's image as missing; it
+        never reaches the feeder thread. Under the lock, on the loop's thread: a tuple compare."""
+        if frame is None:
+            return None
+        why = frame_refusal(self._expected_hw[c], frame.pixels)
+        if not why:
+            return frame
+        name = self.cameras[c].name
+        self._refused[name] = self._refused.get(name, 0) + 1
+        self._episode_refused[name] = self._episode_refused.get(name, 0) + 1
+        self._refused_last[name] = why
+        self._counters["frames_refused"] += 1
+        self._rl.error(f"refused-{name}", "camera %s: frame refused (%s); recorded as missing",
+                       name, why)
+        return None
 
     # -- episode verbs -----------------------------------------------------------------------------
     def start_episode(self, task: str | None = None, origin: str | None = None) -> dict[str, Any]:
@@ -279,6 +424,7 @@ class Recorder:
         origin = (origin or self.cfg.origin).strip()
         if not origin or len(origin) > 32:
             raise RecordingError(f"origin must be a short word (teleop, policy...), got {origin!r}")
+        self._check_health()
         with self._lock:
             self._check_can_start()
             self._starting = True
@@ -300,6 +446,7 @@ class Recorder:
             self._task = task
             self._origin = origin
             self._notes = []
+            self._episode_refused = {}
             self._frame_index = 0
             self._t0 = None
             self._next_grid_s = 0.0
@@ -314,9 +461,11 @@ class Recorder:
         if self._starting:
             raise RecordingError("another episode is starting")
         if self._phase == STARTING:
+            if self._waiting_for:
+                raise RecordingError(f"recorder still starting: {self._waiting_for}")
             raise RecordingError("recorder still starting (writer process loading), try again in a moment")
         if self._phase == ERROR:
-            raise RecordingError(f"recording stopped: {self._error}")
+            raise RecordingError(f"recording stopped: {self._error} (restart the daemon to record again)")
         if self._phase == CLOSED:
             raise RecordingError("recorder is closed")
         if self._phase == RECORDING:
@@ -342,16 +491,17 @@ class Recorder:
         """Ends the episode; returns as soon as it is queued (encoding/commit go on in the writer).
 
         ``success`` None: the episode hooks' verdict (a sim's success signal) if any, else unjudged.
-        ``notes`` are added to the episode's tag."""
+        ``notes`` are added to the episode's tag.
+        Never answers for an episode that cannot be committed: with recording stopped (a thread or
+        the writer died) it raises RecordingError naming why and what was lost."""
+        self._check_health()
         with self._lock:
-            if self._phase != RECORDING:
-                raise RecordingError("no episode is recording")
+            self._check_can_end("saved")
         verdict, hook_notes = self._run_ending_hooks(saved=True)
         if success is None:
             success = verdict
         with self._lock:
-            if self._phase != RECORDING:
-                raise RecordingError("no episode is recording")
+            self._check_can_end("saved")
             frames = self._frame_index
             number = self.episode_number
             if frames == 0:
@@ -360,18 +510,28 @@ class Recorder:
                 self._wake.set()
                 raise RecordingError("the episode has no frames yet (is the control loop running?); discarded")
             kind = self.follower_kind_fn() if self.follower_kind_fn is not None else self.cfg.follower_kind
+            refused = [f"camera {n}: {k} frames refused ({self._refused_last.get(n, '')}), recorded as missing"
+                       for n, k in sorted(self._episode_refused.items()) if k]
             extras = save_extras_bytes({"origin": self._origin, "follower_kind": str(kind),
-                                        "notes": self._notes + hook_notes + list(notes or [])})
+                                        "notes": refused + self._notes + hook_notes + list(notes or [])})
             self._q.append((KIND_SAVE, self._seq, -1 if success is None else int(bool(success)), extras))
-            self._saves_in_flight += 1
+            self._pending[self._seq] = PendingSave(self._seq, number, self._task, frames)
             self._phase = IDLE
         self._wake.set()
         return {"episode": number, "frames": frames, "success": success, "queued": True}
 
+    def _check_can_end(self, what: str) -> None:
+        """Under the lock: raises RecordingError unless an episode is recording."""
+        if self._phase == ERROR:
+            lost = f"; lost: {self._lost[-1]}" if self._lost else ""
+            raise RecordingError(f"nothing {what}: recording stopped: {self._error}{lost}")
+        if self._phase != RECORDING:
+            raise RecordingError("no episode is recording")
+
     def discard_episode(self) -> dict[str, Any]:
+        self._check_health()
         with self._lock:
-            if self._phase != RECORDING:
-                raise RecordingError("no episode is recording")
+            self._check_can_end("discarded")
             self._q.append((KIND_DISCARD, self._seq))
             frames = self._frame_index
             self._phase = IDLE
@@ -383,25 +543,27 @@ class Recorder:
     @property
     def episode_number(self) -> int:
         """Dataset index of the episode recording now (or of the next one)."""
-        return self._committed_total + self._saves_in_flight
+        return self._committed_total + len(self._pending)
 
     @property
     def phase(self) -> str:
         return self._phase
 
     def pending_saves(self) -> int:
-        return self._saves_in_flight
+        return len(self._pending)
 
     def wait_saved(self, timeout_s: float = 60.0) -> bool:
         """Waits until every queued save is committed (tests, `record` at the end)."""
         deadline = time.monotonic() + timeout_s
-        while self._saves_in_flight > 0 and time.monotonic() < deadline:
-            if self._phase == ERROR or (self._proc is not None and not self._proc.is_alive()):
+        while self._pending and time.monotonic() < deadline:
+            self._check_health()
+            if self._phase == ERROR:
                 return False
             time.sleep(0.02)
-        return self._saves_in_flight == 0
+        return not self._pending
 
     def status(self) -> dict[str, Any]:
+        self._check_health()
         ring = self._ring
         recording = self._phase == RECORDING
         return {
@@ -417,8 +579,13 @@ class Recorder:
             "elapsed_s": round(time.monotonic() - self._episode_started_s, 2) if recording else 0.0,
             "frames": self._frame_index if recording else 0,
             "episodes_in_dataset": self._committed_total,
-            "saves_pending": self._saves_in_flight,
+            "saves_pending": len(self._pending),
+            "lost_episodes": list(self._lost),
+            "waiting_for": self._waiting_for,
+            "frames_refused": {n: {"count": k, "last": self._refused_last.get(n, "")}
+                               for n, k in sorted(self._refused.items()) if k},
             "writer_alive": bool(self._proc is not None and self._proc.is_alive()),
+            "writer_pid": self.writer_pid,
             "writer_backlog_frames": ring.pixel_backlog() if ring is not None else 0,
             "writer_backlog_records": ring.pending() if ring is not None else 0,
             "last_staged": self._last_staged,
@@ -436,15 +603,44 @@ class Recorder:
 
     # -- threads -----------------------------------------------------------------------------------
     def _fail(self, message: str) -> None:
+        """Health invariant: the recorder goes to "error" at once; the episode in progress is lost
+        (named); later verbs are refused with ``message``. The control loop is not touched."""
         with self._lock:
+            if self._phase == ERROR:
+                return  # the first cause is the one to report
+            lost = ""
             if self._phase == RECORDING:
                 self._q.append((KIND_DISCARD, self._seq))
+                lost = f"episode {self.episode_number} ({self._task!r}, {self._frame_index} frames, in progress)"
+                self._lost.append(f"{lost}: recording stopped")
             if self._phase != CLOSED:
                 self._phase = ERROR
             self._error = message
-        log.error("recording stopped: %s (teleoperation continues)", message)
+        log.error("recording stopped: %s%s (teleoperation continues)", message, f"; LOST {lost}" if lost else "")
+
+    def _check_health(self) -> None:
+        """Every recorder thread and the writer process must be alive while the recorder is open;
+        the first one found dead puts the recorder in "error" (its own handler usually did already,
+        with the exception; this catches a death that left no word, e.g. SIGKILL)."""
+        if not self._running or self._closing.is_set() or self._phase in (ERROR, CLOSED):
+            return
+        for t in self._threads:
+            if t.name != "rec-open" and not t.is_alive():
+                self._fail(f"recording thread {t.name} stopped")
+                return
+        proc = self._proc
+        if proc is not None and not proc.is_alive():
+            self._fail(_writer_exit_text(proc.exitcode))
+            self._ready.set()
 
     def _feeder(self) -> None:
+        try:
+            self._feed()
+        except BaseException as exc:  # noqa: BLE001 - the recorder's health invariant, never a silent death
+            log.exception("recording thread rec-feeder failed")
+            self._fail(f"recording thread rec-feeder failed: {type(exc).__name__}: {exc}")
+
+    def _feed(self) -> None:
         ring = self._ring
         assert ring is not None
         while self._running:
@@ -468,6 +664,9 @@ class Recorder:
                 elif kind == KIND_SAVE:
                     rec["success"] = item[2]
                     rec["task"] = item[3] if len(item) > 3 else b""
+                if ((self._fault == "feeder_raise" and kind == KIND_FRAME and item[2] == 10)
+                        or (self._fault == "feeder_raise_at_save" and kind == KIND_SAVE)):
+                    raise RuntimeError(f"injected fault (RecorderConfig.fault = {self._fault!r})")
                 ring.publish_record()
 
     def _fill_frame(self, ring: Ring, rec: np.ndarray, item: tuple) -> None:
@@ -486,12 +685,8 @@ class Recorder:
             if ring.pixel_slot_free():
                 slot = ring.claim_pixel_slot()
                 for c, (cam, fr) in enumerate(zip(self.cameras, frames)):
-                    if fr is None:
-                        continue
-                    if fr.pixels.shape != (cam.height, cam.width, 3):
-                        self._rl.error(f"shape-{cam.name}", "camera %s delivered %s, expected %s",
-                                       cam.name, fr.pixels.shape, (cam.height, cam.width, 3))
-                        continue
+                    if fr is None or frame_refusal(self._expected_hw[c], fr.pixels):
+                        continue  # refused at the edge already (on_cycle); never copied
                     np.copyto(ring.image_view(slot, c), fr.pixels)
                     cap[c] = fr.capture_monotonic_s
                     seqs[c] = fr.seq
@@ -509,20 +704,32 @@ class Recorder:
         self._counters["frames_taken"] += 1
 
     def _events(self) -> None:
+        try:
+            self._read_events()
+        except BaseException as exc:  # noqa: BLE001 - the recorder's health invariant
+            log.exception("recording thread rec-events failed")
+            self._fail(f"recording thread rec-events failed: {type(exc).__name__}: {exc}")
+            self._ready.set()
+
+    def _read_events(self) -> None:
         conn = self._conn
         while self._running or (self._proc is not None and self._proc.is_alive()):
             try:
                 if not conn.poll(0.2):
-                    if self._proc is not None and not self._proc.is_alive() and self._phase not in (CLOSED,):
-                        if not self._ready.is_set() or self._phase != ERROR:
-                            self._fail(f"writer process exited (code {self._proc.exitcode})")
-                            self._ready.set()
+                    if self._proc is not None and not self._proc.is_alive():
+                        if self._phase != CLOSED:
+                            self._fail(_writer_exit_text(self._proc.exitcode))
+                        self._ready.set()
                         return
                     continue
                 msg = conn.recv()
             except (EOFError, OSError):
                 if self._phase != CLOSED:
-                    self._fail("writer process connection lost")
+                    proc = self._proc
+                    if proc is not None:
+                        proc.join(1.0)  # the pipe closes as the process dies: name how it ended
+                    dead = proc is not None and not proc.is_alive()
+                    self._fail(_writer_exit_text(proc.exitcode) if dead else "writer process connection lost")
                 self._ready.set()
                 return
             self._handle_event(msg)
@@ -536,7 +743,10 @@ class Recorder:
         ev = msg.get("event")
         if ev == "ready":
             self._committed_total = int(msg.get("total_episodes", 0))
-            self._saves_in_flight += int(msg.get("recovered", 0))
+            with self._lock:
+                for i in range(int(msg.get("recovered", 0))):  # staged before a crash, committed first
+                    self._pending[-(i + 1)] = PendingSave(-(i + 1), self._committed_total + i,
+                                                          "(recovered from staging)", 0, staged=True)
             for note in msg.get("repair", []):
                 log.warning("dataset repair: %s", note)
             with self._lock:
@@ -549,6 +759,10 @@ class Recorder:
             self._ready.set()
         elif ev == "staged":
             self._last_staged = {k: msg.get(k) for k in ("episode_seq", "frames", "tag")}
+            with self._lock:
+                p = self._pending.get(int(msg.get("episode_seq", -10**9)))
+                if p is not None:
+                    p.staged = True
             tag = msg.get("tag", {})
             if tag.get("missing_frames") or tag.get("late_frames"):
                 log.warning("episode %s: %d frames, %d late, %d missing, worst camera skew %.1f ms",
@@ -556,19 +770,49 @@ class Recorder:
                             tag.get("missing_frames", 0), tag.get("worst_camera_skew_ms", 0.0))
         elif ev == "saved":
             self._committed_total = int(msg["episode_index"]) + 1
-            self._saves_in_flight = max(0, self._saves_in_flight - 1)
+            self._take_pending(msg.get("episode_seq"))
             self._counters["episodes_saved"] += 1
             self._last_saved = {k: msg.get(k) for k in ("episode_index", "frames", "commit_s")}
             log.info("episode %d saved (%d frames, commit %.2f s)", msg["episode_index"], msg["frames"],
                      msg["commit_s"])
         elif ev == "discarded":
-            if msg.get("reason") in ("no frames", "lost"):
-                self._saves_in_flight = max(0, self._saves_in_flight - 1)
+            if msg.get("reason") in ("no frames", "lost"):  # a save whose frames never reached the writer
+                p = self._take_pending(msg.get("episode_seq"))
+                if p is not None:
+                    self._note_lost(p, f"its frames never reached the writer ({msg.get('reason')})")
         elif ev == "error":
-            if msg.get("save_lost") or msg.get("staged"):
-                self._saves_in_flight = max(0, self._saves_in_flight - 1)
+            if msg.get("save_lost"):
+                p = self._take_pending(msg.get("episode_seq"))
+                if p is not None:
+                    self._note_lost(p, str(msg.get("error", "writer error")))
+            # msg["staged"]: the commit failed, the episode stays staged (committed at the next start)
             if msg.get("fatal"):
                 self._fail(msg.get("error", "writer error"))
             else:
                 log.error("recording: %s", msg.get("error"))
                 self._error = msg.get("error", "")
+
+    def _take_pending(self, seq: Any) -> PendingSave | None:
+        """Removes a pending save by seq; None (a recovered episode) takes the oldest recovered one."""
+        with self._lock:
+            if seq is None:
+                seq = next((k for k in self._pending if k < 0), None)
+            return self._pending.pop(int(seq), None) if seq is not None else None
+
+    def _note_lost(self, p: PendingSave, why: str) -> None:
+        text = f"{p.describe()}: {why}"
+        with self._lock:
+            self._lost.append(text)
+        log.error("episode LOST: %s", text)
+
+
+def _writer_exit_text(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        import signal  # noqa: PLC0415
+
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"writer process died ({name})"
+    return f"writer process exited (code {exitcode})"

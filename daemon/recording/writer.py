@@ -300,19 +300,21 @@ def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any,
     from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: F401
 
     ring = Ring.attach(spec)
-    commits: queue.Queue[Path | None] = queue.Queue()
+    # (staged episode, its recorder seq; None for one recovered from a previous run)
+    commits: queue.Queue[tuple[Path, int | None] | None] = queue.Queue()
     state = {"failed": False}
 
     def commit_worker() -> None:
         while True:
-            stage = commits.get()
-            if stage is None:
+            item = commits.get()
+            if item is None:
                 return
+            stage, seq = item
             if state["failed"]:
                 continue  # recording stopped; staged episode is kept for the next start
             try:
                 res = store.commit(stage)
-                send({"event": "saved", **res, "pending": commits.qsize()})
+                send({"event": "saved", **res, "episode_seq": seq, "pending": commits.qsize()})
             except Exception as exc:  # noqa: BLE001 - disk full, I/O errors: stop recording, keep data
                 note = None
                 try:
@@ -322,10 +324,10 @@ def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any,
                 state["failed"] = True
                 log.error("commit of %s failed: %s (%s)", stage.name, exc, note)
                 send({"event": "error", "error": f"saving the episode failed: {exc}",
-                      "detail": note, "staged": str(stage), "fatal": True})
+                      "detail": note, "staged": str(stage), "episode_seq": seq, "fatal": True})
 
     for stage in store.staged_episodes():  # saved before a crash, never committed
-        commits.put(stage)
+        commits.put((stage, None))
     committer = threading.Thread(target=commit_worker, name="commit", daemon=True)
     committer.start()
     send({"event": "ready", "total_episodes": store.total_episodes(), "repair": notes,
@@ -384,7 +386,7 @@ def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any,
                             stage_dir, current = current.dir, None
                             send({"event": "staged", "episode_seq": seq, "frames": meta["frames"],
                                   "tag": meta["tag"]})
-                            commits.put(stage_dir)
+                            commits.put((stage_dir, seq))
                 elif kind == KIND_DISCARD:
                     if current is not None:
                         current.cancel()
@@ -397,7 +399,7 @@ def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any,
                     current = None
                 disk_full = "No space left" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC
                 send({"event": "error", "error": f"recording the episode failed: {exc}", "fatal": disk_full,
-                      "save_lost": kind == KIND_SAVE})
+                      "save_lost": kind == KIND_SAVE, "episode_seq": int(rec["episode_seq"][0])})
             ring.release_record(had_pixels)
     finally:
         if current is not None:
