@@ -462,8 +462,6 @@ def test_export_import_and_info_round_trip(machine: Machine) -> None:
 # ---------------------------------------------------------------------------------------------
 # the simulated follower, configured exactly as the README shows
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="fixed on branch a-recording (issue #18: a sim camera with no size defaults to "
-                                       "640x480, the sim sends 320x240, the feeder thread dies and the episodes are lost)")
 def test_sim_follower_episodes_are_recorded_and_load(machine: Machine, bench: Bench, config: Path) -> None:
     m = machine
     port = free_port()
