@@ -1,27 +1,62 @@
-"""The dataset on disk: staged episodes, transactional commits into LeRobot v3.0, crash repair.
+"""The dataset on disk: staged episodes, constant-cost packed commits into LeRobot v3.0, crash repair.
 
 LeRobot 0.6.1 keeps its parquet writers open until ``finalize()``; a process killed before that
-leaves ``meta/episodes`` unwritten and the whole dataset unloadable (LR#2495, LR#3522). We never
-keep a LeRobotDataset open across episodes. Each episode goes through two durable steps:
+leaves ``meta/episodes`` unwritten and the whole dataset unloadable (LR#2495, LR#3522), and each
+``LeRobotDataset.resume`` re-reads every episode's metadata and starts new files, so a commit per
+session costs more the bigger the dataset. We never open a LeRobotDataset to write. Each episode
+goes through two durable steps:
 
 1. **staged**: while recording, the writer process encodes each camera straight into
    ``<staging>/ep-<uid>/<camera>/video.mp4`` and, at save, writes the table rows (``rows.npz``),
    per-frame timing and ``episode.json`` last (atomic rename: the episode is complete only once
    that file exists).
-2. **committed**: ``commit()`` writes a marker with the list of dataset files before the commit
-   and a backup of the three files LeRobot rewrites in place (info.json, stats.json,
-   tasks.parquet), then ``LeRobotDataset.resume(...)`` (``create`` for the first episode),
-   ``save_episode(episode_data=...)``, ``finalize()``, appends the EpisodeTag, and removes the
-   marker: that removal is the commit point. After ``resume`` LeRobot writes every episode into
-   new data, video and meta/episodes files, so a commit never rewrites an older episode's files.
+2. **committed**: ``commit()`` appends the episode to LeRobot v3.0's packed files, exactly where
+   LeRobot's own writer would put it (packing.py: size targets from info.json, LeRobot's defaults
+   for a new dataset; the episodes metadata points into the files as LeRobot's does).
 
-``repair()`` (every start): a marker left behind means a commit was torn -> delete every dataset
-file that was not there before, restore the backups, drop tags past the restored episode count.
+Design note: how an append to a shared file stays atomic
+--------------------------------------------------------
+A commit touches only what the episode changes: the tail of the current data parquet, the end of
+each camera's current MP4, the current meta/episodes file (at most 100 rows), stats.json,
+info.json, tasks.parquet (a new task only), the tag line and its timing file. Before touching a
+file the commit records in its journal (``<staging>/commit.json`` + ``journal/``, fsynced) what
+undoes the touch, in O(1) of the dataset's size:
+
+- **video** (fmp4.py): packed MP4s are fragmented (``ftyp moov moof mdat moof mdat ...``); the
+  staged episode is remuxed (stream copy) into fragments whose decode times start where the file
+  ends, and appended. Journal: the file's committed length; repair truncates back to it. Earlier
+  fragments are never rewritten, LeRobot's decoder reads an episode by its timestamp range.
+- **data parquet** (parquet_append.py): one row group per episode, as LeRobot's writer makes
+  them. The new row group is written where the old footer began, followed by a new footer
+  listing all row groups. Journal: the old length and the old footer bytes; repair cuts the file
+  back and puts the old footer back. The rows of earlier episodes are never rewritten.
+- **meta/episodes** (~120 columns of per-feature stats, a large footer per row group): the
+  current file's rows (at most 100, cached in memory) are written whole beside it and swapped in
+  by rename. Journal: a hard link to the old file; repair renames it back.
+- **stats.json, info.json, tasks.parquet**: small, replaced by rename; the journal keeps copies.
+  info.json (the totals) is written last, then the tag line (the journal keeps the tag file's
+  length), then the journal is removed: **that removal is the commit point**.
+- A new file (rollover, first episode of a chunk, the timing file) is journaled as "new" and
+  deleted by repair. The first episode of a new dataset is journaled as a creation: repair
+  removes the folder.
+
+So a power cut at any moment (mid-episode, mid-commit, mid-rollover) leaves either a committed
+episode or a journal that undoes the torn one; a failed write (disk full) is undone at once by
+``rollback_if_torn``. Only a torn commit's own bytes are ever cut: the bytes of earlier episodes
+are never rewritten in place (the parquet footer, which lists them, is restored from the copy).
+Cost per commit is independent of the episode count except for the data parquet's footer (about
+1 KB per episode in that file, as in LeRobot's own files; measured in bench_recording_scale.py).
+The store keeps the end of the dataset in memory (packing.Tail, the current meta/episodes rows,
+running stats): a bounded cache. A dataset recorded with one file per episode (before packing)
+loads and appends: its plain MP4s are never extended (the next episode opens the next file), and
+``so101d dataset pack ROOT`` repacks it.
+
+``repair()`` (every start): a journal left behind means a commit was torn -> undo it (see above).
 Then complete staged episodes not yet committed are committed (a kill right after a save loses
 nothing), incomplete ones (the episode in progress) are deleted.
 
-The staging folder is a hidden sibling of the dataset (``.<name>.so101d-staging``): LeRobot's
-``create`` refuses an existing root, and the same filesystem keeps the moves atomic.
+The staging folder is a hidden sibling of the dataset (``.<name>.so101d-staging``), on the same
+filesystem so renames stay atomic.
 """
 
 from __future__ import annotations
@@ -158,14 +193,17 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any, sync_dir: bool = True) -> None:
+    """Written beside, fsynced, renamed in. ``sync_dir=False``: the caller fsyncs the folder later
+    (a commit syncs every folder it touched once, before its commit point)."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(data, fh)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    if sync_dir:
+        _fsync_dir(path.parent)
 
 
 def _list_files(root: Path) -> list[str]:
@@ -340,18 +378,21 @@ class DatasetStore:
         for stage, meta in zip(stages, metas):
             indices.append(self._append(state, journal, stage, meta))
         # totals last: a reader that sees them sees every file they count
-        write_json_atomic(self.root / "meta" / "stats.json", _serialize_stats(state.stats))
+        write_json_atomic(self.root / "meta" / "stats.json", _serialize_stats(state.stats), sync_dir=False)
         state.info["total_episodes"] = state.tail.total_episodes
         state.info["total_frames"] = state.tail.total_frames
         state.info["total_tasks"] = len(state.tasks)
         state.info["splits"] = {"train": f"0:{state.tail.total_episodes}"}
-        write_json_atomic(self.root / "meta" / "info.json", state.info)
+        write_json_atomic(self.root / "meta" / "info.json", state.info, sync_dir=False)
         state.tail.info_stamp = info_stamp(self.root)
         for stage, meta, episode_index in zip(stages, metas, indices):
             tag_data = dict(meta["tag"])
             tag_data["episode_index"] = episode_index
             tag_data.setdefault("source", {})["recording_uid"] = meta["uid"]
             append_episode_tag(self.root, EpisodeTag(**tag_data))
+        # every rename and new file of this commit durable before its commit point
+        for d in sorted(journal.dirs | {self.root / "meta"}):
+            _fsync_dir(d)
         journal.commit()  # commit point: the journal is gone
         commit_s = round(time.monotonic() - t0, 3)
         for stage in stages:
@@ -395,17 +436,19 @@ class DatasetStore:
         return self._state
 
     def _append(self, state: "_State", journal: "_Journal", stage: Path, meta: dict[str, Any]) -> int:
-        """Append one staged episode's rows, videos, stats and metadata row to the packed files."""
+        """Append one staged episode's rows, videos, stats and metadata row to the packed files.
+
+        First everything is computed and every file it will touch is decided and journaled (one
+        journal write per episode), then the files are written."""
         import numpy as np
+        from lerobot.utils.utils import flatten_dict
 
         tail, caps = state.tail, state.caps
         n = int(meta["frames"])
         episode_index = tail.total_episodes
         task = meta["task"]
-        if task not in state.tasks:
-            journal.backup(self.root / "meta" / "tasks.parquet")
-            state.tasks[task] = len(state.tasks)
-            _write_tasks(self.root, state.tasks)
+        new_task = task not in state.tasks
+        task_index = state.tasks.get(task, len(state.tasks))
         with np.load(stage / "rows.npz", allow_pickle=False) as rows:
             buf: dict[str, Any] = {
                 STATE_KEY: np.asarray(rows["state"], np.float32),
@@ -417,124 +460,131 @@ class DatasetStore:
         buf["frame_index"] = np.arange(n)
         buf["episode_index"] = np.full((n,), episode_index)
         buf["index"] = np.arange(tail.total_frames, tail.total_frames + n)
-        buf["task_index"] = np.full((n,), state.tasks[task])
+        buf["task_index"] = np.full((n,), task_index)
         ep_stats = _episode_stats(buf, state.features)
-
-        # data rows
         table = _data_table(buf, state.hf_features)
-        ep_meta: dict[str, Any] = {}
-        target = tail.data
-        if target is not None:
-            path = self.root / DATA_PATH.format(chunk_index=target[0], file_index=target[1])
-            if (data_needs_new_file(path.stat().st_size, tail.data_frames_in_file, n, caps.data_files_size_in_mb)
-                    or not _same_schema(path, table)):
-                target = next_file(*target, caps.chunks_size)
-                tail.data_frames_in_file = 0
-        else:
-            target = (0, 0)
-        path = self.root / DATA_PATH.format(chunk_index=target[0], file_index=target[1])
-        self._write_parquet(journal, path, table, f"episode {episode_index}")
-        tail.data = target
-        tail.data_frames_in_file += n
-        ep_meta.update({"data/chunk_index": target[0], "data/file_index": target[1],
-                        "dataset_from_index": tail.total_frames, "dataset_to_index": tail.total_frames + n})
 
-        # videos, one packed file per camera
+        # where the rows go (dataset_writer._save_episode_data)
+        data_target = tail.data
+        data_frames = tail.data_frames_in_file
+        if data_target is not None:
+            path = self.root / DATA_PATH.format(chunk_index=data_target[0], file_index=data_target[1])
+            if (data_needs_new_file(path.stat().st_size, data_frames, n, caps.data_files_size_in_mb)
+                    or not _same_schema(path, table, state)):
+                data_target, data_frames = next_file(*data_target, caps.chunks_size), 0
+        else:
+            data_target = (0, 0)
+        data_path = self.root / DATA_PATH.format(chunk_index=data_target[0], file_index=data_target[1])
+        ep_meta: dict[str, Any] = {"data/chunk_index": data_target[0], "data/file_index": data_target[1],
+                                   "dataset_from_index": tail.total_frames,
+                                   "dataset_to_index": tail.total_frames + n}
+
+        # where each camera's video goes (dataset_writer._save_episode_video)
+        video_plans = []
         for name, _, _ in self.cfg.cameras:
             key = IMAGE_KEY_PREFIX + name
-            ep_meta.update(self._append_video(state, journal, key, stage / name / "video.mp4", n, episode_index))
+            plan = self._plan_video(state, key, stage / name / "video.mp4")
+            video_plans.append(plan)
+            ep_meta.update(plan.episode_meta(key))
             stats = meta["video_stats"].get(name)
             if stats:  # dataset_writer.save_episode: per channel, scaled to [0, 1]
                 ep_stats[key] = {k: np.asarray(v) if k == "count"
                                  else np.squeeze(np.asarray(v).reshape(1, -1, 1, 1) / 255.0, axis=0)
                                  for k, v in stats.items()}
-        if episode_index == 0:
-            self._video_info(state)
 
-        # meta/episodes row
-        from lerobot.utils.utils import flatten_dict
-
+        # the meta/episodes row and its file (dataset_metadata._save_episode_metadata)
         row: dict[str, Any] = {"episode_index": episode_index, "tasks": [task], "length": n}
         row.update(ep_meta)
         row.update(flatten_dict({"stats": ep_stats}))
-        target = tail.episodes
-        if target is not None:
-            path = self.root / EPISODES_PATH.format(chunk_index=target[0], file_index=target[1])
+        ep_target = tail.episodes
+        previous = None
+        if ep_target is not None:
+            path = self.root / EPISODES_PATH.format(chunk_index=ep_target[0], file_index=ep_target[1])
+            previous = state.current_episodes_table(self.root, ep_target)
+            row["meta/episodes/chunk_index"], row["meta/episodes/file_index"] = ep_target
             if (tail.episodes_rows_in_file >= EPISODES_ROWS_PER_FILE
                     or episodes_needs_new_file(path.stat().st_size, tail.episodes_rows_in_file,
-                                               caps.data_files_size_in_mb)):
-                target = next_file(*target, caps.chunks_size)
-                tail.episodes_rows_in_file = 0
-                state.episodes_rows = []
+                                               caps.data_files_size_in_mb)
+                    or _cast_like(_episodes_table([row]), previous) is None):  # another writer's columns
+                ep_target, previous = next_file(*ep_target, caps.chunks_size), None
         else:
-            target = (0, 0)
-        row["meta/episodes/chunk_index"] = target[0]
-        row["meta/episodes/file_index"] = target[1]
-        rows = state.current_episode_rows(self.root, target) + [row]
-        path = self.root / EPISODES_PATH.format(chunk_index=target[0], file_index=target[1])
-        journal.replace(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_beside_and_swap(path, _episodes_table(rows))
-        state.episodes_rows = rows
-        tail.episodes = target
-        tail.episodes_rows_in_file = len(rows)
+            ep_target = (0, 0)
+        row["meta/episodes/chunk_index"], row["meta/episodes/file_index"] = ep_target
+        ep_table = _episodes_table([row])
+        if previous is not None:
+            import pyarrow as pa
 
+            ep_table = pa.concat_tables([previous, _cast_like(ep_table, previous)]).combine_chunks()
+        ep_path = self.root / EPISODES_PATH.format(chunk_index=ep_target[0], file_index=ep_target[1])
         timing = self.root / TIMING_DIR / f"episode_{episode_index:06d}.npz"
+
+        # journal every touch, once, then write
+        if new_task:
+            journal.replace(self.root / "meta" / "tasks.parquet")
+        if data_path.exists():
+            journal.touch_parquet(data_path)
+        else:
+            journal.touch_new(data_path)
+        for plan in video_plans:
+            if plan.append:
+                journal.touch_video(plan.path)
+            else:
+                journal.touch_new(plan.path)
+        journal.replace(ep_path)
         journal.touch_new(timing)
+        journal.flush()
+
+        if new_task:
+            state.tasks[task] = task_index
+            _write_tasks(self.root, state.tasks)
+        if data_path.exists():
+            append_row_group(data_path, table)
+        else:
+            data_path.parent.mkdir(parents=True, exist_ok=True)
+            write_parquet(data_path, table)
+            self._fault_point_rollover(data_path)
+        for plan in video_plans:
+            plan.write()
+            if not plan.append:
+                self._fault_point_rollover(plan.path)
+        if episode_index == 0:
+            self._video_info(state)
+        ep_path.parent.mkdir(parents=True, exist_ok=True)
+        _write_beside_and_swap(ep_path, ep_table)
         timing.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(stage / "timing.npz", timing)
 
+        # the new end of the dataset
+        tail.data, tail.data_frames_in_file = data_target, data_frames + n
+        for plan in video_plans:
+            tail.videos[plan.key] = VideoEnd(plan.chunk_index, plan.file_index, plan.to_s, appendable=True)
+            state.moov_keys[plan.key] = plan.frag.moov_key
+        state.episodes_table = ep_table
+        tail.episodes, tail.episodes_rows_in_file = ep_target, ep_table.num_rows
         state.stats = _aggregate(state.stats, ep_stats)
         tail.total_episodes += 1
         tail.total_frames += n
         self._fault_point(episode_index)
         return episode_index
 
-    def _write_parquet(self, journal: "_Journal", path: Path, table: Any, what: str) -> None:
-        if path.exists():
-            journal.touch_parquet(path)
-            self._fault_point_rollover(None)
-            append_row_group(path, table)
-        else:
-            journal.touch_new(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_parquet(path, table)
-            self._fault_point_rollover(path)
-
-    def _append_video(self, state: "_State", journal: "_Journal", key: str, src: Path, n: int,
-                      episode_index: int) -> dict[str, Any]:
+    def _plan_video(self, state: "_State", key: str, src: Path) -> "_VideoPlan":
+        """Which packed file the episode's video goes into, and at which time."""
         tail, caps = state.tail, state.caps
         frag = fragment_episode(src)
         end = tail.videos.get(key)
-        path = None
-        if end is not None:
-            path = self.root / VIDEO_PATH.format(video_key=key, chunk_index=end.chunk_index, file_index=end.file_index)
-            if end.appendable is None:
-                end.appendable = read_moov_key(path) == frag.moov_key
-            if (not end.appendable or frag.moov_key != state.moov_keys.get(key, frag.moov_key)
-                    or video_needs_new_file(path.stat().st_size, len(frag.fragments), caps.video_files_size_in_mb)):
-                chunk, file = next_file(end.chunk_index, end.file_index, caps.chunks_size)
-                end = VideoEnd(chunk, file, 0.0, appendable=True)
-                path = None
-        else:
-            end = VideoEnd(0, 0, 0.0, appendable=True)
-        target = self.root / VIDEO_PATH.format(video_key=key, chunk_index=end.chunk_index, file_index=end.file_index)
-        start_ticks = round(end.end_s * frag.timescale)
-        if path is None or not target.exists():
-            journal.touch_new(target)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            start_ticks = 0
-            fmp4_write_new(target, frag)
-            self._fault_point_rollover(target)
-        else:
-            journal.touch_video(target)
-            fmp4_append(target, frag, start_ticks, 1 + round(start_ticks * self.cfg.fps / frag.timescale))
-        state.moov_keys[key] = frag.moov_key
-        from_s = start_ticks / frag.timescale
-        to_s = (start_ticks + frag.duration_ticks) / frag.timescale
-        tail.videos[key] = VideoEnd(end.chunk_index, end.file_index, to_s, appendable=True)
-        return {f"videos/{key}/chunk_index": end.chunk_index, f"videos/{key}/file_index": end.file_index,
-                f"videos/{key}/from_timestamp": from_s, f"videos/{key}/to_timestamp": to_s}
+        if end is None:
+            return _VideoPlan(key, frag, self.root / VIDEO_PATH.format(video_key=key, chunk_index=0, file_index=0),
+                              0, 0, 0, False, self.cfg.fps)
+        path = self.root / VIDEO_PATH.format(video_key=key, chunk_index=end.chunk_index, file_index=end.file_index)
+        if end.appendable is None:
+            end.appendable = read_moov_key(path) == frag.moov_key
+        if (end.appendable and frag.moov_key == state.moov_keys.get(key, frag.moov_key)
+                and not video_needs_new_file(path.stat().st_size, len(frag.fragments), caps.video_files_size_in_mb)):
+            return _VideoPlan(key, frag, path, end.chunk_index, end.file_index,
+                              round(end.end_s * frag.timescale), True, self.cfg.fps)
+        chunk, file = next_file(end.chunk_index, end.file_index, caps.chunks_size)
+        return _VideoPlan(key, frag, self.root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file),
+                          chunk, file, 0, False, self.cfg.fps)
 
     def _video_info(self, state: "_State") -> None:
         """info.json's per-camera video info, probed from the first file (as LeRobot does)."""
@@ -576,12 +626,13 @@ class DatasetStore:
 
 # -- the journal: how a commit is undone ------------------------------------------------------------
 class _Journal:
-    """``commit.json`` in the staging folder: what a commit has touched, written BEFORE each touch.
+    """``commit.json`` in the staging folder: what a commit touches, made durable BEFORE the touch.
 
     Entries: a new file (deleted on rollback), an extended MP4 (its committed length: truncated
     back to it), an extended parquet file (its committed length and footer, saved beside: the
-    footer is put back), a small metadata file replaced whole (a copy, put back). Each is made
-    durable before the file is touched, so whatever a crash leaves is covered.
+    footer is put back), a file replaced whole by rename (info.json, stats.json, tasks.parquet,
+    the current meta/episodes file: a hard link to the old one keeps it, O(1); renamed back).
+    Entries are collected per episode and written once (``flush``) before any of them is touched.
     """
 
     def __init__(self, path: Path, root: Path, stages: list[str]) -> None:
@@ -589,6 +640,8 @@ class _Journal:
         self.root = root
         self.dir = path.parent / "journal"
         self.data: dict[str, Any] = {"version": 2, "stages": stages, "files": {}}
+        self._pending_fsync: list[Path] = []
+        self.dirs: set[Path] = set()  # folders whose entries the commit changed (synced at the end)
 
     def begin(self, created: bool) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -597,65 +650,68 @@ class _Journal:
         tags = self.root / EPISODE_TAGS_FILE
         self.data["tags_length"] = tags.stat().st_size if tags.exists() else None
         if not created:
-            for rel in ("meta/info.json", "meta/stats.json"):
-                self._copy(self.root / rel, rel)
-        self._write()
-
-    def _copy(self, src: Path, rel: str) -> None:
-        if src.exists():
-            dst = self.dir / rel.replace("/", "__")
-            shutil.copyfile(src, dst)
-            _fsync_file(dst)
-            self.data["files"][rel] = {"kind": "copy", "backup": dst.name}
+            self.replace(self.root / "meta" / "info.json")
+            self.replace(self.root / "meta" / "stats.json")
         else:
-            self.data["files"][rel] = {"kind": "new"}
+            self.flush()  # before the folder exists: a crash from here on removes it
+        # else: the first episode's flush makes these entries durable with its own
 
-    def _known(self, path: Path) -> str | None:
+    def _new_entry(self, path: Path, renames: bool = True) -> str | None:
+        """The path's journal key, or None when it is journaled already (or the dataset is new:
+        then rollback removes the whole folder). ``renames``: the folder's entries change (a new
+        file, a rename), so it is synced before the commit point; an append in place does not."""
+        if not renames:
+            return None if self.data["created"] or str(path.relative_to(self.root)) in self.data["files"] \
+                else str(path.relative_to(self.root))
+        self.dirs.add(path.parent)
+        d = path.parent
+        while not d.exists():  # folders about to be made: their parents' entries change too
+            d = d.parent
+            self.dirs.add(d)
+        if self.data["created"]:
+            return None
         rel = str(path.relative_to(self.root))
         return None if rel in self.data["files"] else rel
 
-    def backup(self, path: Path) -> None:
-        rel = self._known(path)
-        if rel is not None and not self.data["created"]:
-            self._copy(path, rel)
-            self._write()
+    def replace(self, path: Path) -> None:
+        """``path`` is about to be replaced whole by a rename: keep the old one (a hard link)."""
+        rel = self._new_entry(path)
+        if rel is None:
+            return
+        if path.exists():
+            dst = self.dir / rel.replace("/", "__")
+            os.link(path, dst)
+            self.data["files"][rel] = {"kind": "replaced", "backup": dst.name}
+        else:
+            self.data["files"][rel] = {"kind": "new"}
 
     def touch_new(self, path: Path) -> None:
-        rel = self._known(path)
-        if rel is not None and not self.data["created"]:
+        rel = self._new_entry(path)
+        if rel is not None:
             self.data["files"][rel] = {"kind": "new"}
-            self._write()
 
     def touch_video(self, path: Path) -> None:
-        rel = self._known(path)
-        if rel is not None and not self.data["created"]:
+        rel = self._new_entry(path, renames=False)
+        if rel is not None:
             self.data["files"][rel] = {"kind": "append", "length": path.stat().st_size}
-            self._write()
-
-    def replace(self, path: Path) -> None:
-        """``path`` is about to be replaced whole: keep the old one (a hard link, O(1))."""
-        rel = self._known(path)
-        if rel is not None and not self.data["created"]:
-            if path.exists():
-                dst = self.dir / rel.replace("/", "__")
-                os.link(path, dst)
-                self.data["files"][rel] = {"kind": "replaced", "backup": dst.name}
-            else:
-                self.data["files"][rel] = {"kind": "new"}
-            self._write()
 
     def touch_parquet(self, path: Path) -> None:
-        rel = self._known(path)
-        if rel is not None and not self.data["created"]:
-            saved = read_parquet_tail(path)
-            dst = self.dir / (rel.replace("/", "__") + ".tail")
-            dst.write_bytes(saved.tail)
-            _fsync_file(dst)
-            self.data["files"][rel] = {"kind": "parquet", "length": saved.length, "data_end": saved.data_end,
-                                       "tail": dst.name}
-            self._write()
+        rel = self._new_entry(path, renames=False)
+        if rel is None:
+            return
+        saved = read_parquet_tail(path)
+        dst = self.dir / (rel.replace("/", "__") + ".tail")
+        dst.write_bytes(saved.tail)
+        self._pending_fsync.append(dst)
+        self.data["files"][rel] = {"kind": "parquet", "length": saved.length, "data_end": saved.data_end,
+                                   "tail": dst.name}
 
-    def _write(self) -> None:
+    def flush(self) -> None:
+        """Make the entries durable: saved footers, the journal folder's links, the journal."""
+        for p in self._pending_fsync:
+            _fsync_file(p)
+        self._pending_fsync = []
+        _fsync_dir(self.dir)
         write_json_atomic(self.path, self.data)
 
     def commit(self) -> None:
@@ -728,6 +784,40 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fh.fileno())
 
 
+@dataclass
+class _VideoPlan:
+    """One camera's video of one episode: a new packed file, or appended to the current one."""
+
+    key: str
+    frag: Any  # fmp4.Fragmented
+    path: Path
+    chunk_index: int
+    file_index: int
+    start_ticks: int
+    append: bool
+    fps: int
+
+    @property
+    def from_s(self) -> float:
+        return self.start_ticks / self.frag.timescale
+
+    @property
+    def to_s(self) -> float:
+        return (self.start_ticks + self.frag.duration_ticks) / self.frag.timescale
+
+    def episode_meta(self, key: str) -> dict[str, Any]:
+        return {f"videos/{key}/chunk_index": self.chunk_index, f"videos/{key}/file_index": self.file_index,
+                f"videos/{key}/from_timestamp": self.from_s, f"videos/{key}/to_timestamp": self.to_s}
+
+    def write(self) -> None:
+        if self.append:
+            # fragment numbers only need to grow: number them by frame
+            fmp4_append(self.path, self.frag, self.start_ticks, 1 + round(self.from_s * self.fps))
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fmp4_write_new(self.path, self.frag)
+
+
 # -- what a commit keeps in memory between episodes ------------------------------------------------
 @dataclass
 class _State:
@@ -741,19 +831,17 @@ class _State:
     hf_features: Any
     features: dict[str, dict[str, Any]]
     moov_keys: dict[str, bytes] = field(default_factory=dict)
-    episodes_rows: list[dict[str, Any]] | None = None  # the current meta/episodes file's rows
+    episodes_table: Any = None  # the current meta/episodes file's rows (Arrow, at most 100)
+    data_schema_ok: dict[Path, bool] = field(default_factory=dict)  # the current data file only
 
-    def current_episode_rows(self, root: Path, target: tuple[int, int]) -> list[dict[str, Any]]:
-        """Rows already in the meta/episodes file ``target`` (at most EPISODES_ROWS_PER_FILE)."""
-        if self.episodes_rows is None:
-            path = root / EPISODES_PATH.format(chunk_index=target[0], file_index=target[1])
-            if path.exists():
-                import pyarrow.parquet as pq
+    def current_episodes_table(self, root: Path, target: tuple[int, int]) -> Any:
+        """Rows already in the meta/episodes file ``target``, read once per process."""
+        if self.episodes_table is None:
+            import pyarrow.parquet as pq
 
-                self.episodes_rows = pq.read_table(path).to_pylist()
-            else:
-                self.episodes_rows = []
-        return list(self.episodes_rows)
+            self.episodes_table = pq.read_table(
+                root / EPISODES_PATH.format(chunk_index=target[0], file_index=target[1]))
+        return self.episodes_table
 
 
 def _episode_stats(buf: dict[str, Any], features: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -789,11 +877,21 @@ def _write_tasks(root: Path, tasks: dict[str, int]) -> None:
 
 
 def _data_table(buf: dict[str, Any], hf_features: Any) -> Any:
-    """The episode's rows as LeRobot's _save_episode_data encodes them (HF features schema)."""
-    import datasets
+    """The episode's rows as LeRobot's _save_episode_data encodes them: the same Arrow schema,
+    Hugging Face features metadata included (what datasets.Dataset.from_dict(...).with_format
+    ("arrow") gives, without its per-call fingerprint hashing)."""
+    import pyarrow as pa
 
-    ep_dict = {key: buf[key] for key in hf_features}
-    return datasets.Dataset.from_dict(ep_dict, features=hf_features, split="train").with_format("arrow")[:]
+    schema = hf_features.arrow_schema
+    cols = []
+    for fld in schema:
+        v = buf[fld.name]
+        if getattr(v, "ndim", 1) == 2:
+            cols.append(pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1), type=fld.type.value_type),
+                                                          v.shape[1]))
+        else:
+            cols.append(pa.array(v, type=fld.type))
+    return pa.Table.from_arrays(cols, schema=schema)
 
 
 def _episodes_table(rows: list[dict[str, Any]]) -> Any:
@@ -808,18 +906,30 @@ def _episodes_table(rows: list[dict[str, Any]]) -> Any:
     return pa.Table.from_pydict(columns)
 
 
+def _cast_like(table: Any, like: Any) -> Any:
+    """``table`` with ``like``'s schema (same columns, same order), or None if it cannot be."""
+    if table.schema.names != like.schema.names:
+        return None
+    try:
+        return table.cast(like.schema)
+    except Exception:  # noqa: BLE001 - pyarrow raises several kinds for an impossible cast
+        return None
+
+
 def _write_beside_and_swap(path: Path, table: Any) -> None:
     """The whole (small) file written beside, made durable, then swapped in by rename."""
     tmp = path.with_name(path.name + ".tmp")
     write_parquet(tmp, table)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    os.replace(tmp, path)  # its folder is synced before the commit point
 
 
-def _same_schema(path: Path, table: Any) -> bool:
+def _same_schema(path: Path, table: Any, state: "_State") -> bool:
+    """May the rows be appended to ``path``? (its schema read once per file and process)"""
     import pyarrow.parquet as pq
 
-    try:
-        return pq.read_schema(path).equals(table.schema)
-    except Exception:  # noqa: BLE001 - unreadable: never extend it
-        return False
+    if state.data_schema_ok.get(path) is None:
+        try:
+            state.data_schema_ok = {path: pq.read_schema(path).equals(table.schema)}
+        except Exception:  # noqa: BLE001 - unreadable: never extend it
+            state.data_schema_ok = {path: False}
+    return state.data_schema_ok[path]
