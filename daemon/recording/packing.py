@@ -136,7 +136,10 @@ def read_tail(root: Path, video_keys: list[str]) -> Tail:
     if ep_file is None:
         raise ValueError(f"{root}: info.json counts {tail.total_episodes} episodes but meta/episodes is empty")
     pf = pq.ParquetFile(ep_file)
-    last = pf.read_row_group(pf.num_row_groups - 1).slice(-1).to_pylist()[0] if pf.num_row_groups else None
+    last = None
+    if pf.num_row_groups:
+        group = pf.read_row_group(pf.num_row_groups - 1)
+        last = group.slice(group.num_rows - 1).to_pylist()[0] if group.num_rows else None
     if last is None or int(last["episode_index"]) != tail.total_episodes - 1:
         raise ValueError(f"{root}: the last row of {ep_file.relative_to(root)} is not episode "
                          f"{tail.total_episodes - 1} (info.json and meta/episodes disagree)")
