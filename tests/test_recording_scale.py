@@ -271,3 +271,35 @@ def test_pack_refuses_a_folder_that_is_no_dataset(tmp_path):
     r = subprocess.run([sys.executable, "-m", "daemon.cli", "dataset", "pack", str(tmp_path / "empty")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "not a LeRobot dataset" in r.stderr
+
+
+def test_a_failed_append_leaves_every_shared_file_as_it_was(tmp_path):
+    """Disk full (injected) after a commit wrote into the shared data, video and metadata files:
+    the rollback puts every file back byte for byte, and the episode commits on the next try."""
+    import hashlib
+
+    root = tmp_path / "ds"
+    store = make_store(root, data_files_size_in_mb=0.012, video_files_size_in_mb=0.008)
+    for i in range(5):
+        store.commit(stage_episode(store, i, 4))
+
+    def snapshot() -> dict[str, str]:
+        return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(root.rglob("*")) if p.is_file()}
+
+    before = snapshot()
+    store.cfg.fault = "enospc_in_commit:5"
+    stage = stage_episode(store, 5, 4)
+    with pytest.raises(OSError, match="No space left"):
+        store.commit(stage)
+    assert "rolled back a torn commit" in store.rollback_if_torn()
+    assert snapshot() == before
+    assert load(root).num_episodes == 5
+
+    store.cfg.fault = ""
+    store.commit(stage)
+    store.release_ownership()
+    ds = load(root)
+    assert ds.num_episodes == 6
+    for e in (3, 4, 5):
+        assert_frames_match(ds, e, 4)

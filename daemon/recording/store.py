@@ -732,6 +732,9 @@ def _rollback_v2(root: Path, marker: Path, data: dict[str, Any]) -> str:
     for rel, entry in data["files"].items():
         path = root / rel
         kind = entry["kind"]
+        tmp = path.with_name(path.name + ".tmp")  # written beside, never renamed in
+        if tmp.exists():
+            tmp.unlink()
         if kind == "new":
             if path.exists():
                 path.unlink()
