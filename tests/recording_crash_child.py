@@ -4,7 +4,7 @@ usage: recording_crash_child.py ROOT MODE
   mid_episode: two episodes saved and committed, a third recording -> "KILL-ME"
   mid_save:    two episodes committed, a third saved (queued) -> "KILL-ME" at once
   mid_rollover: the writer SIGKILLs itself right after a commit opened a new packed file (the
-               test made the dataset with tiny size targets); two episodes saved -> "KILL-ME"
+               test made the dataset with tiny size targets); one episode saved -> "KILL-ME"
 Prints "WRITER <pid>" once the writer process runs.
 """
 
@@ -32,10 +32,9 @@ def main() -> None:
     print(f"WRITER {rec._proc.pid}", flush=True)
     if mode == "mid_rollover":
         with SyntheticLoop(rec):
-            for i in range(2):
-                rec.start_episode(f"rollover {i}")
-                time.sleep(0.5)
-                rec.save_episode(True)
+            rec.start_episode("rolls over")
+            time.sleep(0.5)
+            rec.save_episode(True)  # its commit is where the writer dies
             print("KILL-ME", flush=True)
             time.sleep(600)
     with SyntheticLoop(rec):
