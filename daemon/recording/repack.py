@@ -17,7 +17,6 @@ import json
 import shutil
 import time
 from dataclasses import asdict
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
