@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -303,3 +304,26 @@ def test_a_failed_append_leaves_every_shared_file_as_it_was(tmp_path):
     assert ds.num_episodes == 6
     for e in (3, 4, 5):
         assert_frames_match(ds, e, 4)
+
+
+def test_pack_finishes_a_swap_cut_short_by_a_crash(tmp_path):
+    """Power cut between pack's two renames: the dataset folder is gone, the packed copy and the
+    old one are beside it. The next `so101d dataset pack` puts the packed copy in place first."""
+    from daemon.recording.repack import pack_dirs
+
+    root = tmp_path / "ds"
+    store = make_store(root)
+    for i in range(3):
+        store.commit(stage_episode(store, i, 4))
+    store.release_ownership()
+    new, old = pack_dirs(root)
+    shutil.copytree(root, new)  # the complete packed copy
+    root.rename(old)  # ... and the crash came before new -> root
+    r = subprocess.run([sys.executable, "-m", "daemon.cli", "dataset", "pack", str(root)],
+                       capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "finished an interrupted repack" in r.stderr
+    assert not new.exists() and not old.exists()
+    ds = load(root)
+    assert ds.num_episodes == 3
+    assert_frames_match(ds, 2, 4)
