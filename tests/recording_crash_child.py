@@ -3,6 +3,8 @@
 usage: recording_crash_child.py ROOT MODE
   mid_episode: two episodes saved and committed, a third recording -> "KILL-ME"
   mid_save:    two episodes committed, a third saved (queued) -> "KILL-ME" at once
+  mid_rollover: the writer SIGKILLs itself right after a commit opened a new packed file (the
+               test made the dataset with tiny size targets); one episode saved -> "KILL-ME"
 Prints "WRITER <pid>" once the writer process runs.
 """
 
@@ -23,10 +25,18 @@ from daemon.recording.recorder import Recorder, RecorderConfig  # noqa: E402
 def main() -> None:
     root, mode = sys.argv[1], sys.argv[2]
     cams = [VirtualArmCamera(CameraConfig(n, width=160, height=120)) for n in ("front", "wrist")]
-    rec = Recorder(RecorderConfig(root=root), cams)
+    fault = "kill_in_rollover" if mode == "mid_rollover" else ""
+    rec = Recorder(RecorderConfig(root=root, fault=fault), cams)
     rec.open()
     rec.wait_ready(120)
     print(f"WRITER {rec._proc.pid}", flush=True)
+    if mode == "mid_rollover":
+        with SyntheticLoop(rec):
+            rec.start_episode("rolls over")
+            time.sleep(0.5)
+            rec.save_episode(True)  # its commit is where the writer dies
+            print("KILL-ME", flush=True)
+            time.sleep(600)
     with SyntheticLoop(rec):
         for i in range(2):
             rec.start_episode(f"episode {i}")

@@ -2,6 +2,7 @@
 
 - the daemon process and its writer both killed mid-episode, and right after a save;
 - only the daemon killed: the writer commits what was saved, then exits;
+- the writer killed mid-rollover: right after a commit opened a new packed data/video file;
 (The writer killed inside a commit, and disk full: test_recording_faults.py.)
 Every case ends with LeRobotDataset loading the folder and the next start appending to it.
 """
@@ -110,3 +111,38 @@ def test_kill_9_daemon_only_lets_the_writer_finish_saved_episodes(tmp_path):
     assert ds.num_episodes == 3  # the saved one was committed by the orphaned writer
     assert read_episode_tags(root)[2].success is True
     restart_and_append(root, {3})
+
+
+def test_kill_9_writer_mid_rollover_keeps_every_committed_episode(tmp_path):
+    """A dataset made with tiny size targets (info.json, as LeRobot's update_chunk_settings
+    leaves them) rolls over to new files at every episode; the writer dies right after creating
+    one. The next start removes the torn commit's files, re-commits the staged episodes, and every
+    earlier episode still decodes."""
+    from test_recording_scale import stage_episode
+
+    from daemon.recording.store import DatasetStore, StoreConfig
+
+    root = tmp_path / "ds"
+    store = DatasetStore(StoreConfig(root=str(root), cameras=[("front", 120, 160), ("wrist", 120, 160)],
+                                     data_files_size_in_mb=0.001, video_files_size_in_mb=0.001))
+    store.repair()
+    store.commit(stage_episode(store, 0, 6))
+    store.release_ownership()
+    files_before = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+
+    proc, writer = run_child_until_kill_point(root, "mid_rollover")
+    assert wait_until(lambda: not pid_alive(writer), 90), "the writer never reached the rollover"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    assert (staging_dir(root) / "commit.json").exists()  # torn mid-rollover
+    new_files = [p for p in root.rglob("*") if p.is_file() and p.relative_to(root) not in files_before]
+    assert any(p.suffix in (".mp4", ".parquet") for p in new_files), new_files
+
+    before = restart_and_append(root, {2})  # the saved episode is re-committed from staging
+    ds = load_dataset(root)
+    assert len({int(ds.meta.episodes[i]["videos/observation.images.front/file_index"])
+                for i in range(ds.num_episodes)}) == ds.num_episodes  # one video file each: rolled over
+    assert ds.num_episodes == before + 1
+    for e in range(ds.num_episodes):
+        item = ds[int(ds.meta.episodes[e]["dataset_from_index"])]
+        assert tuple(item["observation.images.wrist"].shape) == (3, 120, 160)
