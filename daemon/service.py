@@ -315,15 +315,32 @@ class Daemon:
             if self.notifier is not None:
                 self.notifier.ready()
 
+    def _on_hangup(self, term: Any) -> None:
+        """SIGHUP (main thread): a reload request, or the terminal of a foreground run closing."""
+        if not term.terminal_lost():
+            self._reload_requested.set()
+            return
+        term.detach_output()  # first: a log line to the dead terminal would fail with EIO
+        if term.survive_hangup:
+            log.warning("terminal closed; SIGHUP was ignored at start (nohup): running on, output to /dev/null")
+            return
+        log.warning("terminal closed (SIGHUP, controlling terminal gone): stopping as for SIGTERM")
+        self.request_stop()
+
     def run_forever(self, duration_s: float | None = None, on_tick: Callable[[], None] | None = None) -> int:
-        """Start, wait for SIGTERM/SIGINT (or ``duration_s``), stop; SIGHUP reloads. Returns the exit code (0)."""
+        """Start, wait for SIGTERM/SIGINT (or ``duration_s``), stop; SIGHUP reloads, except when it
+        says the controlling terminal is gone (daemon/terminal.py). Returns the exit code (0)."""
+        from daemon.terminal import TerminalWatch, helpers_shielded  # noqa: PLC0415
+
+        term = TerminalWatch.at_start()
         old: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 old[sig] = signal.signal(sig, lambda signum, frame: self.request_stop())
-            old[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda signum, frame: self._reload_requested.set())
+            old[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda signum, frame: self._on_hangup(term))
         try:
-            self.start()
+            with helpers_shielded():  # writer, policy worker, resource tracker: not the terminal's to kill
+                self.start()
             end = None if duration_s is None else time.monotonic() + duration_s
             while not self._stop.wait(0.2):
                 if not self.loop.is_running():

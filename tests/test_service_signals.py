@@ -1,0 +1,216 @@
+"""A foreground `so101d run` in a real terminal: the operator closes the window, or signals it.
+
+The daemon runs as a job of an interactive bash on a pseudo-terminal, the way an operator types
+it; its stderr goes to a file so the test can read what it said after the terminal is gone.
+Closing the terminal (the pty master) makes bash send SIGHUP to the job's whole process group,
+helpers included.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from daemon.commands.demo import prepare_bench
+from daemon.control_client import ControlClient
+from daemon.recording.attach import dataset_root
+from daemon.recording.demo_session import episodes_on_disk
+from drivers.emulator.process import EmulatorProcess
+from support import poll_until, wait_status
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces, so split after the last ')'
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(d.name))
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _shm_segments(pid: int) -> set[str]:
+    """Shared-memory segments a process has mapped (the recorder's ring)."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return {line.split()[-1] for line in maps.splitlines() if "/dev/shm/" in line}
+
+
+class Terminal:
+    """An interactive bash on a pseudo-terminal (job control on), like a terminal window."""
+
+    def __init__(self, cwd: Path) -> None:
+        env = dict(os.environ, PS1="$ ", TERM="dumb", PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+        pid, fd = pty.fork()
+        if pid == 0:  # child: the shell, session leader with the pty as controlling terminal
+            os.chdir(cwd)
+            os.execvpe("bash", ["bash", "--norc", "--noprofile", "-i"], env)
+        self.shell_pid, self.fd = pid, fd
+        self.closed = False
+
+    def type(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def drain(self) -> None:
+        import select  # noqa: PLC0415
+
+        while select.select([self.fd], [], [], 0)[0]:
+            try:
+                if not os.read(self.fd, 65536):
+                    return
+            except OSError:
+                return
+
+    def close_window(self) -> None:
+        """What closing a terminal window does: the master side goes away."""
+        if not self.closed:
+            self.closed = True
+            os.close(self.fd)
+
+    def reap(self) -> None:
+        self.close_window()
+        if poll_until(lambda: os.waitpid(self.shell_pid, os.WNOHANG)[0] != 0, 10):
+            return
+        os.kill(self.shell_pid, signal.SIGKILL)
+        os.waitpid(self.shell_pid, 0)
+
+
+@pytest.fixture
+def bench(tmp_path: Path):
+    """Emulated arms and a bench configuration with recording on; the daemon is the test's to run."""
+    run_dir = tmp_path / "bench"
+    run_dir.mkdir()
+    sock = tmp_path / "so101d.sock"
+    cfg, _ = prepare_bench(run_dir, socket_path=str(sock), dataset_root=tmp_path / "datasets")
+    emu = EmulatorProcess(run_dir, leader_motion="demo").start()
+    try:
+        yield run_dir, sock, cfg
+    finally:
+        emu.stop()
+
+
+def _start_foreground_run(term: Terminal, run_dir: Path, sock: Path, err: Path) -> tuple[int, dict]:
+    cmd = (f"{shlex.quote(sys.executable)} -m daemon.cli run --config {shlex.quote(str(run_dir / 'so101d.toml'))}"
+           f" 2>{shlex.quote(str(err))}\n")
+    term.type(cmd)
+    st = wait_status(sock, lambda s: (s.get("recording") or {}).get("phase") == "idle", timeout_s=180)
+    daemons = [p for p in _children(term.shell_pid) if "daemon.cli run" in _cmdline(p)]
+    assert len(daemons) == 1, [_cmdline(p) for p in _children(term.shell_pid)]
+    return daemons[0], st
+
+
+def _helpers(daemon_pid: int) -> dict[str, int]:
+    """The daemon's helper processes by role (the emulator is not ours here: the test runs it)."""
+    roles = {}
+    for pid in _descendants(daemon_pid):
+        cmd = _cmdline(pid)
+        if "resource_tracker" in cmd:
+            roles["resource tracker"] = pid
+        elif "multiprocessing.spawn" in cmd or "spawn_main" in cmd:
+            roles.setdefault("writer", pid)
+    return roles
+
+
+def _record_one_episode(sock: Path) -> None:
+    with ControlClient(sock, timeout_s=5) as c:
+        assert c.request("episode.start", task="terminal test").get("ok")
+        time.sleep(1.0)
+        reply = c.request("episode.save", success=True)
+        assert reply.get("ok"), reply
+
+
+def test_closing_the_terminal_stops_the_daemon_cleanly_and_keeps_the_saved_episode(bench, tmp_path: Path) -> None:
+    run_dir, sock, cfg = bench
+    err = tmp_path / "daemon.err"
+    term = Terminal(tmp_path)
+    try:
+        daemon_pid, _ = _start_foreground_run(term, run_dir, sock, err)
+        helpers = _helpers(daemon_pid)
+        assert {"resource tracker", "writer"} <= set(helpers), helpers
+        segments = _shm_segments(daemon_pid)
+        assert segments, "the recorder's ring should be in shared memory"
+        _record_one_episode(sock)
+
+        term.close_window()
+
+        assert poll_until(lambda: not _alive(daemon_pid), 120), "the daemon kept running after its terminal closed"
+        text = err.read_text()
+        assert "terminal closed" in text, text[-3000:]
+        assert "Traceback" not in text and "KeyError" not in text, text[-5000:]
+        assert poll_until(lambda: not any(_alive(p) for p in helpers.values()), 20), \
+            {role: pid for role, pid in helpers.items() if _alive(pid)}
+        leaked = [s for s in segments if Path(s).exists()]
+        assert not leaked, f"shared memory left behind: {leaked}"
+        assert episodes_on_disk(dataset_root(cfg.recording)) == 1, text[-3000:]
+    finally:
+        term.reap()
+
+
+def test_sighup_with_the_terminal_open_reloads_and_spares_the_helpers(bench, tmp_path: Path) -> None:
+    """`kill -HUP` to the job's process group while the terminal is open: a reload. The helpers
+    are in that group too and must not die of it; Ctrl-C afterwards stops everything cleanly."""
+    run_dir, sock, _ = bench
+    err = tmp_path / "daemon.err"
+    term = Terminal(tmp_path)
+    try:
+        daemon_pid, st = _start_foreground_run(term, run_dir, sock, err)
+        helpers = _helpers(daemon_pid)
+        assert {"resource tracker", "writer"} <= set(helpers), helpers
+        segments = _shm_segments(daemon_pid)
+        reloads = st["reloads"]
+
+        os.killpg(os.getpgid(daemon_pid), signal.SIGHUP)
+
+        wait_status(sock, lambda s: s["reloads"] == reloads + 1, timeout_s=20)
+        time.sleep(0.5)  # a helper killed by the signal would be gone by now
+        assert all(_alive(p) for p in helpers.values()), {r: _alive(p) for r, p in helpers.items()}
+        assert _alive(daemon_pid)
+
+        term.type("\x03")  # Ctrl-C at the terminal: SIGINT to the foreground job
+
+        assert poll_until(lambda: not _alive(daemon_pid), 120), "Ctrl-C did not stop the daemon"
+        text = err.read_text()
+        assert "Traceback" not in text and "KeyError" not in text, text[-5000:]
+        assert "daemon stopped" in text, text[-3000:]
+        assert poll_until(lambda: not any(_alive(p) for p in helpers.values()), 20)
+        leaked = [s for s in segments if Path(s).exists()]
+        assert not leaked, f"shared memory left behind: {leaked}"
+    finally:
+        term.reap()
