@@ -175,17 +175,31 @@ class Daemon:
                     log.info("service.lock_memory: %s", res.detail)
             except ImportError:  # pragma: no cover - the service helper's module
                 log.warning("service.lock_memory: not available in this build")
-        self._attach_optional()
-        self.server.start()
         try:
-            self.loop.start()
-        except Exception:
-            self.server.stop()
+            self._attach_optional()
+            self.server.start()
+            try:
+                self.loop.start()
+            except Exception:
+                self.server.stop()
+                raise
+        except BaseException:
+            # what started before the failure (recorder's writer and shared memory, policy worker)
+            # is stopped here: nobody else would, and a live writer would keep the exit waiting
+            self._run_hooks(self.on_stop + self.after_stop)
             raise
         self._started = True
         log.info("daemon started: leader %s, follower %s (%s), %.0f Hz, socket %s",
                  getattr(self.leader, "port", "?"), getattr(self.follower, "port", getattr(self.follower, "endpoint", "?")),
                  self.cfg.follower.kind, self.cfg.control.rate_hz, self.socket_path)
+
+    @staticmethod
+    def _run_hooks(hooks: list[Callable[[], None]]) -> None:
+        for fn in hooks:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - keep stopping
+                log.exception("shutdown hook failed")
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -214,3 +214,26 @@ def test_sighup_with_the_terminal_open_reloads_and_spares_the_helpers(bench, tmp
         assert not leaked, f"shared memory left behind: {leaked}"
     finally:
         term.reap()
+
+
+def test_a_daemon_that_cannot_start_leaves_no_helper_or_shared_memory_behind(bench, tmp_path: Path) -> None:
+    """The recorder (writer process, shared-memory ring) starts before the control socket; when
+    the socket is taken the start fails, and what was started must be stopped, not leaked."""
+    import socket  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    run_dir, sock, _ = bench
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    squatter.bind(str(sock))
+    squatter.listen(1)
+    try:
+        env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+        proc = subprocess.run([sys.executable, "-m", "daemon.cli", "run", "--config", str(run_dir / "so101d.toml")],
+                              env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        squatter.close()
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "cannot start" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr[-5000:]
+    # the resource tracker would have to clean up (and say so) for any segment left behind
+    assert "leaked" not in proc.stderr, proc.stderr[-3000:]
