@@ -28,7 +28,7 @@ from support import poll_until, wait_status
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -43,16 +43,16 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     found, todo = [], [pid]
     while todo:
-        kids = _children(todo.pop())
+        kids = children(todo.pop())
         found += kids
         todo += kids
     return found
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
@@ -60,7 +60,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
@@ -131,16 +131,16 @@ def _start_foreground_run(term: Terminal, run_dir: Path, sock: Path, err: Path) 
            f" 2>{shlex.quote(str(err))}\n")
     term.type(cmd)
     st = wait_status(sock, lambda s: (s.get("recording") or {}).get("phase") == "idle", timeout_s=180)
-    daemons = [p for p in _children(term.shell_pid) if "daemon.cli run" in _cmdline(p)]
-    assert len(daemons) == 1, [_cmdline(p) for p in _children(term.shell_pid)]
+    daemons = [p for p in children(term.shell_pid) if "daemon.cli run" in cmdline(p)]
+    assert len(daemons) == 1, [cmdline(p) for p in children(term.shell_pid)]
     return daemons[0], st
 
 
 def _helpers(daemon_pid: int) -> dict[str, int]:
     """The daemon's helper processes by role (the emulator is not ours here: the test runs it)."""
     roles = {}
-    for pid in _descendants(daemon_pid):
-        cmd = _cmdline(pid)
+    for pid in descendants(daemon_pid):
+        cmd = cmdline(pid)
         if "resource_tracker" in cmd:
             roles["resource tracker"] = pid
         elif "multiprocessing.spawn" in cmd or "spawn_main" in cmd:
@@ -170,12 +170,12 @@ def test_closing_the_terminal_stops_the_daemon_cleanly_and_keeps_the_saved_episo
 
         term.close_window()
 
-        assert poll_until(lambda: not _alive(daemon_pid), 120), "the daemon kept running after its terminal closed"
+        assert poll_until(lambda: not alive(daemon_pid), 120), "the daemon kept running after its terminal closed"
         text = err.read_text()
         assert "terminal closed" in text, text[-3000:]
         assert "Traceback" not in text and "KeyError" not in text, text[-5000:]
-        assert poll_until(lambda: not any(_alive(p) for p in helpers.values()), 20), \
-            {role: pid for role, pid in helpers.items() if _alive(pid)}
+        assert poll_until(lambda: not any(alive(p) for p in helpers.values()), 20), \
+            {role: pid for role, pid in helpers.items() if alive(pid)}
         leaked = [s for s in segments if Path(s).exists()]
         assert not leaked, f"shared memory left behind: {leaked}"
         assert episodes_on_disk(dataset_root(cfg.recording)) == 1, text[-3000:]
@@ -200,16 +200,16 @@ def test_sighup_with_the_terminal_open_reloads_and_spares_the_helpers(bench, tmp
 
         wait_status(sock, lambda s: s["reloads"] == reloads + 1, timeout_s=20)
         time.sleep(0.5)  # a helper killed by the signal would be gone by now
-        assert all(_alive(p) for p in helpers.values()), {r: _alive(p) for r, p in helpers.items()}
-        assert _alive(daemon_pid)
+        assert all(alive(p) for p in helpers.values()), {r: alive(p) for r, p in helpers.items()}
+        assert alive(daemon_pid)
 
         term.type("\x03")  # Ctrl-C at the terminal: SIGINT to the foreground job
 
-        assert poll_until(lambda: not _alive(daemon_pid), 120), "Ctrl-C did not stop the daemon"
+        assert poll_until(lambda: not alive(daemon_pid), 120), "Ctrl-C did not stop the daemon"
         text = err.read_text()
         assert "Traceback" not in text and "KeyError" not in text, text[-5000:]
         assert "daemon stopped" in text, text[-3000:]
-        assert poll_until(lambda: not any(_alive(p) for p in helpers.values()), 20)
+        assert poll_until(lambda: not any(alive(p) for p in helpers.values()), 20)
         leaked = [s for s in segments if Path(s).exists()]
         assert not leaked, f"shared memory left behind: {leaked}"
     finally:
