@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import pty
+import select
 import shlex
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -84,25 +86,32 @@ class Terminal:
             os.execvpe("bash", ["bash", "--norc", "--noprofile", "-i"], env)
         self.shell_pid, self.fd = pid, fd
         self.closed = False
+        self._lock = threading.Lock()
+        # a terminal window keeps reading what is drawn on it (else the live table would block)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            with self._lock:
+                if self.closed:
+                    return
+                try:
+                    if select.select([self.fd], [], [], 0)[0]:
+                        os.read(self.fd, 65536)
+                except OSError:
+                    pass
+            time.sleep(0.05)
 
     def type(self, text: str) -> None:
         os.write(self.fd, text.encode())
 
-    def drain(self) -> None:
-        import select  # noqa: PLC0415
-
-        while select.select([self.fd], [], [], 0)[0]:
-            try:
-                if not os.read(self.fd, 65536):
-                    return
-            except OSError:
-                return
-
     def close_window(self) -> None:
         """What closing a terminal window does: the master side goes away."""
-        if not self.closed:
-            self.closed = True
-            os.close(self.fd)
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                os.close(self.fd)
 
     def reap(self) -> None:
         self.close_window()
@@ -237,3 +246,29 @@ def test_a_daemon_that_cannot_start_leaves_no_helper_or_shared_memory_behind(ben
     assert "Traceback" not in proc.stderr, proc.stderr[-5000:]
     # the resource tracker would have to clean up (and say so) for any segment left behind
     assert "leaked" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_closing_the_terminal_of_a_live_demo_stops_it_and_its_emulator(tmp_path: Path) -> None:
+    """`so101d demo` draws its live table on the terminal; the window is closed mid-recording."""
+    run_dir, sock, err = tmp_path / "bench", tmp_path / "d.sock", tmp_path / "demo.err"
+    term = Terminal(tmp_path)
+    try:
+        term.type(f"{shlex.quote(sys.executable)} -m daemon.cli demo --dir {run_dir} --socket {sock} --record 3"
+                  f" --episode-time 3 2>{err}\n")
+        wait_status(sock, lambda s: (s.get("recording") or {}).get("phase") == "recording", timeout_s=180)
+        demos = [p for p in children(term.shell_pid) if "daemon.cli demo" in cmdline(p)]
+        assert len(demos) == 1
+        ours = descendants(demos[0])
+        assert any("emulate" in cmdline(p) for p in ours) and any("resource_tracker" in cmdline(p) for p in ours)
+        segments = _shm_segments(demos[0])
+
+        term.close_window()
+
+        assert poll_until(lambda: not alive(demos[0]), 120), "the demo kept running after its terminal closed"
+        assert poll_until(lambda: not any(alive(p) for p in ours), 20), {p: cmdline(p) for p in ours if alive(p)}
+        text = err.read_text()
+        assert "Traceback" not in text and "KeyError" not in text, text[-5000:]
+        assert not [s for s in segments if Path(s).exists()]
+        assert not (run_dir / "leader").exists()  # the emulator was stopped, its links removed
+    finally:
+        term.reap()

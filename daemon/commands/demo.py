@@ -226,7 +226,10 @@ def _run_live(daemon: Any, duration: float | None) -> int:
             now = time.monotonic()
             if now - last[0] >= 0.25:
                 last[0] = now
-                live.update(render(daemon.status()), refresh=True)
+                try:
+                    live.update(render(daemon.status()), refresh=True)
+                except OSError:  # EIO: the terminal closed; its SIGHUP is on the way (daemon/terminal.py)
+                    pass
 
         try:
             return daemon.run_forever(duration_s=duration, on_tick=tick)
