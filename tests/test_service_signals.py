@@ -272,3 +272,38 @@ def test_closing_the_terminal_of_a_live_demo_stops_it_and_its_emulator(tmp_path:
         assert not (run_dir / "leader").exists()  # the emulator was stopped, its links removed
     finally:
         term.reap()
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_shared_memory_is_released_when_the_daemon_is_stopped_or_killed(bench, tmp_path: Path, how: str) -> None:
+    """systemd's stop (SIGTERM) and the OOM killer (SIGKILL): no segment of the recorder's ring is
+    left in /dev/shm, the writer does not outlive the daemon. With SIGKILL the daemon cannot clean
+    up: the resource tracker (which outlives it) does."""
+    import subprocess  # noqa: PLC0415
+
+    run_dir, sock, _ = bench
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+    with open(tmp_path / "daemon.err", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "run", "--config", str(run_dir / "so101d.toml")],
+                                env=env, stderr=err, start_new_session=True)
+    try:
+        wait_status(sock, lambda s: (s.get("recording") or {}).get("phase") == "idle", timeout_s=180)
+        helpers = _helpers(proc.pid)
+        assert {"resource tracker", "writer"} <= set(helpers), helpers
+        segments = _shm_segments(proc.pid)
+        assert segments
+
+        proc.send_signal(getattr(signal, how))
+        rc = proc.wait(timeout=120)
+
+        assert rc == (0 if how == "SIGTERM" else -signal.SIGKILL)
+        assert poll_until(lambda: not any(alive(p) for p in helpers.values()), 30), \
+            {role: pid for role, pid in helpers.items() if alive(pid)}
+        assert not [s for s in segments if Path(s).exists()], "shared memory left behind"
+        if how == "SIGTERM":
+            text = (tmp_path / "daemon.err").read_text()
+            assert "Traceback" not in text and "leaked" not in text, text[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
