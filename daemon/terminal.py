@@ -52,6 +52,9 @@ def helpers_shielded() -> Iterator[None]:
     old = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
     try:
         start_resource_tracker()
+        # ensure_running() unblocks SIGINT/SIGTERM in this thread on its way out (it blocked them
+        # for its own child): block ours again before any thread or helper is created
+        signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)

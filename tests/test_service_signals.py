@@ -145,6 +145,38 @@ def _start_foreground_run(term: Terminal, run_dir: Path, sock: Path, err: Path) 
     return daemons[0], st
 
 
+TERMINAL_SIGNALS_MASK = (1 << (signal.SIGHUP - 1)) | (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGQUIT - 1))
+
+
+def _blocked(pid: int, tid: int | None = None, field: str = "SigBlk") -> int:
+    """The signal mask (SigBlk) or ignored set (SigIgn) of a process or one of its threads."""
+    where = Path(f"/proc/{pid}") / ("task/" + str(tid) if tid else "")
+    line = next(ln for ln in (where / "status").read_text().splitlines() if ln.startswith(field + ":"))
+    return int(line.split()[1], 16)
+
+
+def _immune(pid: int) -> bool:
+    """Each of the terminal's signals is blocked or ignored (the tracker ignores SIGINT itself)."""
+    return (_blocked(pid) | _blocked(pid, field="SigIgn")) & TERMINAL_SIGNALS_MASK == TERMINAL_SIGNALS_MASK
+
+
+def _start_ticks(stat_path: Path) -> int:
+    """When a process or thread started (clock ticks since boot; unlike ids, never wraps)."""
+    return int(stat_path.read_text().rsplit(")", 1)[1].split()[19])
+
+
+def _threads_without_the_shield(pid: int, since: int) -> list[int]:
+    """Threads started after ``since`` (the daemon's start) that could still start a helper
+    exposed to the terminal. Threads from before (a BLAS pool created at import) start none."""
+    bad = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        tid = int(task.name)
+        if tid != pid and _start_ticks(task / "stat") > since \
+                and _blocked(pid, tid) & TERMINAL_SIGNALS_MASK != TERMINAL_SIGNALS_MASK:
+            bad.append(tid)
+    return bad
+
+
 def _helpers(daemon_pid: int) -> dict[str, int]:
     """The daemon's helper processes by role (the emulator is not ours here: the test runs it)."""
     roles = {}
@@ -204,6 +236,12 @@ def test_sighup_with_the_terminal_open_reloads_and_spares_the_helpers(bench, tmp
         assert {"resource tracker", "writer"} <= set(helpers), helpers
         segments = _shm_segments(daemon_pid)
         reloads = st["reloads"]
+        # the helpers, and every thread that may start one later (a policy worker is spawned from
+        # a control-socket thread), keep the terminal's signals blocked; the main thread takes them
+        assert all(_immune(p) for p in helpers.values()), {r: _immune(p) for r, p in helpers.items()}
+        started = _start_ticks(Path(f"/proc/{helpers['resource tracker']}/stat"))  # inside the shield
+        assert _threads_without_the_shield(daemon_pid, since=started) == []
+        assert _blocked(daemon_pid) & TERMINAL_SIGNALS_MASK == 0
 
         os.killpg(os.getpgid(daemon_pid), signal.SIGHUP)
 
