@@ -67,11 +67,12 @@ def set_log_level(level: str) -> None:
         root.setLevel(level.upper())
     except ValueError:
         root.setLevel(logging.INFO)
-        logging.getLogger("so101d").warning("unknown log level %r, using INFO", level)
+        logging.getLogger(OUR_LOGGERS[0]).warning("unknown log level %r, using INFO", level)
     os.environ[LEVEL_ENV] = logging.getLevelName(root.level)
 
 
-OUR_LOGGER = "so101d"
+# our loggers: "so101d.*", and the packages that log under their module names
+OUR_LOGGERS = ("so101d", "drivers", "calibration", "sim_bridge", "daemon")
 
 
 class ThirdPartyBelowInfo(logging.Filter):
@@ -81,7 +82,7 @@ class ThirdPartyBelowInfo(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.WARNING:
             return True
-        if record.name == OUR_LOGGER or record.name.startswith(OUR_LOGGER + "."):
+        if record.name.split(".", 1)[0] in OUR_LOGGERS:
             return True
         return logging.getLogger().getEffectiveLevel() <= logging.DEBUG
 

@@ -80,3 +80,27 @@ def test_log_level_debug_still_shows_what_the_libraries_said(tmp_path: Path) -> 
     debug = _run(tmp_path, "DEBUG")
     assert "Using video codec: h264" in debug
     assert "episode 0 saved" in debug
+
+
+def test_our_packages_keep_their_info_lines_and_other_libraries_do_not(capsys, monkeypatch) -> None:
+    import logging  # noqa: PLC0415
+
+    for var in ("SO101D_LOG_LEVEL", "HF_DATASETS_DISABLE_PROGRESS_BARS"):  # set by setup_logging: restored after
+        monkeypatch.delenv(var, raising=False)
+
+    from daemon.logs import setup_logging  # noqa: PLC0415
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        setup_logging("INFO")
+        for name in ("so101d.loop", "drivers.feetech_bus", "calibration", "lerobot.configs.video", "datasets", "root"):
+            logging.getLogger(name).info("hello from %s", name)
+        logging.getLogger("lerobot.datasets").warning("a library's warning")
+        err = capsys.readouterr().err
+    finally:
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
+    assert "hello from so101d.loop" in err and "hello from drivers.feetech_bus" in err and "hello from calibration" in err
+    assert "hello from lerobot" not in err and "hello from datasets" not in err and "hello from root" not in err
+    assert "a library's warning" in err
