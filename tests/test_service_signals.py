@@ -135,8 +135,8 @@ def bench(tmp_path: Path):
         emu.stop()
 
 
-def _start_foreground_run(term: Terminal, run_dir: Path, sock: Path, err: Path) -> tuple[int, dict]:
-    cmd = (f"{shlex.quote(sys.executable)} -m daemon.cli run --config {shlex.quote(str(run_dir / 'so101d.toml'))}"
+def _start_foreground_run(term: Terminal, run_dir: Path, sock: Path, err: Path, prefix: str = "") -> tuple[int, dict]:
+    cmd = (f"{prefix}{shlex.quote(sys.executable)} -m daemon.cli run --config {shlex.quote(str(run_dir / 'so101d.toml'))}"
            f" 2>{shlex.quote(str(err))}\n")
     term.type(cmd)
     st = wait_status(sock, lambda s: (s.get("recording") or {}).get("phase") == "idle", timeout_s=180)
@@ -345,3 +345,27 @@ def test_shared_memory_is_released_when_the_daemon_is_stopped_or_killed(bench, t
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_under_nohup_the_daemon_outlives_its_terminal(bench, tmp_path: Path) -> None:
+    """`nohup so101d run ...`: the operator asked for the daemon to survive the hang-up."""
+    run_dir, sock, _ = bench
+    err = tmp_path / "daemon.err"
+    term = Terminal(tmp_path)
+    daemon_pid = 0
+    try:
+        daemon_pid, _ = _start_foreground_run(term, run_dir, sock, err, prefix="nohup ")
+        term.close_window()
+        assert poll_until(lambda: "running on" in err.read_text(), 30), err.read_text()[-3000:]
+        st = wait_status(sock, lambda s: s["mode"] in ("teleop", "aligning", "hold"), timeout_s=10)
+        assert st["reloads"] == 0 and alive(daemon_pid)
+
+        os.kill(daemon_pid, signal.SIGTERM)
+
+        assert poll_until(lambda: not alive(daemon_pid), 120)
+        text = err.read_text()
+        assert "daemon stopped" in text and "Traceback" not in text, text[-3000:]
+    finally:
+        if daemon_pid and alive(daemon_pid):
+            os.kill(daemon_pid, signal.SIGKILL)
+        term.reap()
