@@ -22,6 +22,7 @@ from calibration.calibration_file import ArmCalibration, CalibrationError, load_
 from daemon.config import Config
 from daemon.control_loop import ControlLoop
 from daemon.control_socket import ControlServer, RequestError
+from daemon.terminal import TerminalWatch, helpers_shielded
 
 log = logging.getLogger("so101d.daemon")
 
@@ -115,6 +116,7 @@ class Daemon:
         self.remote_leader: Any = None  # LeisaacRemoteLeaderPublisher when [leisaac_remote_leader] enabled
         self.status_extras: dict[str, Callable[[], Any]] = {}  # name -> fn() added to `status`
         self._stop = threading.Event()
+        self._terminal: TerminalWatch | None = None
         self._started = False
         self._ready_sent = False
         self._register_verbs()
@@ -157,6 +159,7 @@ class Daemon:
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
+        self._terminal = TerminalWatch.at_start()  # a later SIGHUP: reload, or the terminal gone?
         if self.notifier is not None and self.cfg.service.watchdog:
             try:
                 from daemon.sd_notify import WatchdogGate  # noqa: PLC0415
@@ -329,9 +332,11 @@ class Daemon:
             if self.notifier is not None:
                 self.notifier.ready()
 
-    def _on_hangup(self, term: Any) -> None:
-        """SIGHUP (main thread): a reload request, or the terminal of a foreground run closing."""
-        if not term.terminal_lost():
+    def _on_hangup(self) -> None:
+        """SIGHUP (main thread): a reload request, or the terminal of a foreground run closing
+        (daemon/terminal.py: what the terminal looked like is noted when the daemon starts)."""
+        term = self._terminal
+        if term is None or not term.terminal_lost():
             self._reload_requested.set()
             return
         term.detach_output()  # first: a log line to the dead terminal would fail with EIO
@@ -342,16 +347,12 @@ class Daemon:
         self.request_stop()
 
     def run_forever(self, duration_s: float | None = None, on_tick: Callable[[], None] | None = None) -> int:
-        """Start, wait for SIGTERM/SIGINT (or ``duration_s``), stop; SIGHUP reloads, except when it
-        says the controlling terminal is gone (daemon/terminal.py). Returns the exit code (0)."""
-        from daemon.terminal import TerminalWatch, helpers_shielded  # noqa: PLC0415
-
-        term = TerminalWatch.at_start()
+        """Start, wait for SIGTERM/SIGINT (or ``duration_s``), stop; SIGHUP reloads. Returns the exit code (0)."""
         old: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 old[sig] = signal.signal(sig, lambda signum, frame: self.request_stop())
-            old[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda signum, frame: self._on_hangup(term))
+            old[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda signum, frame: self._on_hangup())
         try:
             with helpers_shielded():  # writer, policy worker, resource tracker: not the terminal's to kill
                 self.start()
