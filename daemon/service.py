@@ -116,7 +116,9 @@ class Daemon:
         self.remote_leader: Any = None  # LeisaacRemoteLeaderPublisher when [leisaac_remote_leader] enabled
         self.status_extras: dict[str, Callable[[], Any]] = {}  # name -> fn() added to `status`
         self._stop = threading.Event()
-        self._terminal: TerminalWatch | None = None
+        # the terminal as it is now, before run_forever takes SIGHUP over (nohup's SIG_IGN is seen):
+        # a later SIGHUP is a reload, or the terminal gone
+        self._terminal: TerminalWatch | None = TerminalWatch.at_start()
         self._started = False
         self._ready_sent = False
         self._register_verbs()
@@ -159,7 +161,6 @@ class Daemon:
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
-        self._terminal = TerminalWatch.at_start()  # a later SIGHUP: reload, or the terminal gone?
         if self.notifier is not None and self.cfg.service.watchdog:
             try:
                 from daemon.sd_notify import WatchdogGate  # noqa: PLC0415
@@ -334,7 +335,7 @@ class Daemon:
 
     def _on_hangup(self) -> None:
         """SIGHUP (main thread): a reload request, or the terminal of a foreground run closing
-        (daemon/terminal.py: what the terminal looked like is noted when the daemon starts)."""
+        (daemon/terminal.py: what the terminal looked like is noted when the daemon is made)."""
         term = self._terminal
         if term is None or not term.terminal_lost():
             self._reload_requested.set()
