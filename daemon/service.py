@@ -22,6 +22,7 @@ from calibration.calibration_file import ArmCalibration, CalibrationError, load_
 from daemon.config import Config
 from daemon.control_loop import ControlLoop
 from daemon.control_socket import ControlServer, RequestError
+from daemon.terminal import TerminalWatch, helpers_shielded
 
 log = logging.getLogger("so101d.daemon")
 
@@ -139,6 +140,9 @@ class Daemon:
         self.remote_leader: Any = None  # LeisaacRemoteLeaderPublisher when [leisaac_remote_leader] enabled
         self.status_extras: dict[str, Callable[[], Any]] = {}  # name -> fn() added to `status`
         self._stop = threading.Event()
+        # the terminal as it is now, before run_forever takes SIGHUP over (nohup's SIG_IGN is seen):
+        # a later SIGHUP is a reload, or the terminal gone
+        self._terminal: TerminalWatch | None = TerminalWatch.at_start()
         self._started = False
         self._ready_sent = False
         self._register_verbs()
@@ -199,17 +203,31 @@ class Daemon:
                     log.info("service.lock_memory: %s", res.detail)
             except ImportError:  # pragma: no cover - the service helper's module
                 log.warning("service.lock_memory: not available in this build")
-        self._attach_optional()
-        self.server.start()
         try:
-            self.loop.start()
-        except Exception:
-            self.server.stop()
+            self._attach_optional()
+            self.server.start()
+            try:
+                self.loop.start()
+            except Exception:
+                self.server.stop()
+                raise
+        except BaseException:
+            # what started before the failure (recorder's writer and shared memory, policy worker)
+            # is stopped here: nobody else would, and a live writer would keep the exit waiting
+            self._run_hooks(self.on_stop + self.after_stop)
             raise
         self._started = True
         log.info("daemon started: leader %s, follower %s (%s), %.0f Hz, socket %s",
                  getattr(self.leader, "port", "?"), getattr(self.follower, "port", getattr(self.follower, "endpoint", "?")),
                  self.cfg.follower.kind, self.cfg.control.rate_hz, self.socket_path)
+
+    @staticmethod
+    def _run_hooks(hooks: list[Callable[[], None]]) -> None:
+        for fn in hooks:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - keep stopping
+                log.exception("shutdown hook failed")
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -342,6 +360,20 @@ class Daemon:
             if self.notifier is not None:
                 self.notifier.ready()
 
+    def _on_hangup(self) -> None:
+        """SIGHUP (main thread): a reload request, or the terminal of a foreground run closing
+        (daemon/terminal.py: what the terminal looked like is noted when the daemon is made)."""
+        term = self._terminal
+        if term is None or not term.terminal_lost():
+            self._reload_requested.set()
+            return
+        term.detach_output()  # first: a log line to the dead terminal would fail with EIO
+        if term.survive_hangup:
+            log.warning("terminal closed; SIGHUP was ignored at start (nohup): running on, output to /dev/null")
+            return
+        log.warning("terminal closed (SIGHUP, controlling terminal gone): stopping as for SIGTERM")
+        self.request_stop()
+
     def run_forever(self, duration_s: float | None = None, on_tick: Callable[[], None] | None = None) -> int:
         """Start, wait for SIGTERM/SIGINT (or ``duration_s``), stop; SIGHUP reloads. Returns the exit
         code: 0, 1 when the control loop stopped unexpectedly, EXIT_DATA_LOST when data was lost."""
@@ -356,9 +388,10 @@ class Daemon:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 old[sig] = signal.signal(sig, lambda signum, frame: self.request_stop())
-            old[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda signum, frame: self._reload_requested.set())
+            old[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda signum, frame: self._on_hangup())
         try:
-            self.start()
+            with helpers_shielded():  # writer, policy worker, resource tracker: not the terminal's to kill
+                self.start()
             end = None if duration_s is None else time.monotonic() + duration_s
             while not self._stop.wait(0.2):
                 if not self.loop.is_running():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 
 log = logging.getLogger("so101d.sim")
 
@@ -45,7 +46,13 @@ def run(args: argparse.Namespace) -> int:
             "--enable_cameras\n(see the README's simulation section)."
         )
         return 2
-    from sim_bridge.mujoco_follower import MujocoFollower, MujocoFollowerConfig
+    from sim_bridge.gl_backend import GLBackendUnavailable
+
+    try:
+        from sim_bridge.mujoco_follower import MujocoFollower, MujocoFollowerConfig
+    except GLBackendUnavailable as exc:
+        print(f"so101d sim-follower: {exc}", file=sys.stderr)
+        return 2
 
     width, height = _parse_size(args.camera_size)
     cams = tuple(c.strip() for c in args.cameras.split(",") if c.strip())

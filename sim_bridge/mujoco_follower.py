@@ -20,11 +20,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-# Before mujoco is imported: headless EGL unless the user chose another backend (osmesa, glfw).
-os.environ.setdefault("MUJOCO_GL", "egl")
+import numpy as np
 
-import mujoco  # noqa: E402
-import numpy as np  # noqa: E402
+# Before mujoco is imported: headless EGL unless the user chose another backend (osmesa, glfw);
+# a backend whose library is missing is one clear GLBackendUnavailable (sim_bridge/gl_backend.py).
+from sim_bridge.gl_backend import import_mujoco
+
+mujoco = import_mujoco()
 
 from calibration.conventions import JOINT_NAMES, sim_rad_to_units, units_to_sim_rad  # noqa: E402
 from sim_bridge import mujoco_scene as scene  # noqa: E402

@@ -67,7 +67,8 @@ def test_so101d_demo_records_episodes_and_prints_a_load_command_that_works(tmp_p
     run_dir = tmp_path / "bench"
     out_path = tmp_path / "demo.out"
     with open(out_path, "w") as out, open(tmp_path / "demo.err", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "demo", "--dir", str(run_dir), "--quiet",
+        # not --quiet (that prints the final summary only): piped, it prints the progress lines
+        proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "demo", "--dir", str(run_dir),
                                  "--record", "2", "--episode-time", "2", "--socket", str(tmp_path / "d.sock")],
                                 stdout=out, stderr=err, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     try:

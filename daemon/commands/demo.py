@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="bench configuration (default: daemon/configs/virtual_bench.toml)")
     parser.add_argument("--socket", metavar="PATH", help="control socket (default: the usual per-user path, so `so101d status` finds it)")
     parser.add_argument("--no-wire-time", action="store_true", help="emulator answers at once (no modelled wire time)")
-    parser.add_argument("--quiet", action="store_true", help="no live status, log lines only")
+    parser.add_argument("--quiet", action="store_true",
+                        help="errors and the final summary only (no status, no progress lines)")
     parser.add_argument("--record", type=int, default=3, metavar="N",
                         help="record N demo episodes, then say how to load them (default 3; 0 = no recording)")
     parser.add_argument("--episode-time", type=float, default=5.0, metavar="S", help="length of a demo episode (default 5 s)")
@@ -75,16 +76,6 @@ def prepare_bench(run_dir: Path, base_file: str | None = None, socket_path: str 
     return cfg, data
 
 
-def _one_line(st: dict[str, Any]) -> str:
-    t = st.get("timing_ms", {})
-    j = st.get("joints", {})
-    err = ""
-    if j.get("leader") and j.get("follower"):
-        err = " max|leader-follower| %.1f" % max(abs(j["leader"][k] - j["follower"][k]) for k in j["leader"])
-    return (f"mode {st['mode']:<12} {st['rate_hz']:6.1f} Hz  jitter p99 {t['jitter']['p99']:.3f} ms  "
-            f"cycle p50 {t['cycle']['p50']:.3f} ms  overruns {st['overruns']}{err}")
-
-
 def run(args: argparse.Namespace) -> int:
     from daemon.config import ConfigError  # noqa: PLC0415
     from daemon.control_socket import SocketInUseError  # noqa: PLC0415
@@ -97,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.episode_time > 0:
         print(f"so101d demo: --episode-time must be positive, got {args.episode_time}", file=sys.stderr)
         return 2
+    if args.quiet:  # errors, warnings and the final summary only (the recording writer too)
+        from daemon.logs import set_log_level  # noqa: PLC0415
+
+        set_log_level(logging.getLevelName(max(logging.getLogger().level, logging.WARNING)))
     temp = args.dir is None
     run_dir = Path(tempfile.mkdtemp(prefix="so101d-demo-")) if temp else Path(args.dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -118,19 +113,26 @@ def run(args: argparse.Namespace) -> int:
         except StartupError as exc:
             print(f"so101d demo: cannot start: {exc}", file=sys.stderr)
             return 2
-        print(f"so101d demo: daemon on the virtual bench; control socket {daemon.socket_path}"
-              f" (try `so101d status --watch --socket {daemon.socket_path}`); Ctrl-C stops", file=sys.stderr)
-        live = not (args.quiet or not sys.stdout.isatty())
-        demo = _DemoRecording(daemon, args.record, args.episode_time, live) if cfg.recording.enabled and args.record > 0 else None
+        if not args.quiet:
+            print(f"so101d demo: daemon on the virtual bench; control socket {daemon.socket_path}"
+                  f" (try `so101d status --watch --socket {daemon.socket_path}`); Ctrl-C stops", file=sys.stderr)
+        # at a terminal: the live table; into a pipe or file: one status line a second; quiet: neither
+        live = not args.quiet and sys.stdout.isatty()
+        demo = (_DemoRecording(daemon, args.record, args.episode_time, live, args.quiet)
+                if cfg.recording.enabled and args.record > 0 else None)
         try:
+            if args.quiet:
+                return daemon.run_forever(duration_s=args.duration)
             if not live:
+                from daemon.commands.status import one_line  # noqa: PLC0415
+
                 last = [0.0]
 
                 def tick() -> None:
                     now = time.monotonic()
                     if now - last[0] >= 1.0 and daemon.loop.cycles:
                         last[0] = now
-                        print(_one_line(daemon.status()), flush=True)
+                        _print_line(one_line(daemon.status()))
 
                 return daemon.run_forever(duration_s=args.duration, on_tick=tick)
             return _run_live(daemon, args.duration)
@@ -152,18 +154,27 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def _print_line(text: str) -> None:
+    """A progress line on stdout; a closed terminal or reader (EIO, EPIPE) does not stop the demo."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        pass
+
+
 class _DemoRecording:
     """``record_demo_episodes`` on a thread beside the live status; stopped (the episode in
     progress discarded) before the recorder closes."""
 
-    def __init__(self, daemon: Any, episodes: int, episode_s: float, live: bool) -> None:
+    def __init__(self, daemon: Any, episodes: int, episode_s: float, live: bool, quiet: bool = False) -> None:
         from daemon.recording.demo_session import record_demo_episodes  # noqa: PLC0415
 
         self._stop = threading.Event()
         self.saved = 0
         self.error = ""
-        # live: lines go through logging (printed above the status table); else plain stdout
-        say = log.info if live else (lambda text: print(text, flush=True))
+        # live: lines go through logging (printed above the status table); quiet: only the final
+        # summary (summary()) is printed; else plain stdout, one line per episode
+        say = log.info if live else (lambda text: None) if quiet else _print_line
 
         def body() -> None:
             try:
@@ -204,14 +215,21 @@ def _run_live(daemon: Any, duration: float | None) -> int:
     root = logging.getLogger()
     old_handlers = root.handlers[:]
     with Live(refresh_per_second=4, auto_refresh=False, transient=False) as live:
-        root.handlers[:] = [RichHandler(console=live.console, show_path=False, show_time=True)]
+        from daemon.logs import ThirdPartyBelowInfo  # noqa: PLC0415
+
+        handler = RichHandler(console=live.console, show_path=False, show_time=True)
+        handler.addFilter(ThirdPartyBelowInfo())
+        root.handlers[:] = [handler]
         last = [0.0]
 
         def tick() -> None:
             now = time.monotonic()
             if now - last[0] >= 0.25:
                 last[0] = now
-                live.update(render(daemon.status()), refresh=True)
+                try:
+                    live.update(render(daemon.status()), refresh=True)
+                except OSError:  # EIO: the terminal closed; its SIGHUP is on the way (daemon/terminal.py)
+                    pass
 
         try:
             return daemon.run_forever(duration_s=duration, on_tick=tick)

@@ -5,13 +5,16 @@ cycles, joints whose limits clamped the target), policy (driving, inference late
 chunk age, queue depth, take-over) and recording (episode, phase, elapsed, frames, writer backlog).
 
 ``--watch`` redraws a compact table in place (rich Live, fixed-width fields, redrawn only when
-the data arrives: no flicker) until Ctrl-C.
+the data arrives: no flicker) until Ctrl-C. Into a pipe or a file, or with ``--json``, it prints
+one line (one JSON object) per refresh instead, flushed at once. Output that is not a terminal
+is never cut to a width.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -21,7 +24,7 @@ from daemon.control_client import ControlClient, DaemonUnavailable, add_socket_a
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the raw status JSON")
-    parser.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
+    parser.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C (piped, or with --json: one line / one JSON object per refresh)")
     parser.add_argument("--interval", type=float, default=0.5, metavar="S", help="--watch refresh period (default 0.5 s)")
     add_socket_arguments(parser)
 
@@ -35,8 +38,12 @@ def _fmt(v: Any, spec: str = ".2f", none: str = "-") -> str:
         return str(v)
 
 
-def render(st: dict[str, Any]) -> Any:
-    """A rich renderable of a status dict (also used by `so101d demo`)."""
+def render(st: dict[str, Any], full: bool = False) -> Any:
+    """A rich renderable of a status dict (also used by `so101d demo`).
+
+    The live views shorten long error texts to keep the table on screen; ``full`` (output that
+    is not a terminal: a pipe, a file, a bug report) keeps every character."""
+    cut = _Cut(full)
     from rich.console import Group  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
     from rich.text import Text  # noqa: PLC0415
@@ -63,7 +70,7 @@ def render(st: dict[str, Any]) -> Any:
     if st.get("fault"):
         head.append(f"\nFAULT: {st['fault']}", style="bold red")
 
-    extra = [x for x in (_safety_line(st), _policy_line(st), _recording_line(st)) if x is not None]
+    extra = [x for x in (_safety_line(st), _policy_line(st, cut), _recording_line(st, cut)) if x is not None]
 
     stages = Table(box=None, pad_edge=False, show_edge=False)
     stages.add_column("stage ms", style="dim")
@@ -83,7 +90,7 @@ def render(st: dict[str, Any]) -> Any:
         bus = a.get("bus") or {}
         where = str(a.get("port") or "-")
         if a.get("last_error"):
-            where += "  " + a["last_error"][:80]
+            where += "  " + cut(a["last_error"], 80)
         arms.add_row(name, "yes" if a.get("connected") else "NO", str(bus.get("transactions", "-")), str(bus.get("retries", "-")),
                      str(bus.get("failures", "-")), str(bus.get("reconnects", a.get("losses", "-"))), where)
 
@@ -111,11 +118,22 @@ def _label(text: Any, name: str) -> Any:
     return text
 
 
-def _failed_extra(name: str, extra: dict[str, Any]) -> Any:
+class _Cut:
+    """Shortens a text for the live view (with an ellipsis that says so); keeps it whole when full."""
+
+    def __init__(self, full: bool) -> None:
+        self.full = full
+
+    def __call__(self, text: Any, limit: int) -> str:
+        text = str(text)
+        return text if self.full or len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _failed_extra(name: str, extra: dict[str, Any], cut: _Cut) -> Any:
     """A status extra that raised: the daemon put {"error": ...} in its place."""
     from rich.text import Text  # noqa: PLC0415
 
-    return _label(Text(), name).append(str(extra.get("error", "?"))[:100], style="red")
+    return _label(Text(), name).append(cut(extra.get("error", "?"), 100), style="red")
 
 
 def _safety_line(st: dict[str, Any]) -> Any | None:
@@ -140,14 +158,14 @@ def _safety_line(st: dict[str, Any]) -> Any | None:
     return line
 
 
-def _policy_line(st: dict[str, Any]) -> Any | None:
+def _policy_line(st: dict[str, Any], cut: _Cut) -> Any | None:
     from rich.text import Text  # noqa: PLC0415
 
     pol = st.get("policy")
     if not isinstance(pol, dict):
         return None
     if "state" not in pol:
-        return _failed_extra("policy", pol)
+        return _failed_extra("policy", pol, cut)
     if pol["state"] == "none":
         return None
     line = _label(Text(), "policy")
@@ -165,18 +183,18 @@ def _policy_line(st: dict[str, Any]) -> Any | None:
     if pol.get("warning"):  # inference slower than a chunk can drive (issue 16): said, not silent
         line.append(f"  {pol['warning']}", style="bold yellow")
     if pol.get("last_error") or pol.get("error"):
-        line.append(f"  {str(pol.get('error') or pol.get('last_error'))[:80]}", style="red")
+        line.append(f"  {cut(pol.get('error') or pol.get('last_error'), 80)}", style="red")
     return line
 
 
-def _recording_line(st: dict[str, Any]) -> Any | None:
+def _recording_line(st: dict[str, Any], cut: _Cut) -> Any | None:
     from rich.text import Text  # noqa: PLC0415
 
     rec = st.get("recording")
     if not isinstance(rec, dict):
         return None
     if "phase" not in rec:
-        return _failed_extra("recording", rec)
+        return _failed_extra("recording", rec, cut)
     line = _label(Text(), "recording")
     phase = str(rec.get("phase"))
     line.append(f"{phase:<10}", style="bold red" if phase == "recording" else "")
@@ -186,8 +204,62 @@ def _recording_line(st: dict[str, Any]) -> Any | None:
         f"  backlog {_fmt(rec.get('writer_backlog_frames'), '>3')}"
     )
     if rec.get("error"):
-        line.append(f"  {str(rec['error'])[:80]}", style="red")
+        line.append(f"  {cut(rec['error'], 80)}", style="red")
     return line
+
+
+def one_line(st: dict[str, Any]) -> str:
+    """One line per status: what `--watch` prints into a pipe or a file (and `so101d demo` when
+    its output is not a terminal). Faults and errors are given whole."""
+    t = st.get("timing_ms", {})
+    parts = [f"{time.strftime('%H:%M:%S')} mode {st.get('mode', '?')}"]
+    if st.get("reason"):
+        parts[0] += f" ({st['reason']})"
+    parts.append(f"loop {_fmt(st.get('rate_hz'), '.1f')}/{_fmt(st.get('rate_hz_target'), '.0f')} Hz"
+                 f" jitter p99 {_fmt(t.get('jitter', {}).get('p99'), '.3f')} ms"
+                 f" cycle p50 {_fmt(t.get('cycle', {}).get('p50'), '.3f')} ms overruns {st.get('overruns', 0)}")
+    j = st.get("joints", {})
+    if j.get("leader") and j.get("follower"):
+        parts.append("max|leader-follower| %.1f" % max(abs(j["leader"][k] - j["follower"][k]) for k in j["leader"]))
+    if st.get("fault"):
+        parts.append(f"FAULT: {st['fault']}")
+    for name in ("leader", "follower"):
+        a = st.get(name)
+        if isinstance(a, dict) and (not a.get("connected", True) or a.get("last_error")):
+            parts.append(f"{name} {'connected' if a.get('connected') else 'NOT connected'}"
+                         + (f": {a['last_error']}" if a.get("last_error") else ""))
+    rec = st.get("recording")
+    if isinstance(rec, dict):
+        if "phase" in rec:
+            parts.append(f"recording {rec['phase']} episode {rec.get('episode')} frames {rec.get('frames')}"
+                         f" saved {rec.get('episodes_in_dataset')}" + (f" error: {rec['error']}" if rec.get("error") else ""))
+        else:
+            parts.append(f"recording: {rec.get('error', '?')}")
+    pol = st.get("policy")
+    if isinstance(pol, dict) and pol.get("state") != "none":
+        err = pol.get("error") or pol.get("last_error")
+        parts.append(f"policy {pol.get('state', '?')}{' driving' if pol.get('driving') else ''}" + (f" error: {err}" if err else ""))
+    return "  |  ".join(parts)
+
+
+def _print_lines(client: ControlClient, as_json: bool, interval_s: float) -> int:
+    """--watch into a pipe or file (or with --json): one line, or one JSON object, per refresh,
+    flushed at once, so `| head -n 3`, `| grep`, `timeout 5 ...` see each as it comes."""
+    while True:
+        try:
+            reply = client.call("status")
+        except DaemonUnavailable as exc:
+            print(f"so101d: {exc}", file=sys.stderr)
+            return 2
+        reply.pop("ok", None)
+        try:
+            print(json.dumps(reply, sort_keys=True) if as_json else one_line(reply), flush=True)
+        except BrokenPipeError:  # the reader is done (head -n 3): so are we
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, sys.stdout.fileno())  # so the exit-time flush does not complain again
+            os.close(null)
+            return 0
+        time.sleep(interval_s)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
     except DaemonUnavailable as exc:
         print(f"so101d: {exc}", file=sys.stderr)
         return 2
+    terminal = sys.stdout.isatty()
     try:
         if not args.watch:
             reply = client.call("status")
@@ -209,8 +282,12 @@ def run(args: argparse.Namespace) -> int:
             else:
                 from rich.console import Console  # noqa: PLC0415
 
-                Console().print(render(reply))
+                # not a terminal: nothing is cut to fit 80 columns (rich's default width there)
+                console = Console() if terminal else Console(width=_UNLIMITED_WIDTH)
+                console.print(render(reply, full=not terminal))
             return 0
+        if args.json or not terminal:
+            return _print_lines(client, args.json, args.interval)
         from rich.live import Live  # noqa: PLC0415
 
         with Live(refresh_per_second=max(1, int(1 / max(args.interval, 0.05))), screen=False, auto_refresh=False) as live:
@@ -226,3 +303,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         client.close()
+
+
+# wide enough that no line of the status is wrapped or cropped when it is not shown on a screen
+_UNLIMITED_WIDTH = 10_000

@@ -22,9 +22,12 @@ from typing import Any
 def how_to_load(root: str, repo_id: str, python: str | None = None) -> str:
     """Where the dataset is and a command that loads it (offline), ready to paste."""
     py = python or sys.executable
-    # double-quoted strings inside, so the shell quoting around the code stays plain '...'
+    # double-quoted strings inside, so the shell quoting around the code stays plain '...'.
+    # video_backend="pyav": PyAV brings its own FFmpeg and decodes our h264 videos everywhere;
+    # LeRobot's default probes torchcodec, which needs a system FFmpeg and prints a 100-line
+    # traceback where there is none.
     code = (f"from lerobot.datasets.lerobot_dataset import LeRobotDataset; "
-            f"ds = LeRobotDataset({json.dumps(repo_id)}, root={json.dumps(str(root))}); "
+            f"ds = LeRobotDataset({json.dumps(repo_id)}, root={json.dumps(str(root))}, video_backend=\"pyav\"); "
             f"print(ds); print(ds[0].keys())")
     return (f"dataset: {root}\n"
             "load it:\n"

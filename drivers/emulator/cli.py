@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from calibration.calibration_file import save_calibration
@@ -71,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--leader-id", default="emulated_leader", help="calibration id of the leader (file name)")
     parser.add_argument("--follower-id", default="emulated_follower", help="calibration id of the follower")
+    parser.add_argument("--exit-with-parent", type=int, metavar="PID",
+                        help="exit (removing the links) when process PID, the one that started us, is gone")
+    parser.add_argument("--parent-death-signal", action="store_true",
+                        help="with --exit-with-parent: also ask the kernel for SIGTERM when the parent dies "
+                        "(PR_SET_PDEATHSIG; only valid when the parent's starting thread lives as long as it)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    parent_gone = _watch_parent(args.exit_with_parent, args.parent_death_signal)
 
     control: ControlServer | None = None
     try:
@@ -125,7 +133,10 @@ def run(args: argparse.Namespace) -> int:
         if control:
             print(f"control: {control.path}", flush=True)
         while not stop.is_set():
-            stop.wait(1.0)
+            stop.wait(0.5)
+            if parent_gone():
+                log.info("parent process %d is gone: stopping", args.exit_with_parent)
+                break
     except (OSError, RuntimeError) as exc:
         print(f"so101d emulate: {exc}", file=sys.stderr)
         return 1
@@ -134,3 +145,22 @@ def run(args: argparse.Namespace) -> int:
             control.stop()
         host.stop()
     return 0
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _watch_parent(parent_pid: int | None, death_signal: bool) -> Callable[[], bool]:
+    """``parent_gone()`` for --exit-with-parent: our parent is no longer ``parent_pid`` (we were
+    re-parented to init or a subreaper). With ``death_signal`` the kernel also sends SIGTERM at
+    once when it dies (Linux prctl); the poll covers other systems and a missed signal."""
+    if parent_pid is None:
+        return lambda: False
+    if death_signal and sys.platform.startswith("linux"):
+        import ctypes  # noqa: PLC0415
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d); polling the parent instead", ctypes.get_errno())
+    # it may have died before the prctl above: the poll sees that on its first call
+    return lambda: os.getppid() != parent_pid

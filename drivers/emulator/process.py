@@ -353,6 +353,9 @@ class EmulatorProcess:
             self.args += ["--calibration-out", str(calibration_out)]
         self.args += extra_args or []
         self.proc: subprocess.Popen | None = None
+        # Set in start(): the emulator exits when the process that started it is gone, even when
+        # that process was killed -9 and never called stop() (drivers/emulator/cli.py).
+        self.exit_with_parent = True
         self._client: ControlClient | None = None
 
     def __enter__(self) -> "EmulatorProcess":
@@ -373,7 +376,8 @@ class EmulatorProcess:
             # Its own session: a Ctrl-C at the terminal reaches the process that owns this handle,
             # which stops its clients first and then the emulator (stop()), instead of the arms
             # vanishing under a daemon that is still shutting down.
-            self.proc = subprocess.Popen(self.args, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(self.args + self._parent_args(), stdout=log_file, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
         deadline = time.monotonic() + timeout_s
         links = [p for p in (self.leader_path, self.follower_path) if p]
         while time.monotonic() < deadline:
@@ -389,6 +393,16 @@ class EmulatorProcess:
             time.sleep(0.05)
         self.stop()
         raise TimeoutError(f"so101d emulate did not come up within {timeout_s} s")
+
+    def _parent_args(self) -> list[str]:
+        if not self.exit_with_parent:
+            return []
+        args = ["--exit-with-parent", str(os.getpid())]
+        # PR_SET_PDEATHSIG fires when the *thread* that started the child ends, not the process:
+        # ask for it only from the main thread; the emulator's getppid() poll covers the rest.
+        if threading.current_thread() is threading.main_thread():
+            args.append("--parent-death-signal")
+        return args
 
     def control(self, req: dict) -> dict:
         if self._client is None:

@@ -1,0 +1,92 @@
+"""`so101d status` read by something other than a screen: a pipe, a file, `timeout`, `head`.
+
+- `status --watch` into a pipe prints one line per refresh as it comes (flushed), `--json` one
+  JSON object per refresh; `| head -n 3` gets three and the watcher exits quietly.
+- Output that is not a terminal is never cut to 80 columns: a long error is given whole.
+
+A real daemon in-process on emulated arms; the leader's USB link is then pulled, so the daemon's
+own error text (which names the port's long path) is what must come through uncut.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from daemon.config import config_from_dict
+from daemon.service import Daemon
+from drivers.emulator import reference_calibration
+from drivers.feetech_arm import FeetechFollower, FeetechLeader
+from support import still_arm_on_pty, wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+SO101D = f"{shlex.quote(sys.executable)} -m daemon.cli"
+
+
+@pytest.fixture
+def bench(tmp_path: Path):
+    where = tmp_path / ("a-bench-directory-with-a-rather-long-name-" * 2)
+    where.mkdir()
+    pose = np.array([0.0, -40.0, 45.0, 30.0, 0.0, 50.0])
+    la, lb = still_arm_on_pty(where / "leader", "leader", pose)
+    fa, fb = still_arm_on_pty(where / "follower", "follower", pose)
+    cfg = config_from_dict({"socket": {"path": str(tmp_path / "c.sock")},
+                            "control": {"reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.2}})
+    daemon = Daemon(cfg, FeetechLeader(str(where / "leader"), reference_calibration("leader")),
+                    FeetechFollower(str(where / "follower"), reference_calibration("follower")))
+    daemon.start()
+    wait_for(lambda: daemon.loop.status()["mode"] == "teleop", 30, "teleop")
+    yield daemon, tmp_path / "c.sock", lb
+    daemon.stop()
+    lb.stop()
+    fb.stop()
+
+
+def _sh(cmd: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", "set -o pipefail; " + cmd], capture_output=True, text=True,
+                          timeout=timeout_s, cwd=REPO)
+
+
+def test_watch_json_into_head_gives_three_json_objects_and_exits_cleanly(bench) -> None:
+    _, sock, _ = bench
+    r = _sh(f"{SO101D} status --watch --json --interval 0.1 --socket {sock} | head -n 3")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3, r.stdout
+    objs = [json.loads(line) for line in lines]
+    assert all(o["mode"] == "teleop" and "timing_ms" in o for o in objs)
+    assert [o["cycles"] for o in objs] == sorted(o["cycles"] for o in objs) and objs[0]["cycles"] < objs[2]["cycles"]
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+
+
+def test_watch_under_timeout_into_a_file_has_a_line_per_refresh(bench, tmp_path: Path) -> None:
+    _, sock, _ = bench
+    out = tmp_path / "watch.log"
+    r = _sh(f"timeout 4 {SO101D} status --watch --interval 0.2 --socket {sock} > {out}")
+    assert r.returncode == 124  # killed by timeout, as the operator's command was
+    lines = out.read_text().splitlines()
+    assert len(lines) >= 3, out.read_text()  # written as they came, not lost at the kill
+    assert all(" mode teleop" in line and " Hz" in line for line in lines), lines
+
+
+def test_a_long_error_is_not_cut_when_status_goes_to_a_pipe(bench) -> None:
+    daemon, sock, leader_bus = bench
+    leader_bus.stop()  # the leader's USB cable pulled: its link disappears
+    wait_for(lambda: len(str(daemon.loop.status()["leader"].get("last_error") or "")) > 120, 30,
+             "a leader error longer than 120 characters")
+    error = daemon.loop.status()["leader"]["last_error"]
+
+    table = _sh(f"{SO101D} status --socket {sock} | cat")
+    assert table.returncode == 0, table.stderr
+    assert error.splitlines()[0] in table.stdout, f"cut:\n{table.stdout}\nfull error:\n{error}"
+
+    watched = _sh(f"{SO101D} status --watch --interval 0.1 --socket {sock} | head -n 2")
+    assert watched.returncode == 0, watched.stderr
+    assert all("leader NOT connected" in line for line in watched.stdout.splitlines()), watched.stdout
+    assert error.splitlines()[0] in watched.stdout.splitlines()[-1], watched.stdout
