@@ -89,9 +89,6 @@ def test_the_printed_load_command_loads_without_a_traceback(piped_demo, tmp_path
     assert "Traceback" not in r.stderr and "torchcodec" not in r.stderr, r.stderr[-3000:]
 
 
-@pytest.mark.xfail(strict=True, reason="needs the recording writer to log through daemon.logs: in "
-                   "daemon/recording/writer.py writer_main, logging.basicConfig(...) -> "
-                   "setup_logging(libav=True) (integrator applies it; then drop this mark)")
 def test_a_recording_demo_shows_no_library_chatter(quiet_demo, piped_demo) -> None:
     for out, err, _ in (quiet_demo, piped_demo):
         found = [line for line in (out + err).splitlines() if any(c in line for c in CHATTER)]

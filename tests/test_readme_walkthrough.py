@@ -365,8 +365,6 @@ def test_status_shows_the_daemon_and_json_is_the_raw_data(machine: Machine, daem
     assert raw["mode"] == "teleop"
 
 
-@pytest.mark.xfail(strict=True, reason="fixed on branch b-hygiene (issue #18: `status --watch` in a pipe prints "
-                                       "nothing until killed)")
 def test_status_watch_in_a_pipe_prints_a_line_per_refresh(machine: Machine, daemon: subprocess.Popen) -> None:
     m = machine
     proc = subprocess.Popen(SO101D + readme(".venv/bin/so101d status --watch"), env=m.env, stdout=subprocess.PIPE,
@@ -442,14 +440,21 @@ def test_export_import_and_info_round_trip(machine: Machine) -> None:
     m = machine
     recorded = m.home / "so101d" / "datasets" / "local" / "so101d"
     assert recorded.is_dir(), "runs after the recording story"
-    # Stand-in for Mimic's generated file: the recorded episodes exported as demos.
+    # The README: seed demos need scene state a LeRobot dataset does not keep, so episodes recorded
+    # on an (emulated) arm are refused with the reason and the way to get seeds.
     export = readme("so101d export-hdf5 --dataset ~/datasets/pick --episodes 0-9 --out seeds.hdf5",
-                    **{"~/datasets/pick": str(recorded), "0-9": "0-1", "seeds.hdf5": "generated_dataset.hdf5"})
-    # Episodes 0 (saved --success) and 1 (saved --failure): import keeps the successful one by default.
-    ok(so101d(m, export, timeout_s=120))
+                    **{"~/datasets/pick": str(recorded), "0-9": "0-1", "seeds.hdf5": "refused.hdf5"})
+    res = so101d(m, export, timeout_s=120)
+    assert res.returncode != 0 and "cannot export Mimic seed demos" in res.stderr, res.stderr
+    assert "--seed_hdf5" in res.stderr and not (m.root / "refused.hdf5").exists(), res.stderr
+    # Mimic's generated file, as Isaac Lab's HDF5DatasetFileHandler writes it (contract fixture):
+    # demo_0 succeeded, demo_1 failed; import keeps the successful one by default.
+    write_generated_file(m.root / "generated_dataset.hdf5")
     imp = readme('so101d import-hdf5 generated_dataset.hdf5 --dataset ~/datasets/pick --task "pick the orange" '
-                 "[--all | --successful-only] [--skip-frames 5] [--max-episodes 200] [--step-hz 60] [--generated|--human]")
+                 "[--all | --successful-only] [--keep-unjudged] [--skip-frames 5] [--min-frames 10] "
+                 "[--max-episodes 200] [--step-hz 60] [--generated | --human] [--no-progress]")
     ok(so101d(m, imp, timeout_s=180))
+    # An imported demo exports again (its source demo is copied) for the next round of Mimic.
     ok(so101d(m, readme("so101d export-hdf5 --dataset ~/datasets/pick --episodes 0-9 --out seeds.hdf5", **{"0-9": "0"}), timeout_s=120))
     assert (m.root / "seeds.hdf5").stat().st_size > 0
     info = ok(so101d(m, readme("so101d dataset info ~/datasets/pick")))
@@ -457,6 +462,25 @@ def test_export_import_and_info_round_trip(machine: Machine) -> None:
     assert re.search(r"^by outcome\s+success 1\s+failure 0\b", info, re.M), info
     loaded = load_with_the_readme_snippet(m, "local/so101d", str(m.home / "datasets" / "pick"))
     assert loaded["episodes"] == 1
+
+
+def write_generated_file(path: Path) -> None:
+    """Two 40-step PickOrange demos (success, failure) with 48x64 front/wrist images."""
+    import numpy as np
+
+    from calibration.conventions import units_to_sim_rad
+    from fixtures.isaaclab_recorder import leisaac_episode, write_isaaclab_file
+
+    episodes = []
+    for i, success in enumerate((True, False)):
+        n = 40
+        units = np.zeros((n, 6), np.float32)
+        units[:, 0] = np.linspace(-20, 20, n) * (1 if i == 0 else -1)
+        units[:, 5] = np.linspace(10, 60, n)
+        rad = units_to_sim_rad(units).astype(np.float32)
+        img = np.full((n, 48, 64, 3), 80 + 40 * i, np.uint8)
+        episodes.append(leisaac_episode(rad, {"front": img, "wrist": img.copy()}, success, seed=7))
+    write_isaaclab_file(path, episodes)
 
 
 # ---------------------------------------------------------------------------------------------

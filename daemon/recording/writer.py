@@ -252,7 +252,11 @@ class EpisodeBuild:
 def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any, parent_pid: int,
                 follower_kind: str, origin: str) -> None:
     """Entry point of the spawned writer process (arguments are plain data)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Our log format and level, third-party chatter (libx264 statistics, LeRobot's codec notes,
+    # datasets' progress bars) below our INFO: PyAV is imported and quieted here, before encoding.
+    from daemon.logs import setup_logging  # noqa: PLC0415 (only in the spawned process)
+
+    setup_logging(libav=True)
     # Encoding and parquet writing are background work: on a 2-core machine they must yield the
     # CPU to the control loop (the ring and the staging absorb the delay).
     # Ctrl-C at a terminal and systemd's stop signal reach the whole process group: the writer
