@@ -107,3 +107,33 @@ def test_status_command_shows_the_joint_whose_limit_clamped_the_leader(limit_ben
     assert r.returncode == 0, r.stderr
     safety = [ln for ln in r.stdout.splitlines() if ln.startswith("safety")]
     assert len(safety) == 1 and "no fault" in safety[0] and "limits hit: shoulder_pan" in safety[0], r.stdout
+
+
+def test_what_the_operator_must_act_on_is_shown_in_the_table_and_the_line() -> None:
+    """A dead writer lost an episode, a sim camera waits for its size, frames were refused, the
+    adapters cannot reach the rate, a servo refused a timing register, an overload needs a power
+    cycle: each shows in the live table and in the one-line form a pipe gets."""
+    from daemon.commands.status import one_line
+
+    st = dict(
+        BASE,
+        rate_warning="100 Hz is impossible here: follower read p50 16.5 ms (FTDI latency timer 16 ms)",
+        power_cycle_required="gripper overload latched: power-cycle the arm",
+        fault="",
+        follower={"connected": True, "configure_warnings": ["Return_Delay_Time kept at 50 (wrote 0)"]},
+        recording={"phase": "error", "episode": 2, "frames": 0, "episodes_in_dataset": 1,
+                   "error": "writer process died (SIGKILL)",
+                   "waiting_for": "camera front: waiting for the simulator to announce its image size",
+                   "frames_refused": {"wrist": {"count": 7, "last": "shape (240, 320, 3) != (480, 640, 3)"}},
+                   "lost_episodes": ["episode 1 'pick the cube': saved but never written"]},
+    )
+    for out in (text_of(st), one_line(st)):
+        assert "100 Hz is impossible here" in out
+        assert "gripper overload latched: power-cycle the arm" in out
+        assert "follower: Return_Delay_Time kept at 50" in out
+        assert "waiting for the simulator to announce its image size" in out
+        assert "wrist: 7 frames refused (shape (240, 320, 3) != (480, 640, 3))" in out
+        assert "LOST: episode 1 'pick the cube': saved but never written" in out
+    # the power-cycle text is not repeated when the fault already says it
+    st["fault"] = st["power_cycle_required"] + " (gripper: overload)"
+    assert text_of(st).count("power-cycle the arm") == 1

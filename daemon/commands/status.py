@@ -69,6 +69,8 @@ def render(st: dict[str, Any], full: bool = False) -> Any:
     )
     if st.get("fault"):
         head.append(f"\nFAULT: {st['fault']}", style="bold red")
+    for warning in _warnings(st):
+        head.append(f"\nWARNING: {cut(warning, 160)}", style="yellow")
 
     extra = [x for x in (_safety_line(st), _policy_line(st, cut), _recording_line(st, cut)) if x is not None]
 
@@ -205,7 +207,30 @@ def _recording_line(st: dict[str, Any], cut: _Cut) -> Any | None:
     )
     if rec.get("error"):
         line.append(f"  {cut(rec['error'], 80)}", style="red")
+    if rec.get("waiting_for"):
+        line.append(f"\n  waiting: {cut(rec['waiting_for'], 120)}", style="yellow")
+    for camera, refused in (rec.get("frames_refused") or {}).items():
+        line.append(f"\n  camera {camera}: {refused.get('count')} frames refused ({cut(refused.get('last'), 100)})", style="yellow")
+    for lost in rec.get("lost_episodes") or []:
+        line.append(f"\n  LOST: {lost}", style="bold red")
     return line
+
+
+def _warnings(st: dict[str, Any]) -> list[str]:
+    """What the operator should act on besides a fault: a rate the adapters cannot reach, a
+    latched overload that needs a power cycle (when the fault text does not already say it), and
+    registers a servo refused at connect (timing only; safety registers fail the connect)."""
+    out = []
+    if st.get("rate_warning"):
+        out.append(str(st["rate_warning"]))
+    pcr = st.get("power_cycle_required")
+    if pcr and pcr not in str(st.get("fault") or ""):
+        out.append(str(pcr))
+    for name in ("leader", "follower"):
+        arm = st.get(name)
+        if isinstance(arm, dict):
+            out += [f"{name}: {w}" for w in arm.get("configure_warnings") or []]
+    return out
 
 
 def one_line(st: dict[str, Any]) -> str:
@@ -223,6 +248,7 @@ def one_line(st: dict[str, Any]) -> str:
         parts.append("max|leader-follower| %.1f" % max(abs(j["leader"][k] - j["follower"][k]) for k in j["leader"]))
     if st.get("fault"):
         parts.append(f"FAULT: {st['fault']}")
+    parts += [f"WARNING: {w}" for w in _warnings(st)]
     for name in ("leader", "follower"):
         a = st.get(name)
         if isinstance(a, dict) and (not a.get("connected", True) or a.get("last_error")):
@@ -233,6 +259,11 @@ def one_line(st: dict[str, Any]) -> str:
         if "phase" in rec:
             parts.append(f"recording {rec['phase']} episode {rec.get('episode')} frames {rec.get('frames')}"
                          f" saved {rec.get('episodes_in_dataset')}" + (f" error: {rec['error']}" if rec.get("error") else ""))
+            if rec.get("waiting_for"):
+                parts.append(f"recording waiting: {rec['waiting_for']}")
+            parts += [f"camera {c}: {r.get('count')} frames refused ({r.get('last')})"
+                      for c, r in (rec.get("frames_refused") or {}).items()]
+            parts += [f"LOST: {lost}" for lost in rec.get("lost_episodes") or []]
         else:
             parts.append(f"recording: {rec.get('error', '?')}")
     pol = st.get("policy")
