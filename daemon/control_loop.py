@@ -278,6 +278,8 @@ class ControlLoop:
         # Set by _recover_fault, cleared when the health read shows the latch gone (power cycled);
         # the next re-arm then configures the servos again (a power cycle reset their SRAM).
         self.power_cycle_required = ""
+        self._scene_resets_seen = -1  # the follower's scene-reset count at the last read (-1: none yet)
+        self._realign_pending = False  # a scene reset moved the follower: re-align next update
         self._reconfigure = False
         self.rate_warning = ""  # set when the adapters make the configured rate impossible
         self._next_rate_check_s = 0.0
@@ -520,7 +522,13 @@ class ControlLoop:
         link = self.follower_link
         t0 = _MONO()
         try:
+            resets = link.arm.scene_resets()  # before the pose: see FollowerArm.scene_resets
             pose = link.arm.read_joints()
+            if resets != self._scene_resets_seen:
+                if self._scene_resets_seen >= 0:
+                    self._realign_pending = True
+                    log.info("follower scene reset: re-aligning from the reset pose")
+                self._scene_resets_seen = resets
         except Exception as exc:  # noqa: BLE001 - classified below
             self.follower_errors += 1
             missing = getattr(exc, "missing_ids", None)
@@ -652,8 +660,10 @@ class ControlLoop:
                 intent=self.intent, torque_wanted=self.torque_wanted, follower_ok=True, measured=self.measured,
                 target=target, target_age_s=age, fault_now=self.fault_now, clear_fault=self._clear_fault, target_name=name,
                 dt_s=(now - self._prev_cycle_s) if self._prev_cycle_s is not None else None,
+                realign=self._realign_pending,
             )
             out = update(self.state, inputs, params)
+            self._realign_pending = False
         self._clear_fault = False
         self._prev_cycle_s = now
         prev_mode = self.state.mode

@@ -107,6 +107,9 @@ class CycleInputs:
     clear_fault: bool = False  # the operator asked to resume (one cycle)
     target_name: str = "leader"  # for the reason text
     dt_s: float | None = None  # time since the previous cycle (None: the nominal period)
+    # The follower was moved under us (a simulator's scene reset): tracking restarts with
+    # alignment from the measured pose, as after a hold, instead of stepping from the last command.
+    realign: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,8 @@ def update(s: ControllerState, inp: CycleInputs, p: SafetyParams) -> CycleOutput
     goal = np.clip(target, p.lower, p.upper)
     # A switch of source (teleop <-> policy) restarts alignment: the new target may be far away,
     # and max_step alone would let it move at max_step per cycle (1000 deg/s at the defaults).
-    tracking = s.mode in ("aligning", inp.intent) and s.command is not None and s.torque_on is True
+    tracking = (s.mode in ("aligning", inp.intent) and s.command is not None and s.torque_on is True
+                and not inp.realign)
     start = s.command if tracking else here
     assert start is not None
 

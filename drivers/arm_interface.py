@@ -113,4 +113,11 @@ class FollowerArm(Protocol):
         """(lower, upper) joint limits in LeRobot units, from the follower's calibration."""
         ...
 
+    def scene_resets(self) -> int:
+        """How many times the follower's world was reset under it (a simulator's scene reset
+        moves the arm without a command from us); always 0 for a real arm. The count goes up
+        only once a pose measured after the reset is what ``read_joints`` returns, so a loop that
+        reads this before ``read_joints`` never pairs a new count with a pre-reset pose."""
+        ...
+
     def close(self) -> None: ...

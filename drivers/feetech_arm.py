@@ -637,6 +637,9 @@ class FeetechFollower(_FeetechArm):
             d.sram["Torque_Limit"] = c.gripper_max_torque_limit
         return d
 
+    def scene_resets(self) -> int:
+        return 0  # nothing but our own goals moves a real arm with torque on
+
     def close(self) -> None:
         if self.config.disable_torque_on_close and self.bus.is_open:
             try:

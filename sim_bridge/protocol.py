@@ -52,6 +52,7 @@ Sim -> daemon:
 - ``frame``      {name, seq, capture_s, shape: [h, w, 3], dtype: "uint8", encoding: "raw"|"jpeg"}
   + frame 1 = pixels (RGB, row-major) or a JPEG file.
 - ``episode``    {event: "reset_done"|"started"|"stopped"|"success"|"terminated", seq, detail}
+  (a sim sends a ``state`` with the reset pose before ``reset_done``: the daemon re-aligns from it)
 - ``heartbeat``  {sent_s}
 - ``error``      {error: str}  e.g. a version mismatch, naming both versions.
 

@@ -187,6 +187,7 @@ class SimFollower:
         self._effort_pct: np.ndarray = np.zeros(len(JOINT_NAMES))
         self._torque_reported = True
         self._state_rx_s = -1e9
+        self._scene_resets = 0  # reset_done events seen (the reset pose arrived just before each)
         self._state_seq = -1
         self._ack_seq = -1
         self._rtt_s: collections.deque[float] = collections.deque(maxlen=2048)
@@ -286,6 +287,9 @@ class SimFollower:
                 f"sim at {self.endpoint} silent: last state {age} (staleness {self.staleness_s * 1000:.0f} ms)"
             )
         return pos.copy()
+
+    def scene_resets(self) -> int:
+        return self._scene_resets
 
     def last_known_joints(self) -> np.ndarray | None:
         """The newest state received, however old (for display; the loop uses ``read_joints``)."""
@@ -542,6 +546,10 @@ class SimFollower:
             cam = self._cameras.get(h["name"]) or self._sim_camera(h["name"])
             cam._deliver(pixels, h["seq"], float(h["capture_s"]), now)
         elif msg.type == "episode":
+            if h["event"] == "reset_done":
+                # A sim sends the reset pose before reset_done (sim_bridge.protocol), and this thread
+                # stored that pose already: a reader of the count then reads a post-reset pose.
+                self._scene_resets += 1
             with self._event_cv:
                 self._events.append(EpisodeEvent(h["event"], h["seq"], str(h.get("detail", "")), now))
                 self._event_cv.notify_all()

@@ -204,3 +204,18 @@ def test_alignment_speed_is_per_second_and_a_late_cycle_catches_up_at_most_two_p
     late = update(ControllerState(), inputs(np.zeros(6), target, dt_s=0.5), p)
     np.testing.assert_allclose(late.command[0], 0.6)  # capped at two periods' worth
     assert np.all(late.command <= p.max_align_step + 1e-12)
+
+
+def test_a_follower_moved_under_us_realigns_from_where_it_now_is():
+    """A simulator's scene reset puts the arm at its rest pose mid-teleop: the next command starts
+    one align step from that measured pose, not from the last command (a jump to the leader)."""
+    p = params(align_speed_deg_s=30.0, align_gripper_speed_pct_s=50.0)
+    target = np.array([40.0, -30.0, 30.0, 10.0, 0.0, 60.0])
+    state, _ = run_cycles(ControllerState(), p, target, target, 5)
+    assert state.mode == "teleop"
+    rest = np.zeros(6)
+    out = update(state, inputs(rest, target, realign=True), p)
+    assert out.state.mode == "aligning"
+    np.testing.assert_allclose(out.command, rest + np.sign(target - rest) * p.align_step)
+    # without the flag the same cycle keeps tracking the target: that is the jump the flag prevents
+    assert update(state, inputs(rest, target), p).state.mode == "teleop"
