@@ -11,6 +11,7 @@ forward pass runs, then sleeps out the rest), inherited by the spawned worker.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -196,6 +197,8 @@ def test_policy_check_warns_about_a_configuration_that_cannot_keep_up(ckpt: Path
     r = check("0.6")
     assert r.returncode == 0 and "ok: act policy" in r.stdout, r.stderr
     assert "one chunk drives 0.50 s (100 actions at 30 fps, max_obs_age_s 0.5)" in r.stdout, r.stdout
-    assert "warning: policy: inference 0.6" in r.stderr and "> usable horizon 0.50 s: raise max_obs_age_s" in r.stderr, r.stderr
+    # the forward pass lasts at least the 0.6 s asked (more on a loaded machine)
+    warned = re.search(r"warning: policy: inference (\d+\.\d+) s > usable horizon 0\.50 s: raise max_obs_age_s", r.stderr)
+    assert warned and float(warned.group(1)) >= 0.6, r.stderr
     r = check("0")
     assert r.returncode == 0 and "warning" not in r.stderr, r.stderr

@@ -143,7 +143,10 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 1
 def load_with_the_readme_snippet(m: Machine, repo_id: str, root: str) -> dict:
     """Run the README's Python load snippet (its repo id and root substituted), report the dataset."""
     (code, _line), = [b for b in python_blocks() if "LeRobotDataset(" in b[0]]
-    assert 'LeRobotDataset("local/so101d", root=os.path.expanduser("~/so101d/datasets/local/so101d"))' in code
+    assert 'LeRobotDataset("local/so101d", root=os.path.expanduser("~/so101d/datasets/local/so101d"),' in code
+    # the snippet decodes with PyAV: it must load without the torchcodec traceback on a machine
+    # without a system FFmpeg
+    assert 'video_backend="pyav"' in code
     code = code.replace('"local/so101d"', json.dumps(repo_id), 1).replace('"~/so101d/datasets/local/so101d"', json.dumps(root))
     code += (
         "\nimport json, numpy as np"
@@ -154,6 +157,7 @@ def load_with_the_readme_snippet(m: Machine, repo_id: str, root: str) -> dict:
     )
     r = subprocess.run([sys.executable, "-c", code], env=m.env, cwd=m.root, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
