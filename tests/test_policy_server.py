@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from daemon.commands.policy import format_status
 from daemon.config import config_from_dict
 from daemon.control_client import ControlClient
 from daemon.policy.attach import attach_policy
@@ -40,6 +41,18 @@ POSE = np.array([0.0, -20.0, 20.0, 10.0, 0.0, 40.0])
 RATE_HZ = 50.0
 
 
+def wait_mode(loop, c: ControlClient, mode: str, timeout_s: float, what: str) -> None:
+    """wait_for the loop's mode; a timeout says what the policy status showed (load vs a bug)."""
+    try:
+        wait_for(lambda: loop.state.mode == mode, timeout_s, what)
+    except AssertionError:
+        st = c.request("policy.status")
+        keys = ("state", "results", "requests", "chunks_rejected", "chunks_expired", "inference_latency_ms",
+                "last_error", "server")
+        raise AssertionError(f"{what}: mode {loop.state.mode} ({loop.state.reason}) after {timeout_s} s; "
+                             f"policy {({k: st.get(k) for k in keys})}") from None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -49,14 +62,15 @@ def free_port() -> int:
 class LeRobotServer:
     """LeRobot's policy server, unmodified, as an operator starts it (CPU, loopback)."""
 
-    def __init__(self, port: int, workdir: Path):
+    def __init__(self, port: int, workdir: Path, inference_latency_s: float = 0.0):
         self.port, self.workdir, self.proc = port, workdir, None
+        self.inference_latency_s = inference_latency_s
 
     def start(self) -> None:
         # --inference_latency=0: no artificial sleep in GetActions (its default pads to 1/fps)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "lerobot.async_inference.policy_server", "--host=127.0.0.1",
-             f"--port={self.port}", "--fps=30", "--inference_latency=0"],
+             f"--port={self.port}", "--fps=30", f"--inference_latency={self.inference_latency_s}"],
             cwd=self.workdir, stdout=subprocess.DEVNULL, stderr=open(self.workdir / "server.err", "ab"),
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
         )
@@ -83,7 +97,8 @@ def ckpt(tmp_path_factory) -> Path:
     return tiny_act_checkpoint(tmp_path_factory.mktemp("server_policy"), {"front": (H, W)})
 
 
-def make_bench(root: Path, server: str, checkpoint: str, actions_per_chunk: int = 10):
+def make_bench(root: Path, server: str, checkpoint: str, actions_per_chunk: int = 10, record: bool = False,
+               max_obs_age_s: float = 3.0):
     la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
     fa, fb = still_arm_on_pty(root / "follower", "follower", POSE)
     cfg = config_from_dict({
@@ -91,9 +106,11 @@ def make_bench(root: Path, server: str, checkpoint: str, actions_per_chunk: int 
         "control": {"rate_hz": RATE_HZ},
         "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 100.0, "max_step_deg": 1.0},
         "cameras": {"front": {"kind": "virtual", "width": W, "height": H, "fps": 30}},
-        "policy": {"action_fps": 30.0, "refill_below": 4, "max_obs_age_s": 1.0, "path": checkpoint,
+        "policy": {"action_fps": 30.0, "refill_below": 4, "max_obs_age_s": max_obs_age_s, "path": checkpoint,
                    "backend": "lerobot-server", "server": server, "server_policy_type": "act",
                    "actions_per_chunk": actions_per_chunk},
+        **({"recording": {"enabled": True, "dataset_root": str(root / "datasets"), "repo_id": "eval/remote"}}
+           if record else {}),
     })
     cam = VirtualArmCamera(CamCfg(name="front", width=W, height=H, fps=30))
     daemon = Daemon(cfg, FeetechLeader(str(root / "leader"), reference_calibration("leader")),
@@ -105,7 +122,13 @@ def make_bench(root: Path, server: str, checkpoint: str, actions_per_chunk: int 
 
     daemon.loop.add_hook(CamFeed())
     cam.start()
-    ctl = attach_policy(daemon, cameras={"front": cam})
+    recorder = None
+    if record:
+        from daemon.recording.attach import attach_recorder
+
+        recorder = attach_recorder(daemon, cameras=[cam])
+        daemon.recorder = recorder  # the daemon's start() then uses this one (our virtual camera)
+    ctl = attach_policy(daemon, cameras={"front": cam}, recorder=recorder)
     daemon.start()
 
     def close() -> None:
@@ -114,6 +137,7 @@ def make_bench(root: Path, server: str, checkpoint: str, actions_per_chunk: int 
         lb.stop()
         fb.stop()
 
+    daemon.recorder_for_test = recorder
     return daemon, ctl, fa, close
 
 
@@ -140,7 +164,7 @@ def test_remote_policy_holds_without_server_drives_with_it_and_survives_a_restar
 
                 # 2. the server comes up: the daemon reconnects (back-off), sets the policy up, drives
                 server.start()
-                wait_for(lambda: loop.state.mode == "policy", 90, f"policy mode (now {loop.state.mode}: {loop.state.reason})")
+                wait_mode(loop, c, "policy", 90, "policy mode once the server is up")
                 wait_for(lambda: c.request("policy.status")["results"] >= 3, 30, "three remote chunks")
                 s0 = c.request("status")
                 t0 = time.monotonic()
@@ -154,6 +178,9 @@ def test_remote_policy_holds_without_server_drives_with_it_and_survives_a_restar
                 assert srv["network_ms"]["p50"] > 0 and srv["get_actions_ms"]["p50"] > 0
                 assert srv["server_compute_ms"] is None and "unknown" in srv["server_compute_note"]
                 assert st["driving"] and loop.state.mode == "policy"
+                text = format_status(st)  # what `so101d policy status` prints
+                assert f"127.0.0.1:{port} connected" in text and "round trip" in text and "network" in text
+                assert "server compute unknown" in text, text
 
                 # 3. the server dies mid-episode: hold, status says why
                 results_before = st["results"]
@@ -162,11 +189,12 @@ def test_remote_policy_holds_without_server_drives_with_it_and_survives_a_restar
                 wait_for(lambda: c.request("policy.status")["server"]["connected"] is False, 15, "status: server lost")
                 st = c.request("policy.status")
                 assert st["last_error"] and f"127.0.0.1:{port}" in st["last_error"], st["last_error"]
+                assert "NOT connected" in format_status(st) and "UNAVAILABLE" in format_status(st), format_status(st)
                 assert daemon.loop.state.mode == "hold"
 
                 # 4. restarted: it resumes without an operator command
                 server.start()
-                wait_for(lambda: loop.state.mode == "policy", 90, f"policy mode again (now {loop.state.mode}: {loop.state.reason})")
+                wait_mode(loop, c, "policy", 90, "policy mode again after the restart")
                 wait_for(lambda: c.request("policy.status")["results"] > results_before + 2, 30, "chunks after the restart")
                 assert c.request("policy.status")["server"]["connects"] >= 2
                 assert c.request("policy.stop")["ok"]
@@ -175,15 +203,16 @@ def test_remote_policy_holds_without_server_drives_with_it_and_survives_a_restar
             server.kill()
 
 
-def test_follower_moves_under_the_remote_policy(ckpt: Path) -> None:
+def test_follower_moves_under_the_remote_policy_and_the_episode_is_tagged(ckpt: Path) -> None:
     """The targets the loop sends while the server drives are the server's actions: they differ
-    from the still leader's pose and change over time."""
+    from the still leader's pose and change over time. The evaluation episode is recorded as with
+    the local backend: origin policy, its tag naming the backend and the server."""
     with tempfile.TemporaryDirectory(prefix="so101d-srv-") as d:
         root = Path(d)
         port = free_port()
         server = LeRobotServer(port, root)
         server.start()
-        daemon, ctl, follower, close = make_bench(root, f"127.0.0.1:{port}", str(ckpt))
+        daemon, ctl, follower, close = make_bench(root, f"127.0.0.1:{port}", str(ckpt), record=True)
         loop = daemon.loop
         rows: list[tuple[str, np.ndarray, np.ndarray]] = []
 
@@ -198,13 +227,21 @@ def test_follower_moves_under_the_remote_policy(ckpt: Path) -> None:
                 r = c.call("policy.load", wait_s=90)
                 assert r["ok"] and r["state"] == "ready", r
                 assert c.request("policy.status")["server"]["connected"] is True
-                assert c.request("policy.start", record=False)["ok"]
-                wait_for(lambda: loop.state.mode == "policy", 60, f"policy mode (now {loop.state.mode})")
+                wait_for(lambda: c.request("status").get("recording", {}).get("phase") == "idle", 120, "recorder ready")
+                assert c.request("policy.start", record=True)["ok"]
+                wait_mode(loop, c, "policy", 60, "policy mode")
                 n0 = len(rows)
                 wait_for(lambda: c.request("policy.status")["results"] >= 5, 30, "five remote chunks")
                 time.sleep(1.0)
                 n1 = len(rows)
-                c.request("policy.stop")
+                saved = c.request("policy.stop")
+                assert saved["episode"] is not None, saved
+                assert daemon.recorder_for_test.wait_saved(120), daemon.recorder_for_test.status()
+            from daemon.dataset_schema import read_episode_tags
+
+            tags = read_episode_tags(root / "datasets" / "eval" / "remote")
+            assert len(tags) == 1 and tags[0].origin == "policy", tags
+            assert any(f"policy backend lerobot-server, server 127.0.0.1:{port}" in n for n in tags[0].notes), tags[0].notes
             seg = [r for r in rows[n0:n1] if r[0] == "policy"]
             assert len(seg) > 30
             acts = np.array([r[2] for r in seg])
@@ -212,6 +249,42 @@ def test_follower_moves_under_the_remote_policy(ckpt: Path) -> None:
             # commanded targets moved (the policy's, not a frozen hold) and the follower followed
             assert np.ptp(acts[:, :5], axis=0).max() > 0.05, np.ptp(acts, axis=0)
             assert np.ptp(states[:, :5], axis=0).max() > 0.05, np.ptp(states, axis=0)
+        finally:
+            close()
+            server.kill()
+
+
+def test_a_server_slower_than_max_obs_age_leaves_the_follower_holding(ckpt: Path) -> None:
+    """LeRobot's own --inference_latency pads every GetActions to 1.5 s; max_obs_age_s is 1 s: every
+    chunk is stale on arrival, so none drives the arm, and status shows where the time went."""
+    with tempfile.TemporaryDirectory(prefix="so101d-srv-") as d:
+        root = Path(d)
+        port = free_port()
+        server = LeRobotServer(port, root, inference_latency_s=1.5)
+        server.start()
+        daemon, ctl, follower, close = make_bench(root, f"127.0.0.1:{port}", str(ckpt), max_obs_age_s=1.0)
+        loop = daemon.loop
+        modes: list[str] = []
+
+        class Rec:
+            def on_cycle(self, now, state, action, raw):
+                modes.append(loop.state.mode)
+
+        loop.add_hook(Rec())
+        try:
+            wait_for(lambda: loop.state.mode in ("idle", "teleop", "hold"), 15, "follower connected")
+            with ControlClient(str(root / "c.sock"), timeout_s=60) as c:
+                assert c.call("policy.load", wait_s=90)["ok"]
+                assert c.request("policy.start", record=False)["ok"]
+                n0 = len(modes)
+                wait_for(lambda: c.request("policy.status")["results"] >= 3, 60, "three slow chunks")
+                st = c.request("policy.status")
+                assert st["chunks_rejected"] >= 3, st
+                assert st["server"]["get_actions_ms"]["p50"] >= 1400, st["server"]
+                assert st["warning"] and "usable horizon" in st["warning"], st["warning"]
+                assert "policy" not in modes[n0:], "a stale chunk drove the arm"
+                assert loop.state.mode == "hold"
+                c.request("policy.stop")
         finally:
             close()
             server.kill()
