@@ -154,6 +154,7 @@ def test_remote_policy_holds_without_server_drives_with_it_and_survives_a_restar
                 # 1. server down at load: loaded, not crashed; status says why
                 r = c.call("policy.load", wait_s=60)
                 assert r["ok"] and r["state"] == "ready", r
+                assert f"127.0.0.1:{port} (not reachable now" in r["message"], r["message"]
                 st = c.request("policy.status")
                 assert st["backend"] == "lerobot-server"
                 assert st["server"]["connected"] is False

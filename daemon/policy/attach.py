@@ -116,7 +116,13 @@ class PolicyController:
             self.daemon.loop.policy_source = src
         if wait_s > 0:
             src.wait_ready(wait_s)
-        return {"message": f"loading {src.info.policy_type} policy from {src.info.path}", "state": src.state,
+        where = (f"on LeRobot's policy server {self.cfg.server}" if src.config.backend == "lerobot-server"
+                 else "")
+        link = src.link if src.config.backend == "lerobot-server" else {}
+        if link and not link.get("connected"):
+            where += f" (not reachable now: {link.get('error')}; the follower holds and the daemon keeps retrying)"
+        return {"message": f"loading {src.info.policy_type} policy from {src.info.path}" + (f" {where}" if where else ""),
+                "state": src.state,
                 "error": src.error, "cameras": list(src.info.camera_names)}
 
     def _require_ready(self) -> PolicySource:
