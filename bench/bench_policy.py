@@ -15,6 +15,11 @@
    protocol is pickle both ways; this benchmark is the only place we speak it (to a server we
    started ourselves, on loopback). Its server does not report the forward time, so its overhead
    is its latency minus our median forward time of the same model measured in the same run.
+3b. Ours with LeRobot's server (issue 15): the same server process and checkpoint driven by our
+   daemon's ``backend = "lerobot-server"`` path (PolicySource -> worker process -> gRPC client ->
+   restricted unpickler -> action queue), before LeRobot's own client protocol (3). Overhead is
+   latency minus the server-logged forward time, request by request; the last table prints the
+   overhead beyond the forward pass three ways (p50/p99/p99.9) with ratios to our local worker.
 4. Ours for other local programs: `so101d policy serve` (its own process, ZeroMQ ipc, msgpack +
    raw arrays) driven by PolicyClient, request/response like LeRobot's.
 5. Control loop rate and p99 period jitter on the emulated bench in teleop vs policy mode.
@@ -544,6 +549,8 @@ def main() -> int:
             print(row("forward pass (from its server log)", remote["forward"]))
             print(row("gRPC round trip (worker)", remote["round_trip"]))
             print(row("total", remote["latency"]))
+            if len(remote["forward"]) == len(remote["latency"]):
+                print(row("overhead beyond forward", remote["latency"] - remote["forward"]))
         if lr.get("skipped"):
             print(f"\nlerobot async inference: {lr['skipped']}")
         elif lr:
