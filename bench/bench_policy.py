@@ -200,6 +200,16 @@ class LeRobotServerProc:
             if m:
                 self.forwards.append(float(m.group(1)))
 
+    def wait_listening(self, timeout_s: float = 120.0) -> None:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end and self.proc.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise SystemExit(f"LeRobot's policy server did not listen on {self.port}")
+
     def close(self) -> None:
         self.proc.terminate()
         try:
@@ -214,6 +224,7 @@ def bench_ours_remote(ckpt: Path, server: LeRobotServerProc, requests: int) -> d
     server's own forward time from its log, request by request."""
     from daemon.policy.lerobot_server import ServerSpec
 
+    server.wait_listening()  # the daemon would retry with back-off; the bench measures steady state
     state = synthetic_pose(0.3)
     img = synthetic_frame(state, H, W)
     qcfg = QueueConfig(refill_below=1000, max_obs_age_s=60.0)
