@@ -15,6 +15,11 @@
    protocol is pickle both ways; this benchmark is the only place we speak it (to a server we
    started ourselves, on loopback). Its server does not report the forward time, so its overhead
    is its latency minus our median forward time of the same model measured in the same run.
+3b. Ours with LeRobot's server (issue 15): the same server process and checkpoint driven by our
+   daemon's ``backend = "lerobot-server"`` path (PolicySource -> worker process -> gRPC client ->
+   restricted unpickler -> action queue), before LeRobot's own client protocol (3). Overhead is
+   latency minus the server-logged forward time, request by request; the last table prints the
+   overhead beyond the forward pass three ways (p50/p99/p99.9) with ratios to our local worker.
 4. Ours for other local programs: `so101d policy serve` (its own process, ZeroMQ ipc, msgpack +
    raw arrays) driven by PolicyClient, request/response like LeRobot's.
 5. Control loop rate and p99 period jitter on the emulated bench in teleop vs policy mode.
@@ -175,7 +180,81 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def bench_lerobot(ckpt: Path, requests: int) -> dict:
+class LeRobotServerProc:
+    """`python -m lerobot.async_inference.policy_server` on loopback, its forward times read from its log."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        env = dict(os.environ, HF_HUB_OFFLINE="1")
+        logdir = tempfile.mkdtemp(prefix="so101d-lerobot-server-")  # it writes logs/ into its cwd
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lerobot.async_inference.policy_server", "--host=127.0.0.1", f"--port={self.port}",
+             "--fps=30", "--inference_latency=0", "--obs_queue_timeout=5"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=logdir, text=True)
+        self.forwards: list[float] = []
+        threading.Thread(target=self._read_log, daemon=True).start()
+
+    def _read_log(self) -> None:  # its server logs the forward pass as "Preprocessing and inference took X s"
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            m = re.search(r"Preprocessing and inference took ([0-9.]+)s", line)
+            if m:
+                self.forwards.append(float(m.group(1)))
+
+    def wait_listening(self, timeout_s: float = 120.0) -> None:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end and self.proc.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise SystemExit(f"LeRobot's policy server did not listen on {self.port}")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def bench_ours_remote(ckpt: Path, server: LeRobotServerProc, requests: int) -> dict:
+    """Our daemon's path with LeRobot's server: PolicySource backend lerobot-server (worker process,
+    gRPC client, restricted unpickler), polled like bench_ours. Overhead = latency minus the
+    server's own forward time from its log, request by request."""
+    from daemon.policy.lerobot_server import ServerSpec
+
+    server.wait_listening()  # the daemon would retry with back-off; the bench measures steady state
+    state = synthetic_pose(0.3)
+    img = synthetic_frame(state, H, W)
+    qcfg = QueueConfig(refill_below=1000, max_obs_age_s=60.0)
+    spec = ServerSpec(server=f"127.0.0.1:{server.port}", policy_type="act", checkpoint=str(ckpt),
+                      actions_per_chunk=100, cameras={"front": [H, W]}, call_timeout_s=120.0)
+    src = PolicySource(PolicyRunnerConfig(str(ckpt), cameras={"front": (H, W)}, queue=qcfg, nice=0,
+                                          backend="lerobot-server", server=spec, request_timeout_s=120.0),
+                       {"front": StillCamera(img)})
+    src.start()
+    if not src.wait_ready(300) or not src.link.get("connected"):
+        src.stop()
+        return {"skipped": f"our lerobot-server backend did not connect: {src.error or src.link}"}
+    warm = 3
+    while src.results < warm:
+        src.wait_result(0.001)
+        src.target(time.monotonic(), state)
+    lat_start = len(src.latency._d)
+    fwd_start = len(server.forwards)
+    while src.results < warm + requests:
+        src.wait_result(0.001)
+        src.target(time.monotonic(), state)
+    lat = np.array(list(src.latency._d)[lat_start:])
+    rt = np.array(list(src.remote["round_trip"]._d)[-len(lat):])
+    src.stop()
+    time.sleep(0.5)  # the log line of the last request
+    fw = np.array(server.forwards[fwd_start:fwd_start + len(lat)])
+    return {"latency": lat, "round_trip": rt, "forward": fw}
+
+
+def bench_lerobot(ckpt: Path, requests: int, server: LeRobotServerProc | None = None) -> dict:
     try:
         import grpc
         from lerobot.async_inference.helpers import RemotePolicyConfig, TimedObservation
@@ -184,23 +263,9 @@ def bench_lerobot(ckpt: Path, requests: int) -> dict:
         from lerobot.utils.feature_utils import hw_to_dataset_features
     except ImportError as exc:
         return {"skipped": f"LeRobot async inference cannot run here: {exc} (install lerobot[async]: grpcio, protobuf)"}
-    port = free_port()
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    logdir = tempfile.mkdtemp(prefix="so101d-lerobot-server-")  # it writes logs/ into its cwd
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lerobot.async_inference.policy_server", "--host=127.0.0.1", f"--port={port}",
-         "--fps=30", "--inference_latency=0", "--obs_queue_timeout=5"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=logdir,
-        text=True)
-    forwards: list[float] = []
-
-    def read_log() -> None:  # its server logs the forward pass as "Preprocessing and inference took X s"
-        for line in proc.stdout:  # type: ignore[union-attr]
-            m = re.search(r"Preprocessing and inference took ([0-9.]+)s", line)
-            if m:
-                forwards.append(float(m.group(1)))
-
-    threading.Thread(target=read_log, daemon=True).start()
+    own = server is None
+    server = server or LeRobotServerProc()
+    port, forwards = server.port, server.forwards
     try:
         channel = grpc.insecure_channel(f"127.0.0.1:{port}", grpc_channel_options())
         grpc.channel_ready_future(channel).result(timeout=120)
@@ -235,11 +300,8 @@ def bench_lerobot(ckpt: Path, requests: int) -> dict:
         fw = np.array(forwards[-len(lat):]) if len(forwards) >= len(lat) else np.array([])
         return {"latency": np.array(lat), "empty": empty, "forward": fw}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        if own:
+            server.close()
 
 
 # -- control loop: teleop vs policy -------------------------------------------------------------------
@@ -483,7 +545,23 @@ def main() -> int:
             print(row("forward pass (server-reported)", sv["forward"]))
             print(row("total (client round trip)", sv["latency"]))
             print(row("overhead beyond forward", sv["latency"] - sv["forward"]))
-        lr = {} if args.skip_lerobot else bench_lerobot(ckpt, args.requests)
+        remote, lr = {}, {}
+        if not args.skip_lerobot:
+            server = LeRobotServerProc()  # one server, the same checkpoint, both clients in turn
+            try:
+                remote = bench_ours_remote(ckpt, server, args.requests)
+                lr = bench_lerobot(ckpt, args.requests, server)
+            finally:
+                server.close()
+        if remote.get("skipped"):
+            print(f"\nours with LeRobot's server: {remote['skipped']}")
+        elif remote:
+            print(f"\nours with LeRobot's server (daemon backend lerobot-server, gRPC on loopback): {len(remote['latency'])} requests")
+            print(row("forward pass (from its server log)", remote["forward"]))
+            print(row("gRPC round trip (worker)", remote["round_trip"]))
+            print(row("total", remote["latency"]))
+            if len(remote["forward"]) == len(remote["latency"]):
+                print(row("overhead beyond forward", remote["latency"] - remote["forward"]))
         if lr.get("skipped"):
             print(f"\nlerobot async inference: {lr['skipped']}")
         elif lr:
@@ -504,6 +582,19 @@ def main() -> int:
                           f"p99 {pct(lr_ovh, 99) / pct(so, 99):.1f}x")
             else:
                 print("  (its server log did not give one forward time per request: overhead not computed)")
+        three = [("ours, local worker", ours["overhead"])]
+        if remote and not remote.get("skipped") and len(remote["forward"]) == len(remote["latency"]):
+            three.append(("ours + LeRobot's server", remote["latency"] - remote["forward"]))
+        if lr and not lr.get("skipped") and len(lr["forward"]) == len(lr["latency"]):
+            three.append(("LeRobot client + its server", lr["latency"] - lr["forward"]))
+        if len(three) > 1:
+            print("\noverhead beyond the forward pass, three ways, same checkpoint, this run (ms)")
+            print(f"  {'path':<30} {'p50':>8} {'p99':>8} {'p99.9':>8} {'n':>5}")
+            for name, o in three:
+                print(f"  {name:<30} {pct(o, 50) * 1e3:8.2f} {pct(o, 99) * 1e3:8.2f} {pct(o, 99.9) * 1e3:8.2f} {len(o):5d}")
+            base = three[0][1]
+            for name, o in three[1:]:
+                print(f"  ratio {name} / ours local: p50 {pct(o, 50) / pct(base, 50):.1f}x, p99 {pct(o, 99) / pct(base, 99):.1f}x")
         if not args.skip_loop:
             res = bench_loop(ckpt, args.loop_seconds)
             print("\ncontrol loop on the emulated bench (100 Hz target), teleop vs policy (two rounds each)")

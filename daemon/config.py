@@ -155,6 +155,12 @@ class PolicyConfig:
     refill_below: int = 10  # floor: also ask when this few usable actions remain (main rule: usable horizon vs measured latency)
     max_obs_age_s: float = 1.0  # actions computed from an older observation are dropped
     record: bool = True  # with [recording] enabled, `policy start` records an evaluation episode
+    # Where the forward pass runs: "local" (a worker process here) or "lerobot-server" (LeRobot's
+    # async policy server at `server`; `path` is then the checkpoint path or hub id ON the server)
+    backend: Literal["local", "lerobot-server"] = "local"
+    server: str = ""  # lerobot-server: HOST:PORT of `python -m lerobot.async_inference.policy_server`
+    server_policy_type: str = "act"  # lerobot-server: the policy type the server loads (act, smolvla, pi0, ...)
+    actions_per_chunk: int = 50  # lerobot-server: actions the server returns per observation
 
 
 @dataclass

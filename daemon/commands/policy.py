@@ -89,6 +89,21 @@ STAGES = (  # (key, what it covers), in the order a request goes through them
 )
 
 
+def format_server(srv: dict[str, Any]) -> list[str]:
+    """The lerobot-server backend's lines: link state, then round trip / network / server kept apart."""
+    state = "connected" if srv.get("connected") else "NOT connected (the follower holds; reconnecting)"
+    lines = [f"server     {srv.get('address')} {state}, {srv.get('connects')} set-ups, {srv.get('failures')} failures; "
+             f"checkpoint on the server: {srv.get('checkpoint')}"]
+    if srv.get("error"):
+        lines.append(f"  why      {srv['error']}")
+    lines.append(f"  round trip     {_ms(srv.get('round_trip_ms'))}  (send observation -> chunk decoded)")
+    lines.append(f"  network        {_ms(srv.get('network_ms'))}  (SendObservations: upload + server enqueue)")
+    lines.append(f"  GetActions     {_ms(srv.get('get_actions_ms'))}  (server compute + reply transfer)")
+    compute = srv.get("server_compute_ms")
+    lines.append(f"  server compute {_ms(compute) if isinstance(compute, dict) else srv.get('server_compute_note') or 'unknown'}")
+    return lines
+
+
 def format_status(st: dict[str, Any]) -> str:
     if st.get("state") == "none":
         return "no policy loaded"
@@ -105,8 +120,14 @@ def format_status(st: dict[str, Any]) -> str:
         f"dropped    {st.get('actions_dropped_stale')} stale actions, {st.get('chunks_rejected')} chunks too old, "
         f"{st.get('chunks_expired')} ran out (arm held), {st.get('timeouts')} timeouts",
     ]
+    srv = st.get("server")
+    if st.get("backend") == "lerobot-server" and isinstance(srv, dict):
+        lines[3] = f"overhead   {_ms(st.get('overhead_ms'))}  (beyond GetActions: upload, decode, hand-offs)"
+        lines.extend(format_server(srv))
     stages = st.get("stages_ms") or {}
-    lines.append(f"stages     {'p50':>7} {'p99':>7} ms  where the latency goes")
+    lines.append(f"stages     {'p50':>7} {'p99':>7} ms  where the latency goes"
+                 + ("  (remote: preprocess = upload, forward = GetActions, postprocess = decode)"
+                    if st.get("backend") == "lerobot-server" else ""))
     for key, what in STAGES:
         d = stages.get(key)
         nums = f"{d['p50']:7.1f} {d['p99']:7.1f}" if d else f"{'-':>7} {'-':>7}"

@@ -9,5 +9,7 @@ runner.py      PolicySource: the control loop's microsecond-cost ``target(now, s
 attach.py      policy.* socket verbs, mode policy, evaluation episodes, take-over wiring
 takeover.py    policy -> teleop without a jump (leader moved to the follower, then released)
 serve.py       ZeroMQ endpoint + PolicyClient for other local programs
+lerobot_server.py backend "lerobot-server": the worker speaks LeRobot's async-inference gRPC to its
+               policy server (GPU host); safe_unpickle.py the only way its replies are decoded
 tiny.py        small real checkpoints built offline (tests, benchmarks)
 """

@@ -22,6 +22,7 @@ import numpy as np
 
 from daemon.policy.action_queue import QueueConfig
 from daemon.policy.checkpoint import CheckpointError
+from daemon.policy.lerobot_server import ServerSpec
 from daemon.policy.runner import FrameSource, PolicyRunnerConfig, PolicySource
 from daemon.policy.takeover import LeaderActuator, Takeover, TakeoverConfig
 
@@ -59,6 +60,20 @@ def queue_config_from(policy_cfg: Any) -> QueueConfig:
         raise PolicyError(str(exc)) from None
 
 
+def server_spec_from(policy_cfg: Any, path: str, cameras: Mapping[str, tuple[int, int]]) -> ServerSpec | None:
+    """[policy] keys -> the lerobot-server backend's ServerSpec (None for the local backend)."""
+    if getattr(policy_cfg, "backend", "local") != "lerobot-server":
+        return None
+    if not policy_cfg.server:
+        raise PolicyError('policy.backend = "lerobot-server" needs policy.server = "HOST:PORT"')
+    return ServerSpec(
+        server=policy_cfg.server, policy_type=policy_cfg.server_policy_type, checkpoint=path,
+        device=policy_cfg.device or "cpu", actions_per_chunk=int(policy_cfg.actions_per_chunk),
+        action_fps=float(policy_cfg.action_fps), cameras={n: [h, w] for n, (h, w) in cameras.items()},
+        task=policy_cfg.task,
+    )
+
+
 class PolicyController:
     """Owns the PolicySource of a daemon and implements the policy verbs."""
 
@@ -86,7 +101,9 @@ class PolicyController:
             try:
                 src = PolicySource(
                     PolicyRunnerConfig(checkpoint=path, cameras=configured, queue=queue_config_from(self.cfg),
-                                       device=self.cfg.device or None, task=self.cfg.task),
+                                       device=self.cfg.device or None, task=self.cfg.task,
+                                       backend=getattr(self.cfg, "backend", "local"),
+                                       server=server_spec_from(self.cfg, path, configured)),
                     self.cameras,
                 )
             except (CheckpointError, ValueError) as exc:
@@ -99,7 +116,13 @@ class PolicyController:
             self.daemon.loop.policy_source = src
         if wait_s > 0:
             src.wait_ready(wait_s)
-        return {"message": f"loading {src.info.policy_type} policy from {src.info.path}", "state": src.state,
+        where = (f"on LeRobot's policy server {self.cfg.server}" if src.config.backend == "lerobot-server"
+                 else "")
+        link = src.link if src.config.backend == "lerobot-server" else {}
+        if link and not link.get("connected"):
+            where += f" (not reachable now: {link.get('error')}; the follower holds and the daemon keeps retrying)"
+        return {"message": f"loading {src.info.policy_type} policy from {src.info.path}" + (f" {where}" if where else ""),
+                "state": src.state,
                 "error": src.error, "cameras": list(src.info.camera_names)}
 
     def _require_ready(self) -> PolicySource:
@@ -254,13 +277,28 @@ class PolicyController:
         self.episode_open = True
         return out
 
+    def _episode_notes(self) -> list[str]:
+        """The evaluation episode's tag notes: which backend (and server) computed its actions."""
+        src = self.source
+        backend = getattr(self.cfg, "backend", "local")
+        where = f"policy backend {backend}"
+        if backend == "lerobot-server":
+            where += f", server {self.cfg.server}"
+        if src is not None:
+            where += f", {src.info.policy_type} {src.info.path}"
+        return [where]
+
     def _end_episode(self, discard: bool = False, success: bool | None = None) -> Any:
         rec = self.recorder
         self.episode_open = False
         if rec is None:
             return None
         try:
-            return rec.discard_episode() if discard else rec.save_episode(success)
+            if discard:
+                return rec.discard_episode()
+            if "notes" in inspect.signature(rec.save_episode).parameters:
+                return rec.save_episode(success, notes=self._episode_notes())
+            return rec.save_episode(success)
         except Exception as exc:  # the episode may have been saved/discarded by hand
             return {"error": str(exc)}
 

@@ -30,6 +30,7 @@ import numpy as np
 from calibration.conventions import NUM_JOINTS
 from daemon.policy.action_queue import ActionQueue, QueueConfig
 from daemon.policy.checkpoint import ExpectedIO, check_checkpoint
+from daemon.policy.lerobot_server import ServerSpec, remote_info, validate
 from daemon.policy.obs_buffer import ObsBuffer, ObsLayout
 from daemon.policy.worker import MAX_MESSAGE_BYTES, WorkerSpec, pack, unpack, worker_main
 
@@ -69,6 +70,8 @@ class PolicyRunnerConfig:
     torch_threads: int | None = None
     request_timeout_s: float = 2.0  # an inference taking longer (and 3x the measured latency) is abandoned
     load_timeout_s: float = 120.0
+    backend: str = "local"  # "lerobot-server": the worker asks LeRobot's policy server (lerobot_server.py)
+    server: ServerSpec | None = None
 
 
 class _Samples:
@@ -102,7 +105,15 @@ class PolicySource:
         self.config = config
         self.cameras = dict(cameras or {})
         # Cheap JSON-only checks in our process first: a readable error right away.
-        self.info = check_checkpoint(config.checkpoint, ExpectedIO(cameras=dict(config.cameras)))
+        if config.backend == "lerobot-server":
+            if config.server is None:
+                raise ValueError("policy.backend = \"lerobot-server\" needs policy.server = \"HOST:PORT\"")
+            validate(config.server)
+            self.info = remote_info(config.server)  # the checkpoint lives on the server
+        elif config.backend == "local":
+            self.info = check_checkpoint(config.checkpoint, ExpectedIO(cameras=dict(config.cameras)))
+        else:
+            raise ValueError(f"policy.backend: {config.backend!r} must be \"local\" or \"lerobot-server\"")
         missing = [n for n in self.info.cameras if n not in self.cameras]
         if missing:
             raise ValueError(f"policy needs camera(s) {', '.join(missing)} but no frame source was given for them")
@@ -151,6 +162,9 @@ class PolicySource:
         self.worker_errors = 0
         self.cameras_not_ready = 0
         self.last_error: str | None = None
+        # lerobot-server backend: the worker's view of the server, and the remote split per chunk
+        self.link: dict[str, Any] = {}
+        self.remote = {k: _Samples() for k in ("round_trip", "send", "get", "decode")}
         # (request id, obs_time_s, received_s, actions in chunk, actions kept) of recent chunks
         self.chunk_log: deque[tuple[int, float, float, int, int]] = deque(maxlen=64)
 
@@ -167,7 +181,8 @@ class PolicySource:
             checkpoint=str(self.info.path), shm_name=self._buf.name, layout=self._layout.to_dict(),
             cameras={n: [h, w] for n, (h, w) in self.config.cameras.items()}, device=self.config.device,
             task=self.config.task, max_actions=self.info.n_action_steps, nice=self.config.nice,
-            torch_threads=self.config.torch_threads,
+            torch_threads=self.config.torch_threads, backend=self.config.backend,
+            server=None if self.config.server is None else dict(self.config.server.__dict__),
         )
         self._proc = ctx.Process(target=_worker_entry, args=(req_r, res_w, spec.__dict__),
                                  name="so101d-policy", daemon=True)
@@ -358,6 +373,8 @@ class PolicySource:
                 self._pipe_closed()
                 return
             kind = msg["t"]
+            if isinstance(msg.get("link"), dict):
+                self.link = msg["link"]
             if kind == "_bad":
                 self.last_error = f"bad message from the worker: {msg['error']}"
             elif kind == "result":
@@ -375,6 +392,9 @@ class PolicySource:
                     log.error("policy worker failed: %s", self.error)
                 elif msg.get("req") == self._in_flight:
                     self._in_flight = None
+                retry = msg.get("retry_after_s")
+                if isinstance(retry, (int, float)) and retry > 0:  # the server's back-off: no request storm
+                    self._retry_after = time.monotonic() + min(float(retry), 10.0)
 
     def _pipe_closed(self) -> None:
         if self._stopping or self.state == "error":
@@ -410,6 +430,12 @@ class PolicySource:
             v = msg.get(f"{k}_s")
             if v is not None:
                 self.stage[k].add(float(v))
+        times = msg.get("times")
+        if isinstance(times, dict):
+            for k in ("round_trip", "send", "get", "decode"):
+                v = times.get(f"{k}_s")
+                if isinstance(v, (int, float)):
+                    self.remote[k].add(float(v))
         done_s = float(msg.get("done_s", recv_s))
         self.stage["deliver"].add(max(0.0, recv_s - done_s))
         if arrived_s is not None:  # split: the pipe, then waiting for the loop's next cycle
@@ -472,6 +498,29 @@ class PolicySource:
             "cameras_not_ready": self.cameras_not_ready,
             "worker_errors": self.worker_errors,
             "last_error": self.last_error,
+            "backend": self.config.backend,
+            "server": self._server_stats() if self.config.backend == "lerobot-server" else None,
+        }
+
+    def _server_stats(self) -> dict[str, Any]:
+        """Round trip, network and server compute, kept apart (status and `policy status`)."""
+        spec = self.config.server
+        return {
+            "address": spec.server if spec else None,
+            "checkpoint": spec.checkpoint if spec else None,
+            "connected": bool(self.link.get("connected")),
+            "connects": self.link.get("connects", 0),
+            "failures": self.link.get("failures", 0),
+            "error": self.link.get("error"),
+            "round_trip_ms": self.remote["round_trip"].summary_ms(),
+            # SendObservations: upload + the server's unpickle/enqueue (an upper bound on network time)
+            "network_ms": self.remote["send"].summary_ms(),
+            # GetActions: the server's prepare/forward/postprocess/pickle plus the reply's transfer
+            "get_actions_ms": self.remote["get"].summary_ms(),
+            "decode_ms": self.remote["decode"].summary_ms(),
+            "server_compute_ms": None,
+            "server_compute_note": "unknown: LeRobot's policy server sends no compute timing "
+                                   "(at most get_actions_ms)",
         }
 
 

@@ -49,6 +49,8 @@ class WorkerSpec:
     max_actions: int | None = None
     nice: int = 5  # lower priority than the control loop: the loop's rate matters more
     torch_threads: int | None = None
+    backend: str = "local"  # or "lerobot-server": LeRobot's policy server answers (lerobot_server.py)
+    server: dict[str, Any] | None = None  # ServerSpec fields for the lerobot-server backend
 
 
 def worker_main(conn, spec_dict: dict[str, Any]) -> None:
@@ -75,6 +77,10 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
         # Spawned children share the daemon's resource tracker, so attaching registers the same
         # name again (a no-op) and the daemon's unlink at stop unregisters it once: no leak warning.
         buf = ObsBuffer(layout, name=spec.shm_name, create=False)
+        if spec.backend == "lerobot-server":
+            _serve_remote(conn, spec, buf, layout)
+            buf.close()
+            return
         expected = ExpectedIO(cameras={n: (int(h), int(w)) for n, (h, w) in spec.cameras.items()})
         engine = PolicyEngine.from_checkpoint(spec.checkpoint, expected, spec.device, task=spec.task)
         engine.max_actions = spec.max_actions
@@ -139,3 +145,78 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
     finally:
         buf.close()
 
+
+
+def _serve_remote(conn, spec: WorkerSpec, buf, layout) -> None:
+    """The worker's loop for the lerobot-server backend: same requests and replies, the chunk
+    computed by LeRobot's policy server. A server that is down or drops is a non-fatal error with
+    a retry time (the daemon holds, status says why, the next request reconnects)."""
+    from daemon.policy.lerobot_server import ServerEngine, ServerSpec, ServerUnavailable
+    from daemon.policy.safe_unpickle import UnsafePickleError
+
+    engine = ServerEngine(ServerSpec(**(spec.server or {})))
+    engine.max_actions = spec.max_actions
+    state = np.zeros(layout.state_dim, dtype=np.float64)
+    images = {n: np.zeros((h, w, 3), dtype=np.uint8) for n, h, w in layout.cameras}
+
+    def link() -> dict[str, Any]:
+        return {"server": engine.spec.server, "connected": engine.connected, "connects": engine.connects,
+                "failures": engine.failures, "error": engine.last_error}
+
+    # Set the policy up and run one warm-up inference now (the server's first forward pass
+    # allocates); a server that is down is not fatal: ready, holding, reconnecting on requests.
+    t0 = time.perf_counter()
+    try:
+        engine.infer(state, images)
+    except ServerUnavailable:
+        pass
+    except (UnsafePickleError, ValueError) as exc:
+        engine.last_error = str(exc)
+    conn.send_bytes(pack({
+        "t": "ready",
+        "info": {"policy_type": engine.spec.policy_type, "chunk_size": engine.spec.actions_per_chunk,
+                 "n_action_steps": engine.spec.actions_per_chunk, "cameras": list(engine.camera_names),
+                 "device": f"{engine.spec.device} on {engine.spec.server}", "warmup_s": time.perf_counter() - t0,
+                 "pid": os.getpid(), "backend": "lerobot-server"},
+        "link": link(),
+    }))
+    try:
+        while True:
+            try:
+                msg = unpack(conn.recv_bytes(MAX_MESSAGE_BYTES))
+            except (EOFError, OSError):
+                break
+            except ValueError as exc:
+                conn.send_bytes(pack({"t": "error", "error": str(exc), "fatal": False}))
+                continue
+            kind = msg["t"]
+            if kind == "stop":
+                break
+            if kind == "reset":
+                continue  # the server keeps no history for ACT-style chunks; Ready would drop the policy
+            if kind != "infer":
+                conn.send_bytes(pack({"t": "error", "error": f"unknown request {kind!r}", "fatal": False}))
+                continue
+            got_s = time.monotonic()
+            t0 = time.perf_counter()
+            try:
+                obs_time, req, _oldest = buf.read_into(state, images)
+                t1 = time.perf_counter()
+                actions, timings = engine.infer(state, images)
+            except ServerUnavailable as exc:
+                conn.send_bytes(pack({"t": "error", "error": str(exc), "fatal": False, "req": msg.get("req"),
+                                      "retry_after_s": exc.retry_after_s, "link": link()}))
+                continue
+            except Exception as exc:  # unsafe reply, malformed chunk: hold, say why, keep serving
+                engine.last_error = str(exc)
+                conn.send_bytes(pack({"t": "error", "error": f"inference failed: {exc}", "fatal": False,
+                                      "req": msg.get("req"), "retry_after_s": 0.5, "link": link()}))
+                continue
+            conn.send_bytes(pack({
+                "t": "result", "req": req, "obs_time_s": obs_time, "n": int(actions.shape[0]),
+                "dim": int(actions.shape[1]), "actions": actions.astype(np.float32).tobytes(),
+                "read_s": t1 - t0, **{k: v for k, v in asdict(timings).items()},
+                "got_s": got_s, "done_s": time.monotonic(), "link": link(), "times": engine.last_link,
+            }))
+    finally:
+        engine.close()
