@@ -137,3 +137,16 @@ def test_what_the_operator_must_act_on_is_shown_in_the_table_and_the_line() -> N
     # the power-cycle text is not repeated when the fault already says it
     st["fault"] = st["power_cycle_required"] + " (gripper: overload)"
     assert text_of(st).count("power-cycle the arm") == 1
+
+
+def test_a_remote_policy_server_line_keeps_round_trip_network_and_server_time_apart() -> None:
+    from daemon.commands.status import one_line
+
+    srv = {"address": "127.0.0.1:8080", "connected": False, "error": "UNAVAILABLE: connection refused",
+           "round_trip_ms": {"p50": 61.2}, "network_ms": {"p50": 3.4}, "get_actions_ms": {"p50": 55.0},
+           "server_compute_ms": None}
+    st = dict(BASE, policy={"state": "running", "driving": False, "backend": "lerobot-server", "server": srv})
+    out = text_of(st)
+    assert "server 127.0.0.1:8080 NOT connected" in out and "UNAVAILABLE: connection refused" in out
+    assert "round trip p50 61.2 ms  network p50 3.4 ms  GetActions p50 55.0 ms  server compute unknown" in out
+    assert "policy server 127.0.0.1:8080 NOT connected: UNAVAILABLE" in one_line(st)

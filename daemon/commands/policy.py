@@ -23,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     sub.required = True
     p = sub.add_parser("load", help="load a checkpoint folder into the daemon's policy worker")
-    p.add_argument("path", metavar="DIR")
+    # optional: the daemon falls back to [policy] path (with backend "lerobot-server", a path on the server)
+    p.add_argument("path", metavar="DIR", nargs="?", default=None,
+                   help="checkpoint folder (default: the daemon's [policy] path)")
     p.add_argument("--wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for the worker to be ready")
     add_socket_arguments(p)
     p = sub.add_parser("start", help="let the policy drive the follower")
@@ -151,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
 
         return serve_main(args.path, args.endpoint, device=args.device, task=args.task)
     if action == "load":
-        reply = _call(args, "policy.load", path=os.path.abspath(args.path), wait_s=args.wait)
+        # a local folder is made absolute (the daemon's working directory is not ours); none: [policy] path
+        reply = _call(args, "policy.load", path=os.path.abspath(args.path) if args.path else None, wait_s=args.wait)
     elif action == "start":
         reply = _call(args, "policy.start", record=not args.no_record, **({"task": args.task} if args.task else {}))
     elif action == "stop" and args.takeover:

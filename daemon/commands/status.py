@@ -182,6 +182,16 @@ def _policy_line(st: dict[str, Any], cut: _Cut) -> Any | None:
     t = pol.get("takeover")
     if isinstance(t, dict) and t.get("phase"):
         line.append(f"  take-over {t['phase']}", style="red" if t["phase"] == "failed" else "")
+    srv = pol.get("server")
+    if pol.get("backend") == "lerobot-server" and isinstance(srv, dict):
+        # the remote backend: where the time goes, kept apart (LeRobot's server reports no compute time)
+        p50 = lambda key: _fmt((srv.get(key) or {}).get("p50"), ".1f")  # noqa: E731
+        state = "connected" if srv.get("connected") else "NOT connected"
+        line.append(f"\n  server {srv.get('address')} {state}", style="" if srv.get("connected") else "bold red")
+        line.append(f"  round trip p50 {p50('round_trip_ms')} ms  network p50 {p50('network_ms')} ms"
+                    f"  GetActions p50 {p50('get_actions_ms')} ms  server compute unknown")
+        if srv.get("error"):
+            line.append(f"  {cut(srv['error'], 100)}", style="red")
     if pol.get("warning"):  # inference slower than a chunk can drive (issue 16): said, not silent
         line.append(f"  {pol['warning']}", style="bold yellow")
     if pol.get("last_error") or pol.get("error"):
@@ -270,6 +280,10 @@ def one_line(st: dict[str, Any]) -> str:
     if isinstance(pol, dict) and pol.get("state") != "none":
         err = pol.get("error") or pol.get("last_error")
         parts.append(f"policy {pol.get('state', '?')}{' driving' if pol.get('driving') else ''}" + (f" error: {err}" if err else ""))
+        srv = pol.get("server")
+        if pol.get("backend") == "lerobot-server" and isinstance(srv, dict):
+            parts.append(f"policy server {srv.get('address')} {'connected' if srv.get('connected') else 'NOT connected'}"
+                         + (f": {srv['error']}" if srv.get("error") else ""))
     return "  |  ".join(parts)
 
 
