@@ -161,6 +161,7 @@ class StillCamera:
 
     def __init__(self, pixels: np.ndarray):
         self.pixels = pixels
+        self.height, self.width = pixels.shape[:2]
         self.seq = 0
 
     def latest_frame(self) -> Frame:

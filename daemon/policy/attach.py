@@ -89,6 +89,14 @@ class PolicyController:
         self._takeover_thread: threading.Thread | None = None
 
     # -- verbs -------------------------------------------------------------------------------
+    def _camera_size(self, name: str, cfg: Any) -> tuple[int, int]:
+        """(height, width) the policy will see: a live camera's own size where it has one (a sim
+        camera takes the simulator's, announced at run time), else the configured one."""
+        live = self.cameras.get(name)
+        if live is not None and live.width > 0 and live.height > 0:
+            return (live.height, live.width)
+        return (cfg.height, cfg.width)
+
     def load(self, path: str | None = None, wait_s: float = 0.0) -> dict[str, Any]:
         """Check the checkpoint (readable mismatch list), then start its worker process."""
         path = path or self.cfg.path
@@ -97,7 +105,7 @@ class PolicyController:
         with self._lock:
             if self.source is not None and self.daemon.loop.intent == "policy":
                 raise PolicyError("a policy is driving the arm; `so101d policy stop` first")
-            configured = {n: (c.height, c.width) for n, c in self.daemon.cfg.cameras.items()}
+            configured = {n: self._camera_size(n, c) for n, c in self.daemon.cfg.cameras.items()}
             try:
                 src = PolicySource(
                     PolicyRunnerConfig(checkpoint=path, cameras=configured, queue=queue_config_from(self.cfg),

@@ -56,6 +56,9 @@ def keep_up_warning(latency_s: float, queue: QueueConfig, n_actions: int) -> str
 class FrameSource(Protocol):
     """What PolicySource needs from a camera (the recording helper's Camera satisfies it)."""
 
+    width: int  # pixels; 0 while unknown (a sim camera before the simulator announces its size)
+    height: int
+
     def latest_frame(self) -> Any: ...  # Frame | None with .pixels (H, W, 3) uint8, .capture_monotonic_s
 
 
