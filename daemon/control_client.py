@@ -12,8 +12,9 @@ import argparse
 import json
 import os
 import socket
-from pathlib import Path
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -25,29 +26,48 @@ class CommandFailed(RuntimeError):
     """The daemon answered {"ok": false, "error": ...}."""
 
 
+CONNECT_RETRY_S = 2.0  # how long a connect meeting a full listen backlog keeps trying
+_RETRY_FIRST_S = 0.01
+_RETRY_MAX_S = 0.2
+
+
 class ControlClient:
-    def __init__(self, path: str | Path, timeout_s: float = 5.0) -> None:
+    def __init__(self, path: str | Path, timeout_s: float = 5.0, connect_retry_s: float = CONNECT_RETRY_S) -> None:
         self.path = str(path)
         self.timeout_s = timeout_s
+        self.connect_retry_s = connect_retry_s
         self._sock: socket.socket | None = None
         self._buf = bytearray()
 
     def connect(self) -> "ControlClient":
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout_s)
-        try:
-            s.connect(self.path)
-        except FileNotFoundError:
-            s.close()
-            raise DaemonUnavailable(f"no daemon socket at {self.path} (is `so101d run` running? see --socket)") from None
-        except PermissionError:
-            s.close()
-            raise DaemonUnavailable(f"permission denied on {self.path} (are you in the daemon's group?)") from None
-        except OSError as exc:
-            s.close()
-            raise DaemonUnavailable(f"cannot connect to {self.path}: {exc.strerror or exc}") from None
-        self._sock = s
-        return self
+        """Connect; a daemon momentarily not accepting (its listen backlog full: EAGAIN on Linux,
+        ECONNREFUSED elsewhere, or a daemon restarting) is retried with a short backoff for up to
+        ``connect_retry_s``; no socket file or no permission fail at once."""
+        deadline_s = time.monotonic() + self.connect_retry_s
+        delay_s = _RETRY_FIRST_S
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(self.timeout_s)
+            try:
+                s.connect(self.path)
+            except FileNotFoundError:
+                s.close()
+                raise DaemonUnavailable(f"no daemon socket at {self.path} (is `so101d run` running? see --socket)") from None
+            except PermissionError:
+                s.close()
+                raise DaemonUnavailable(f"permission denied on {self.path} (are you in the daemon's group?)") from None
+            except (BlockingIOError, ConnectionRefusedError) as exc:
+                s.close()
+                if time.monotonic() + delay_s > deadline_s:
+                    raise DaemonUnavailable(_not_accepting(self.path, exc, self.connect_retry_s)) from None
+                time.sleep(delay_s)
+                delay_s = min(2 * delay_s, _RETRY_MAX_S)
+                continue
+            except OSError as exc:
+                s.close()
+                raise DaemonUnavailable(f"cannot connect to {self.path}: {exc.strerror or exc}") from None
+            self._sock = s
+            return self
 
     def close(self) -> None:
         if self._sock is not None:
@@ -95,6 +115,14 @@ class ControlClient:
         if not reply.get("ok"):
             raise CommandFailed(str(reply.get("error", "unknown error")))
         return reply
+
+
+def _not_accepting(path: str, exc: OSError, waited_s: float) -> str:
+    if isinstance(exc, BlockingIOError):
+        return (f"the daemon at {path} is not accepting connections (its listen backlog stayed full for "
+                f"{waited_s:g} s: is it stuck? see its log)")
+    return (f"the daemon at {path} is not accepting connections (refused for {waited_s:g} s: not running, "
+            "a socket file left by a crash, or stuck)")
 
 
 # ---------------------------------------------------------------------------------------------

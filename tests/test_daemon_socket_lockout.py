@@ -1,0 +1,142 @@
+"""Operator lock-out (issue 12): a dashboard or a script that leaks connections must never keep
+the operator's `so101d status` or `so101d torque off` from being answered, nor slow the loop.
+
+The daemon runs in-process on the emulated bench (our driver on the STS3215 emulator over
+pseudo-terminals); the leaked connections are bare sockets that connect and then say nothing, as
+a client that forgets to close does. The operator uses the CLI (in-process and as a process) and
+the raw socket.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from daemon.cli import main as so101d
+from daemon.control_client import ControlClient
+from support import wait_for
+from test_daemon_loop import make_bench  # noqa: F401  (fixture)
+
+IDLE_CLIENTS = 300
+
+
+def leak_connections(path: str, n: int) -> list[socket.socket]:
+    """``n`` connections opened and never used nor closed (retrying a momentarily full backlog,
+    as any client may)."""
+    held: list[socket.socket] = []
+    for _ in range(n):
+        deadline = time.monotonic() + 10
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(path)
+                break
+            except BlockingIOError:
+                s.close()
+                assert time.monotonic() < deadline, "the listen backlog stayed full for 10 s"
+                time.sleep(0.01)
+        held.append(s)
+    return held
+
+
+def cycles_per_s(loop, n: int = 200) -> float:
+    """The loop's achieved rate over its next ``n`` cycles."""
+    c0, t0 = loop.cycles, time.monotonic()
+    wait_for(lambda: loop.cycles - c0 >= n, 30, f"{n} loop cycles")
+    return (loop.cycles - c0) / (time.monotonic() - t0)
+
+
+def raw_request(path: str, line: bytes) -> dict:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(path)
+        s.sendall(line)
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            assert chunk, f"closed without a reply (got {buf!r})"
+            buf += chunk
+    return json.loads(buf)
+
+
+def test_300_idle_connections_never_lock_the_operator_out(make_bench, capsys):
+    bench = make_bench()
+    bench.wait_mode("teleop")
+    path = str(bench.cfg.socket.path)
+    loop = bench.daemon.loop
+    assert so101d(["status", "--json", "--socket", path]) == 0  # the CLI's imports, done once
+    capsys.readouterr()
+    rate_before = cycles_per_s(loop)
+
+    leaked = leak_connections(path, IDLE_CLIENTS)
+    try:
+        # raw socket: one JSON line in, one out (accepted after every leaked one: first come, first accepted)
+        t0 = time.monotonic()
+        st = raw_request(path, b'{"cmd": "status"}\n')
+        assert time.monotonic() - t0 < 1.0
+        assert st["ok"] is True and st["mode"] == "teleop", st
+        # the dashboard's connections are all held, none was refused
+        assert bench.daemon.server.connection_count() >= IDLE_CLIENTS
+        rate_with_idle = cycles_per_s(loop)
+
+        # the CLI client
+        t0 = time.monotonic()
+        assert so101d(["status", "--json", "--socket", path]) == 0
+        assert time.monotonic() - t0 < 1.0
+        st = json.loads(capsys.readouterr().out)
+        assert st["mode"] == "teleop"
+
+        t0 = time.monotonic()
+        assert so101d(["torque", "off", "--socket", path]) == 0
+        assert time.monotonic() - t0 < 1.0
+        assert "torque off" in capsys.readouterr().out
+        wait_for(lambda: all(s.reg("Torque_Enable") == 0 for s in bench.fa.servos), 10, "the follower limp")
+
+        t0 = time.monotonic()
+        r = raw_request(path, b'{"cmd": "torque.off"}\n')
+        assert time.monotonic() - t0 < 1.0
+        assert r["ok"] is True and r["mode"] == "idle"
+
+        # the operator's terminal: `so101d status` as its own process
+        r = subprocess.run([sys.executable, "-m", "daemon.cli", "status", "--socket", path],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "idle" in r.stdout
+
+        # the loop kept its rate with the connections held (a ratio measured in one run)
+        assert rate_with_idle >= 0.9 * rate_before, f"{rate_with_idle:.1f} Hz with {IDLE_CLIENTS} idle clients, {rate_before:.1f} Hz before"
+        assert loop.is_running()
+        # and the leaked connections were all kept: the limit was not reached, nobody evicted
+        assert bench.daemon.server.evictions == 0
+        assert all(s.fileno() >= 0 for s in leaked)
+    finally:
+        for s in leaked:
+            s.close()
+    wait_for(lambda: bench.daemon.server.connection_count() == 0, 10, "the closed connections forgotten")
+
+
+def test_leaking_more_than_the_limit_evicts_the_oldest_and_the_operator_still_gets_in(make_bench):
+    bench = make_bench()
+    bench.wait_mode("teleop")
+    path = str(bench.cfg.socket.path)
+    server = bench.daemon.server
+    leaked = leak_connections(path, 40)
+    try:
+        wait_for(lambda: server.connection_count() >= 40, 10, "the leaked connections accepted")
+        server.max_connections = 40  # as if the script had leaked up to the limit
+        with ControlClient(path, timeout_s=2) as c:
+            assert c.request("status")["mode"] == "teleop"
+            assert c.request("teleop.stop")["mode"] == "hold"
+        # the first connection leaked is the one that had to go, with a reason
+        leaked[0].settimeout(5)
+        r = json.loads(leaked[0].recv(65536).splitlines()[0])
+        assert r["ok"] is False and "evicted" in r["error"]
+        assert leaked[0].recv(65536) == b""
+        assert server.evictions == 1
+    finally:
+        for s in leaked:
+            s.close()
