@@ -161,11 +161,12 @@ class ControlServer:
         self._pool: _WorkerPool | None = None
         self._operator_pool: _WorkerPool | None = None
         self._accept_paused_until_s = 0.0
-        self.requests = 0
+        self._count_lock = threading.Lock()
+        self.requests = 0  # counted on the selector thread (handle_line: the caller's)
         self.errors = 0
         self.evictions = 0
         self.register("ping", lambda req: {"pong": True})
-        self.register("help", lambda req: {"verbs": sorted(self._handlers)})
+        self.register("help", lambda req: {"verbs": self.verbs()})
 
     # -------------------------------------------------------------- registry
     def register(self, name: str, handler: Handler) -> None:
@@ -190,6 +191,10 @@ class ControlServer:
         with self._lock:
             return sorted(self._handlers)
 
+    def _count_error(self) -> None:
+        with self._count_lock:  # workers and the selector thread both count
+            self.errors += 1
+
     def connection_count(self) -> int:
         """Client connections held now."""
         return self._n_conns
@@ -208,6 +213,7 @@ class ControlServer:
         sock.setblocking(False)
         self._sock = sock
         self._stop.clear()
+        self._accept_paused_until_s = 0.0
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -371,11 +377,14 @@ class ControlServer:
         if not self._conns:
             return
         cutoff_s = time.monotonic() - self.idle_timeout_s
-        for conn in list(self._conns.values()):
+        expired = []
+        for conn in self._conns.values():
             if conn.last_active_s > cutoff_s:
                 break  # ordered by activity: the rest are younger
             if not conn.busy:
-                self._close(conn, f"connection closed: idle for {self.idle_timeout_s:g} s")
+                expired.append(conn)
+        for conn in expired:
+            self._close(conn, f"connection closed: idle for {self.idle_timeout_s:g} s")
 
     def _close(self, conn: _Conn, reason: str | None = None) -> None:
         if conn.closed:
@@ -490,7 +499,7 @@ class ControlServer:
         return True
 
     def _refuse_too_large(self, conn: _Conn) -> None:
-        self.errors += 1
+        self._count_error()
         conn.inbuf = bytearray()
         conn.outbuf += _encode({"ok": False, "error": f"request too large (limit {self.max_request_bytes} bytes)"})
         conn.close_after_write = True
@@ -514,7 +523,7 @@ class ControlServer:
         try:
             data = _encode(self.handle(req))
         except BaseException as exc:  # noqa: BLE001 - a reply that cannot be encoded still answers
-            self.errors += 1
+            self._count_error()
             cmd = req.get("cmd") if isinstance(req, dict) else None
             _rl.error(f"encode.{cmd}", "reply of %r could not be sent: %r", cmd, exc)
             data = _encode({"ok": False, "error": f"internal error in {cmd!r}: {type(exc).__name__}: {exc}"})
@@ -542,21 +551,21 @@ class ControlServer:
         try:
             return json.loads(line.decode("utf-8")), None
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            self.errors += 1
+            self._count_error()
             return None, {"ok": False, "error": f"malformed request: {exc}"}
 
     def handle(self, req: Any) -> dict[str, Any]:
         if not isinstance(req, dict):
-            self.errors += 1
+            self._count_error()
             return {"ok": False, "error": f"a request must be a JSON object, got {type(req).__name__}"}
         cmd = req.get("cmd")
         if not isinstance(cmd, str):
-            self.errors += 1
+            self._count_error()
             return {"ok": False, "error": 'missing "cmd" (a string naming the verb)'}
         with self._lock:
             handler = self._handlers.get(cmd)
         if handler is None:
-            self.errors += 1
+            self._count_error()
             with self._lock:
                 reason = next((r for p, r in self._unavailable.items() if cmd.startswith(p)), None)
             if reason is not None:
@@ -565,10 +574,10 @@ class ControlServer:
         try:
             result = handler(req) or {}
         except RequestError as exc:
-            self.errors += 1
+            self._count_error()
             return {"ok": False, "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - a handler bug answers as an error, never kills the server
-            self.errors += 1
+            self._count_error()
             _rl.error(f"handler.{cmd}", "handler %r failed: %r", cmd, exc)
             log.debug("handler traceback", exc_info=True)
             return {"ok": False, "error": f"internal error in {cmd!r}: {type(exc).__name__}: {exc}"}

@@ -6,6 +6,8 @@ import json
 import os
 import socket
 import stat
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -475,3 +477,45 @@ def test_client_gives_up_on_a_backlog_that_stays_full(sock_dir):
         assert 1.5 < waited < 4.0, f"gave up after {waited:.2f} s"
     finally:
         stalled.close()
+
+
+_LOW_FD_SERVER = """
+import resource, sys, time
+from daemon.control_socket import ControlServer
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+srv = ControlServer(sys.argv[1], max_connections=10_000)
+srv.start()
+print("ready", flush=True)
+sys.stdin.read()
+print("evictions", srv.evictions, flush=True)
+srv.stop()
+"""
+
+
+def test_out_of_file_descriptors_evicts_the_oldest_too(sock_dir):
+    """A daemon with a low descriptor limit (a unit's LimitNOFILE) runs out before its connection
+    limit: the longest-idle connection still makes room for the new one."""
+    path = sock_dir / "c.sock"
+    child = subprocess.Popen([sys.executable, "-c", _LOW_FD_SERVER, str(path)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    leaked: list[socket.socket] = []
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        for _ in range(100):  # more than 64 descriptors' worth
+            leaked.append(_raw_connect(path))
+            leaked[-1].sendall(b'{"cmd": "ping"}\n')
+            assert json.loads(_read_line(leaked[-1]))["pong"] is True
+        with ControlClient(path, timeout_s=2) as operator:
+            assert operator.request("ping")["pong"] is True
+        r = json.loads(_read_line(leaked[0]))
+        assert r["ok"] is False and "out of file descriptors" in r["error"]
+        assert not _closed_by_server(leaked[-1], timeout_s=0.05)
+        out, _ = child.communicate("", timeout=20)
+    finally:
+        for s in leaked:
+            s.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0
+    assert int(out.split()[-1]) >= 100 - 64

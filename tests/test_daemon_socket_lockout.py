@@ -10,9 +10,11 @@ the raw socket.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -50,10 +52,17 @@ def cycles_per_s(loop, n: int = 200) -> float:
     return (loop.cycles - c0) / (time.monotonic() - t0)
 
 
+def thread_cpu_s(name: str) -> float:
+    """CPU time (user + system) the named thread of this process has used so far."""
+    (t,) = [t for t in threading.enumerate() if t.name == name]
+    fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def raw_request(path: str, line: bytes) -> dict:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(path)  # blocking, as socat or nc connect: waits while the backlog is full
         s.settimeout(5)
-        s.connect(path)
         s.sendall(line)
         buf = b""
         while not buf.endswith(b"\n"):
@@ -81,7 +90,10 @@ def test_300_idle_connections_never_lock_the_operator_out(make_bench, capsys):
         assert st["ok"] is True and st["mode"] == "teleop", st
         # the dashboard's connections are all held, none was refused
         assert bench.daemon.server.connection_count() >= IDLE_CLIENTS
+        cpu0_s = thread_cpu_s("so101d-control-socket")
         rate_with_idle = cycles_per_s(loop)
+        # held and silent, they cost the server nothing: no thread each, no polling each
+        assert thread_cpu_s("so101d-control-socket") - cpu0_s <= 0.05
 
         # the CLI client
         t0 = time.monotonic()
