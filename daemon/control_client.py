@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from daemon.control_socket import CLOSED_IDLE_PREFIXES
+
 
 class DaemonUnavailable(ConnectionError):
     """No daemon answers at the socket path (not running, wrong path, or no permission)."""
@@ -24,6 +26,10 @@ class DaemonUnavailable(ConnectionError):
 
 class CommandFailed(RuntimeError):
     """The daemon answered {"ok": false, "error": ...}."""
+
+
+class _ClosedWhileIdle(Exception):
+    """The daemon had closed this connection while it was idle; what was just sent was not read."""
 
 
 CONNECT_RETRY_S = 2.0  # how long a connect meeting a full listen backlog keeps trying
@@ -81,16 +87,52 @@ class ControlClient:
         self.close()
 
     def send_raw(self, data: bytes) -> dict[str, Any]:
-        """Send bytes as they are and read one reply line (tests use it for bad requests)."""
+        """Send bytes as they are and read one reply line (tests use it for bad requests).
+
+        A connection the daemon closed while it sat idle (evicted by a client leaking
+        connections, or silent past the idle timeout: a `so101d record` session between
+        episodes) is replaced once, transparently: the request never reached a handler, so it is
+        sent again on a fresh connection. Any other loss is DaemonUnavailable."""
         if self._sock is None:
             self.connect()
-        assert self._sock is not None
         try:
-            self._sock.sendall(data)
-            return self._read_reply()
+            try:
+                return self._exchange(data)
+            except _ClosedWhileIdle:
+                self.close()
+                self.connect()
+                return self._exchange(data)
+        except _ClosedWhileIdle:
+            self.close()
+            raise DaemonUnavailable(f"daemon at {self.path} closed a fresh connection at once") from None
+        except DaemonUnavailable:
+            raise
         except (TimeoutError, OSError) as exc:
             self.close()
             raise DaemonUnavailable(f"daemon at {self.path} did not answer: {exc}") from None
+
+    def _exchange(self, data: bytes) -> dict[str, Any]:
+        assert self._sock is not None
+        try:
+            sent = self._sock.send(data)
+        except (BrokenPipeError, ConnectionResetError):
+            self._buf.clear()
+            raise _ClosedWhileIdle from None  # nothing of it was delivered
+        try:
+            if sent < len(data):
+                self._sock.sendall(data[sent:])
+            reply = self._read_reply()
+        except DaemonUnavailable:
+            self.close()
+            raise
+        except (TimeoutError, OSError) as exc:
+            self.close()
+            raise DaemonUnavailable(f"daemon at {self.path} did not answer: {exc}") from None
+        error = reply.get("error")
+        if reply.get("ok") is False and isinstance(error, str) and error.startswith(CLOSED_IDLE_PREFIXES):
+            self._buf.clear()
+            raise _ClosedWhileIdle
+        return reply
 
     def _read_reply(self) -> dict[str, Any]:
         assert self._sock is not None

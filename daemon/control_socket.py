@@ -64,6 +64,10 @@ OPERATOR_VERBS = frozenset({
     "ping", "help", "status", "torque.off", "torque.on", "teleop.stop", "teleop.start", "hold", "idle",
     "episode.status", "policy.status",
 })
+# The one line a connection closed for being idle receives (evicted at the limit, or silent for
+# idle_timeout_s). Only a connection with no request in progress gets it, so whatever it had sent
+# since was never read: a client may reconnect and send that request again (ControlClient does).
+CLOSED_IDLE_PREFIXES = ("connection evicted:", "connection closed: idle")
 _READ_CHUNK = 65536
 _ACCEPTS_PER_WAKE = 64  # a connect storm cannot starve the connections already served
 _EMFILE_PAUSE_S = 0.1  # out of descriptors with nothing to evict: stop accepting this long
@@ -370,7 +374,9 @@ class ControlServer:
         self.evictions += 1
         idle_s = time.monotonic() - victim.last_active_s
         _rl.warning("evict", "control socket: closed a connection idle for %.0f s: %s (a client leaks connections?)", idle_s, why)
-        self._close(victim, f"connection evicted: idle the longest ({idle_s:.0f} s) when {why}")
+        # a busy one (every connection has a verb running) is closed without the notice: its
+        # request was taken, so a client must not send it again
+        self._close(victim, None if victim.busy else f"{CLOSED_IDLE_PREFIXES[0]} idle the longest ({idle_s:.0f} s) when {why}")
         return True
 
     def _drop_idle(self) -> None:
@@ -384,7 +390,7 @@ class ControlServer:
             if not conn.busy:
                 expired.append(conn)
         for conn in expired:
-            self._close(conn, f"connection closed: idle for {self.idle_timeout_s:g} s")
+            self._close(conn, f"{CLOSED_IDLE_PREFIXES[1]} for {self.idle_timeout_s:g} s")
 
     def _close(self, conn: _Conn, reason: str | None = None) -> None:
         if conn.closed:

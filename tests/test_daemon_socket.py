@@ -18,7 +18,7 @@ import pytest
 
 from daemon.control_client import CommandFailed, ControlClient, DaemonUnavailable
 from daemon.control_socket import ControlServer, RequestError, SocketInUseError
-from support import poll_until
+from support import poll_until, wait_for
 
 
 @pytest.fixture
@@ -519,3 +519,36 @@ def test_out_of_file_descriptors_evicts_the_oldest_too(sock_dir):
             child.wait()
     assert child.returncode == 0
     assert int(out.split()[-1]) >= 100 - 64
+
+
+def test_a_session_left_idle_past_the_timeout_carries_on(sock_dir):
+    """`so101d record` between episodes: the daemon closed the silent connection; the next
+    request goes through on a fresh one, exactly once."""
+    srv = ControlServer(sock_dir / "c.sock", idle_timeout_s=0.3)
+    calls = []
+    srv.register("episode.start", lambda req: calls.append(req) or {"episode": len(calls)})
+    srv.start()
+    try:
+        with ControlClient(srv.path, timeout_s=2) as c:
+            assert c.request("episode.start")["episode"] == 1
+            wait_for(lambda: srv.connection_count() == 0, 10, "the idle connection closed")
+            assert c.request("episode.start")["episode"] == 2
+        assert len(calls) == 2
+    finally:
+        srv.stop()
+
+
+def test_an_evicted_session_carries_on(sock_dir):
+    srv = ControlServer(sock_dir / "c.sock", max_connections=4)
+    srv.start()
+    leaked: list[socket.socket] = []
+    try:
+        with ControlClient(srv.path, timeout_s=2) as dashboard:
+            assert dashboard.request("ping")["pong"] is True
+            leaked = [_raw_connect(srv.path) for _ in range(6)]  # a script leaks connections
+            wait_for(lambda: srv.evictions >= 1, 10, "the dashboard's connection evicted")
+            assert dashboard.request("ping")["pong"] is True  # reconnected, nothing lost
+    finally:
+        for s in leaked:
+            s.close()
+        srv.stop()
