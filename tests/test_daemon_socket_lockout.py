@@ -22,6 +22,7 @@ from daemon.cli import main as so101d
 from daemon.control_client import ControlClient
 from support import wait_for
 from test_daemon_loop import make_bench  # noqa: F401  (fixture)
+from test_policy_daemon import bench as policy_bench, ckpt  # noqa: F401  (fixtures)
 
 IDLE_CLIENTS = 300
 
@@ -152,3 +153,26 @@ def test_leaking_more_than_the_limit_evicts_the_oldest_and_the_operator_still_ge
     finally:
         for s in leaked:
             s.close()
+
+
+def test_status_and_torque_off_answer_while_policy_load_waits(policy_bench, ckpt):
+    """`so101d policy load DIR --wait`: the verb waits for the policy worker to be ready (a
+    process importing torch: seconds). Meanwhile another terminal's status and torque off answer
+    at once."""
+    daemon, ctl, rows, la_emu, root = policy_bench
+    path = str(root / "c.sock")
+    wait_for(lambda: daemon.loop.state.mode == "teleop", 20, "teleop")
+    loaded: list[dict] = []
+    waiting = threading.Thread(target=lambda: loaded.append(ControlClient(path, timeout_s=120).call("policy.load", path=str(ckpt), wait_s=90)))
+    waiting.start()
+    try:
+        wait_for(lambda: ctl.source is not None and ctl.source.state == "loading", 30, "the policy worker loading")
+        t0 = time.monotonic()
+        with ControlClient(path, timeout_s=5) as c:
+            assert c.request("status")["policy"]["state"] == "loading"
+            assert c.request("torque.off")["mode"] == "idle"
+        assert time.monotonic() - t0 < 1.0
+        assert waiting.is_alive(), "policy.load did not wait: nothing was shown"
+    finally:
+        waiting.join(120)
+    assert loaded and loaded[0]["ok"] is True and loaded[0]["state"] == "ready", loaded
