@@ -287,7 +287,9 @@ class ControlServer:
                         conn: _Conn = key.data
                         if conn.closed:
                             continue
-                        if mask & selectors.EVENT_READ:
+                        # (a hang-up is reported as readable whatever we watch: read only when
+                        # we asked to, or a closing client could push more than the bound)
+                        if mask & selectors.EVENT_READ and conn.events & selectors.EVENT_READ:
                             self._read(conn)
                         self._advance(conn)
                 self._take_replies()

