@@ -22,7 +22,8 @@ Measured here (2 shared cores, load average 4 to 8 from other jobs; three runs, 
 - the loop with only idle connections held: 300 / 0 idle 0.87x, 1.05x, 1.01x; 1000 / 0 idle
   1.02x, 1.07x, 1.01x of the rate (the quietest run: 98.3 to 100.0 Hz in every row);
 - before this change (one server thread per client, 32 at most) the same bench stopped at the
-  300 row: the operator's `status` was answered "too many connections".
+  300 row: the daemon wrote "too many connections" and closed the operator's connection
+  (DaemonUnavailable: Broken pipe).
 """
 
 from __future__ import annotations
