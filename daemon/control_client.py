@@ -12,9 +12,12 @@ import argparse
 import json
 import os
 import socket
-from pathlib import Path
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from daemon.control_socket import CLOSED_IDLE_PREFIXES
 
 
 class DaemonUnavailable(ConnectionError):
@@ -25,29 +28,52 @@ class CommandFailed(RuntimeError):
     """The daemon answered {"ok": false, "error": ...}."""
 
 
+class _ClosedWhileIdle(Exception):
+    """The daemon had closed this connection while it was idle; what was just sent was not read."""
+
+
+CONNECT_RETRY_S = 2.0  # how long a connect meeting a full listen backlog keeps trying
+_RETRY_FIRST_S = 0.01
+_RETRY_MAX_S = 0.2
+
+
 class ControlClient:
-    def __init__(self, path: str | Path, timeout_s: float = 5.0) -> None:
+    def __init__(self, path: str | Path, timeout_s: float = 5.0, connect_retry_s: float = CONNECT_RETRY_S) -> None:
         self.path = str(path)
         self.timeout_s = timeout_s
+        self.connect_retry_s = connect_retry_s
         self._sock: socket.socket | None = None
         self._buf = bytearray()
 
     def connect(self) -> "ControlClient":
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout_s)
-        try:
-            s.connect(self.path)
-        except FileNotFoundError:
-            s.close()
-            raise DaemonUnavailable(f"no daemon socket at {self.path} (is `so101d run` running? see --socket)") from None
-        except PermissionError:
-            s.close()
-            raise DaemonUnavailable(f"permission denied on {self.path} (are you in the daemon's group?)") from None
-        except OSError as exc:
-            s.close()
-            raise DaemonUnavailable(f"cannot connect to {self.path}: {exc.strerror or exc}") from None
-        self._sock = s
-        return self
+        """Connect; a daemon momentarily not accepting (its listen backlog full: EAGAIN on Linux,
+        ECONNREFUSED elsewhere, or a daemon restarting) is retried with a short backoff for up to
+        ``connect_retry_s``; no socket file or no permission fail at once."""
+        deadline_s = time.monotonic() + self.connect_retry_s
+        delay_s = _RETRY_FIRST_S
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(self.timeout_s)
+            try:
+                s.connect(self.path)
+            except FileNotFoundError:
+                s.close()
+                raise DaemonUnavailable(f"no daemon socket at {self.path} (is `so101d run` running? see --socket)") from None
+            except PermissionError:
+                s.close()
+                raise DaemonUnavailable(f"permission denied on {self.path} (are you in the daemon's group?)") from None
+            except (BlockingIOError, ConnectionRefusedError) as exc:
+                s.close()
+                if time.monotonic() + delay_s > deadline_s:
+                    raise DaemonUnavailable(_not_accepting(self.path, exc, self.connect_retry_s)) from None
+                time.sleep(delay_s)
+                delay_s = min(2 * delay_s, _RETRY_MAX_S)
+                continue
+            except OSError as exc:
+                s.close()
+                raise DaemonUnavailable(f"cannot connect to {self.path}: {exc.strerror or exc}") from None
+            self._sock = s
+            return self
 
     def close(self) -> None:
         if self._sock is not None:
@@ -61,16 +87,52 @@ class ControlClient:
         self.close()
 
     def send_raw(self, data: bytes) -> dict[str, Any]:
-        """Send bytes as they are and read one reply line (tests use it for bad requests)."""
+        """Send bytes as they are and read one reply line (tests use it for bad requests).
+
+        A connection the daemon closed while it sat idle (evicted by a client leaking
+        connections, or silent past the idle timeout: a `so101d record` session between
+        episodes) is replaced once, transparently: the request never reached a handler, so it is
+        sent again on a fresh connection. Any other loss is DaemonUnavailable."""
         if self._sock is None:
             self.connect()
-        assert self._sock is not None
         try:
-            self._sock.sendall(data)
-            return self._read_reply()
+            try:
+                return self._exchange(data)
+            except _ClosedWhileIdle:
+                self.close()
+                self.connect()
+                return self._exchange(data)
+        except _ClosedWhileIdle:
+            self.close()
+            raise DaemonUnavailable(f"daemon at {self.path} closed a fresh connection at once") from None
+        except DaemonUnavailable:
+            raise
         except (TimeoutError, OSError) as exc:
             self.close()
             raise DaemonUnavailable(f"daemon at {self.path} did not answer: {exc}") from None
+
+    def _exchange(self, data: bytes) -> dict[str, Any]:
+        assert self._sock is not None
+        try:
+            sent = self._sock.send(data)
+        except (BrokenPipeError, ConnectionResetError):
+            self._buf.clear()
+            raise _ClosedWhileIdle from None  # nothing of it was delivered
+        try:
+            if sent < len(data):
+                self._sock.sendall(data[sent:])
+            reply = self._read_reply()
+        except DaemonUnavailable:
+            self.close()
+            raise
+        except (TimeoutError, OSError) as exc:
+            self.close()
+            raise DaemonUnavailable(f"daemon at {self.path} did not answer: {exc}") from None
+        error = reply.get("error")
+        if reply.get("ok") is False and isinstance(error, str) and error.startswith(CLOSED_IDLE_PREFIXES):
+            self._buf.clear()
+            raise _ClosedWhileIdle
+        return reply
 
     def _read_reply(self) -> dict[str, Any]:
         assert self._sock is not None
@@ -95,6 +157,14 @@ class ControlClient:
         if not reply.get("ok"):
             raise CommandFailed(str(reply.get("error", "unknown error")))
         return reply
+
+
+def _not_accepting(path: str, exc: OSError, waited_s: float) -> str:
+    if isinstance(exc, BlockingIOError):
+        return (f"the daemon at {path} is not accepting connections (its listen backlog stayed full for "
+                f"{waited_s:g} s: is it stuck? see its log)")
+    return (f"the daemon at {path} is not accepting connections (refused for {waited_s:g} s: not running, "
+            "a socket file left by a crash, or stuck)")
 
 
 # ---------------------------------------------------------------------------------------------
