@@ -42,6 +42,7 @@ import numpy as np
 
 from calibration.conventions import sim_rad_to_units, units_to_sim_rad
 from sim_bridge import protocol as P
+from sim_bridge.seed_recorder import to_numpy
 from sim_bridge.server import ServerInbox, SimServerEndpoint
 
 log = logging.getLogger("so101d.sim.leisaac")
@@ -62,16 +63,6 @@ class LeisaacBridgeConfig:
     realign_speed_deg_s: float = 45.0
     realign_tolerance_deg: float = 1.0
 
-
-def to_numpy(x: Any) -> np.ndarray:
-    """torch tensor (any device) or array-like -> numpy, without importing torch."""
-    if hasattr(x, "detach"):
-        x = x.detach()
-    if hasattr(x, "cpu"):
-        x = x.cpu()
-    if hasattr(x, "numpy"):
-        return x.numpy()
-    return np.asarray(x)
 
 
 def image_to_uint8(img: Any) -> np.ndarray:

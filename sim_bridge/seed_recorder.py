@@ -39,10 +39,9 @@ log = logging.getLogger("so101d.sim.seed")
 FLUSH_STEPS = 100  # StreamingRecorderManager's flush period and chunk length
 
 
-def to_numpy_tree(x: Any) -> Any:
-    """Nested dict of tensors / arrays -> the same nesting of numpy arrays (first axis = envs)."""
-    if isinstance(x, dict):
-        return {k: to_numpy_tree(v) for k, v in x.items()}
+def to_numpy(x: Any) -> np.ndarray:
+    """torch tensor (any device) or array-like -> numpy, without importing torch (the follower
+    runs in Isaac Lab's Python, the tests without torch tensors)."""
     if hasattr(x, "detach"):
         x = x.detach()
     if hasattr(x, "cpu"):
@@ -50,6 +49,13 @@ def to_numpy_tree(x: Any) -> Any:
     if hasattr(x, "numpy"):
         return x.numpy()
     return np.asarray(x)
+
+
+def to_numpy_tree(x: Any) -> Any:
+    """Nested dict of tensors / arrays -> the same nesting of numpy arrays (first axis = envs)."""
+    if isinstance(x, dict):
+        return {k: to_numpy_tree(v) for k, v in x.items()}
+    return to_numpy(x)
 
 
 def _concat_tree(steps: list[Any]) -> Any:
