@@ -53,7 +53,7 @@ checksum) and a transaction either returns fresh values for *every* servo asked 
 Failure semantics (what the control loop relies on)
 ---------------------------------------------------
 * No reply / corrupt reply -> retried (counted in ``counters.retries``) as soon as the bus has
-  gone quiet (every reply byte is in, or bytes came and then none for ``quiet_s``) rather than
+  gone quiet (every reply byte is in but one, or bytes came and then none for ``quiet_s``) rather than
   after the full reply deadline; only an attempt that got no byte at all waits the deadline. A
   retry of a sync read asks only the servos still missing (after noise) and keeps the whole
   replies already in. Damaged replies get ``NOISE_RETRIES`` extra attempts on top of ``retries``
@@ -397,9 +397,13 @@ class FeetechBus:
             remaining = deadline - now
             if remaining <= 0:
                 break
-            if received >= want:
+            if received >= want - 1:
+                # Every byte owed is in (or all but one: a byte lost on the wire) and a reply is
+                # still missing: retry at once. Were that one byte only late, it is the last of
+                # the last reply, already off the wire (no collision with the retry), and alone
+                # it can never complete a packet, so the parser skips it as a stray.
                 quiet = True
-                break  # every byte owed is in and a reply is still missing: retry at once
+                break
             if received:
                 # The rest may still be on the wire (a new request now would collide with it on
                 # the half-duplex bus): wait for quiet, not the deadline. select() with a zero
