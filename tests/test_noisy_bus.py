@@ -124,3 +124,26 @@ def test_a_100hz_loop_keeps_its_rate_with_2_percent_of_follower_packets_damaged(
     assert failures == 0 and errors == 0, f"{failures} failed reads, {errors} follower errors"
     assert off_teleop == 0, "the loop left teleop (fault/hold/disconnected) during the noise"
     assert noisy >= 0.95 * clean, f"{noisy:.1f} Hz with noise vs {clean:.1f} Hz clean"
+
+
+def test_a_servo_falling_silent_costs_the_100hz_loop_a_fault_not_its_cycles(tmp_path: Path):
+    """elbow_flex stops answering mid-teleop: the loop names it as a fault and keeps cycling at
+    close to its rate while it still holds the follower (before issue 12 each cycle spent 3 tries
+    x 50 ms on the silent servo: ~4 cycles in the half second before the link was dropped)."""
+    with EmulatorProcess(tmp_path, leader_motion="demo") as ep:
+        cfg = config_from_dict({"control": {"rate_hz": 100.0}, "socket": {"path": str(tmp_path / "unused.sock")}})
+        leader = FeetechLeader(str(ep.leader_path), reference_calibration("leader"))
+        follower = FeetechFollower(str(ep.follower_path), reference_calibration("follower"))
+        loop = ControlLoop(leader, follower, cfg)
+        loop.start()
+        try:
+            wait_for(lambda: loop.state.mode == "teleop", 30, "teleop")
+            losses = loop.follower_link.losses
+            ep.control({"cmd": "set_online", "arm": "follower", "joint": "elbow_flex", "online": False})
+            c0, t0 = loop.cycles, time.monotonic()
+            wait_for(lambda: "elbow_flex" in loop.fault_now, 10, "the silent servo named as a fault")
+            wait_for(lambda: loop.follower_link.losses > losses, 10, "the follower link dropped")
+            cycles, elapsed = loop.cycles - c0, time.monotonic() - t0
+        finally:
+            loop.stop()
+    assert cycles / elapsed >= 50, f"{cycles} cycles in {elapsed:.2f} s while a servo was silent"
