@@ -90,6 +90,9 @@ class Soak:
         self.unrecovered: list[str] = []
         self.modes: Counter[str] = Counter()  # 10 ms samples per mode
         self.window_hz: list[float] = []
+        self.window_kind: list[str] = []  # the fault under way when each window ended ("none")
+        self.current = "none"
+        self.failed_reads: Counter[str] = Counter()  # follower transactions given up, per fault kind
         self.stop = threading.Event()
 
     # ---- sampling --------------------------------------------------------------------------
@@ -102,6 +105,7 @@ class Soak:
             if now >= next_window:
                 c = self.loop.cycles
                 self.window_hz.append((c - c_prev) / (now - t_prev))
+                self.window_kind.append(self.current)
                 c_prev, t_prev, next_window = c, now, now + 1.0
             time.sleep(0.01)
 
@@ -115,6 +119,7 @@ class Soak:
         rng = self.rng
         kind = rng.choice(["corruption", "latency", "leader_unplug", "servo_drop", "overload"])
         joint = rng.choice(JOINT_NAMES)
+        self.current = kind
         if kind == "corruption":
             self._ctl(cmd="corrupt", arm="follower", rate=rng.uniform(0.05, 0.2), mode=rng.choice(CORRUPT_MODES))
             time.sleep(rng.uniform(1, 4))
@@ -155,9 +160,14 @@ class Soak:
         self.unrecovered.append(f"{kind}: still {self.loop.state.mode} ({self.loop.state.reason}) after {timeout_s:.0f} s")
 
     def faults(self) -> None:
+        counters = self.loop.follower_link.arm.counters
         while not self.stop.wait(self.rng.uniform(3, 8)):
-            kind = self.inject()
+            f0 = counters.failures
+            kind = self.inject()  # sets self.current while the fault is on
+            self.current = f"{kind} (recovering)"
             self.recover(kind)
+            self.current = "none"
+            self.failed_reads[kind] += counters.failures - f0
 
 
 def record(daemon: Daemon, soak: Soak, episode_s: float, saved: list[int], errors: list[str]) -> None:
@@ -255,10 +265,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fault soak: {args.minutes:g} min at {args.hz:g} Hz, seed {args.seed}, recording {args.episode_s:g} s episodes")
     print(f"loop rate per 1 s window (n={len(soak.window_hz)}): min {min(soak.window_hz, default=float('nan')):.1f}  "
           f"p1 {pct(soak.window_hz, 1):.1f}  p5 {pct(soak.window_hz, 5):.1f}  p50 {pct(soak.window_hz, 50):.1f} Hz")
+    by_kind: dict[str, list[float]] = {}
+    for hz, kind in zip(soak.window_hz, soak.window_kind):
+        by_kind.setdefault(kind, []).append(hz)
+    print("   per fault under way, min/p50 Hz: "
+          + ", ".join(f"{k} {min(v):.0f}/{pct(v, 50):.0f}" for k, v in sorted(by_kind.items())))
     print("time in each mode: " + ", ".join(f"{m} {100 * n / total:.1f} %" for m, n in soak.modes.most_common()))
     print("faults injected:   " + ", ".join(f"{k} {v}" for k, v in sorted(soak.injected.items())))
     print("recovered:         " + ", ".join(f"{k} {v}" for k, v in sorted(soak.recovered.items()))
           + f"  (to teleop: p50 {pct(soak.recovery_s, 50):.2f} s, max {max(soak.recovery_s, default=float('nan')):.2f} s)")
+    print("failed follower transactions during each kind: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(soak.failed_reads.items())))
     for u in soak.unrecovered:
         print(f"NOT RECOVERED:     {u}")
     print(f"follower bus: {counters.transactions} transactions, {counters.retries} retries, {counters.failures} failed, "
