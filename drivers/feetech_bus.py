@@ -162,6 +162,16 @@ class _Incomplete(Exception):
         self.got = got or {}  # the replies that did arrive whole (fresh: kept by the next attempt)
 
 
+def _framed_after(buf: bytearray, end: int, n: int) -> bool:
+    """Replies come back to back: what follows a whole status packet (when already here) is the
+    next packet's FF FF header, or nothing."""
+    if end >= n:
+        return True
+    if buf[end] != 0xFF:
+        return False
+    return end + 1 >= n or buf[end + 1] == 0xFF
+
+
 def checksum(body: bytes | bytearray) -> int:
     """Protocol-0 checksum: bitwise NOT of the byte sum (ID onward, checksum excluded), low byte."""
     return (~sum(body)) & 0xFF
@@ -466,7 +476,10 @@ class FeetechBus:
             if end > n:
                 pos = k
                 break
-            if buf[end - 1] != checksum(buf[k + 2 : end - 1]):
+            if buf[end - 1] != checksum(buf[k + 2 : end - 1]) or not _framed_after(buf, end, n):
+                # The 8-bit checksum passes one damaged packet in 256; a packet shifted by a lost
+                # or stray byte is also followed by something that is not the next header. Such a
+                # false pass fed a 180 deg wrist_roll "measurement" to the loop in the fault soak.
                 corrupt = True
                 pos = k + 2
                 continue
@@ -524,7 +537,6 @@ class FeetechBus:
                 request = build(ask)
                 reply_bytes = len(ask) * reply_size
                 budget_s = wire_time_s(len(request) + reply_bytes, self.baudrate) + self.reply_margin_s
-                window_s += budget_s
                 self._drain_input(what)
                 self._send(request, what)
                 if not expected_ids:
@@ -535,7 +547,12 @@ class FeetechBus:
                 except _Incomplete as inc:
                     last = inc
                     got.update(inc.got)
-                    in_flight |= not inc.quiet
+                    if not inc.quiet:
+                        # only an attempt that met its deadline may still deliver late; the next
+                        # transaction's settle wait stays within ``tries`` reply budgets (as before
+                        # issue 12), however many quick noise attempts there were
+                        in_flight = True
+                        window_s = max(window_s, tries * budget_s)
                     log.debug("%s: %s: no reply from %s (try %d)", self.port, what, inc.missing, attempt)
                     if inc.quiet and inc.corrupt and noise_left > 0:
                         noise_left -= 1

@@ -110,9 +110,9 @@ def test_a_100hz_loop_keeps_its_rate_with_2_percent_of_follower_packets_damaged(
         try:
             wait_for(lambda: loop.state.mode == "teleop", 30, "teleop")
             clean_hz, noisy_hz, off_teleop = [], [], 0
-            for _ in range(2):
-                clean_hz.append(_rate(ep, loop, 0.0, mode, 1.5)[0])
-                hz, bad = _rate(ep, loop, 0.02, mode, 1.5)
+            for _ in range(6):  # short slices: this machine's load comes and goes over seconds
+                clean_hz.append(_rate(ep, loop, 0.0, mode, 0.5)[0])
+                hz, bad = _rate(ep, loop, 0.02, mode, 0.5)
                 noisy_hz.append(hz)
                 off_teleop += bad
             damaged = ep.control({"cmd": "stats", "arm": "follower"})["stats"]["corrupted_replies"]
