@@ -166,6 +166,7 @@ class _FeetechArm:
         self._refused: dict[tuple[int, str], int] = {}  # (id, register) -> value it holds instead
         self.torque_enabled: bool | None = None  # as last read or commanded; None: unknown
         self.last_goal_ticks: np.ndarray | None = None  # the last Goal_Position sync-written
+        self.silent_ids: tuple[int, ...] = ()  # servos silent at the last position read (others answered)
         self._connected = False
 
     # ------------------------------------------------------------------------------------------
@@ -413,8 +414,20 @@ class _FeetechArm:
         return self.calibration
 
     def read_joints_ticks(self) -> np.ndarray:
-        """Present_Position of the six joints (int64 ticks), one sync read; fresh or an exception."""
-        values = self.bus.sync_read("Present_Position", JOINT_ID_LIST)
+        """Present_Position of the six joints (int64 ticks), one sync read; fresh or an exception.
+
+        A servo that stayed silent while the others answered is a fault for the caller; until it
+        answers again the reads go without the silence retries (noise still gets its own), so a
+        dead servo costs each cycle one read plus the bus's quiet time (~6 ms), not 3 x 50 ms.
+        """
+        retries = 0 if self.silent_ids else None
+        try:
+            values = self.bus.sync_read("Present_Position", JOINT_ID_LIST, retries=retries)
+        except ServoNoReplyError as exc:
+            if not exc.corrupt and len(exc.missing_ids) < NUM_JOINTS:
+                self.silent_ids = tuple(exc.missing_ids)
+            raise
+        self.silent_ids = ()
         return np.fromiter((values[sid] for sid in JOINT_ID_LIST), dtype=np.int64, count=NUM_JOINTS)
 
     def read_joints(self) -> np.ndarray:

@@ -1,0 +1,296 @@
+"""Fault soak (issue 12): the daemon records on the virtual bench while faults are injected at
+random for N minutes; no crash, no snap, nothing lost.
+
+The bench: ``so101d emulate`` in its own process (leader in its demo motion, follower), our
+``Daemon`` with the README's recording on (one virtual camera), recording back-to-back episodes.
+Faults, one at a time at random intervals, through the emulator's control socket as an operator's
+script would send them:
+
+- corruption burst: 5-20 % of the follower's status packets damaged (a random mode), 1-4 s;
+- latency spike: every follower reply 10-60 ms late, 0.5-2 s;
+- leader unplug, replugged after 1-3 s;
+- a follower servo dropping off the bus, back after 1-3 s;
+- overload bit on a follower servo, cleared after 1 s.
+
+After each one the soak acts as the operator: ``teleop.start`` (through the loop, as the control
+socket verb does) until the loop is back in teleop, and counts that as a recovery (with its time).
+
+Report: loop rate per 1 s window (min, p1, p5, p50), time in each mode, faults injected and
+recoveries, the largest per-cycle command step against the step limit (never above), and that
+every saved episode loads with LeRobotDataset.
+
+    .venv/bin/python bench/bench_fault_soak.py [--minutes 10] [--seed 0] [--episode-s 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from calibration.conventions import JOINT_NAMES  # noqa: E402
+from daemon.config import config_from_dict  # noqa: E402
+from daemon.service import Daemon  # noqa: E402
+from drivers.emulator import reference_calibration  # noqa: E402
+from drivers.emulator.process import EmulatorProcess  # noqa: E402
+from drivers.feetech_arm import FeetechFollower, FeetechLeader  # noqa: E402
+
+CORRUPT_MODES = ("checksum", "any", "len", "drop", "insert")
+REPO_ID = "soak/bench"
+
+
+class StepWatch:
+    """A cycle hook: the largest step between consecutive commands sent to the follower, per
+    joint, against the safety's per-cycle limit (max_step tracking, the alignment step at most)."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.loop = daemon.loop
+        self.prev: np.ndarray | None = None
+        self.max_ratio = 0.0  # step / limit, worst joint and cycle
+        self.max_step = np.zeros(len(JOINT_NAMES))
+        self.commands = 0
+
+    def on_cycle(self, now: float, state: np.ndarray, action: np.ndarray, teleop_action: np.ndarray) -> None:
+        cmd = self.loop.command
+        params = self.loop.params
+        if cmd is None or params is None:
+            self.prev = None  # no goal written this cycle: the next one steps from the pose (aligns)
+            return
+        self.commands += 1
+        if self.prev is not None:
+            step = np.abs(cmd - self.prev)
+            limit = np.maximum(params.max_step, params.max_align_step)
+            self.max_step = np.maximum(self.max_step, step)
+            self.max_ratio = max(self.max_ratio, float(np.max(step / limit)))
+        self.prev = np.array(cmd, dtype=float)
+
+
+class Soak:
+    def __init__(self, ep: EmulatorProcess, daemon: Daemon, rng: random.Random) -> None:
+        self.ep = ep
+        self.daemon = daemon
+        self.loop = daemon.loop
+        self.rng = rng
+        self.injected: Counter[str] = Counter()
+        self.recovered: Counter[str] = Counter()
+        self.recovery_s: list[float] = []
+        self.unrecovered: list[str] = []
+        self.modes: Counter[str] = Counter()  # 10 ms samples per mode
+        self.window_hz: list[float] = []
+        self.window_kind: list[str] = []  # the fault under way when each window ended ("none")
+        self.current = "none"
+        self.failed_reads: Counter[str] = Counter()  # follower transactions given up, per fault kind
+        self.stop = threading.Event()
+
+    # ---- sampling --------------------------------------------------------------------------
+    def sample(self) -> None:
+        c_prev, t_prev = self.loop.cycles, time.monotonic()
+        next_window = t_prev + 1.0
+        while not self.stop.is_set():
+            self.modes[self.loop.state.mode] += 1
+            now = time.monotonic()
+            if now >= next_window:
+                c = self.loop.cycles
+                self.window_hz.append((c - c_prev) / (now - t_prev))
+                self.window_kind.append(self.current)
+                c_prev, t_prev, next_window = c, now, now + 1.0
+            time.sleep(0.01)
+
+    # ---- faults ----------------------------------------------------------------------------
+    def _ctl(self, **req) -> None:
+        r = self.ep.control(req)
+        if not r.get("ok", False):
+            raise RuntimeError(f"emulator refused {req}: {r}")
+
+    def inject(self) -> str:
+        rng = self.rng
+        kind = rng.choice(["corruption", "latency", "leader_unplug", "servo_drop", "overload"])
+        joint = rng.choice(JOINT_NAMES)
+        self.current = kind
+        if kind == "corruption":
+            self._ctl(cmd="corrupt", arm="follower", rate=rng.uniform(0.05, 0.2), mode=rng.choice(CORRUPT_MODES))
+            time.sleep(rng.uniform(1, 4))
+            self._ctl(cmd="corrupt", arm="follower", rate=0.0)
+        elif kind == "latency":
+            self._ctl(cmd="latency", arm="follower", seconds=rng.uniform(0.01, 0.06))
+            time.sleep(rng.uniform(0.5, 2))
+            self._ctl(cmd="latency", arm="follower", seconds=0.0)
+        elif kind == "leader_unplug":
+            self._ctl(cmd="unplug", arm="leader")
+            time.sleep(rng.uniform(1, 3))
+            self._ctl(cmd="replug", arm="leader")
+        elif kind == "servo_drop":
+            self._ctl(cmd="set_online", arm="follower", joint=joint, online=False)
+            time.sleep(rng.uniform(1, 3))
+            self._ctl(cmd="set_online", arm="follower", joint=joint, online=True)
+        else:
+            self._ctl(cmd="error_bits", arm="follower", joint=joint, bits=0x20)
+            time.sleep(1.0)
+            self._ctl(cmd="error_bits", arm="follower", joint=joint, bits=0)
+        self.injected[kind] += 1
+        return kind
+
+    def recover(self, kind: str, timeout_s: float = 30.0) -> None:
+        """As the operator: ask for teleop until the loop follows again."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            if self.loop.state.mode == "teleop":
+                self.recovered[kind] += 1
+                self.recovery_s.append(time.monotonic() - t0)
+                return
+            if not self.loop.state.mode == "aligning":
+                try:
+                    self.loop.call(lambda: self.loop.set_intent("teleop"), timeout_s=3.0)
+                except (RuntimeError, TimeoutError):
+                    pass  # fault still present / arm reconnecting: try again shortly
+            time.sleep(0.2)
+        self.unrecovered.append(f"{kind}: still {self.loop.state.mode} ({self.loop.state.reason}) after {timeout_s:.0f} s")
+
+    def faults(self) -> None:
+        counters = self.loop.follower_link.arm.counters
+        while not self.stop.wait(self.rng.uniform(3, 8)):
+            f0 = counters.failures
+            kind = self.inject()  # sets self.current while the fault is on
+            self.current = f"{kind} (recovering)"
+            self.recover(kind)
+            self.current = "none"
+            self.failed_reads[kind] += counters.failures - f0
+
+
+def record(daemon: Daemon, soak: Soak, episode_s: float, saved: list[int], errors: list[str]) -> None:
+    rec = daemon.recorder
+    while not soak.stop.is_set():
+        try:
+            r = rec.start_episode("soak: follow the leader")
+            if soak.stop.wait(episode_s):
+                rec.save_episode(True)
+                saved.append(r["episode"])
+                return
+            rec.save_episode(True)
+            saved.append(r["episode"])
+        except Exception as exc:  # noqa: BLE001 - reported, and the soak counts it as a failure
+            errors.append(f"{type(exc).__name__}: {exc}")
+            soak.stop.wait(1.0)
+        soak.stop.wait(0.5)
+
+
+def pct(a: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(a, dtype=float), q)) if a else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=10.0, help="soak duration (default 10)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--episode-s", type=float, default=20.0, help="length of each recorded episode (default 20 s)")
+    ap.add_argument("--hz", type=float, default=100.0)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.CRITICAL)  # the loop logs every fault; the report says what matters
+    rng = random.Random(args.seed)
+
+    with tempfile.TemporaryDirectory(prefix="bench-soak-") as d:
+        root = Path(d)
+        ds_root = root / "datasets" / REPO_ID
+        with EmulatorProcess(root, leader_motion="demo") as ep:
+            cfg = config_from_dict({
+                "control": {"rate_hz": args.hz},
+                "socket": {"path": str(root / "c.sock")},
+                "recording": {"enabled": True, "dataset_root": str(root / "datasets"), "repo_id": REPO_ID},
+                "cameras": {"front": {"kind": "virtual", "width": 96, "height": 72}},
+            })
+            daemon = Daemon(cfg, FeetechLeader(str(ep.leader_path), reference_calibration("leader")),
+                            FeetechFollower(str(ep.follower_path), reference_calibration("follower")))
+            daemon.start()
+            steps = StepWatch(daemon)
+            daemon.loop.add_hook(steps)
+            soak = Soak(ep, daemon, rng)
+            saved: list[int] = []
+            rec_errors: list[str] = []
+            crashed = ""
+            try:
+                end = time.monotonic() + 60
+                while daemon.recorder is None or daemon.recorder.phase == "starting" or daemon.loop.state.mode != "teleop":
+                    if time.monotonic() > end:
+                        raise RuntimeError(f"bench did not come up: mode {daemon.loop.state.mode}")
+                    time.sleep(0.05)
+                daemon.recorder.wait_ready(60)
+                threads = [threading.Thread(target=soak.sample, daemon=True),
+                           threading.Thread(target=soak.faults, daemon=True),
+                           threading.Thread(target=record, args=(daemon, soak, args.episode_s, saved, rec_errors), daemon=True)]
+                for t in threads:
+                    t.start()
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < args.minutes * 60:
+                    if not daemon.loop.is_running():
+                        crashed = "control loop stopped"
+                        break
+                    time.sleep(0.5)
+                soak.stop.set()
+                for t in threads:
+                    t.join(60)
+                written = daemon.recorder.wait_saved(300)
+                rec_status = daemon.recorder.status()
+                fol = daemon.loop.follower_link
+                lead = daemon.loop.leader_link
+                counters = fol.arm.counters
+            finally:
+                daemon.stop()
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415 - heavy
+
+        load_error = ""
+        n_eps = frames = 0
+        try:
+            ds = LeRobotDataset(REPO_ID, root=ds_root)
+            n_eps, frames = ds.num_episodes, ds.num_frames
+            for i in range(n_eps):  # every episode's first frame, video decoded
+                idx = int(ds.meta.episodes[i]["dataset_from_index"])
+                _ = ds[idx]["observation.images.front"]
+        except Exception as exc:  # noqa: BLE001 - reported
+            load_error = f"{type(exc).__name__}: {exc}"
+
+    total = sum(soak.modes.values()) or 1
+    print(f"fault soak: {args.minutes:g} min at {args.hz:g} Hz, seed {args.seed}, recording {args.episode_s:g} s episodes")
+    print(f"loop rate per 1 s window (n={len(soak.window_hz)}): min {min(soak.window_hz, default=float('nan')):.1f}  "
+          f"p1 {pct(soak.window_hz, 1):.1f}  p5 {pct(soak.window_hz, 5):.1f}  p50 {pct(soak.window_hz, 50):.1f} Hz")
+    by_kind: dict[str, list[float]] = {}
+    for hz, kind in zip(soak.window_hz, soak.window_kind):
+        by_kind.setdefault(kind, []).append(hz)
+    print("   per fault under way, min/p50 Hz: "
+          + ", ".join(f"{k} {min(v):.0f}/{pct(v, 50):.0f}" for k, v in sorted(by_kind.items())))
+    print("time in each mode: " + ", ".join(f"{m} {100 * n / total:.1f} %" for m, n in soak.modes.most_common()))
+    print("faults injected:   " + ", ".join(f"{k} {v}" for k, v in sorted(soak.injected.items())))
+    print("recovered:         " + ", ".join(f"{k} {v}" for k, v in sorted(soak.recovered.items()))
+          + f"  (to teleop: p50 {pct(soak.recovery_s, 50):.2f} s, max {max(soak.recovery_s, default=float('nan')):.2f} s)")
+    print("failed follower transactions during each kind: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(soak.failed_reads.items())))
+    for u in soak.unrecovered:
+        print(f"NOT RECOVERED:     {u}")
+    print(f"follower bus: {counters.transactions} transactions, {counters.retries} retries, {counters.failures} failed, "
+          f"{counters.reconnects} reconnects; link losses: follower {fol.losses}, leader {lead.losses if lead else 0}")
+    print(f"command step: max {steps.max_ratio:.3f} of the per-cycle limit over {steps.commands} commands "
+          f"({'never above' if steps.max_ratio <= 1.0 + 1e-9 else 'ABOVE THE LIMIT'}); per joint max "
+          + ", ".join(f"{n} {s:.2f}" for n, s in zip(JOINT_NAMES, steps.max_step)))
+    print(f"episodes: {len(saved)} saved, writer {'done' if written else 'NOT DONE'}, recorder phase {rec_status['phase']}, "
+          f"lost {rec_status.get('lost_episodes', [])}; errors {rec_errors or 'none'}")
+    print(f"dataset: {n_eps} episodes, {frames} frames load with LeRobotDataset" if not load_error else f"dataset LOAD FAILED: {load_error}")
+    ok = (not crashed and not soak.unrecovered and steps.max_ratio <= 1.0 + 1e-9 and not load_error
+          and n_eps == len(saved) and written and not rec_errors)
+    print("result: " + ("ok" if ok else f"FAILED {crashed}"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
