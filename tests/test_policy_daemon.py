@@ -215,3 +215,20 @@ def test_policy_verbs_say_what_the_arm_does(bench, ckpt: Path) -> None:
     assert loop.state.mode == "hold" and loop.intent == "hold"
     r = so101d("policy", "unload", "--socket", sock)
     assert r.returncode == 0 and r.stdout.strip() == "policy unloaded", (r.stdout, r.stderr)
+
+
+def test_a_sim_camera_without_a_size_is_checked_at_the_simulators_size() -> None:
+    """`[cameras.front] kind = "sim"` with no size (as the README shows): the policy is checked
+    against the size the simulator announced, not the 640x480 default; a size given is kept."""
+    from types import SimpleNamespace
+
+    from daemon.policy.attach import PolicyController
+
+    cfg = config_from_dict({"cameras": {"front": {"kind": "sim"}, "wrist": {"kind": "sim", "width": 64, "height": 48}}})
+    announced = SimpleNamespace(width=320, height=240)
+    ctl = PolicyController(SimpleNamespace(cfg=cfg), cameras={"front": announced, "wrist": announced})
+    assert ctl._camera_size("front", cfg.cameras["front"]) == (240, 320)
+    assert ctl._camera_size("wrist", cfg.cameras["wrist"]) == (48, 64)
+    # before the simulator's hello the live camera has no size yet: the configured default stands
+    unknown = PolicyController(SimpleNamespace(cfg=cfg), cameras={"front": SimpleNamespace(width=0, height=0)})
+    assert unknown._camera_size("front", cfg.cameras["front"]) == (cfg.cameras["front"].height, cfg.cameras["front"].width)

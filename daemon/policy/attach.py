@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from daemon.config import keys_given
 from daemon.policy.action_queue import QueueConfig
 from daemon.policy.checkpoint import CheckpointError
 from daemon.policy.lerobot_server import ServerSpec
@@ -90,10 +91,13 @@ class PolicyController:
 
     # -- verbs -------------------------------------------------------------------------------
     def _camera_size(self, name: str, cfg: Any) -> tuple[int, int]:
-        """(height, width) the policy will see: a live camera's own size where it has one (a sim
-        camera takes the simulator's, announced at run time), else the configured one."""
+        """(height, width) the policy will see: the configured size, except for a camera whose
+        size the configuration left out (a sim camera takes the simulator's, announced at run
+        time): then the live camera's, once known."""
+        given = keys_given(cfg)
         live = self.cameras.get(name)
-        if live is not None and live.width > 0 and live.height > 0:
+        if (given is not None and "width" not in given and "height" not in given
+                and live is not None and live.width > 0 and live.height > 0):
             return (live.height, live.width)
         return (cfg.height, cfg.width)
 
