@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgpack
@@ -109,23 +110,7 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
             buf.close()
         return
     try:
-        while True:
-            try:
-                msg = unpack(conn.recv_bytes(MAX_MESSAGE_BYTES))
-            except (EOFError, OSError):
-                break
-            except ValueError as exc:
-                conn.send_bytes(pack({"t": "error", "error": str(exc), "fatal": False}))
-                continue
-            kind = msg["t"]
-            if kind == "stop":
-                break
-            if kind == "reset":
-                engine.reset()
-                continue
-            if kind != "infer":
-                conn.send_bytes(pack({"t": "error", "error": f"unknown request {kind!r}", "fatal": False}))
-                continue
+        for msg in _infer_requests(conn, on_reset=engine.reset):
             got_s = time.monotonic()
             t0 = time.perf_counter()
             try:
@@ -145,6 +130,30 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
     finally:
         buf.close()
 
+
+
+def _infer_requests(conn, on_reset: Callable[[], None]) -> Iterator[dict[str, Any]]:
+    """The worker's request loop, one for both backends: yields each ``infer`` request; ``reset``
+    calls ``on_reset``; an undecodable or unknown request gets a non-fatal error; ``stop`` or a
+    closed pipe ends it."""
+    while True:
+        try:
+            msg = unpack(conn.recv_bytes(MAX_MESSAGE_BYTES))
+        except (EOFError, OSError):
+            return
+        except ValueError as exc:
+            conn.send_bytes(pack({"t": "error", "error": str(exc), "fatal": False}))
+            continue
+        kind = msg["t"]
+        if kind == "stop":
+            return
+        if kind == "reset":
+            on_reset()
+            continue
+        if kind != "infer":
+            conn.send_bytes(pack({"t": "error", "error": f"unknown request {kind!r}", "fatal": False}))
+            continue
+        yield msg
 
 
 def _serve_remote(conn, spec: WorkerSpec, buf, layout) -> None:
@@ -181,22 +190,9 @@ def _serve_remote(conn, spec: WorkerSpec, buf, layout) -> None:
         "link": link(),
     }))
     try:
-        while True:
-            try:
-                msg = unpack(conn.recv_bytes(MAX_MESSAGE_BYTES))
-            except (EOFError, OSError):
-                break
-            except ValueError as exc:
-                conn.send_bytes(pack({"t": "error", "error": str(exc), "fatal": False}))
-                continue
-            kind = msg["t"]
-            if kind == "stop":
-                break
-            if kind == "reset":
-                continue  # the server keeps no history for ACT-style chunks; Ready would drop the policy
-            if kind != "infer":
-                conn.send_bytes(pack({"t": "error", "error": f"unknown request {kind!r}", "fatal": False}))
-                continue
+        # reset: nothing to do, the server keeps no history for ACT-style chunks (and Ready would
+        # drop the policy)
+        for msg in _infer_requests(conn, on_reset=lambda: None):
             got_s = time.monotonic()
             t0 = time.perf_counter()
             try:
