@@ -10,6 +10,8 @@ daemon keeps teleoperating at its rate as if nothing happened.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +83,21 @@ def test_a_silent_servo_costs_a_bounded_time_per_read_and_is_read_again_when_bac
 
 
 # --- the daemon's 100 Hz loop on the virtual bench ------------------------------------------------
+@contextmanager
+def teleop_at_100hz(ep: EmulatorProcess, tmp_path: Path) -> Iterator[ControlLoop]:
+    """Our loop at 100 Hz on the emulated bench, tracking the leader (stopped on exit)."""
+    cfg = config_from_dict({"control": {"rate_hz": 100.0}, "socket": {"path": str(tmp_path / "unused.sock")}})
+    leader = FeetechLeader(str(ep.leader_path), reference_calibration("leader"))
+    follower = FeetechFollower(str(ep.follower_path), reference_calibration("follower"))
+    loop = ControlLoop(leader, follower, cfg)
+    loop.start()
+    try:
+        wait_for(lambda: loop.state.mode == "teleop", 30, "teleop")
+        yield loop
+    finally:
+        loop.stop()
+
+
 def _rate(ep: EmulatorProcess, loop: ControlLoop, rate: float, mode: str, seconds: float) -> tuple[float, int]:
     """Cycles per second over a measured wall interval, and samples seen in fault/disconnected."""
     ep.control({"cmd": "corrupt", "arm": "follower", "rate": rate, "mode": mode})
@@ -103,24 +120,15 @@ def test_a_100hz_loop_keeps_its_rate_with_2_percent_of_follower_packets_damaged(
     """The issue's measurement: 2 % of the follower's status packets damaged, the loop at 100 Hz
     (it fell to 63 Hz). Judged against a clean-bus run of the same loop, interleaved, so the load
     of this shared machine hits both; bench/bench_noisy_bus.py reports the absolute figures."""
-    with EmulatorProcess(tmp_path, leader_motion="demo") as ep:
-        cfg = config_from_dict({"control": {"rate_hz": 100.0}, "socket": {"path": str(tmp_path / "unused.sock")}})
-        leader = FeetechLeader(str(ep.leader_path), reference_calibration("leader"))
-        follower = FeetechFollower(str(ep.follower_path), reference_calibration("follower"))
-        loop = ControlLoop(leader, follower, cfg)
-        loop.start()
-        try:
-            wait_for(lambda: loop.state.mode == "teleop", 30, "teleop")
-            clean_hz, noisy_hz, off_teleop = [], [], 0
-            for _ in range(6):  # short slices: this machine's load comes and goes over seconds
-                clean_hz.append(_rate(ep, loop, 0.0, mode, 0.5)[0])
-                hz, bad = _rate(ep, loop, 0.02, mode, 0.5)
-                noisy_hz.append(hz)
-                off_teleop += bad
-            damaged = ep.control({"cmd": "stats", "arm": "follower"})["stats"]["corrupted_replies"]
-            failures, errors = follower.counters.failures, loop.follower_errors
-        finally:
-            loop.stop()
+    with EmulatorProcess(tmp_path, leader_motion="demo") as ep, teleop_at_100hz(ep, tmp_path) as loop:
+        clean_hz, noisy_hz, off_teleop = [], [], 0
+        for _ in range(6):  # short slices: this machine's load comes and goes over seconds
+            clean_hz.append(_rate(ep, loop, 0.0, mode, 0.5)[0])
+            hz, bad = _rate(ep, loop, 0.02, mode, 0.5)
+            noisy_hz.append(hz)
+            off_teleop += bad
+        damaged = ep.control({"cmd": "stats", "arm": "follower"})["stats"]["corrupted_replies"]
+        failures, errors = loop.follower_link.arm.counters.failures, loop.follower_errors
     # medians of the slices: a stall of this shared machine (overruns of ~100 ms happen under
     # the other engineers' tests) lands in one slice, clean or noisy, and must not decide
     clean, noisy = float(np.median(clean_hz)), float(np.median(noisy_hz))
@@ -134,20 +142,11 @@ def test_a_servo_falling_silent_costs_the_100hz_loop_a_fault_not_its_cycles(tmp_
     """elbow_flex stops answering mid-teleop: the loop names it as a fault and keeps cycling at
     close to its rate while it still holds the follower (before issue 12 each cycle spent 3 tries
     x 50 ms on the silent servo: ~4 cycles in the half second before the link was dropped)."""
-    with EmulatorProcess(tmp_path, leader_motion="demo") as ep:
-        cfg = config_from_dict({"control": {"rate_hz": 100.0}, "socket": {"path": str(tmp_path / "unused.sock")}})
-        leader = FeetechLeader(str(ep.leader_path), reference_calibration("leader"))
-        follower = FeetechFollower(str(ep.follower_path), reference_calibration("follower"))
-        loop = ControlLoop(leader, follower, cfg)
-        loop.start()
-        try:
-            wait_for(lambda: loop.state.mode == "teleop", 30, "teleop")
-            losses = loop.follower_link.losses
-            ep.control({"cmd": "set_online", "arm": "follower", "joint": "elbow_flex", "online": False})
-            c0, t0 = loop.cycles, time.monotonic()
-            wait_for(lambda: "elbow_flex" in loop.fault_now, 10, "the silent servo named as a fault")
-            wait_for(lambda: loop.follower_link.losses > losses, 10, "the follower link dropped")
-            cycles, elapsed = loop.cycles - c0, time.monotonic() - t0
-        finally:
-            loop.stop()
+    with EmulatorProcess(tmp_path, leader_motion="demo") as ep, teleop_at_100hz(ep, tmp_path) as loop:
+        losses = loop.follower_link.losses
+        ep.control({"cmd": "set_online", "arm": "follower", "joint": "elbow_flex", "online": False})
+        c0, t0 = loop.cycles, time.monotonic()
+        wait_for(lambda: "elbow_flex" in loop.fault_now, 10, "the silent servo named as a fault")
+        wait_for(lambda: loop.follower_link.losses > losses, 10, "the follower link dropped")
+        cycles, elapsed = loop.cycles - c0, time.monotonic() - t0
     assert cycles / elapsed >= 50, f"{cycles} cycles in {elapsed:.2f} s while a servo was silent"
