@@ -60,11 +60,12 @@ def still_arm_on_pty(link: Path, role: str, pose_units: np.ndarray) -> tuple[Emu
 
 
 @contextlib.contextmanager
-def sdk_port_on_emulated_follower(tmp_path: Path) -> Iterator[tuple[EmulatedArm, BusEmulator, Any, Any]]:
-    """An emulated follower on a pty and the Feetech SDK's PortHandler / PacketHandler open on it."""
+def sdk_port_on_emulated_follower(tmp_path: Path, realism: Any = None) -> Iterator[tuple[EmulatedArm, BusEmulator, Any, Any]]:
+    """An emulated follower on a pty and the Feetech SDK's PortHandler / PacketHandler open on it
+    (``realism``: the servos' realism options, e.g. ``realism_from_spec("strict").servo``)."""
     import scservo_sdk as scs  # noqa: PLC0415
 
-    arm = EmulatedArm("follower")
+    arm = EmulatedArm("follower") if realism is None else EmulatedArm("follower", realism=realism)
     bus = BusEmulator(tmp_path / "follower", arm).start()
     port = scs.PortHandler(str(tmp_path / "follower"))
     assert port.openPort()

@@ -23,7 +23,7 @@ from drivers.emulator.realism import USB_CH343, USB_FTDI, realism_from_spec
 from drivers.feetech_arm import FeetechFollower, FollowerBusConfig
 from drivers.feetech_bus import FeetechBus
 from drivers.sts3215_table import ERR_OVERLOAD
-from support import connect_lerobot, poll_until
+from support import connect_lerobot, poll_until, sdk_port_on_emulated_follower
 from test_emulator_sdk import ok  # noqa: E402  (same retry rule for client-side timeouts)
 
 HEALTH = (40, 31)
@@ -128,15 +128,8 @@ def test_lerobot_bus_reads_true_values_through_every_noise_shape_and_the_ftdi_ti
 # --- in-process options ------------------------------------------------------------------------
 @pytest.fixture
 def strict_rig(tmp_path) -> Iterator[tuple[EmulatedArm, BusEmulator, scs.PortHandler, scs.PacketHandler]]:
-    arm = EmulatedArm("follower", realism=realism_from_spec("strict").servo)
-    bus = BusEmulator(tmp_path / "follower", arm).start()
-    port = scs.PortHandler(str(tmp_path / "follower"))
-    assert port.openPort()
-    try:
-        yield arm, bus, port, scs.PacketHandler(0)
-    finally:
-        port.closePort()
-        bus.stop()
+    with sdk_port_on_emulated_follower(tmp_path, realism=realism_from_spec("strict").servo) as rig:
+        yield rig
 
 
 def test_sdk_sees_the_overload_latch_survive_torque_writes_until_power_cycle(strict_rig) -> None:
