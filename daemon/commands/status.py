@@ -291,11 +291,7 @@ def _print_lines(client: ControlClient, as_json: bool, interval_s: float) -> int
     """--watch into a pipe or file (or with --json): one line, or one JSON object, per refresh,
     flushed at once, so `| head -n 3`, `| grep`, `timeout 5 ...` see each as it comes."""
     while True:
-        try:
-            reply = client.call("status")
-        except DaemonUnavailable as exc:
-            print(f"so101d: {exc}", file=sys.stderr)
-            return 2
+        reply = client.call("status")
         reply.pop("ok", None)
         try:
             print(json.dumps(reply, sort_keys=True) if as_json else one_line(reply), flush=True)
@@ -337,13 +333,11 @@ def run(args: argparse.Namespace) -> int:
 
         with Live(refresh_per_second=max(1, int(1 / max(args.interval, 0.05))), screen=False, auto_refresh=False) as live:
             while True:
-                try:
-                    reply = client.call("status")
-                except DaemonUnavailable as exc:
-                    print(f"so101d: {exc}", file=sys.stderr)
-                    return 2
-                live.update(render(reply), refresh=True)
+                live.update(render(client.call("status")), refresh=True)
                 time.sleep(args.interval)
+    except DaemonUnavailable as exc:  # the daemon went away under a status or a --watch
+        print(f"so101d: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 0
     finally:
