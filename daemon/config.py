@@ -271,7 +271,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {_describe(value)}")
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(key, value, tp)
     raise ConfigError(f"{key}: unsupported type {tp!r}")  # a bug in a dataclass, not in the file
 

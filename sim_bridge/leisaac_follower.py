@@ -368,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
     env_cfg.seed = args.seed if args.seed is not None else int(time.time())
     env_cfg.recorders = None
     success_term = prepare_env_cfg(env_cfg)
-    env = gym.make(args.task, cfg=env_cfg).unwrapped
+    # Isaac Lab's ManagerBasedRLEnv (cfg, device, scene): typed Any, Isaac Lab is not installed here
+    env: Any = gym.make(args.task, cfg=env_cfg).unwrapped
 
     pre_step = None
     if getattr(env.cfg, "dynamic_reset_gripper_effort_limit", False):

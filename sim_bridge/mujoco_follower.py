@@ -19,6 +19,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +28,9 @@ import numpy as np
 from sim_bridge.gl_backend import import_mujoco
 
 mujoco = import_mujoco()
+
+if TYPE_CHECKING:  # types only: the module itself is imported above, after the GL backend is chosen
+    from mujoco import MjData, MjModel
 
 from calibration.conventions import JOINT_NAMES, sim_rad_to_units, units_to_sim_rad  # noqa: E402
 from sim_bridge import mujoco_scene as scene  # noqa: E402
@@ -86,7 +90,7 @@ def _gl_context_class():
 class MultiCameraRenderer:
     """Renders N cameras of equal size side by side in one offscreen buffer, one read-back."""
 
-    def __init__(self, model: mujoco.MjModel, names: tuple[str, ...], width: int, height: int) -> None:
+    def __init__(self, model: MjModel, names: tuple[str, ...], width: int, height: int) -> None:
         self.names = names
         self.width, self.height = width, height
         self._ctx = _gl_context_class()(width * len(names), height)
@@ -113,7 +117,7 @@ class MultiCameraRenderer:
         self._buf = np.empty((height, width * len(names), 3), dtype=np.uint8)
         self._model = model
 
-    def render(self, data: mujoco.MjData) -> dict[str, np.ndarray]:
+    def render(self, data: MjData) -> dict[str, np.ndarray]:
         self._ctx.make_current()
         for i, cam in enumerate(self._cams):
             mujoco.mjv_updateScene(self._model, data, self._opt, self._pert, cam, mujoco.mjtCatBit.mjCAT_ALL, self._scn)

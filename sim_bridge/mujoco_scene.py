@@ -126,8 +126,8 @@ def decimate(verts: np.ndarray, faces: np.ndarray, cell_m: float) -> tuple[np.nd
     _, inverse = np.unique(keys, return_inverse=True)
     inverse = inverse.reshape(-1)
     counts = np.bincount(inverse)
-    new_verts = np.stack([np.bincount(inverse, weights=verts[:, k], minlength=counts.size) for k in range(3)], axis=1)
-    new_verts /= counts[:, None]
+    sums = np.stack([np.bincount(inverse, weights=verts[:, k], minlength=counts.size) for k in range(3)], axis=1)
+    new_verts = sums / counts[:, None]
     f = inverse[faces]
     keep = (f[:, 0] != f[:, 1]) & (f[:, 1] != f[:, 2]) & (f[:, 0] != f[:, 2])
     f = f[keep]

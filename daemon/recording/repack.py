@@ -53,6 +53,8 @@ def cut_video(src: Path, from_s: float, to_s: float, dst: Path) -> int:
     with av.open(str(src)) as inp:
         ist = inp.streams.video[0]
         tb = ist.time_base
+        if tb is None:  # an MP4 video stream always has one; a file without is not ours
+            raise ValueError(f"{src}: video stream has no time base")
         half_frame = 0.5 / float(ist.average_rate or 30)
         lo, hi = from_s - half_frame, to_s - half_frame
         out = av.open(str(dst), "w", format="mp4")

@@ -86,9 +86,9 @@ class Ring:
             self._shm_rec = shared_memory.SharedMemory(name=spec.records_name)
             self._shm_pix = shared_memory.SharedMemory(name=spec.pixels_name)
             self._shm_cnt = shared_memory.SharedMemory(name=spec.counters_name)
-        self.records = np.ndarray((spec.n_records,), dtype=RECORD_DTYPE, buffer=self._shm_rec.buf)
-        self.counters = np.ndarray((N_COUNTERS,), dtype=np.int64, buffer=self._shm_cnt.buf)
-        self._pix = np.ndarray((pix_bytes,), dtype=np.uint8, buffer=self._shm_pix.buf)
+        self.records: np.ndarray = np.ndarray((spec.n_records,), dtype=RECORD_DTYPE, buffer=self._shm_rec.buf)
+        self.counters: np.ndarray = np.ndarray((N_COUNTERS,), dtype=np.int64, buffer=self._shm_cnt.buf)
+        self._pix: np.ndarray = np.ndarray((pix_bytes,), dtype=np.uint8, buffer=self._shm_pix.buf)
         if create:
             self.counters[:] = 0
         # per camera: view into each slot

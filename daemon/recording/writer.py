@@ -85,7 +85,8 @@ class CameraEncoder(threading.Thread):
         from lerobot.datasets.compute_stats import RunningQuantileStats, auto_downsample_height_width
 
         enc = RGBEncoderConfig(vcodec=self.cfg.vcodec, preset=self.cfg.preset, crf=self.cfg.crf, g=self.cfg.gop)
-        container = stream = None
+        container: Any = None
+        stream: Any = None
         tracker = RunningQuantileStats()
         try:
             while True:
@@ -185,12 +186,13 @@ class EpisodeBuild:
                 img = ring.image_view(slot, c).copy()
                 self.last_img[c] = img
             else:
-                img = self.last_img[c]
                 missing = True
-                if img is None:
+                previous = self.last_img[c]
+                if previous is None:
                     _, h, w = ring.spec.cameras[c]
-                    img = np.zeros((h, w, 3), dtype=np.uint8)
-                    self.last_img[c] = img
+                    previous = np.zeros((h, w, 3), dtype=np.uint8)
+                    self.last_img[c] = previous
+                img = previous
             if not np.isnan(cap):
                 skew = state_s - cap
                 self.worst_skew_s = max(self.worst_skew_s, abs(skew))
@@ -237,7 +239,7 @@ class EpisodeBuild:
         )
         if self.no_pixels:
             self.notes.append(f"writer fell behind: {self.no_pixels} frames repeat the previous image")
-        tag = {
+        tag: dict[str, Any] = {
             "success": success,
             "origin": origin,
             "follower_kind": follower_kind,
