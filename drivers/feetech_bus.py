@@ -43,8 +43,9 @@ What the measurement says, and the reasons besides it:
   busy"), the byte order is a module global, and it never discards stray input before a request.
   Each of those would need a guard around the SDK anyway.
 * The protocol is small (see ``drivers/sts3215_table.py`` and so101-facts section 2): building
-  packets and checking status packets is ~100 lines that we test against the emulator and against
-  LeRobot/scservo_sdk talking to the same emulator.
+  packets and cutting status packets is ``drivers/protocol.py``, the one codec the emulator uses
+  too, tested against LeRobot/scservo_sdk talking to the same emulator. This module is the
+  transport around it: when to send, how long to wait, what to retry.
 
 So: the same protocol the SDK speaks, with one ``select`` wait per transaction instead of a spin,
 all replies of a sync read parsed from one buffer, every reply checked (header, id, length,
