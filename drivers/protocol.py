@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 HEADER = b"\xff\xff"
 BROADCAST_ID = 0xFE  # instruction to every servo; none answers (but a SYNC_READ's listed ids)
@@ -66,18 +67,18 @@ def _frame(servo_id: int, code: int, payload: bytes | bytearray) -> bytes:
     length = len(payload) + 2
     if length + 4 > MAX_PACKET_LEN:
         raise ValueError(f"packet of {length + 4} bytes exceeds the protocol maximum of {MAX_PACKET_LEN}")
-    body = bytes((servo_id, length, code)) + bytes(payload)
+    body = bytes((servo_id, length, code)) + payload
     return HEADER + body + bytes((checksum(body),))
 
 
 def encode_instruction(servo_id: int, instruction: int, params: bytes | bytearray | list[int] = b"") -> bytes:
     """An instruction packet (host -> servo)."""
-    return _frame(servo_id, instruction, bytes(params))
+    return _frame(servo_id, instruction, params if isinstance(params, bytes) else bytes(params))
 
 
 def encode_status(servo_id: int, error: int, data: bytes | bytearray | list[int] = b"") -> bytes:
     """A status packet (servo -> host)."""
-    return _frame(servo_id, error, bytes(data))
+    return _frame(servo_id, error, data if isinstance(data, bytes) else bytes(data))
 
 
 def wire_time_s(n_bytes: int, baudrate: int) -> float:
@@ -131,9 +132,12 @@ def le_int(data: bytes | bytearray | memoryview) -> int:
     return int.from_bytes(data, "little")
 
 
-@dataclass(frozen=True, slots=True)
-class Packet:
-    """One framed packet. ``code`` is the instruction (host->servo) or the error byte (servo->host)."""
+class Packet(NamedTuple):
+    """One framed packet. ``code`` is the instruction (host->servo) or the error byte (servo->host).
+
+    A NamedTuple rather than a frozen dataclass: immutable alike, and built several times per
+    bus transaction, where a frozen dataclass's __init__ costs twice as much (bench/bench_bus.py).
+    """
 
     servo_id: int
     code: int
@@ -147,22 +151,15 @@ class Packet:
         return _frame(self.servo_id, self.code, self.params)
 
 
+_new_tuple = tuple.__new__
+
+
 @dataclass
 class ParserStats:
     packets: int = 0
     bad_checksums: int = 0  # a whole packet whose checksum (or, framed, whose framing) is wrong
     bad_headers: int = 0  # an FF FF followed by an impossible id or LEN (or, for replies, not the LEN asked)
     skipped_bytes: int = 0  # bytes thrown away while hunting for a header
-
-
-def _framed_after(buf: bytearray, end: int, n: int) -> bool:
-    """Replies come back to back: what follows a whole status packet (when already here) is the
-    next packet's FF FF header, or nothing."""
-    if end >= n:
-        return True
-    if buf[end] != 0xFF:
-        return False
-    return end + 1 >= n or buf[end + 1] == 0xFF
 
 
 def take_packets(
@@ -190,25 +187,26 @@ def take_packets(
       or stray byte is also followed by something that is not the next header. Such a false
       pass once fed a 180 deg wrist_roll "measurement" to the loop in the fault soak.
     """
-    damaged = 0
+    bad_headers = bad_checksums = skipped = taken = 0
     pos = 0
     n = len(buf)
+    append = out.append
     while True:
         k = buf.find(HEADER, pos)
         if k < 0:
             # Keep a trailing 0xFF: it may be the first half of the next header.
             end = n - 1 if n > pos and buf[n - 1] == 0xFF else n
-            stats.skipped_bytes += end - pos
+            skipped += end - pos
             pos = end
             break
-        stats.skipped_bytes += k - pos
+        skipped += k - pos
         pos = k
         if k + 4 > n:
             break
         servo_id = buf[k + 2]
         length = buf[k + 3]
         if servo_id == 0xFF:  # FF FF FF ...: the header starts one byte later
-            stats.skipped_bytes += 1
+            skipped += 1
             pos = k + 1
             continue
         if (
@@ -217,26 +215,32 @@ def take_packets(
             or length + 4 > MAX_PACKET_LEN
             or (expect_len is not None and length != expect_len)
         ):
-            stats.bad_headers += 1
-            stats.skipped_bytes += 2
-            damaged += 1
+            bad_headers += 1
+            skipped += 2
             pos = k + 2
             continue
         end = k + 4 + length
         if end > n:
             break
-        if buf[end - 1] != checksum(buf[k + 2 : end - 1]) or (framed and not _framed_after(buf, end, n)):
-            stats.bad_checksums += 1
-            stats.skipped_bytes += 2
-            damaged += 1
+        if buf[end - 1] != (~sum(buf[k + 2 : end - 1])) & 0xFF or (
+            # framed: what follows (when already here) is the next FF FF header, or nothing
+            framed and end < n and (buf[end] != 0xFF or (end + 1 < n and buf[end + 1] != 0xFF))
+        ):
+            bad_checksums += 1
+            skipped += 2
             pos = k + 2
             continue
-        out.append(Packet(servo_id, buf[k + 4], bytes(buf[k + 5 : end - 1])))
-        stats.packets += 1
+        # tuple.__new__ skips the NamedTuple's Python-level __new__ (half the cost, same object)
+        append(_new_tuple(Packet, (servo_id, buf[k + 4], bytes(buf[k + 5 : end - 1]))))
+        taken += 1
         pos = end
     if pos:
         del buf[:pos]
-    return damaged
+    stats.packets += taken
+    stats.bad_headers += bad_headers
+    stats.bad_checksums += bad_checksums
+    stats.skipped_bytes += skipped
+    return bad_headers + bad_checksums
 
 
 class PacketParser:
