@@ -283,46 +283,45 @@ class FeetechBus:
     # ------------------------------------------------------------------------------------------
     # raw I/O
     # ------------------------------------------------------------------------------------------
+    def _discard_input(self, what: str, wait_s: float) -> int | None:
+        """Read what the port holds (or what arrives within ``wait_s``) and throw it away.
+
+        Returns the byte count, 0 for a readiness that read nothing yet (EAGAIN), None when
+        nothing came. A raw tty with VMIN=0 returns b"" both when empty and when hung up, so
+        select is asked first: "readable but no data" is how Linux reports a vanished device
+        (as pyserial does).
+        """
+        fd = self._fd
+        try:
+            ready, _, _ = select.select((fd,), (), (), wait_s)
+            if not ready:
+                return None
+            junk = os.read(fd, 4096)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise self._gone(what, exc) from exc
+        if not junk:
+            raise self._gone(what, None)
+        self.discarded_bytes += len(junk)
+        self._rx_bytes += len(junk)
+        return len(junk)
+
     def _drain_input(self, what: str) -> None:
         """Throw away stray bytes (a late reply, an echo) so they cannot corrupt the next reply."""
-        # A raw tty with VMIN=0 returns b"" both when empty and when hung up, so ask select first:
-        # "readable but no data" is how Linux reports a vanished device (as pyserial does).
-        fd = self._fd
-        while True:
-            try:
-                ready, _, _ = select.select((fd,), (), (), 0)
-                if not ready:
-                    return
-                junk = os.read(fd, 4096)
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                raise self._gone(what, exc) from exc
-            if not junk:
-                raise self._gone(what, None)
-            self.discarded_bytes += len(junk)
-            self._rx_bytes += len(junk)
+        while self._discard_input(what, 0):
+            pass
 
     def _settle(self, what: str) -> None:
         """Swallow the replies still owed to an earlier timed-out attempt (bounded wait)."""
-        fd = self._fd
         while self._settle_bytes > 0:
             remaining = self._settle_deadline - time.monotonic()
             if remaining <= 0:
                 break
-            try:
-                ready, _, _ = select.select((fd,), (), (), remaining)
-                if not ready:
-                    break
-                junk = os.read(fd, 4096)
-            except BlockingIOError:
-                continue
-            except OSError as exc:
-                raise self._gone(what, exc) from exc
-            if not junk:
-                raise self._gone(what, None)
-            self.discarded_bytes += len(junk)
-            self._settle_bytes -= len(junk)
+            n = self._discard_input(what, remaining)
+            if n is None:
+                break
+            self._settle_bytes -= n
         self._settle_bytes = 0
 
     def _send(self, packet: bytes, what: str) -> None:
