@@ -74,12 +74,14 @@ def loop_under(preset: str, seconds: float, rate_hz: float) -> dict:
                 t0 = time.monotonic()
                 time.sleep(seconds)
                 elapsed = time.monotonic() - t0
+                # counted now, over ``elapsed``: the wait below would add cycles but not time
+                cycles, overruns = loop.cycles - c0, loop.overruns - o0
                 fr = loop.stats.follower_read.values()
                 time.sleep(max(0.0, 2.2 - seconds))  # let the loop's rate check run at least once
                 return {
-                    "rate_hz": (loop.cycles - c0) / elapsed,
-                    "overruns": loop.overruns - o0,
-                    "cycles": loop.cycles - c0,
+                    "rate_hz": cycles / elapsed,
+                    "overruns": overruns,
+                    "cycles": cycles,
                     "fread_p50_ms": pct(fr, 50) * 1e3,
                     "fread_p99_ms": pct(fr, 99) * 1e3,
                     "warning": loop.rate_warning,
