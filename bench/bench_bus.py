@@ -42,7 +42,8 @@ if str(REPO) not in sys.path:
 from calibration.conventions import JOINT_IDS, JOINT_NAMES  # noqa: E402
 from drivers.arm_interface import ArmError  # noqa: E402
 from drivers.feetech_arm import FeetechFollower, FollowerBusConfig  # noqa: E402
-from drivers.feetech_bus import FeetechBus, instruction_packet, wire_time_s  # noqa: E402
+from drivers.feetech_bus import FeetechBus  # noqa: E402
+from drivers.protocol import encode_instruction, wire_time_s  # noqa: E402
 
 BAUD = 1_000_000
 IDS = [JOINT_IDS[n] for n in JOINT_NAMES]
@@ -87,12 +88,12 @@ class RawClient:
 
         self.ser = serial.Serial(port, BAUD, timeout=0)
         self.fd = self.ser.fd
-        self.read_req = instruction_packet(0xFE, 0x82, bytes((56, 2, *IDS)))
+        self.read_req = encode_instruction(0xFE, 0x82, bytes((56, 2, *IDS)))
         self.read_len = 6 * 8
         params = bytearray((42, 2))
         for sid in IDS:
             params += bytes((sid, 0x00, 0x08))  # 2048
-        self.write_req = instruction_packet(0xFE, 0x83, params)
+        self.write_req = encode_instruction(0xFE, 0x83, params)
         assert len(self.read_req) == 14 and len(self.write_req) == WRITE_WIRE_BYTES
 
     def sync_read(self) -> bytes:
@@ -238,14 +239,21 @@ def main(argv: list[str] | None = None) -> int:
         samples = {k: [] for k in ops}
         failures = {k: 0 for k in ops}
         for key, fn in ops.items():
+            warmup_failed = 0
             for _ in range(args.warmup):
                 try:
                     fn()
-                except Exception:
-                    print(
-                        f"{key} failed during warm-up; emulator stats: {emu.control({'cmd': 'stats'})}", file=sys.stderr
-                    )
-                    raise
+                except Exception as exc:
+                    # One timeout on a loaded machine (the SDK's 50 ms) must not end the whole run;
+                    # a client that is really broken fails its timed blocks too, where it counts.
+                    warmup_failed += 1
+                    last = exc
+            if warmup_failed:
+                print(
+                    f"{key}: {warmup_failed} of {args.warmup} warm-up calls failed (last: {last!r}); "
+                    f"emulator stats: {emu.control({'cmd': 'stats'})}",
+                    file=sys.stderr,
+                )
             time.sleep(0.002 + args.warmup * wire_time_s(WRITE_WIRE_BYTES, BAUD))  # drain write-only bursts
         for _ in range(args.rounds):
             for key, fn in ops.items():

@@ -74,12 +74,14 @@ def loop_under(preset: str, seconds: float, rate_hz: float) -> dict:
                 t0 = time.monotonic()
                 time.sleep(seconds)
                 elapsed = time.monotonic() - t0
+                # counted now, over ``elapsed``: the wait below would add cycles but not time
+                cycles, overruns = loop.cycles - c0, loop.overruns - o0
                 fr = loop.stats.follower_read.values()
                 time.sleep(max(0.0, 2.2 - seconds))  # let the loop's rate check run at least once
                 return {
-                    "rate_hz": (loop.cycles - c0) / elapsed,
-                    "overruns": loop.overruns - o0,
-                    "cycles": loop.cycles - c0,
+                    "rate_hz": cycles / elapsed,
+                    "overruns": overruns,
+                    "cycles": cycles,
                     "fread_p50_ms": pct(fr, 50) * 1e3,
                     "fread_p99_ms": pct(fr, 99) * 1e3,
                     "warning": loop.rate_warning,
@@ -92,6 +94,15 @@ def baseline_bus_module(rev: str) -> ModuleType:
     src = subprocess.run(
         ["git", "-C", str(REPO), "show", f"{rev}:drivers/feetech_bus.py"], capture_output=True, text=True, check=True
     ).stdout
+    # Since issue 12 the broadcast and max ids live in the codec (drivers/protocol.py) alone; the
+    # old driver imported them from the control table, so it gets a table module that has them.
+    from drivers import protocol, sts3215_table
+
+    table = ModuleType("sts3215_table_for_baseline")
+    table.__dict__.update(vars(sts3215_table))
+    table.__dict__.update(BROADCAST_ID=protocol.BROADCAST_ID, MAX_SERVO_ID=protocol.MAX_ID)
+    sys.modules[table.__name__] = table
+    src = src.replace("from drivers.sts3215_table import", f"from {table.__name__} import")
     path = Path(tempfile.mkdtemp(prefix="bench-baseline-")) / "feetech_bus_baseline.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location("feetech_bus_baseline", path)

@@ -3,9 +3,10 @@
 Same result as LeRobot 0.6.1's ``SOFollower.calibrate()`` / ``SOLeader.calibrate()`` (so LeRobot
 connects to an arm we calibrated without asking anything), without its ``input()`` calls:
 
-1. ``begin()``: torque off and EEPROM unlocked (Torque_Enable 0, Lock 0), position mode, Phase
-   bit 4 cleared (positions stay in 0..4095, LR#3373), factory calibration (Homing_Offset 0,
-   limits 0..4095), so Present_Position is the raw encoder angle.
+1. ``begin()``: torque off, position mode, Phase bit 4 cleared (positions stay in 0..4095,
+   LR#3373), factory calibration (Homing_Offset 0, limits 0..4095), so Present_Position is the
+   raw encoder angle. Every EEPROM write here and below goes through
+   ``drivers.calibration_io.write_eeprom``: unlocked, written, locked again, read back.
 2. The operator puts every joint in the middle of its range; ``set_homing()`` writes
    ``Homing_Offset = present - 2047`` (the servo reports ``actual - offset``), so that pose reads
    2047 and no joint range crosses the 4095/0 seam. The register is 11-bit sign-magnitude: the
@@ -22,7 +23,7 @@ connects to an arm we calibrated without asking anything), without its ``input()
    seam, gripper direction known) and returns the ArmCalibration; ``write()`` writes offsets and
    limits to the servos, reads them back, and saves the JSON atomically where LeRobot reads it.
 
-Steps 1-4 change the servos (factory offsets, limits 0..4095, torque off, EEPROM unlocked). A
+Steps 1-4 change the servos (factory offsets, limits 0..4095, torque off). A
 follower left with limits 0..4095 can be driven into itself, so an attempt that does not end in a
 saved calibration puts every servo back exactly as ``begin()`` found it (``RESTORED_REGISTERS``,
 read back and checked): ``finish()`` does so itself when it rejects the recording, ``write()`` when
@@ -48,9 +49,9 @@ from calibration.calibration_file import (
     calibration_path,
     save_calibration_file,
 )
-from calibration.conventions import GRIPPER_INDEX, JOINT_IDS, JOINT_NAMES
-from drivers.calibration_io import ServoBus, write_servo_calibration
-from drivers.sts3215_table import MAX_TICK, MODEL_NUMBER_STS3215
+from calibration.conventions import GRIPPER_INDEX, JOINT_IDS, JOINT_NAMES, MAX_TICK
+from drivers.calibration_io import ServoBus, reset_servo_calibration, write_eeprom, write_servo_calibration
+from drivers.sts3215_table import MODEL_NUMBER_STS3215
 
 log = logging.getLogger("calibration")
 
@@ -76,7 +77,8 @@ class CalibrationRestoreError(CalibrationProcedureError):
 
 
 # What begin() changes, saved before its first write and put back by restore(). Order matters on
-# the way back: EEPROM registers are written with torque off and Lock 0, then torque, then Lock.
+# the way back: EEPROM registers through calibration_io.write_eeprom (torque off, Lock 0, the
+# registers, the Lock as found, read back), then torque.
 EEPROM_RESTORED: tuple[str, ...] = (
     "Operating_Mode",
     "Phase",
@@ -156,10 +158,10 @@ class CalibrationSession:
     # steps
     # ------------------------------------------------------------------------------------------
     def begin(self) -> None:
-        """Torque off, EEPROM unlocked, position mode, angle feedback in 0..4095, factory offsets."""
+        """Torque off, position mode, angle feedback in 0..4095, factory offsets (EEPROM locked again)."""
         if self.check_model and hasattr(self.bus, "ping"):
             for name in JOINT_NAMES:
-                model = self.bus.ping(JOINT_IDS[name])  # type: ignore[attr-defined]
+                model = self.bus.ping(JOINT_IDS[name])
                 if model != MODEL_NUMBER_STS3215:
                     raise CalibrationProcedureError(
                         f"motor '{name}' (id {JOINT_IDS[name]}) reports model {model}, expected an STS3215 "
@@ -170,19 +172,21 @@ class CalibrationSession:
             # the attempt with nothing changed. (A begin() that starts over keeps the first
             # snapshot: that is still the state before the attempt.)
             self.before = self._read_registers()
+        extra: dict[int, dict[str, int]] = {}
         for name in JOINT_NAMES:
             sid = JOINT_IDS[name]
-            self.bus.write("Torque_Enable", sid, 0)
-            self.bus.write("Lock", sid, 0)
-            self.bus.write("Operating_Mode", sid, 0)
+            extra[sid] = {"Operating_Mode": 0}
             phase = int(self.bus.read("Phase", sid))
             if phase & 0x10:
                 # Bit 4 switches the angle feedback to a mode that leaves 0..4095 (LR#3373).
-                self.bus.write("Phase", sid, phase & ~0x10)
+                extra[sid]["Phase"] = phase & ~0x10
                 self.notes.append(f"{name}: cleared Phase bit 4 (angle feedback mode)")
-            self.bus.write("Homing_Offset", sid, 0)
-            self.bus.write("Min_Position_Limit", sid, 0)
-            self.bus.write("Max_Position_Limit", sid, MAX_TICK)
+        problems = reset_servo_calibration(self.bus, extra)
+        if problems:
+            raise CalibrationProcedureError(
+                "the servos did not keep the factory calibration (Homing_Offset 0, limits 0..4095):\n  "
+                + "\n  ".join(problems)
+            )
         self.homing_offsets.clear()
         self.ranges.clear()
         self.gripper_marks.clear()
@@ -216,13 +220,11 @@ class CalibrationSession:
                 offset = clamped
             offsets[name] = offset
         for name, offset in offsets.items():
-            self.bus.write("Homing_Offset", JOINT_IDS[name], offset)
-        for name, offset in offsets.items():
-            held = int(self.bus.read("Homing_Offset", JOINT_IDS[name]))
-            if held != offset:
+            not_kept = write_eeprom(self.bus, JOINT_IDS[name], {"Homing_Offset": offset})
+            if not_kept:
                 raise CalibrationProcedureError(
-                    f"motor '{name}' (id {JOINT_IDS[name]}) kept Homing_Offset {held} after {offset} was written "
-                    "(EEPROM locked?)"
+                    f"motor '{name}' (id {JOINT_IDS[name]}) did not keep its homing offset: "
+                    + ", ".join(nk.describe() for nk in not_kept)
                 )
         self.homing_offsets = offsets
         self.step = Step.HOMED
@@ -378,22 +380,25 @@ class CalibrationSession:
             sid = JOINT_IDS[name]
             want = before[name]
             try:
-                self.bus.write("Torque_Enable", sid, 0)
-                self.bus.write("Lock", sid, 0)
-                for reg in EEPROM_RESTORED:
-                    self.bus.write(reg, sid, want[reg])
+                # EEPROM first (torque off, unlocked, written, its Lock as found, read back)...
+                wrong = [
+                    f"{nk.register} is {nk.held}, was {nk.written}"
+                    for nk in write_eeprom(
+                        self.bus, sid, {reg: want[reg] for reg in EEPROM_RESTORED}, lock_after=want["Lock"]
+                    )
+                ]
                 if want["Torque_Enable"]:
-                    # It held a pose before: hold where the joint is now (the arm was moved by
-                    # hand), not the stale goal, so torque coming back does not jump.
+                    # ...then torque, if it held a pose before: hold where the joint is now (the
+                    # arm was moved by hand), not the stale goal, so torque coming back does not jump.
                     present = int(self.bus.read("Present_Position", sid))
                     self.bus.write("Goal_Position", sid, present)
                     self.bus.write("Torque_Enable", sid, want["Torque_Enable"])
-                self.bus.write("Lock", sid, want["Lock"])
-                held = {reg: int(self.bus.read(reg, sid)) for reg in RESTORED_REGISTERS}
+                torque = int(self.bus.read("Torque_Enable", sid))
             except Exception as exc:
                 problems.append(f"motor '{name}' (id {sid}): {type(exc).__name__}: {exc}")
                 continue
-            wrong = [f"{reg} is {held[reg]}, was {want[reg]}" for reg in RESTORED_REGISTERS if held[reg] != want[reg]]
+            if torque != want["Torque_Enable"]:
+                wrong.append(f"Torque_Enable is {torque}, was {want['Torque_Enable']}")
             if wrong:
                 problems.append(f"motor '{name}' (id {sid}): " + ", ".join(wrong))
         if problems:

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from calibration.calibration_file import ArmCalibration, MotorCalibration
+from calibration.calibration_file import ArmCalibration
 from calibration.conventions import (
     GRIPPER_INDEX,
     JOINT_IDS,
@@ -67,7 +67,13 @@ from drivers.arm_interface import (
     PortGoneError,
     ServoHealth,
 )
-from drivers.calibration_io import verify_against_servos
+from drivers.calibration_io import (
+    CalibrationMismatchError,
+    read_servo_calibration,
+    reset_servo_calibration,
+    verify_against_servos,
+    write_servo_calibration,
+)
 from drivers.feetech_bus import DEFAULT_REPLY_MARGIN_S, DEFAULT_RETRIES, FeetechBus, ServoNoReplyError, decode_value
 from drivers.sts3215_table import CONTROL_TABLE, ERR_OVERCURRENT, ERR_OVERLOAD, MODEL_NUMBER_STS3215
 
@@ -362,18 +368,8 @@ class _FeetechArm:
     # ------------------------------------------------------------------------------------------
     def read_calibration(self) -> ArmCalibration:
         """The calibration the servos hold (drive_mode lives only in the file: taken from it or 0)."""
-        motors = {}
-        for name in JOINT_NAMES:
-            sid = JOINT_IDS[name]
-            drive = self.calibration[name].drive_mode if self.calibration else 0
-            motors[name] = MotorCalibration(
-                id=sid,
-                drive_mode=drive,
-                homing_offset=self.bus.read("Homing_Offset", sid),
-                range_min=self.bus.read("Min_Position_Limit", sid),
-                range_max=self.bus.read("Max_Position_Limit", sid),
-            )
-        return ArmCalibration(motors)
+        cal = self.calibration
+        return read_servo_calibration(self.bus, {n: cal[n].drive_mode for n in JOINT_NAMES} if cal else None)
 
     def _compare_calibration(self) -> list[str]:
         """File vs servos, through the one implementation the calibration CLI uses too; a servo
@@ -383,34 +379,32 @@ class _FeetechArm:
         return [m.describe() for m in verify_against_servos(self.bus, self.calibration, raise_on_no_answer=True)]
 
     def write_calibration(self, cal: ArmCalibration) -> None:
-        """Write Homing_Offset and Min/Max_Position_Limit of every joint, like LeRobot.
-
-        Torque off and Lock 0 first (EEPROM), then the three registers, then a read-back: a value
-        the servo did not keep raises ArmError naming the joint. Torque stays off afterwards.
-        The arm then converts units with ``cal``.
+        """Write Homing_Offset and Min/Max_Position_Limit of every joint, like LeRobot, through
+        ``drivers.calibration_io`` (torque off, unlocked, written, locked again, read back): a
+        value the servo did not keep raises ArmError naming the joint. Torque stays off
+        afterwards. The arm then converts units with ``cal``.
         """
-        self._torque_off_all()
-        for name in JOINT_NAMES:
-            m = cal[name]
-            sid = JOINT_IDS[name]
-            self.bus.write("Homing_Offset", sid, m.homing_offset)
-            self.bus.write("Min_Position_Limit", sid, m.range_min)
-            self.bus.write("Max_Position_Limit", sid, m.range_max)
-        self.calibration = cal
-        self.calibration_mismatches = self._compare_calibration()
-        if self.calibration_mismatches:
+        self.torque_enabled = False
+        self.calibration = cal  # as before: the file's calibration, whatever the servos kept
+        try:
+            write_servo_calibration(self.bus, cal)
+        except CalibrationMismatchError as exc:
+            self.calibration_mismatches = [m.describe() for m in exc.mismatches]
             raise ArmError(
                 f"{self.role} arm on {self.port}: servos did not keep the calibration written: "
                 + "; ".join(self.calibration_mismatches)
-            )
+            ) from exc
+        self.calibration_mismatches = []
 
     def reset_calibration(self) -> None:
-        """Factory calibration (Homing_Offset 0, limits 0..4095), as LeRobot before calibrating."""
-        self._torque_off_all()
-        for sid in JOINT_ID_LIST:
-            self.bus.write("Homing_Offset", sid, 0)
-            self.bus.write("Min_Position_Limit", sid, 0)
-            self.bus.write("Max_Position_Limit", sid, MAX_TICK)
+        """Factory calibration (Homing_Offset 0, limits 0..4095), as LeRobot before calibrating;
+        torque off and the EEPROM locked again afterwards, every value read back."""
+        self.torque_enabled = False
+        problems = reset_servo_calibration(self.bus)
+        if problems:
+            raise ArmError(
+                f"{self.role} arm on {self.port}: servos did not keep the factory calibration: " + "; ".join(problems)
+            )
 
     # ------------------------------------------------------------------------------------------
     # per-cycle I/O

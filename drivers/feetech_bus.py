@@ -43,8 +43,9 @@ What the measurement says, and the reasons besides it:
   busy"), the byte order is a module global, and it never discards stray input before a request.
   Each of those would need a guard around the SDK anyway.
 * The protocol is small (see ``drivers/sts3215_table.py`` and so101-facts section 2): building
-  packets and checking status packets is ~100 lines that we test against the emulator and against
-  LeRobot/scservo_sdk talking to the same emulator.
+  packets and cutting status packets is ``drivers/protocol.py``, the one codec the emulator uses
+  too, tested against LeRobot/scservo_sdk talking to the same emulator. This module is the
+  transport around it: when to send, how long to wait, what to retry.
 
 So: the same protocol the SDK speaks, with one ``select`` wait per transaction instead of a spin,
 all replies of a sync read parsed from one buffer, every reply checked (header, id, length,
@@ -85,26 +86,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import serial
 
+from drivers import protocol as P
 from drivers.arm_interface import BusCounters, BusTimeoutError, PortGoneError
-from drivers.sts3215_table import (
-    BROADCAST_ID,
-    CONTROL_TABLE,
-    MAX_SERVO_ID,
-    SIGN_BIT,
-    decode_sign_magnitude,
-    encode_sign_magnitude,
-)
+from drivers.protocol import MAX_ID, STATUS_OVERHEAD_BYTES, Packet, ParserStats, take_packets, wire_time_s
+from drivers.sts3215_table import CONTROL_TABLE, SIGN_BIT, decode_sign_magnitude, encode_sign_magnitude
 
 log = logging.getLogger("drivers.feetech_bus")
 
-INST_PING = 0x01
-INST_READ = 0x02
-INST_WRITE = 0x03
-INST_SYNC_READ = 0x82
-INST_SYNC_WRITE = 0x83
-
-STATUS_OVERHEAD_BYTES = 6  # FF FF ID LEN ERR ... CHK
-BITS_PER_BYTE = 10  # 8N1
 DEFAULT_BAUDRATE = 1_000_000
 # Extra time a reply may take beyond its wire time: LeRobot's patched SDK timeout (50 ms + wire).
 # Real USB adapters add their own latency (FTDI's default latency timer is 16 ms) and a loaded
@@ -163,27 +151,6 @@ class _Incomplete(Exception):
         self.got = got or {}  # the replies that did arrive whole (fresh: kept by the next attempt)
 
 
-def _framed_after(buf: bytearray, end: int, n: int) -> bool:
-    """Replies come back to back: what follows a whole status packet (when already here) is the
-    next packet's FF FF header, or nothing."""
-    if end >= n:
-        return True
-    if buf[end] != 0xFF:
-        return False
-    return end + 1 >= n or buf[end + 1] == 0xFF
-
-
-def checksum(body: bytes | bytearray) -> int:
-    """Protocol-0 checksum: bitwise NOT of the byte sum (ID onward, checksum excluded), low byte."""
-    return (~sum(body)) & 0xFF
-
-
-def instruction_packet(servo_id: int, instruction: int, params: bytes | bytearray = b"") -> bytes:
-    """FF FF ID LEN INSTR params CHK with LEN = len(params) + 2."""
-    body = bytes((servo_id, len(params) + 2, instruction)) + bytes(params)
-    return b"\xff\xff" + body + bytes((checksum(body),))
-
-
 def register_spec(name: str) -> tuple[int, int]:
     """(address, size) of a control-table register; a clear error for a name that is not in it."""
     try:
@@ -219,10 +186,6 @@ def decode_value(name: str, data: bytes | bytearray) -> int:
     return raw
 
 
-def wire_time_s(n_bytes: int, baudrate: int) -> float:
-    return n_bytes * BITS_PER_BYTE / baudrate
-
-
 class FeetechBus:
     """One Feetech protocol-0 serial bus. Thread-safe: one transaction at a time."""
 
@@ -247,6 +210,7 @@ class FeetechBus:
         self.exclusive = exclusive
         self.counters = BusCounters()
         self.discarded_bytes = 0  # stray input thrown away before a request (echo, late replies)
+        self.reply_stats = ParserStats()  # status packets taken, damaged ones, noise bytes skipped
         self.last_error_bits: dict[int, int] = {}  # servo id -> error byte of its latest status packet
         self._ser: serial.Serial | None = None
         self._fd = -1
@@ -319,46 +283,45 @@ class FeetechBus:
     # ------------------------------------------------------------------------------------------
     # raw I/O
     # ------------------------------------------------------------------------------------------
+    def _discard_input(self, what: str, wait_s: float) -> int | None:
+        """Read what the port holds (or what arrives within ``wait_s``) and throw it away.
+
+        Returns the byte count, 0 for a readiness that read nothing yet (EAGAIN), None when
+        nothing came. A raw tty with VMIN=0 returns b"" both when empty and when hung up, so
+        select is asked first: "readable but no data" is how Linux reports a vanished device
+        (as pyserial does).
+        """
+        fd = self._fd
+        try:
+            ready, _, _ = select.select((fd,), (), (), wait_s)
+            if not ready:
+                return None
+            junk = os.read(fd, 4096)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise self._gone(what, exc) from exc
+        if not junk:
+            raise self._gone(what, None)
+        self.discarded_bytes += len(junk)
+        self._rx_bytes += len(junk)
+        return len(junk)
+
     def _drain_input(self, what: str) -> None:
         """Throw away stray bytes (a late reply, an echo) so they cannot corrupt the next reply."""
-        # A raw tty with VMIN=0 returns b"" both when empty and when hung up, so ask select first:
-        # "readable but no data" is how Linux reports a vanished device (as pyserial does).
-        fd = self._fd
-        while True:
-            try:
-                ready, _, _ = select.select((fd,), (), (), 0)
-                if not ready:
-                    return
-                junk = os.read(fd, 4096)
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                raise self._gone(what, exc) from exc
-            if not junk:
-                raise self._gone(what, None)
-            self.discarded_bytes += len(junk)
-            self._rx_bytes += len(junk)
+        while self._discard_input(what, 0):
+            pass
 
     def _settle(self, what: str) -> None:
         """Swallow the replies still owed to an earlier timed-out attempt (bounded wait)."""
-        fd = self._fd
         while self._settle_bytes > 0:
             remaining = self._settle_deadline - time.monotonic()
             if remaining <= 0:
                 break
-            try:
-                ready, _, _ = select.select((fd,), (), (), remaining)
-                if not ready:
-                    break
-                junk = os.read(fd, 4096)
-            except BlockingIOError:
-                continue
-            except OSError as exc:
-                raise self._gone(what, exc) from exc
-            if not junk:
-                raise self._gone(what, None)
-            self.discarded_bytes += len(junk)
-            self._settle_bytes -= len(junk)
+            n = self._discard_input(what, remaining)
+            if n is None:
+                break
+            self._settle_bytes -= n
         self._settle_bytes = 0
 
     def _send(self, packet: bytes, what: str) -> None:
@@ -451,50 +414,19 @@ class FeetechBus:
         return got
 
     def _parse(self, buf: bytearray, pending: set[int], got: dict[int, tuple[int, bytes]], data_len: int) -> bool:
-        """Consume complete status packets from ``buf``; returns True if a corrupt one was seen."""
-        corrupt = False
-        pos = 0
-        n = len(buf)
-        while True:
-            k = buf.find(b"\xff\xff", pos)
-            if k < 0:
-                # keep a trailing 0xFF: it may be the first half of the next header
-                pos = n - 1 if n and buf[-1] == 0xFF else n
-                break
-            if k + 4 > n:
-                pos = k
-                break
-            sid, length = buf[k + 2], buf[k + 3]
-            if sid == 0xFF:  # FF FF FF ...: the header starts one byte later
-                pos = k + 1
-                continue
-            end = k + 4 + length
-            if length != data_len + 2 or sid > MAX_SERVO_ID:
-                # Every reply this transaction waits for has the same LEN. Any other is a damaged
-                # byte (or a stray packet): trusting it would wait for bytes that are really the
-                # next servos' replies, up to the deadline. Hunt for the next header at once.
-                corrupt = True
-                pos = k + 2
-                continue
-            if end > n:
-                pos = k
-                break
-            if buf[end - 1] != checksum(buf[k + 2 : end - 1]) or not _framed_after(buf, end, n):
-                # The 8-bit checksum passes one damaged packet in 256; a packet shifted by a lost
-                # or stray byte is also followed by something that is not the next header. Such a
-                # false pass fed a 180 deg wrist_roll "measurement" to the loop in the fault soak.
-                corrupt = True
-                pos = k + 2
-                continue
-            if sid in pending and length == data_len + 2:
-                got[sid] = (buf[k + 4], bytes(buf[k + 5 : end - 1]))
-                pending.discard(sid)
+        """Consume complete status packets from ``buf``; returns True if a damaged one was seen.
+
+        Every reply this transaction waits for has LEN ``data_len + 2`` and follows the one
+        before it back to back: ``take_packets`` holds them to both (see its docstring)."""
+        packets: list[Packet] = []
+        damaged = take_packets(buf, packets, self.reply_stats, max_id=MAX_ID, expect_len=data_len + 2, framed=True)
+        for pkt in packets:
+            if pkt.servo_id in pending:
+                got[pkt.servo_id] = (pkt.code, pkt.params)
+                pending.discard(pkt.servo_id)
             else:
-                self.discarded_bytes += end - k
-            pos = end
-        if pos:
-            del buf[:pos]
-        return corrupt
+                self.discarded_bytes += pkt.wire_length  # a stray reply (another id, an echo)
+        return damaged > 0
 
     def _transaction(
         self,
@@ -606,26 +538,26 @@ class FeetechBus:
     # ------------------------------------------------------------------------------------------
     @staticmethod
     def _check_id(servo_id: int) -> int:
-        if isinstance(servo_id, bool) or not isinstance(servo_id, int) or not 0 <= servo_id <= MAX_SERVO_ID:
-            raise ValueError(f"servo id {servo_id!r} outside 0..{MAX_SERVO_ID}")
+        if isinstance(servo_id, bool) or not isinstance(servo_id, int) or not 0 <= servo_id <= MAX_ID:
+            raise ValueError(f"servo id {servo_id!r} outside 0..{MAX_ID}")
         return servo_id
 
     def ping(self, servo_id: int, *, retries: int | None = None) -> int:
         """PING, then READ of Model_Number (as the SDK does). Returns the model number (777 = STS3215)."""
         self._check_id(servo_id)
-        self._transaction(instruction_packet(servo_id, INST_PING), (servo_id,), 0, f"PING id {servo_id}", retries)
+        self._transaction(P.ping(servo_id), (servo_id,), 0, f"PING id {servo_id}", retries)
         return self.read("Model_Number", servo_id, retries=retries)
 
     def read_bytes(self, address: int, length: int, servo_id: int, *, retries: int | None = None) -> bytes:
         self._check_id(servo_id)
-        pkt = instruction_packet(servo_id, INST_READ, bytes((address, length)))
+        pkt = P.read(servo_id, address, length)
         got = self._transaction(pkt, (servo_id,), length, f"READ @{address}+{length} id {servo_id}", retries)
         return got[servo_id][1]
 
     def read(self, register_name: str, servo_id: int, *, retries: int | None = None) -> int:
         addr, size = register_spec(register_name)
         self._check_id(servo_id)
-        pkt = instruction_packet(servo_id, INST_READ, bytes((addr, size)))
+        pkt = P.read(servo_id, addr, size)
         got = self._transaction(pkt, (servo_id,), size, f"READ {register_name} id {servo_id}", retries)
         return decode_value(register_name, got[servo_id][1])
 
@@ -634,7 +566,7 @@ class FeetechBus:
         addr, _ = register_spec(register_name)
         self._check_id(servo_id)
         data = encode_value(register_name, value)
-        pkt = instruction_packet(servo_id, INST_WRITE, bytes((addr,)) + data)
+        pkt = P.write(servo_id, addr, data)
         self._transaction(pkt, (servo_id,), 0, f"WRITE {register_name}={value} id {servo_id}", retries)
 
     def sync_read_bytes(
@@ -648,7 +580,7 @@ class FeetechBus:
             raise ValueError(f"duplicate servo ids in {ids}")
 
         def request(ask: Sequence[int]) -> bytes:
-            return instruction_packet(BROADCAST_ID, INST_SYNC_READ, bytes((address, length, *ask)))
+            return P.sync_read(address, length, ask)
 
         got = self._transaction(request, ids, length, what or f"SYNC_READ @{address}+{length}", retries)
         return {i: got[i][1] for i in ids}
@@ -660,25 +592,16 @@ class FeetechBus:
 
     def sync_write(self, register_name: str, values: Mapping[int, int]) -> None:
         """SYNC_WRITE (broadcast, no reply): one packet for every servo."""
-        addr, size = register_spec(register_name)
         if not values:
             return
-        params = bytearray((addr, size))
-        for sid, value in values.items():
-            self._check_id(sid)
-            params.append(sid)
-            params += encode_value(register_name, value)
-        pkt = instruction_packet(BROADCAST_ID, INST_SYNC_WRITE, params)
-        self._transaction(pkt, (), 0, f"SYNC_WRITE {register_name}")
+        self._transaction(self.sync_write_packet(register_name, values), (), 0, f"SYNC_WRITE {register_name}")
 
     def sync_write_packet(self, register_name: str, values: Mapping[int, int]) -> bytes:
-        """The SYNC_WRITE packet ``sync_write`` would send (for tests and the benchmark's byte counts)."""
+        """The SYNC_WRITE packet ``sync_write`` sends (the benchmark counts its bytes)."""
         addr, size = register_spec(register_name)
-        params = bytearray((addr, size))
-        for sid, value in values.items():
-            params.append(self._check_id(sid))
-            params += encode_value(register_name, value)
-        return instruction_packet(BROADCAST_ID, INST_SYNC_WRITE, params)
+        return P.sync_write(
+            addr, size, {self._check_id(sid): encode_value(register_name, v) for sid, v in values.items()}
+        )
 
     def scan(self, ids: Iterable[int], *, retries: int = 0) -> dict[int, int]:
         """Ping each id once (no retries by default); id -> model number for those that answered."""
@@ -694,11 +617,8 @@ class FeetechBus:
 __all__ = [
     "FeetechBus",
     "ServoNoReplyError",
-    "checksum",
     "decode_value",
     "encode_value",
-    "instruction_packet",
     "latency_timer_ms",
     "register_spec",
-    "wire_time_s",
 ]

@@ -8,18 +8,23 @@ Both directions share one framing::
 with CHK the bitwise NOT of the low byte of ``ID + LEN + INSTR/ERROR + sum(params)``. Multi-byte
 register values are little-endian on the STS series.
 
-The emulator uses the parser on the servo side (a real servo ignores packets with a bad checksum
-and resynchronises on the next ``FF FF`` header); the driver can use the same parser to decode
-status packets. Everything here is pure and allocation-light: it sits in every bus transaction.
+This is the one codec of the project: the bus client (``drivers.feetech_bus``) builds its requests
+with ``encode_instruction`` and cuts status packets out of its receive buffer with
+``take_packets``; the emulator (``drivers.emulator``) decodes requests with ``PacketParser`` (the
+same ``take_packets`` behind a servo's receive timeout) and answers with ``encode_status``. A real
+servo ignores packets with a bad checksum and resynchronises on the next ``FF FF`` header; so do
+both sides here. Everything is pure and allocation-light: it sits in every bus transaction.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 HEADER = b"\xff\xff"
-BROADCAST_ID = 0xFE
-MAX_ID = 0xFC
+BROADCAST_ID = 0xFE  # instruction to every servo; none answers (but a SYNC_READ's listed ids)
+MAX_ID = 0xFC  # highest id a servo can hold (0xFD is reserved, 0xFE broadcast, 0xFF never an id)
 
 INST_PING = 0x01
 INST_READ = 0x02
@@ -43,6 +48,7 @@ INSTRUCTION_NAMES = {
 # LEN byte above it is treated as noise by the parser below.
 MAX_PACKET_LEN = 250
 MIN_LEN_FIELD = 2  # LEN counts INSTR/ERROR + CHK at least
+STATUS_OVERHEAD_BYTES = 6  # FF FF ID LEN ERR ... CHK: a status packet is this plus its data
 
 # Bits per byte on the wire: start + 8 data + stop.
 BITS_PER_BYTE = 10
@@ -54,25 +60,25 @@ def checksum(body: bytes | bytearray | memoryview) -> int:
 
 
 def _frame(servo_id: int, code: int, payload: bytes | bytearray) -> bytes:
-    if not 0 <= servo_id <= 0xFE:
-        raise ValueError(f"servo id {servo_id} outside 0..254")
+    if not 0 <= servo_id <= BROADCAST_ID:
+        raise ValueError(f"servo id {servo_id} outside 0..{BROADCAST_ID}")
     if not 0 <= code <= 0xFF:
         raise ValueError(f"instruction/error byte {code} outside 0..255")
     length = len(payload) + 2
     if length + 4 > MAX_PACKET_LEN:
         raise ValueError(f"packet of {length + 4} bytes exceeds the protocol maximum of {MAX_PACKET_LEN}")
-    body = bytes((servo_id, length, code)) + bytes(payload)
+    body = bytes((servo_id, length, code)) + payload
     return HEADER + body + bytes((checksum(body),))
 
 
 def encode_instruction(servo_id: int, instruction: int, params: bytes | bytearray | list[int] = b"") -> bytes:
     """An instruction packet (host -> servo)."""
-    return _frame(servo_id, instruction, bytes(params))
+    return _frame(servo_id, instruction, params if isinstance(params, bytes) else bytes(params))
 
 
 def encode_status(servo_id: int, error: int, data: bytes | bytearray | list[int] = b"") -> bytes:
     """A status packet (servo -> host)."""
-    return _frame(servo_id, error, bytes(data))
+    return _frame(servo_id, error, data if isinstance(data, bytes) else bytes(data))
 
 
 def wire_time_s(n_bytes: int, baudrate: int) -> float:
@@ -86,7 +92,7 @@ def ping(servo_id: int) -> bytes:
 
 
 def read(servo_id: int, address: int, length: int) -> bytes:
-    return encode_instruction(servo_id, INST_READ, (address, length))
+    return encode_instruction(servo_id, INST_READ, bytes((address, length)))
 
 
 def write(servo_id: int, address: int, data: bytes | bytearray | list[int]) -> bytes:
@@ -101,11 +107,11 @@ def action(servo_id: int = BROADCAST_ID) -> bytes:
     return encode_instruction(servo_id, INST_ACTION)
 
 
-def sync_read(address: int, length: int, ids: list[int] | tuple[int, ...]) -> bytes:
+def sync_read(address: int, length: int, ids: Sequence[int]) -> bytes:
     return encode_instruction(BROADCAST_ID, INST_SYNC_READ, bytes((address, length)) + bytes(ids))
 
 
-def sync_write(address: int, length: int, values: dict[int, bytes | bytearray | list[int]]) -> bytes:
+def sync_write(address: int, length: int, values: Mapping[int, bytes | bytearray | list[int]]) -> bytes:
     """``values``: servo id -> exactly ``length`` data bytes."""
     params = bytearray((address, length))
     for servo_id, data in values.items():
@@ -126,9 +132,12 @@ def le_int(data: bytes | bytearray | memoryview) -> int:
     return int.from_bytes(data, "little")
 
 
-@dataclass(frozen=True, slots=True)
-class Packet:
-    """One framed packet. ``code`` is the instruction (host->servo) or the error byte (servo->host)."""
+class Packet(NamedTuple):
+    """One framed packet. ``code`` is the instruction (host->servo) or the error byte (servo->host).
+
+    A NamedTuple rather than a frozen dataclass: immutable alike, and built several times per
+    bus transaction, where a frozen dataclass's __init__ costs twice as much (bench/bench_bus.py).
+    """
 
     servo_id: int
     code: int
@@ -142,25 +151,107 @@ class Packet:
         return _frame(self.servo_id, self.code, self.params)
 
 
+_new_tuple = tuple.__new__
+
+
 @dataclass
 class ParserStats:
     packets: int = 0
-    bad_checksums: int = 0
+    bad_checksums: int = 0  # a whole packet whose checksum (or, framed, whose framing) is wrong
+    bad_headers: int = 0  # an FF FF followed by an impossible id or LEN (or, for replies, not the LEN asked)
     skipped_bytes: int = 0  # bytes thrown away while hunting for a header
+
+
+def take_packets(
+    buf: bytearray,
+    out: list[Packet],
+    stats: ParserStats,
+    *,
+    max_id: int = BROADCAST_ID,
+    expect_len: int | None = None,
+    framed: bool = False,
+) -> int:
+    """Cut every complete, valid packet out of ``buf`` into ``out``; returns how many damaged ones
+    were seen (bad header or checksum). What cannot be a packet yet (a partial one, a trailing
+    0xFF that may start the next header) stays in ``buf``.
+
+    Bytes before an ``FF FF`` header are skipped; a damaged packet is dropped by hunting for the
+    next header just past its ``FF FF`` (so a real header inside garbage is still found), and
+    ``FF FF FF`` reads as a header after one stray 0xFF, as the SDK does. For status packets
+    the bus client narrows this down:
+
+    * ``expect_len``: every reply of one request has the same LEN. Any other is a damaged byte
+      (or a stray packet); trusting it would wait for bytes that are really the next servos'
+      replies, up to the deadline, so it counts as damaged at once.
+    * ``framed``: the 8-bit checksum passes one damaged packet in 256; a packet shifted by a lost
+      or stray byte is also followed by something that is not the next header. Such a false
+      pass once fed a 180 deg wrist_roll "measurement" to the loop in the fault soak.
+    """
+    bad_headers = bad_checksums = skipped = taken = 0
+    pos = 0
+    n = len(buf)
+    append = out.append
+    while True:
+        k = buf.find(HEADER, pos)
+        if k < 0:
+            # Keep a trailing 0xFF: it may be the first half of the next header.
+            end = n - 1 if n > pos and buf[n - 1] == 0xFF else n
+            skipped += end - pos
+            pos = end
+            break
+        skipped += k - pos
+        pos = k
+        if k + 4 > n:
+            break
+        servo_id = buf[k + 2]
+        length = buf[k + 3]
+        if servo_id == 0xFF:  # FF FF FF ...: the header starts one byte later
+            skipped += 1
+            pos = k + 1
+            continue
+        if (
+            servo_id > max_id
+            or length < MIN_LEN_FIELD
+            or length + 4 > MAX_PACKET_LEN
+            or (expect_len is not None and length != expect_len)
+        ):
+            bad_headers += 1
+            skipped += 2
+            pos = k + 2
+            continue
+        end = k + 4 + length
+        if end > n:
+            break
+        if buf[end - 1] != (~sum(buf[k + 2 : end - 1])) & 0xFF or (
+            # framed: what follows (when already here) is the next FF FF header, or nothing
+            framed and end < n and (buf[end] != 0xFF or (end + 1 < n and buf[end + 1] != 0xFF))
+        ):
+            bad_checksums += 1
+            skipped += 2
+            pos = k + 2
+            continue
+        # tuple.__new__ skips the NamedTuple's Python-level __new__ (half the cost, same object)
+        append(_new_tuple(Packet, (servo_id, buf[k + 4], bytes(buf[k + 5 : end - 1]))))
+        taken += 1
+        pos = end
+    if pos:
+        del buf[:pos]
+    stats.packets += taken
+    stats.bad_headers += bad_headers
+    stats.bad_checksums += bad_checksums
+    stats.skipped_bytes += skipped
+    return bad_headers + bad_checksums
 
 
 class PacketParser:
     """Streaming parser: feed it bytes as they arrive, get complete, checksum-valid packets.
 
-    Resynchronisation follows the servo's behaviour: bytes before an ``FF FF`` header are
-    skipped; a packet with a bad checksum or an impossible LEN is dropped by discarding one
-    byte and hunting for the next header (so a real header inside garbage is still found).
-    ``FF FF FF`` is read as a header preceded by one stray 0xFF, as the SDK does.
+    ``take_packets`` does the cutting; this adds the servo's receive state machine timeout.
     """
 
     __slots__ = ("_buf", "_last_feed_s", "max_id", "stale_s", "stats")
 
-    def __init__(self, max_id: int = 0xFE, stale_s: float = 0.005) -> None:
+    def __init__(self, max_id: int = BROADCAST_ID, stale_s: float = 0.005) -> None:
         self._buf = bytearray()
         self.stats = ParserStats()
         self.max_id = max_id
@@ -193,36 +284,5 @@ class PacketParser:
             self._last_feed_s = now_s
         buf += data
         out: list[Packet] = []
-        stats = self.stats
-        while True:
-            start = buf.find(HEADER)
-            if start < 0:
-                # Keep a trailing 0xFF: it may be the first half of the next header.
-                keep = 1 if buf and buf[-1] == 0xFF else 0
-                stats.skipped_bytes += len(buf) - keep
-                del buf[: len(buf) - keep]
-                return out
-            if start:
-                stats.skipped_bytes += start
-                del buf[:start]
-            if len(buf) < 4:
-                return out
-            servo_id = buf[2]
-            length = buf[3]
-            if servo_id == 0xFF or servo_id > self.max_id or length < MIN_LEN_FIELD or length + 4 > MAX_PACKET_LEN:
-                # Not a plausible packet start: drop one byte and hunt again.
-                stats.skipped_bytes += 1
-                del buf[0]
-                continue
-            total = length + 4
-            if len(buf) < total:
-                return out
-            body = buf[2 : total - 1]
-            if checksum(body) != buf[total - 1]:
-                stats.bad_checksums += 1
-                stats.skipped_bytes += 1
-                del buf[0]
-                continue
-            out.append(Packet(servo_id, buf[4], bytes(buf[5 : total - 1])))
-            stats.packets += 1
-            del buf[:total]
+        take_packets(buf, out, self.stats, max_id=self.max_id)
+        return out

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from calibration.conventions import MAX_TICK
+
 MODEL_NUMBER_STS3215 = 777
 FIRMWARE_MAJOR = 3
 FIRMWARE_MINOR = 10
-TICKS_PER_TURN = 4096
-MAX_TICK = TICKS_PER_TURN - 1  # 4095: LeRobot's "max_res"
-BROADCAST_ID = 0xFE
-MAX_SERVO_ID = 0xFC
+TICKS_PER_TURN = MAX_TICK + 1  # 4096 (MAX_TICK is LeRobot's "max_res", defined with the unit conventions)
 
 # Baud_Rate register codes. Code 0 (1 Mbaud) is the only one LeRobot writes; the others are the
 # STS datasheet's table.

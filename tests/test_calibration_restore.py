@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from calibration.calibration_file import calibration_path, load_calibration_file, save_calibration_file
-from calibration.conventions import JOINT_NAMES, unit_limits
+from calibration.conventions import JOINT_IDS, JOINT_NAMES, unit_limits
 from daemon.calibration_procedure import CalibrationProcedureError, CalibrationRestoreError, CalibrationSession, Step
 from drivers.calibration_io import verify_against_servos
 from drivers.emulator import BusEmulator, EmulatedArm
@@ -115,11 +115,16 @@ def follower(tmp_path: Path) -> Iterator[CalibratedFollower]:
 # the procedure (API)
 # ---------------------------------------------------------------------------------------------
 def test_the_attempt_changes_the_servos_and_a_forgotten_joint_puts_them_back(follower: CalibratedFollower) -> None:
+    # One servo left unlocked, as LeRobot's disable_torque leaves it (Lock 0): the attempt locks
+    # every EEPROM again after writing it, so putting things back must unlock that one again.
+    follower.bus.write("Lock", JOINT_IDS["shoulder_pan"], 0)
+    follower.before = servo_state(follower.arm)
     session = CalibrationSession(follower.bus, role="follower")
     session.begin()
     # The attempt really does change them (else this test would prove nothing).
     changed = differences(follower.before, servo_state(follower.arm))
     assert any("Max_Position_Limit" in d for d in changed) and any("Lock" in d for d in changed)
+    assert all(s.reg("Lock") == 1 for s in follower.arm.servos)
     session.begin()
     session.set_homing()
     follower.pose(gripper=0.0)

@@ -266,6 +266,31 @@ def test_write_calibration_like_lerobot(tmp_path):
         emu.stop()
 
 
+def test_calibration_written_by_the_arm_survives_a_stray_write_and_a_power_cycle(tmp_path):
+    """The arm's write_calibration and reset_calibration were the paths that left the EEPROM
+    unlocked (Lock 0). A stray write afterwards (a misaddressed packet, a script poking a
+    register) then rewrote the saved calibration for good; locked again, it is not saved."""
+    emu = serve(tmp_path, preset="factory")
+    try:
+        cal = reference_calibration("follower")
+        f = FeetechFollower(str(emu.link_path), cal)
+        f.connect()
+        f.write_calibration(cal)
+        assert [s.reg("Lock") for s in emu.arm.servos] == [1] * 6
+        f.bus.write("Max_Position_Limit", 3, 4095)  # elbow_flex: a stray EEPROM write
+        emu.arm.power_cycle()
+        assert emu.arm.eeprom_calibration().to_json_dict() == cal.to_json_dict()
+
+        f.reset_calibration()
+        assert [s.reg("Lock") for s in emu.arm.servos] == [1] * 6
+        f.bus.write("Homing_Offset", 3, 100)
+        emu.arm.power_cycle()
+        assert emu.arm.eeprom_calibration()["elbow_flex"].homing_offset == 0
+        f.close()
+    finally:
+        emu.stop()
+
+
 def test_no_calibration_loaded(tmp_path):
     emu = serve(tmp_path)
     try:

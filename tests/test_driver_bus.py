@@ -9,7 +9,8 @@ import pytest
 
 from drivers.arm_interface import BusTimeoutError, PortGoneError
 from drivers.emulator import BusEmulator, EmulatedArm
-from drivers.feetech_bus import FeetechBus, ServoNoReplyError, instruction_packet
+from drivers.feetech_bus import FeetechBus, ServoNoReplyError
+from drivers.protocol import encode_instruction
 from drivers.sts3215_table import MODEL_NUMBER_STS3215
 
 IDS = [1, 2, 3, 4, 5, 6]
@@ -164,7 +165,7 @@ def test_stray_input_is_discarded_before_a_request(emu, bus):
     # a reply to a request nobody waits for (e.g. a timed-out earlier one) sits in the input
     raw = os.open(str(emu.link_path), os.O_RDWR | os.O_NOCTTY)
     try:
-        os.write(raw, instruction_packet(2, 0x02, bytes((56, 2))))
+        os.write(raw, encode_instruction(2, 0x02, bytes((56, 2))))
         time.sleep(0.05)  # the emulator answers into the shared pty input
     finally:
         os.close(raw)

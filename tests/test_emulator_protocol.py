@@ -66,6 +66,45 @@ def test_stale_partial_packet_is_abandoned_after_a_gap() -> None:
     assert [p.servo_id for p in out] == [1]
 
 
+def _replies(*ids_ticks: tuple[int, int]) -> bytes:
+    return b"".join(P.encode_status(sid, 0, P.le_bytes(t, 2)) for sid, t in ids_ticks)
+
+
+def test_the_bus_client_cuts_its_replies_with_the_same_codec() -> None:
+    """The bus client's reply mode: one LEN for every reply of a request, packets back to back."""
+    buf = bytearray(_replies((1, 100), (2, 200), (3, 300)))
+    out: list[P.Packet] = []
+    stats = P.ParserStats()
+    assert P.take_packets(buf, out, stats, max_id=P.MAX_ID, expect_len=4, framed=True) == 0
+    assert [(p.servo_id, P.le_int(p.params)) for p in out] == [(1, 100), (2, 200), (3, 300)]
+    assert buf == b"" and stats.packets == 3
+
+
+def test_a_reply_with_another_len_is_damage_not_a_wait_for_more_bytes() -> None:
+    # id 1's LEN byte hit by noise (0x04 -> 0x44): trusting it would take ids 2 and 3's replies
+    # as id 1's data and wait for 60 more bytes; the reply mode drops it and finds id 2 at once.
+    raw = bytearray(_replies((1, 100), (2, 200), (3, 300)))
+    raw[3] = 0x44
+    out: list[P.Packet] = []
+    stats = P.ParserStats()
+    assert P.take_packets(raw, out, stats, max_id=P.MAX_ID, expect_len=4, framed=True) == 1
+    assert [p.servo_id for p in out] == [2, 3] and stats.bad_headers == 1
+    # the emulator's servo-side parser (any LEN) would instead wait for the claimed bytes
+    assert P.PacketParser().feed(_replies((1, 100), (2, 200), (3, 300))[:3] + b"\x44" + b"\x00" * 8) == []
+
+
+def test_a_shifted_packet_that_passes_the_checksum_is_refused_when_not_followed_by_a_header() -> None:
+    # A lost byte inside id 1's data (one of 256 such packets still passes the 8-bit checksum):
+    # built here as a packet whose checksum is right but which a stray byte follows.
+    shifted = P.encode_status(1, 0, P.le_bytes(100, 2)) + b"\x07" + _replies((2, 200))
+    out: list[P.Packet] = []
+    stats = P.ParserStats()
+    damaged = P.take_packets(bytearray(shifted), out, stats, max_id=P.MAX_ID, expect_len=4, framed=True)
+    assert damaged == 1 and [p.servo_id for p in out] == [2]
+    # unframed (the servo side, one request at a time) the same bytes give id 1 and id 2
+    assert [p.servo_id for p in P.PacketParser().feed(shifted)] == [1, 2]
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     noise=st.binary(max_size=40),

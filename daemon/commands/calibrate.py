@@ -30,6 +30,7 @@ from typing import TextIO
 
 from calibration.calibration_file import (
     CalibrationError,
+    Role,
     calibration_path,
     calibration_root,
     find_calibration,
@@ -38,7 +39,7 @@ from calibration.calibration_file import (
 from calibration.conventions import JOINT_NAMES, MAX_TICK
 from daemon.calibration_procedure import FULL_TURN_JOINTS, CalibrationRestoreError, CalibrationSession
 from drivers.arm_interface import ArmError
-from drivers.calibration_io import verify_against_servos
+from drivers.calibration_io import ServoBus, verify_against_servos
 
 EXIT_OK, EXIT_MISMATCH, EXIT_REJECTED, EXIT_BUS = 0, 1, 2, 3
 SAMPLE_PERIOD_S = 0.02  # LeRobot samples ranges every 20 ms too
@@ -208,18 +209,20 @@ def _calibrate(session: CalibrationSession, arm_id: str, target: Path, port: str
     return EXIT_OK
 
 
-def _verify(bus: object, role: str, arm_id: str, args: argparse.Namespace, out: TextIO) -> int:
+def _verify(bus: ServoBus, role: Role, arm_id: str, args: argparse.Namespace, out: TextIO) -> int:
+    path: Path
     if args.calibration_dir is not None:
-        path: Path | None = args.calibration_dir / f"{arm_id}.json"
+        path = args.calibration_dir / f"{arm_id}.json"
         if not path.is_file():
             raise CalibrationError(f"no calibration file {path}")
     else:
-        path = find_calibration(role, arm_id, args.calibration_root)  # type: ignore[arg-type]
-        if path is None:
-            expected = calibration_path(role, arm_id, args.calibration_root)  # type: ignore[arg-type]
+        found = find_calibration(role, arm_id, args.calibration_root)
+        if found is None:
+            expected = calibration_path(role, arm_id, args.calibration_root)
             raise CalibrationError(f"no calibration for {role} '{arm_id}': expected {expected}")
+        path = found
     cal = load_calibration_file(path)
-    mismatches = verify_against_servos(bus, cal)  # type: ignore[arg-type]
+    mismatches = verify_against_servos(bus, cal)
     if not mismatches:
         print(f"{path}: the servos hold this calibration", file=out)
         return EXIT_OK

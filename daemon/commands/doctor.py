@@ -247,7 +247,7 @@ def health_block(rep: ArmReport, bus: Any, ids: dict[str, int]) -> None:
 
 
 def round_trips(rep: ArmReport, bus: Any, ids: dict[str, int], n: int, rate_hz: float) -> None:
-    from drivers.feetech_bus import STATUS_OVERHEAD_BYTES, wire_time_s
+    from drivers.protocol import STATUS_OVERHEAD_BYTES, wire_time_s
 
     id_list = list(ids.values())
     samples = []

@@ -52,7 +52,7 @@ from drivers import protocol as P
 from drivers.emulator.arm import EmulatedArm
 from drivers.emulator.realism import BusRealism
 from drivers.emulator.servo import EmulatedServo
-from drivers.sts3215_table import BAUD_RATE_BY_CODE, BROADCAST_ID, CONTROL_TABLE
+from drivers.sts3215_table import BAUD_RATE_BY_CODE, CONTROL_TABLE
 
 log = logging.getLogger("so101d.emulator")
 
@@ -599,7 +599,7 @@ class BusEmulator:
         def wants_reply(servo: EmulatedServo) -> bool:
             return servo.mem[_ADDR_STATUS_LEVEL] != 0
 
-        if pkt.servo_id == BROADCAST_ID:
+        if pkt.servo_id == P.BROADCAST_ID:
             if instr == P.INST_PING:
                 for s in listening(sorted((s for s in arm.servos if s.online), key=lambda s: s.servo_id)):
                     s.update(now)

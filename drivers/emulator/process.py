@@ -23,6 +23,7 @@ Commands (``arm`` defaults to the only arm when there is one):
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -293,7 +294,7 @@ class ControlClient:
         self.path = str(path)
         self.timeout_s = timeout_s
         self._sock: socket.socket | None = None
-        self._reader = None
+        self._reader: io.BufferedReader | None = None
         self._lock = threading.Lock()
 
     def _connect(self) -> None:

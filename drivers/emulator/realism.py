@@ -45,6 +45,7 @@ attribute, default 16 ms; cdc_acm bulk transfers of 64 bytes at full speed).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
 
 RETURN_DELAY_MIN_STRICT = 50  # 2 us units: third-party STS tables clamp values below 50 to 50
 
@@ -161,4 +162,6 @@ def servo_realism_from_json(d: dict) -> ServoRealism:
     bad = set(d) - known
     if bad:
         raise ValueError(f"unknown servo realism option(s) {sorted(bad)}; known: {sorted(known)}")
-    return ServoRealism(**{k: (int(v) if k == "return_delay_min" else bool(v)) for k, v in d.items()})
+    # each field as its own type: the delay is a count, every other option a switch
+    overrides: dict[str, Any] = {k: (int(v) if k == "return_delay_min" else bool(v)) for k, v in d.items()}
+    return ServoRealism(**overrides)
