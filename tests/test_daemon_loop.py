@@ -203,7 +203,7 @@ def test_unplug_follower_reports_and_resumes(make_bench):
     bench.wait_mode("aligning", "teleop", timeout_s=15)
     wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "following after follower replug")
     assert bench.daemon.status()["follower"]["losses"] == 1
-    bench.rec.check_no_jump(bench.daemon.loop.params)
+    assert bench.rec.check_no_jump(bench.daemon.loop.params) > 10  # tracking steps checked after the replug
 
 
 def test_follower_overload_holds_until_operator_resumes(make_bench):
