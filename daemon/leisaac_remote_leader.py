@@ -20,7 +20,10 @@ import struct
 import numpy as np
 import zmq
 
-from calibration.conventions import NUM_JOINTS, ticks_to_units
+from calibration.calibration_file import ArmCalibration
+from calibration.conventions import NUM_JOINTS, ticks_to_units, units_to_ticks
+from drivers.arm_interface import LeaderArm
+from drivers.leader_mapping import LeisaacMappedLeader
 
 log = logging.getLogger("so101d.sim.remote_leader")
 
@@ -70,7 +73,7 @@ class LeisaacRemoteLeaderPublisher:
         self.sent += 1
         return True
 
-    def publish_ticks(self, leader_ticks: np.ndarray, leader_cal) -> bool:
+    def publish_ticks(self, leader_ticks: np.ndarray, leader_cal: ArmCalibration) -> bool:
         """Leader Present_Position ticks + the leader's ArmCalibration -> one packet."""
         return self.publish_normalized(ticks_to_units(leader_ticks, leader_cal, body_mode="range_m100_100"))
 
@@ -78,3 +81,25 @@ class LeisaacRemoteLeaderPublisher:
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
+
+
+class RemoteLeaderHook:
+    """A ``LeaderHook`` (daemon/loop_protocols.py): publishes every fresh leader reading in
+    LeIsaac's remote-leader format, without blocking.
+
+    LeIsaac wants the leader itself: behind a sim mapping (``[follower] sim_mapping``) the loop's
+    leader reading is the mapped sim target, so the hook sends the mapped leader's own reading
+    (``LeisaacMappedLeader.last_raw_units``) instead.
+    """
+
+    def __init__(
+        self, publisher: LeisaacRemoteLeaderPublisher, leader_cal: ArmCalibration, leader: LeaderArm | None = None
+    ) -> None:
+        self.publisher = publisher
+        self.cal = leader_cal
+        self.mapped = leader if isinstance(leader, LeisaacMappedLeader) else None
+
+    def on_leader(self, now_monotonic_s: float, leader_units: np.ndarray) -> None:
+        raw = self.mapped.last_raw_units if self.mapped is not None else None
+        units = raw if raw is not None else leader_units
+        self.publisher.publish_ticks(units_to_ticks(units, self.cal), self.cal)

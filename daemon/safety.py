@@ -139,6 +139,12 @@ def _torque_change(state: ControllerState, want: bool) -> bool | None:
     return None if state.torque_on is want else want
 
 
+def disconnected(fault: str, reason: str) -> CycleOutput:
+    """No follower to command: nothing is written, the fault stays latched, and tracking restarts
+    with alignment once the follower is back (the state keeps no command or hold pose)."""
+    return CycleOutput(ControllerState(mode="disconnected", fault=fault, reason=reason), None, None)
+
+
 def update(s: ControllerState, inp: CycleInputs, p: SafetyParams) -> CycleOutput:
     """One control decision. Pure: the same (state, inputs, params) always give the same output."""
     # --- fault latch -------------------------------------------------------------------------
@@ -151,8 +157,7 @@ def update(s: ControllerState, inp: CycleInputs, p: SafetyParams) -> CycleOutput
     # --- no follower: nothing to command; everything restarts with alignment ------------------
     measured = inp.measured
     if not inp.follower_ok or not _finite(measured):
-        reason = "follower not connected" if not inp.follower_ok else "follower pose not finite"
-        return CycleOutput(ControllerState(mode="disconnected", fault=fault, reason=reason), None, None)
+        return disconnected(fault, "follower not connected" if not inp.follower_ok else "follower pose not finite")
     assert measured is not None
     here = np.clip(measured, p.lower, p.upper)
 
@@ -176,8 +181,8 @@ def update(s: ControllerState, inp: CycleInputs, p: SafetyParams) -> CycleOutput
 
     def holding(mode: str, reason: str) -> CycleOutput:
         # Keep the pose captured when the hold began; re-capture after any tracking mode.
-        keep = s.mode in ("idle", "hold") and s.hold_pose is not None and s.torque_on is True
-        hold = s.hold_pose if keep else here
+        keep = s.mode in ("idle", "hold") and s.torque_on is True
+        hold = s.hold_pose if keep and s.hold_pose is not None else here
         st = ControllerState(mode=mode, command=hold, hold_pose=hold, torque_on=True, reason=reason)
         return CycleOutput(st, _safe(hold, p), torque)
 

@@ -1,12 +1,15 @@
 """The daemon object: configuration -> arms -> control loop -> control socket (-> recorder, policy,
 notifier), with start/stop. `so101d run` and `so101d demo` use it; tests run it in-process.
 
-Others plug in here:
+Others plug in through ``Daemon.context`` (daemon/context.py: configuration, arms, loop,
+control socket registry, cameras, shutdown lists), by declared seams only:
 - ``make_follower(cfg)``: the follower factory; the sim bridge adds kind "sim".
-- ``daemon.server.register(verb, handler)``: recording and policy add their socket verbs.
-- ``daemon.loop.add_hook(obj)``: recorder (``on_cycle``), remote-leader publisher (``on_leader``).
-- ``daemon.loop.policy_source``: the policy runner's TargetSource for mode ``policy``.
-- ``daemon.on_stop``: callables run on shutdown before the follower is released (episode save).
+- ``context.server.register(verb, handler)``: recording and policy add their socket verbs.
+- ``context.loop.add_hook(obj)``: a ``CycleHook`` (recorder) or ``LeaderHook`` (remote-leader
+  publisher), daemon/loop_protocols.py.
+- ``context.loop.policy_source``: the policy's ``TargetSource`` for mode ``policy``.
+- ``context.cameras``: the daemon's cameras, shared by the recorder and the policy.
+- ``context.on_stop``: callables run on shutdown before the follower is released (episode save).
 """
 
 from __future__ import annotations
@@ -19,10 +22,17 @@ from collections.abc import Callable
 from typing import Any
 
 from calibration.calibration_file import ArmCalibration, CalibrationError, load_calibration
+from daemon.camera_set import DaemonCameras
 from daemon.config import Config
+from daemon.context import DaemonContext, EpisodeRecorder, PolicyHandle, StatusExtra
 from daemon.control_loop import ControlLoop
 from daemon.control_socket import ControlServer, RequestError
+from daemon.leisaac_remote_leader import LeisaacRemoteLeaderPublisher, RemoteLeaderHook
+from daemon.realtime import lock_memory
+from daemon.sd_notify import Notifier, ServiceStatus, StatusReporter, WatchdogGate
 from daemon.terminal import TerminalWatch, helpers_shielded
+from drivers.arm_interface import FollowerArm, LeaderArm
+from drivers.feetech_arm import FollowerBusConfig
 
 log = logging.getLogger("so101d.daemon")
 
@@ -49,7 +59,7 @@ def load_arm_calibration(cfg: Config, role: str) -> ArmCalibration:
         raise StartupError(f"{role}: {exc}") from exc
 
 
-def make_leader(cfg: Config) -> Any:
+def make_leader(cfg: Config) -> LeaderArm:
     """The leader arm (a FeetechLeader on ``leader.port``), not yet connected."""
     from drivers.feetech_arm import (
         FeetechLeader,
@@ -61,27 +71,17 @@ def make_leader(cfg: Config) -> Any:
     )
 
 
-def follower_bus_config(cfg: Config) -> Any:
+def follower_bus_config(cfg: Config) -> FollowerBusConfig:
     """The driver's FollowerBusConfig from [follower] (gripper protection limits)."""
-    from drivers.feetech_arm import FollowerBusConfig
-
-    wanted = {
-        "baudrate": cfg.follower.baudrate,
-        "gripper_max_torque_limit": cfg.follower.gripper_max_torque_limit,
-        "gripper_protection_current": cfg.follower.gripper_protection_current,
-        "gripper_overload_torque": cfg.follower.gripper_overload_torque,
-    }
-    import dataclasses
-
-    fields = (
-        {f.name for f in dataclasses.fields(FollowerBusConfig)}
-        if dataclasses.is_dataclass(FollowerBusConfig)
-        else set()
+    return FollowerBusConfig(
+        baudrate=cfg.follower.baudrate,
+        gripper_max_torque_limit=cfg.follower.gripper_max_torque_limit,
+        gripper_protection_current=cfg.follower.gripper_protection_current,
+        gripper_overload_torque=cfg.follower.gripper_overload_torque,
     )
-    return FollowerBusConfig(**{k: v for k, v in wanted.items() if k in fields})
 
 
-def make_follower(cfg: Config) -> Any:
+def make_follower(cfg: Config) -> FollowerArm:
     """The follower arm for ``follower.kind``, not yet connected."""
     kind = cfg.follower.kind
     if kind == "feetech":
@@ -92,12 +92,13 @@ def make_follower(cfg: Config) -> Any:
         from drivers.sim_follower import SimFollower
 
         follower = SimFollower(cfg.follower.endpoint, staleness_s=cfg.follower.stale_timeout_s)
-        follower.sim_mapping = cfg.follower.sim_mapping  # named in every sim episode's tag notes
+        # named in every sim episode's tag notes (daemon/recording/sim_episodes.py reads it)
+        follower.sim_mapping = cfg.follower.sim_mapping  # type: ignore[attr-defined]  # set here, not a SimFollower field
         return follower
     raise StartupError(f"follower.kind: {kind!r} is not available in this build")
 
 
-def mapped_leader(leader: Any, cfg: Config) -> Any:
+def mapped_leader(leader: LeaderArm, cfg: Config) -> LeaderArm:
     """The leader as the sim follower sees it under ``[follower] sim_mapping`` (see
     ``drivers.leader_mapping``); its calibration is the leader's own."""
     from drivers.leader_mapping import LeisaacMappedLeader
@@ -106,20 +107,7 @@ def mapped_leader(leader: Any, cfg: Config) -> Any:
     return LeisaacMappedLeader(leader, cal, cfg.follower.sim_mapping)
 
 
-class RemoteLeaderHook:
-    """Publishes every fresh leader reading in LeIsaac's remote-leader format (non-blocking)."""
-
-    def __init__(self, publisher: Any, leader_cal: ArmCalibration, leader: Any = None) -> None:
-        self.publisher = publisher
-        self.cal = leader_cal
-        self.leader = leader  # a sim-mapped leader keeps its unmapped reading in last_raw_units
-
-    def on_leader(self, now_monotonic_s: float, leader_units: Any) -> None:
-        from calibration.conventions import units_to_ticks
-
-        raw = getattr(self.leader, "last_raw_units", None)
-        units = raw if raw is not None else leader_units
-        self.publisher.publish_ticks(units_to_ticks(units, self.cal), self.cal)
+__all__ = ["Daemon", "RemoteLeaderHook", "StartupError", "make_follower", "make_leader"]
 
 
 # -------------------------------------------------------------------------------------------------
@@ -129,40 +117,103 @@ class Daemon:
     def __init__(
         self,
         cfg: Config,
-        leader: Any = None,
-        follower: Any = None,
+        leader: LeaderArm | None = None,
+        follower: FollowerArm | None = None,
         *,
-        notifier: Any = None,
+        notifier: Notifier | None = None,
         socket_path: str | None = None,
         config_path: str | None = None,
     ) -> None:
-        self.cfg = cfg
         self.config_path = config_path  # re-read on SIGHUP
         self.reloads = 0
         self._reload_requested = threading.Event()
-        self.leader = leader if leader is not None else make_leader(cfg)
-        if cfg.follower.kind == "sim" and cfg.follower.sim_mapping != "degrees" and self.leader is not None:
-            self.leader = mapped_leader(self.leader, cfg)
-        self.follower = follower if follower is not None else make_follower(cfg)
-        self.loop = ControlLoop(self.leader, self.follower, cfg)
+        the_leader = leader if leader is not None else make_leader(cfg)
+        if cfg.follower.kind == "sim" and cfg.follower.sim_mapping != "degrees" and the_leader is not None:
+            the_leader = mapped_leader(the_leader, cfg)
+        the_follower = follower if follower is not None else make_follower(cfg)
         self.socket_path = socket_path or cfg.socket.resolved_path()
-        self.server = ControlServer(self.socket_path, cfg.socket.mode, cfg.socket.max_request_bytes)
+        self.context = DaemonContext(
+            cfg=cfg,
+            leader=the_leader,
+            follower=the_follower,
+            loop=ControlLoop(the_leader, the_follower, cfg),
+            server=ControlServer(self.socket_path, cfg.socket.mode, cfg.socket.max_request_bytes),
+            cameras=DaemonCameras(cfg.cameras, the_follower),
+        )
+        # the daemon's cameras stop with it, after the recorder and the policy let go of them
+        self.context.after_stop.append(self.context.cameras.stop)
         self.notifier = notifier
-        self.on_stop: list[Callable[[], None]] = []  # run before the loop stops (save an episode...)
-        self.after_stop: list[Callable[[], None]] = []  # run after the loop stopped (close publishers...)
-        self.recorder: Any = None
-        # What a stop hook could not keep (e.g. recorded episodes never written): logged, and the
-        # exit code of run_forever becomes EXIT_DATA_LOST so systemd shows the unit failed.
-        self.data_lost: list[str] = []
-        self.remote_leader: Any = None  # LeisaacRemoteLeaderPublisher when [leisaac_remote_leader] enabled
-        self.status_extras: dict[str, Callable[[], Any]] = {}  # name -> fn() added to `status`
+        self.remote_leader: LeisaacRemoteLeaderPublisher | None = None  # when [leisaac_remote_leader] enabled
         self._stop = threading.Event()
         # the terminal as it is now, before run_forever takes SIGHUP over (nohup's SIG_IGN is seen):
         # a later SIGHUP is a reload, or the terminal gone
         self._terminal: TerminalWatch | None = TerminalWatch.at_start()
         self._started = False
         self._ready_sent = False
+        self._reporter: StatusReporter | None = None  # systemd STATUS= lines, made on the first tick
         self._register_verbs()
+
+    # ---------------------------------------------------------------- the context's parts
+    # (the daemon's own names for them: `so101d demo`, the tests and the benches use these)
+    @property
+    def cfg(self) -> Config:
+        return self.context.cfg
+
+    @cfg.setter
+    def cfg(self, cfg: Config) -> None:
+        self.context.cfg = cfg
+
+    @property
+    def leader(self) -> LeaderArm | None:
+        return self.context.leader
+
+    @property
+    def follower(self) -> FollowerArm:
+        return self.context.follower
+
+    @property
+    def loop(self) -> ControlLoop:
+        return self.context.loop
+
+    @property
+    def server(self) -> ControlServer:
+        return self.context.server
+
+    @property
+    def on_stop(self) -> list[Callable[[], None]]:
+        """Run before the loop stops (save an episode...)."""
+        return self.context.on_stop
+
+    @property
+    def after_stop(self) -> list[Callable[[], None]]:
+        """Run after the loop stopped (close publishers...)."""
+        return self.context.after_stop
+
+    @property
+    def status_extras(self) -> dict[str, StatusExtra]:
+        return self.context.status_extras
+
+    @property
+    def data_lost(self) -> list[str]:
+        """What a stop hook could not keep (e.g. recorded episodes never written): logged, and the
+        exit code of run_forever becomes EXIT_DATA_LOST so systemd shows the unit failed."""
+        return self.context.data_lost
+
+    @property
+    def recorder(self) -> EpisodeRecorder | None:
+        return self.context.recorder
+
+    @recorder.setter
+    def recorder(self, rec: EpisodeRecorder | None) -> None:
+        self.context.recorder = rec
+
+    @property
+    def policy(self) -> PolicyHandle | None:
+        return self.context.policy
+
+    @policy.setter
+    def policy(self, ctl: PolicyHandle | None) -> None:
+        self.context.policy = ctl
 
     # ---------------------------------------------------------------- verbs
     def _register_verbs(self) -> None:
@@ -208,23 +259,13 @@ class Daemon:
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
         if self.notifier is not None and self.cfg.service.watchdog:
-            try:
-                from daemon.sd_notify import WatchdogGate
-
-                gate = WatchdogGate(self.notifier)
-                if gate.enabled:
-                    self.loop.watchdog = gate
-            except ImportError:  # pragma: no cover - the service helper's module
-                pass
+            gate = WatchdogGate(self.notifier)
+            if gate.enabled:
+                self.loop.watchdog = gate
         if self.cfg.service.lock_memory:
-            try:
-                from daemon.realtime import lock_memory
-
-                res = lock_memory()  # logs its own warning (with the fix) when it fails
-                if res.locked:
-                    log.info("service.lock_memory: %s", res.detail)
-            except ImportError:  # pragma: no cover - the service helper's module
-                log.warning("service.lock_memory: not available in this build")
+            res = lock_memory()  # logs its own warning (with the fix) when it fails
+            if res.locked:
+                log.info("service.lock_memory: %s", res.detail)
         try:
             self._attach_optional()
             self.server.start()
@@ -285,7 +326,7 @@ class Daemon:
             from daemon.recording.attach import attach_recorder
 
             try:
-                self.recorder = attach_recorder(self)
+                self.recorder = attach_recorder(self.context)
             except Exception as exc:
                 raise StartupError(f"recording: {exc}") from exc
         # No recorder: `so101d episode ...` / `record` get the reason, not "unknown command"
@@ -294,16 +335,14 @@ class Daemon:
         # --- policy helper's hook (issue 6): policy.* verbs, `status.policy`, [policy] enabled loads at start
         from daemon.policy.attach import attach_policy
 
-        if getattr(self, "policy", None) is None:  # tests may attach their own first
-            self.policy = attach_policy(self, recorder=self.recorder)
+        if self.policy is None:  # tests may attach their own first
+            self.policy = attach_policy(self.context, recorder=self.recorder)
         # --- end of the policy hook
         rl = self.cfg.leisaac_remote_leader
         if rl.enabled:
-            cal = getattr(self.leader, "calibration", None)
-            if cal is None:
+            cal = getattr(self.leader, "calibration", None)  # our Feetech leaders keep theirs
+            if not isinstance(cal, ArmCalibration):
                 raise StartupError("leisaac_remote_leader: the leader has no calibration to normalise with")
-            from daemon.leisaac_remote_leader import LeisaacRemoteLeaderPublisher
-
             pub = LeisaacRemoteLeaderPublisher(rl.bind)
             try:
                 pub.open()
@@ -324,7 +363,7 @@ class Daemon:
         # seconds to load); `systemctl start so101d && so101d episode start` then just works.
         # A recorder that failed does not hold READY back (teleop works; STATUS/status say why).
         rec = self.recorder
-        rec_starting = rec is not None and getattr(rec, "phase", "") == "starting"
+        rec_starting = rec is not None and rec.phase == "starting"
         if not self._ready_sent and both and not rec_starting:
             self.notifier.ready(f"{st.mode}: arms connected" + (", recording ready" if rec is not None else ""))
             self._ready_sent = True
@@ -339,14 +378,9 @@ class Daemon:
                 waiting.append("recording: starting (dataset writer loading)")
             self.notifier.status("; ".join(waiting))
             return
-        reporter = getattr(self, "_reporter", None)
+        reporter = self._reporter
         if reporter is None:
-            try:
-                from daemon.sd_notify import ServiceStatus, StatusReporter
-            except ImportError:  # pragma: no cover
-                return
             self._reporter = reporter = StatusReporter(self.notifier)
-            self._service_status = ServiceStatus
         period = self.loop.stats.period.summary()
         hz = 1.0 / period.mean if period.mean else None
         episodes, recording, detail = None, False, st.reason
@@ -360,9 +394,7 @@ class Daemon:
                     )
             except Exception:
                 pass
-        reporter.update(
-            self._service_status(mode=st.mode, loop_hz=hz, episodes=episodes, recording=recording, detail=detail)
-        )
+        reporter.update(ServiceStatus(mode=st.mode, loop_hz=hz, episodes=episodes, recording=recording, detail=detail))
 
     def reload(self) -> str:
         """Re-read the configuration file; apply the keys that can change live (daemon/reload.py),
@@ -418,7 +450,7 @@ class Daemon:
         return rc
 
     def _run_until_stopped(self, duration_s: float | None, on_tick: Callable[[], None] | None) -> int:
-        old: dict[int, Any] = {}
+        old: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 old[sig] = signal.signal(sig, lambda signum, frame: self.request_stop())

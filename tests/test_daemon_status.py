@@ -187,3 +187,47 @@ def test_a_remote_policy_server_line_keeps_round_trip_network_and_server_time_ap
     assert "server 127.0.0.1:8080 NOT connected" in out and "UNAVAILABLE: connection refused" in out
     assert "round trip p50 61.2 ms  network p50 3.4 ms  GetActions p50 55.0 ms  server compute unknown" in out
     assert "policy server 127.0.0.1:8080 NOT connected: UNAVAILABLE" in one_line(st)
+
+
+# The `status` verb's loop part, key by key: the CLI, the README and the browser console read it.
+LOOP_KEYS = {
+    "mode", "intent", "reason", "fault", "torque_wanted", "follower_kind", "uptime_s", "rate_hz_target", "rate_hz",
+    "cycles", "overruns", "missed_cycles", "limited_cycles", "leader_errors", "follower_errors", "hook_errors",
+    "overlap_io", "rate_warning", "power_cycle_required", "safety", "timing_ms", "leader", "follower",
+    "leader_age_s", "joints", "servos", "missing_servos", "health_age_s",
+}  # fmt: skip
+SAFETY_KEYS = {
+    "align_speed_deg_s", "max_step_deg", "leader_stale_s", "on_fault", "fault_latched", "fault_now",
+    "limited_cycles", "limit_hits",
+}  # fmt: skip
+LINK_KEYS = {"connected", "port", "since_s", "connects", "losses", "last_error", "configure_warnings", "bus"}
+SERVO_KEYS = {"temperature_c", "voltage_v", "load_pct", "current_ma", "status", "torque"}
+
+
+def test_the_status_shape_is_the_one_its_readers_know(limit_bench) -> None:
+    daemon, _sock = limit_bench
+    loop = daemon.loop
+    wait_for(
+        lambda: loop.status()["servos"] is not None and loop.leader_units is not None, 30, "health and leader read"
+    )
+    st = daemon.status()
+    assert set(st) >= LOOP_KEYS and {"socket", "config", "reloads", "verbs"} <= set(st)
+    assert set(loop.status()) == LOOP_KEYS
+    assert set(st["safety"]) == SAFETY_KEYS
+    assert set(st["leader"]) == LINK_KEYS and set(st["follower"]) == LINK_KEYS
+    assert set(st["follower"]["bus"]) == {"transactions", "retries", "failures", "reconnects"}
+    assert set(st["joints"]) == {"leader", "follower", "command"}
+    assert set(st["joints"]["follower"]) == set(st["safety"]["limit_hits"]) == {
+        "shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper",
+    }  # fmt: skip
+    assert all(set(s) == SERVO_KEYS for s in st["servos"].values()) and len(st["servos"]) == 6
+    # values keep their types and units: the loop really runs at its target, the leader is young
+    assert st["rate_hz_target"] == 100.0 and st["cycles"] > 0 and st["overlap_io"] is True
+    assert 0.0 <= st["leader_age_s"] < 1.0 and st["health_age_s"] is not None
+    assert (
+        st["leader"]["connected"] is True and st["leader"]["connects"] == 1 and st["leader"]["bus"]["transactions"] > 0
+    )
+    assert isinstance(st["missing_servos"], list) and isinstance(st["fault"], str)
+    assert set(st["timing_ms"]) == {
+        "leader_read", "follower_read", "update", "follower_write", "hooks", "cycle", "period", "jitter",
+    }  # fmt: skip

@@ -10,7 +10,6 @@ emulator, the loop itself; no daemon service around it).
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -144,7 +143,7 @@ def test_policy_source_that_raises_does_not_kill_the_loop(bench) -> None:
     pose_before = fa.pose_units()
     loop.call(lambda: loop.set_intent("policy"))
     wait_for(lambda: src.calls >= 20, 10.0, "policy asked for targets")
-    time.sleep(0.1)
+    loop.wait_cycles(10)
     assert loop.is_running(), "a raising policy source killed the control loop"
     assert loop.state.mode == "hold", loop.state
     assert np.allclose(fa.pose_units(), pose_before, atol=2.0)
@@ -169,7 +168,7 @@ def test_torque_off_is_obeyed_while_a_fault_holds_the_arm(bench) -> None:
         5.0,
         f"torque off during a fault (mode {loop.state.mode}: {loop.state.reason})",
     )
-    time.sleep(0.2)
+    loop.wait_cycles(20)
     assert not any(s.torque_enabled for s in fa.servos), "torque came back on by itself"
     assert loop.state.fault  # still latched: clearing it stays the operator's explicit act
 
@@ -195,7 +194,7 @@ def test_reconnect_does_not_hold_the_pose_measured_before_the_loss(tmp_path: Pat
     )
     leader = FeetechLeader(str(tmp_path / "leader"), reference_calibration("leader"))
     follower = FeetechFollower(str(tmp_path / "follower"), reference_calibration("follower"))
-    loop = ControlLoop(leader, follower, cfg)  # stepped by hand: cycle() on this thread
+    loop = ControlLoop(leader, follower, cfg)  # stepped by hand: step() on this thread
     link = loop.follower_link
 
     class ReplugDuringLeaderRead:
@@ -210,21 +209,16 @@ def test_reconnect_does_not_hold_the_pose_measured_before_the_loss(tmp_path: Pat
     hook = ReplugDuringLeaderRead()
     loop.add_hook(hook)
 
-    def step(n: int) -> None:
-        for _ in range(n):
-            loop.cycle(time.monotonic())
-            time.sleep(0.01)
-
     try:
         loop.leader_link.start()
         link.start()
         wait_for(lambda: link.connected and loop.leader_link.connected, 20.0, "both arms connected")
         loop.intent = "hold"
-        step(30)
+        loop.step(30)
         assert loop.state.mode == "hold" and all(s.torque_enabled for s in fa.servos)
         fb.unplug()
         for _ in range(50):
-            step(1)
+            loop.step(1)
             if not link.connected:
                 break
         assert not link.connected
@@ -232,7 +226,7 @@ def test_reconnect_does_not_hold_the_pose_measured_before_the_loss(tmp_path: Pat
             s.write(ADDR_TORQUE_ENABLE, b"\x00")
         fa.set_pose_units(POSE_LOW)
         hook.armed = True
-        step(60)
+        loop.step(60)
         assert link.connected
         err = np.abs(fa.pose_units() - POSE_LOW)
         assert np.all(err < 3.0), f"the follower moved {err} after the reconnect (back to the pre-loss pose?)"
@@ -261,10 +255,10 @@ def test_failed_fault_clear_does_not_snap_back_to_the_old_hold_pose(bench) -> No
     moved = fa.pose_units()
     moved[2] -= 30.0
     fa.set_pose_units(moved)  # ...and the elbow was pushed 30 deg
-    time.sleep(0.1)
+    loop.wait_cycles(10)
     with pytest.raises(RuntimeError, match="fault still present"):
         loop.call(lambda: loop.set_intent("teleop"))
-    time.sleep(0.5)
+    loop.wait_cycles(50)
     assert fa.servo("elbow_flex").torque_enabled
     err = abs(fa.pose_units()[2] - moved[2])
     assert err < 3.0, f"the elbow moved {err:.1f} deg after the failed fault clear (back to the old hold pose)"

@@ -12,7 +12,6 @@ the recorder's, when one is attached).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 import time
@@ -21,11 +20,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from daemon.config import keys_given
+from daemon.context import DaemonContext, EpisodeRecorder, HasContext, context_of
+from daemon.control_socket import RequestError
 from daemon.policy.action_queue import QueueConfig
 from daemon.policy.checkpoint import CheckpointError
 from daemon.policy.lerobot_server import ServerSpec
 from daemon.policy.runner import FrameSource, PolicyRunnerConfig, PolicySource
 from daemon.policy.takeover import LeaderActuator, Takeover, TakeoverConfig
+from drivers.cameras import VirtualArmCamera
 
 log = logging.getLogger("so101d.policy")
 
@@ -35,12 +37,7 @@ class PolicyError(RuntimeError):
 
 
 def _request_error(msg: str) -> Exception:
-    try:
-        from daemon.control_socket import RequestError  # noqa: PLC0415
-
-        return RequestError(msg)
-    except ImportError:  # pragma: no cover
-        return PolicyError(msg)
+    return RequestError(msg)
 
 
 def queue_config_from(policy_cfg: Any) -> QueueConfig:
@@ -78,7 +75,8 @@ def server_spec_from(policy_cfg: Any, path: str, cameras: Mapping[str, tuple[int
 class PolicyController:
     """Owns the PolicySource of a daemon and implements the policy verbs."""
 
-    def __init__(self, daemon: Any, cameras: Mapping[str, FrameSource] | None = None, recorder: Any = None):
+    def __init__(self, daemon: DaemonContext, cameras: Mapping[str, FrameSource] | None = None,
+                 recorder: EpisodeRecorder | None = None):
         self.daemon = daemon
         self.cfg = daemon.cfg.policy
         self.cameras = dict(cameras or {})
@@ -277,13 +275,9 @@ class PolicyController:
     # -- evaluation episodes (recording helper's Recorder) ---------------------------------------
     def _start_episode(self, task: str) -> Any:
         rec = self.recorder
+        assert rec is not None  # start() opens an evaluation episode only with a recorder
         try:
-            params = inspect.signature(rec.start_episode).parameters
-            if "origin" in params:
-                out = rec.start_episode(task, origin="policy")
-            else:
-                log.warning("recorder cannot tag episodes per call; the evaluation episode keeps the recorder's origin")
-                out = rec.start_episode(task)
+            out = rec.start_episode(task, origin="policy")
         except Exception as exc:
             raise PolicyError(f"cannot start the evaluation episode: {exc}") from None
         self.episode_open = True
@@ -308,9 +302,7 @@ class PolicyController:
         try:
             if discard:
                 return rec.discard_episode()
-            if "notes" in inspect.signature(rec.save_episode).parameters:
-                return rec.save_episode(success, notes=self._episode_notes())
-            return rec.save_episode(success)
+            return rec.save_episode(success, notes=self._episode_notes())
         except Exception as exc:  # the episode may have been saved/discarded by hand
             return {"error": str(exc)}
 
@@ -332,27 +324,28 @@ def _opt_bool(req: dict[str, Any], key: str) -> bool | None:
     raise PolicyError(f'"{key}" must be true, false or null, got {v!r}')
 
 
-def attach_policy(daemon: Any, cameras: Mapping[str, FrameSource] | None = None, recorder: Any = None) -> PolicyController:
-    """Register the policy verbs and status on a Daemon; load [policy] path if enabled."""
+def attach_policy(daemon: DaemonContext | HasContext, cameras: Mapping[str, FrameSource] | None = None,
+                  recorder: EpisodeRecorder | None = None) -> PolicyController:
+    """Register the policy verbs and status on the daemon (its context); load [policy] path if enabled."""
+    ctx = context_of(daemon)
     if recorder is None:
-        extra = getattr(daemon, "status_extras", {}).get("recording")
-        recorder = getattr(extra, "__self__", None)
+        recorder = ctx.recorder
     if cameras is None and recorder is not None:
-        cameras = {c.name: c for c in getattr(recorder, "cameras", [])}
-    if cameras is None and daemon.cfg.cameras:
-        cameras = _own_cameras(daemon)
-    ctl = PolicyController(daemon, cameras, recorder)
-    reg = daemon.server.register
+        cameras = {c.name: c for c in recorder.cameras}
+    if cameras is None and ctx.cfg.cameras:
+        cameras = _own_cameras(ctx)
+    ctl = PolicyController(ctx, cameras, recorder)
+    reg = ctx.server.register
     reg("policy.load", _verb(lambda req: ctl.load(req.get("path"), float(req.get("wait_s") or 0.0))))
     reg("policy.start", _verb(lambda req: ctl.start(_opt_bool(req, "record"), req.get("task"))))
     reg("policy.stop", _verb(lambda req: ctl.stop(_opt_bool(req, "success"), bool(req.get("discard", False)))))
     reg("policy.takeover", _verb(lambda req: ctl.takeover()))
     reg("policy.unload", _verb(lambda req: ctl.unload()))
     reg("policy.status", _verb(lambda req: ctl.status()))
-    daemon.status_extras["policy"] = ctl.status
-    daemon.on_stop.append(ctl.close)
-    daemon.policy = ctl
-    if daemon.cfg.policy.enabled and daemon.cfg.policy.path:
+    ctx.status_extras["policy"] = ctl.status
+    ctx.on_stop.append(ctl.close)
+    ctx.policy = ctl
+    if ctx.cfg.policy.enabled and ctx.cfg.policy.path:
         try:
             ctl.load()
         except PolicyError as exc:
@@ -361,29 +354,25 @@ def attach_policy(daemon: Any, cameras: Mapping[str, FrameSource] | None = None,
 
 
 class _CameraFeed:
-    """Loop hook: virtual cameras draw the follower's measured pose (the recorder does this when it runs)."""
+    """CycleHook: virtual cameras draw the follower's measured pose (the recorder does this when it runs)."""
 
     def __init__(self, cams: list[Any]):
-        self.cams = [c for c in cams if hasattr(c, "set_state")]
+        self.cams = [c for c in cams if isinstance(c, VirtualArmCamera)]
 
     def on_cycle(self, now: float, state: Any, action: Any, raw: Any) -> None:
         for c in self.cams:
             c.set_state(state)
 
 
-def _own_cameras(daemon: Any) -> dict[str, FrameSource]:
-    """No recorder: open the configured cameras ourselves (started now, stopped with the daemon).
+def _own_cameras(daemon: DaemonContext) -> dict[str, FrameSource]:
+    """No recorder: start the daemon's cameras (they stop with the daemon).
 
     Kind "sim" cameras come from the simulated follower and need the recorder's wiring; they are
     left out (a policy that needs them then gets a readable "no frame source" error at load).
     """
-    from daemon.recording.attach import build_cameras  # noqa: PLC0415
-
-    wanted = {n: c for n, c in daemon.cfg.cameras.items() if c.kind != "sim"}
-    cams = build_cameras(wanted)
+    cams = daemon.cameras.named(sorted(n for n, c in daemon.cfg.cameras.items() if c.kind != "sim"))
     for c in cams:
         c.start()
-        daemon.on_stop.append(c.stop)
-    if any(hasattr(c, "set_state") for c in cams):
+    if any(isinstance(c, VirtualArmCamera) for c in cams):
         daemon.loop.add_hook(_CameraFeed(cams))
     return {c.name: c for c in cams}

@@ -1,51 +1,41 @@
-"""Wires a Recorder into the running Daemon: cameras from [cameras.*], verbs, hook, status, stop.
+"""Wires a Recorder into the running daemon: the daemon's cameras, verbs, hook, status, stop.
 
-The daemon core calls ``attach_recorder(daemon)`` when ``[recording] enabled = true`` (or `demo`
-does). Everything the recorder needs from the daemon goes through its published plug points:
-``loop.add_hook``, ``server.register``, ``status_extras`` and ``on_stop``.
+The daemon core calls ``attach_recorder(context)`` when ``[recording] enabled = true`` (or `demo`
+does). Everything the recorder needs from the daemon goes through the declared context
+(daemon/context.py): ``loop.add_hook`` (the recorder is a ``CycleHook``), ``server.register``,
+``status_extras``, ``on_stop``, ``data_lost`` and the daemon's ``cameras``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from daemon.config import CameraConfig as CameraSection
-from daemon.config import keys_given
+from daemon.camera_set import build_cameras, configured_size, sim_camera_factory
+from daemon.config import RecordingConfig
+from daemon.context import DaemonContext, HasContext, context_of
+from daemon.control_socket import RequestError
 from daemon.recording.recorder import Recorder, RecorderConfig, RecordingError
-from drivers.cameras import Camera, CameraConfig, OpenCVCamera, VirtualArmCamera
+from drivers.cameras import Camera
 
 log = logging.getLogger("so101d.recording")
 
 
-def dataset_root(recording_cfg: Any) -> Path:
+def dataset_root(recording_cfg: RecordingConfig) -> Path:
     """<dataset_root>/<repo_id>, as documented in daemon/config.py."""
     return Path(recording_cfg.dataset_root).expanduser() / recording_cfg.repo_id
 
 
-def build_cameras(cameras_cfg: dict[str, Any], sim_factory: Any = None) -> list[Camera]:
-    """Cameras of the configuration. kind "sim" needs ``sim_factory(name, cfg) -> Camera``."""
-    cams: list[Camera] = []
-    for name, c in sorted(cameras_cfg.items()):
-        cc = CameraConfig(name=name, device=c.device, width=c.width, height=c.height, fps=c.fps)
-        if c.kind == "virtual":
-            cams.append(VirtualArmCamera(cc))
-        elif c.kind == "opencv":
-            cams.append(OpenCVCamera(cc))
-        elif c.kind == "sim":
-            if sim_factory is None:
-                raise ValueError(f"camera {name!r}: kind 'sim' needs the simulated follower's cameras")
-            cams.append(sim_factory(name, c))
-        else:
-            raise ValueError(f"camera {name!r}: unknown kind {c.kind!r}")
-    return cams
+__all__ = ["attach_recorder", "build_cameras", "configured_size", "dataset_root", "sim_camera_factory"]
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-def _verb(fn: Any) -> Any:
-    from daemon.control_socket import RequestError
-
+def _verb(fn: Handler) -> Handler:
     def handler(req: dict[str, Any]) -> dict[str, Any]:
         try:
             return fn(req)
@@ -62,43 +52,40 @@ def _success_arg(req: dict[str, Any]) -> bool | None:
     raise ValueError(f'"success" must be true, false or null, got {v!r}')
 
 
-def configured_size(c: Any) -> tuple[int, int]:
-    """(width, height) a [cameras.<name>] table asks for; (0, 0) when it gives no size.
+@runtime_checkable
+class NamesItsDataset(Protocol):
+    """A follower that says which dataset kind its episodes are (the sim follower: "sim-mujoco",
+    "sim-leisaac" once the simulator said hello)."""
 
-    A sim camera takes its size from the simulator's announcement; a size given here must then
-    match it (the recorder names both sizes when it does not). Built in Python (no file), a size
-    other than the defaults counts as given."""
-    given = keys_given(c)
-    if given is None:
-        default = CameraSection()
-        given = {k for k in ("width", "height") if getattr(c, k) != getattr(default, k)}
-    if "width" in given or "height" in given:
-        return int(c.width), int(c.height)
-    return 0, 0
+    @property
+    def dataset_kind(self) -> str: ...
 
 
-def sim_camera_factory(follower: Any) -> Any:
-    """``build_cameras``' sim_factory for a simulated follower (None when it has no cameras)."""
-    if not callable(getattr(follower, "camera", None)):
-        return None
-
-    def make(name: str, c: Any) -> Camera:
-        width, height = configured_size(c)
-        return follower.camera(name, width, height, float(c.fps))
-
-    return make
+# Unix98 pseudo-terminal slaves (/dev/pts/N) have device majors 136..143 (the kernel's
+# Documentation/admin-guide/devices.txt); a USB serial adapter (ttyACM 166, ttyUSB 188) never does.
+_PTY_SLAVE_MAJORS = range(136, 144)
 
 
-def follower_dataset_kind(follower: Any) -> str:
+def is_pseudo_terminal(port: str) -> bool:
+    """The port is a pseudo-terminal (our bus emulator, `so101d emulate`), by its device number."""
+    try:
+        st = os.stat(port)  # follows the emulator's link to its /dev/pts/N
+    except OSError:
+        return False
+    return stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) in _PTY_SLAVE_MAJORS
+
+
+def follower_dataset_kind(follower: object) -> str:
     """The EpisodeTag follower_kind: the sim's ("sim-mujoco", "sim-leisaac"), "emulated" for a
     Feetech follower on a pseudo-terminal (our bus emulator; a real USB adapter never is one),
     else "feetech"."""
-    kind = getattr(follower, "dataset_kind", None)
-    if isinstance(kind, str) and kind:
-        return kind
+    if isinstance(follower, NamesItsDataset):
+        kind = follower.dataset_kind
+        if isinstance(kind, str) and kind:
+            return kind
     base = str(getattr(follower, "kind", None) or "feetech")
     port = getattr(follower, "port", None)
-    if base == "feetech" and isinstance(port, str) and os.path.realpath(port).startswith("/dev/pts/"):
+    if base == "feetech" and isinstance(port, str) and is_pseudo_terminal(port):
         return "emulated"
     return base
 
@@ -110,19 +97,41 @@ def _origin_arg(req: dict[str, Any]) -> str | None:
     raise ValueError(f'"origin" must be a string, got {v!r}')
 
 
+@runtime_checkable
+class SimEpisodes(Protocol):
+    """A follower whose world has episodes of its own (the sim follower, drivers/sim_follower.py):
+    they follow the recorder's (daemon/recording/sim_episodes.py)."""
+
+    def reset_episode(self, seed: int | None = None, timeout_s: float | None = 5.0) -> int: ...
+
+    def start_episode(self) -> int: ...
+
+    def stop_episode(self) -> int: ...
+
+    def events(self) -> list[Any]: ...
+
+
 def attach_recorder(
-    daemon: Any, cameras: list[Camera] | None = None, follower_kind: str | None = None, root: str | Path | None = None
+    daemon: DaemonContext | HasContext,
+    cameras: list[Camera] | None = None,
+    follower_kind: str | None = None,
+    root: str | Path | None = None,
 ) -> Recorder:
     """Builds, opens and plugs in the recorder; returns it (already registered and hooked).
 
-    With a simulated follower (anything with reset/start/stop_episode) its cameras serve kind
-    "sim", its episodes follow the recorder's (SimEpisodeHook) and episodes are tagged with its
-    backend; on shutdown the episode in progress is saved or discarded per [recording] on_shutdown.
+    ``daemon`` is the daemon's context (or the daemon). The cameras are the daemon's
+    (``context.cameras``) unless the caller brings its own, which then become the daemon's. With a
+    simulated follower (anything with reset/start/stop_episode) its cameras serve kind "sim", its
+    episodes follow the recorder's (SimEpisodeHook) and episodes are tagged with its backend; on
+    shutdown the episode in progress is saved or discarded per [recording] on_shutdown.
     """
-    rc = daemon.cfg.recording
-    follower = daemon.follower
+    ctx = context_of(daemon)
+    rc = ctx.cfg.recording
+    follower = ctx.follower
     if cameras is None:
-        cameras = build_cameras(daemon.cfg.cameras, sim_factory=sim_camera_factory(follower))
+        cameras = ctx.cameras.all()
+    else:
+        ctx.cameras.use(cameras)
     rec = Recorder(
         RecorderConfig(
             root=str(root or dataset_root(rc)),
@@ -135,29 +144,26 @@ def attach_recorder(
     )
     if follower_kind is None:  # a sim names its backend only once connected: ask at save time
         rec.follower_kind_fn = lambda: follower_dataset_kind(follower)
-    if all(callable(getattr(follower, m, None)) for m in ("reset_episode", "start_episode", "stop_episode", "events")):
+    if isinstance(follower, SimEpisodes):
         from daemon.recording.sim_episodes import SimEpisodeHook
 
         rec.add_episode_hook(SimEpisodeHook(follower))
     rec.open()
-    reg = daemon.server.register
+    reg = ctx.server.register
     reg("episode.start", _verb(lambda req: rec.start_episode(req.get("task"), _origin_arg(req))))
     reg("episode.save", _verb(lambda req: rec.save_episode(_success_arg(req))))
     reg("episode.discard", _verb(lambda req: rec.discard_episode()))
     reg("episode.status", _verb(lambda req: rec.status()))
-    daemon.loop.add_hook(rec)
-    daemon.status_extras["recording"] = rec.status
+    ctx.loop.add_hook(rec)
+    ctx.status_extras["recording"] = rec.status
+    ctx.recorder = rec  # the policy's evaluation episodes find it here
     # read at stop time: a reloaded configuration counts
-    daemon.on_stop.append(lambda: _close(daemon, rec))
+    ctx.on_stop.append(lambda: _close(ctx, rec))
     return rec
 
 
-def _close(daemon: Any, rec: Recorder) -> None:
-    """The daemon's stop hook: episodes lost go to ``daemon.data_lost`` (the exit code says so)."""
-    rc = daemon.cfg.recording
-    lost = rec.close(
-        timeout_s=float(getattr(rc, "stop_timeout_s", 120.0)), on_episode=getattr(rc, "on_shutdown", "discard")
-    )
-    data_lost = getattr(daemon, "data_lost", None)
-    if isinstance(data_lost, list):
-        data_lost.extend(f"recording: {text}" for text in lost)
+def _close(ctx: DaemonContext, rec: Recorder) -> None:
+    """The daemon's stop hook: episodes lost go to ``data_lost`` (the exit code says so)."""
+    rc = ctx.cfg.recording
+    lost = rec.close(timeout_s=float(rc.stop_timeout_s), on_episode=rc.on_shutdown)
+    ctx.data_lost.extend(f"recording: {text}" for text in lost)

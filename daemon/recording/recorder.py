@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -84,6 +84,19 @@ def save_extras_bytes(extras: dict[str, Any]) -> bytes:
             return raw[:TASK_BYTES] if len(raw) <= TASK_BYTES else b"{}"
         notes = notes[:-1]
         dropped += 1
+
+
+class EpisodeHook(Protocol):
+    """Called around every episode, whoever starts it (a simulated follower's reset/start/stop,
+    staleness notes: daemon/recording/sim_episodes.py)."""
+
+    def episode_starting(self, recorder: Recorder) -> None:
+        """Before the episode starts; RecordingError: it does not start."""
+        ...
+
+    def episode_ending(self, recorder: Recorder, saved: bool) -> tuple[bool | None, list[str]]:
+        """After it was saved (or discarded): (the episode's success or None, notes for its tag)."""
+        ...
 
 
 @dataclass
@@ -164,10 +177,8 @@ class Recorder:
         }
         self._rl = RateLimitedLogger(log, period_s=5.0, burst=2)
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
-        # Episode hooks (a simulated follower's reset/start/stop, staleness notes): objects with
-        # ``episode_starting(recorder)`` (may raise RecordingError: the episode does not start) and
-        # ``episode_ending(recorder, saved) -> (success | None, notes)``.
-        self._episode_hooks: list[Any] = []
+        # Episode hooks (a simulated follower's reset/start/stop, staleness notes): see EpisodeHook.
+        self._episode_hooks: list[EpisodeHook] = []
         self._origin = cfg.origin
         self._notes: list[str] = []
         self._starting = False
@@ -384,7 +395,7 @@ class Recorder:
     def writer_pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    def add_episode_hook(self, hook: Any) -> None:
+    def add_episode_hook(self, hook: EpisodeHook) -> None:
         """See ``_episode_hooks``: called around every episode, whoever starts it (verb, policy, demo)."""
         self._episode_hooks.append(hook)
 
@@ -407,8 +418,15 @@ class Recorder:
         self._listeners.append(fn)
 
     # -- the loop's hook ---------------------------------------------------------------------------
-    def on_cycle(self, now_monotonic_s: float, state_units: Any, action_units: Any, teleop_action_units: Any) -> None:
-        """Every control cycle. Never blocks: at most a few vector copies and a deque append."""
+    def on_cycle(
+        self,
+        now_monotonic_s: float,
+        state_units: np.ndarray,
+        action_units: np.ndarray,
+        teleop_action_units: np.ndarray | None,
+    ) -> None:
+        """The loop's CycleHook (daemon/loop_protocols.py), every control cycle. Never blocks: at
+        most a few vector copies and a deque append."""
         if self._virtual:
             snapshot = np.array(state_units, dtype=np.float64)
             for cam in self._virtual:
