@@ -39,7 +39,7 @@ from calibration.calibration_file import ArmCalibration
 from calibration.conventions import JOINT_NAMES, unit_limits
 from drivers.emulator.process import ControlClient
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 _CONSOLE = Path(sys.executable).with_name("so101d")
 SO101D = [str(_CONSOLE)] if _CONSOLE.exists() else [sys.executable, "-m", "daemon.cli"]

@@ -158,6 +158,7 @@ def rss_mb() -> float:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(3600)
 def test_a_thousand_episodes_commit_at_constant_cost_and_lerobot_loads_decodes_and_edits_them(tmp_path):
     """The operator records 1000 short episodes into one dataset (LeRobot's default size targets):
