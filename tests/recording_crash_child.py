@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recording_support import SyntheticLoop
+from recording_support import SyntheticLoop, record_frames
 
 from daemon.recording.recorder import Recorder, RecorderConfig
 from drivers.cameras import CameraConfig, VirtualArmCamera
@@ -33,22 +33,22 @@ def main() -> None:
     if mode == "mid_rollover":
         with SyntheticLoop(rec):
             rec.start_episode("rolls over")
-            time.sleep(0.5)
+            record_frames(rec, 15)
             rec.save_episode(True)  # its commit is where the writer dies
             print("KILL-ME", flush=True)
-            time.sleep(600)
+            time.sleep(600)  # waits to be killed: the test's SIGKILL ends it
     with SyntheticLoop(rec):
         for i in range(2):
             rec.start_episode(f"episode {i}")
-            time.sleep(0.5)
+            record_frames(rec, 15)
             rec.save_episode(True)
         assert rec.wait_saved(90)
         rec.start_episode("the victim")
-        time.sleep(0.7)
+        record_frames(rec, 20)
         if mode == "mid_save":
             rec.save_episode(True)
         print("KILL-ME", flush=True)
-        time.sleep(600)
+        time.sleep(600)  # waits to be killed: the test's SIGKILL ends it
 
 
 if __name__ == "__main__":

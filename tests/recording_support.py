@@ -79,6 +79,20 @@ def load_dataset(root: Path, repo_id: str = "local/so101d"):
     return LeRobotDataset(repo_id, root=root)
 
 
+def record_frames(recorder, frames: int, timeout_s: float = 60.0) -> int:
+    """Wait until the episode being recorded holds ``frames`` frames (instead of sleeping for
+    frames / fps, which a loaded machine overshoots or undershoots); returns the count seen."""
+    seen = 0
+
+    def enough() -> bool:
+        nonlocal seen
+        seen = int(recorder.status()["frames"])
+        return seen >= frames
+
+    assert wait_until(enough, timeout_s, 0.02), f"only {seen} of {frames} frames after {timeout_s} s"
+    return seen
+
+
 def wait_until(pred, timeout_s: float, step_s: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -20,6 +20,8 @@ import pytest
 
 from daemon.recording.demo_session import episodes_on_disk
 
+pytestmark = pytest.mark.e2e  # `so101d demo` in a pipe and quiet
+
 REPO = Path(__file__).resolve().parents[1]
 STATUS_LINE = re.compile(r"^\d\d:\d\d:\d\d mode ")
 CHATTER = ("[libx264", "Using video codec", "Map:", "examples/s")

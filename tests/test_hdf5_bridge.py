@@ -264,9 +264,8 @@ def test_export_refuses_real_and_mujoco_episodes_saying_why_and_what_to_do(tmp_p
     """The holdout-style dataset: an emulated-arm episode and a MuJoCo one recorded by the daemon's
     recorder, then LeIsaac demos imported beside them (identical features). Only the imported ones
     can seed Mimic; asking for the others refuses the whole export and writes nothing."""
-    import time
 
-    from recording_support import SyntheticLoop
+    from recording_support import SyntheticLoop, record_frames
 
     from daemon.recording.recorder import Recorder, RecorderConfig
 
@@ -280,7 +279,7 @@ def test_export_refuses_real_and_mujoco_episodes_saying_why_and_what_to_do(tmp_p
         with SyntheticLoop(rec):
             for task in ("real pick", "mujoco pick"):
                 rec.start_episode(task)
-                time.sleep(0.5)
+                record_frames(rec, 15)
                 rec.save_episode(True)
                 assert rec.wait_saved(120)
     finally:

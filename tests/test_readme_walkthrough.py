@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -39,7 +40,7 @@ from calibration.calibration_file import ArmCalibration
 from calibration.conventions import JOINT_NAMES, unit_limits
 from drivers.emulator.process import ControlClient
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 _CONSOLE = Path(sys.executable).with_name("so101d")
 SO101D = [str(_CONSOLE)] if _CONSOLE.exists() else [sys.executable, "-m", "daemon.cli"]
@@ -427,9 +428,17 @@ def test_status_watch_in_a_pipe_prints_a_line_per_refresh(machine: Machine, daem
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(3.0)
+    seen: list[str] = []  # until two refreshes came through the pipe, not a fixed pause
+    deadline = time.monotonic() + 30
+    while sum("teleop" in line for line in seen) < 2 and time.monotonic() < deadline:
+        if select.select([proc.stdout], [], [], 0.5)[0]:
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            if not line:
+                break
+            seen.append(line)
     proc.send_signal(signal.SIGINT)
     out, _err = proc.communicate(timeout=20)
+    out = "".join(seen) + out
     assert out.count("teleop") >= 2, f"--watch in a pipe printed: {out!r}"
 
 
@@ -475,11 +484,15 @@ def test_episodes_start_save_discard_and_record(machine: Machine, bench: Bench, 
     assert "recording" in _episode_status(m)
     assert poll_until(lambda: re.search(r"\b([3-9]\d|\d{3,}) frames", _episode_status(m)), 30, 0.3), _episode_status(m)
     ok(so101d(m, readme("so101d episode save --success|--failure")[:2] + ["--success"]))
+
+    def recording(frames: int):  # the daemon reports an episode in progress with that many frames
+        return lambda s: s["recording"]["phase"] == "recording" and s["recording"]["frames"] >= frames
+
     ok(so101d(m, readme("so101d episode start")))
-    time.sleep(0.5)
+    wait_status(m.socket, recording(15), 30)
     ok(so101d(m, readme("so101d episode discard")))
     ok(so101d(m, readme("so101d episode start")))
-    time.sleep(1.0)
+    wait_status(m.socket, recording(30), 30)
     ok(so101d(m, readme("so101d episode save --success|--failure")[:2] + ["--failure"]))
     # Non-interactive `record` (stdin is not a terminal): one episode of 2 s, a 1 s reset.
     argv = readme('.venv/bin/so101d record --episodes 10 --episode-time 30 --reset-time 10 --task "pick the cube"')

@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from support import wait_for
 
 from drivers.cameras import Camera, CameraConfig, Frame, OpenCVCamera, VirtualArmCamera, make_camera
 
@@ -16,7 +17,8 @@ def test_virtual_camera_implements_the_protocol_and_delivers_at_its_rate():
     cam.set_state(np.array([0, 10, -20, 5, 0, 50.0]))
     cam.start()
     try:
-        time.sleep(1.2)
+        wait_for(lambda: cam.stats()["frames"] >= 30, 20, "30 frames")
+        cam.stop()  # frozen from here: the last frame and the counters agree
         f = cam.latest_frame()
         st = cam.stats()
     finally:
@@ -24,8 +26,9 @@ def test_virtual_camera_implements_the_protocol_and_delivers_at_its_rate():
     assert isinstance(f, Frame)
     assert f.pixels.shape == (240, 320, 3) and f.pixels.dtype == np.uint8
     assert abs(f.capture_monotonic_s - time.monotonic()) < 2.0
-    # 30 fps for ~1.2 s on a loaded 2-core machine: generous bounds, but it must be streaming
-    assert 15 <= st["frames"] <= 45, st
+    # 30 fps configured, measured over its first ~second on a loaded 2-core machine: generous
+    # bounds, but it must be streaming at about its rate, neither stuck nor free-running
+    assert 15 <= st["fps_measured"] <= 45, st
     assert f.seq == st["frames"] - 1
     assert not st["stalled"] and st["error"] == ""
 
@@ -51,7 +54,7 @@ def test_missing_device_is_reported_as_error_and_stalled_without_blocking():
     t0 = time.monotonic()
     cam.start()
     assert time.monotonic() - t0 < 0.5  # start never waits for the device
-    time.sleep(0.9)
+    wait_for(lambda: cam.is_stalled() and bool(cam.stats()["error"]), 10, "the missing camera flagged stalled")
     st = cam.stats()
     assert cam.latest_frame() is None
     assert "open failed" in st["error"]
@@ -78,13 +81,14 @@ def test_camera_that_stops_delivering_is_flagged_stalled():
     cam = _FrozenCamera()
     cam.start()
     try:
-        time.sleep(0.4)
+        wait_for(lambda: cam.stats()["frames"] >= 5, 10, "5 frames")
         assert not cam.stats()["stalled"]
         cam.frozen = True
-        time.sleep(0.9)
+        wait_for(lambda: cam.stats()["stalled"], 10, "the frozen camera flagged stalled")
         st = cam.stats()
         assert st["stalled"] and st["read_failures"] > 0
-        assert cam.latest_frame() is not None
+        last = cam.latest_frame()  # the last picture before the freeze stays available
+        assert last is not None and last.seq == st["frames"] - 1 and last.pixels.shape == (48, 64, 3)
     finally:
         cam.stop()
 

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from recording_support import SyntheticLoop, load_dataset, wait_until
+from recording_support import SyntheticLoop, load_dataset, record_frames, wait_until
 
 from daemon.dataset_schema import read_episode_tags
 from daemon.recording.recorder import Recorder, RecorderConfig
@@ -77,7 +77,7 @@ def restart_and_append(root: Path, expect_before: set[int]) -> int:
         assert before in expect_before, before
         with SyntheticLoop(rec):
             rec.start_episode("after the crash")
-            time.sleep(0.5)
+            record_frames(rec, 15)
             rec.save_episode(True)
             assert rec.wait_saved(90)
     finally:

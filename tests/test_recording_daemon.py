@@ -24,6 +24,9 @@ from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 SO101D = [sys.executable, "-m", "daemon.cli"]
 
 
+pytestmark = pytest.mark.e2e  # `so101d run` with recording, driven by the episode/record CLIs
+
+
 @pytest.fixture
 def run_dir():
     with tempfile.TemporaryDirectory(prefix="so101d-rec-") as d:
@@ -36,8 +39,11 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     )
 
 
-def keyboard_session(sock_args: list[str]) -> None:
-    """`so101d record` on a terminal: f = failure, backspace = redo, enter = success, esc = stop."""
+def keyboard_session(sock: Path) -> None:
+    """`so101d record` on a terminal: f = failure, backspace = redo, enter = success, esc = stop.
+
+    Each key is typed once the CLI has said what it is doing and, while an episode records, once
+    the daemon reports enough frames in it (not after fixed pauses, which a loaded machine beats)."""
     import pty
 
     master, slave = pty.openpty()
@@ -53,20 +59,46 @@ def keyboard_session(sock_args: list[str]) -> None:
             "30",
             "--task",
             "keys",
-            *sock_args,
+            "--socket",
+            str(sock),
         ],
         stdin=slave,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1"),  # lines as they are printed
     )
     os.close(slave)
+    seen: list[str] = []
+
+    def after(line_part: str) -> None:
+        deadline = time.monotonic() + 60
+        while not any(line_part in line for line in seen):
+            assert time.monotonic() < deadline, f"no {line_part!r} from `so101d record`: {seen}"
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, f"`so101d record` ended before {line_part!r}: {seen} {proc.stderr.read()}"  # type: ignore[union-attr]
+            seen.append(line)
+
+    def recorded_frames(n: int) -> None:
+        wait_status(sock, lambda s: s["recording"]["phase"] == "recording" and s["recording"]["frames"] >= n, 60)
+
     try:
-        for key, pause in ((b"f", 4.0), (b"\r", 1.0), (b"\x7f", 1.0), (b"\r", 1.0), (b"\r", 1.0), (b"\x1b", 1.0)):
-            time.sleep(pause)  # first pause: the CLI starts (imports) and starts episode 3
+        # (what the CLI must have said, whether the episode needs frames first, the key)
+        steps = (
+            ("episode 3 (1/5) recording", True, b"f"),
+            ("reset the scene", False, b"\r"),
+            ("episode 4 (2/5) recording", True, b"\x7f"),
+            ("discarded; recording it again", True, b"\r"),
+            ("episode 4 saved", False, b"\r"),
+            ("episode 5 (3/5) recording", False, b"\x1b"),
+        )
+        for said, needs_frames, key in steps:
+            after(said)
+            if needs_frames:
+                recorded_frames(25)
             os.write(master, key)
         out, err = proc.communicate(timeout=60)
+        out = "".join(seen) + out
     finally:
         os.close(master)
         if proc.poll() is None:
@@ -120,7 +152,7 @@ def test_daemon_records_episodes_from_the_cli(run_dir):
             assert "episode 0 recording" in r.stdout
             r = cli("episode", "start", *s)
             assert r.returncode == 1 and "already recording" in r.stderr
-            time.sleep(1.5)
+            wait_status(sock, lambda s: s["recording"]["frames"] >= 30, timeout_s=60, proc=proc)
             r = cli("episode", "save", "--failure", *s)
             assert r.returncode == 0 and "failure" in r.stdout, r.stderr
             r = cli(
@@ -145,7 +177,7 @@ def test_daemon_records_episodes_from_the_cli(run_dir):
             assert r.returncode == 0 and "3 episodes" in r.stdout
             r = cli("episode", "discard", *s)
             assert r.returncode == 1 and "no episode is recording" in r.stderr
-            keyboard_session(s)
+            keyboard_session(sock)
             wait_status(sock, lambda s: s["recording"]["saves_pending"] == 0, timeout_s=120, proc=proc)
         finally:
             proc.send_signal(signal.SIGTERM)

@@ -14,7 +14,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
-from recording_support import SyntheticLoop, load_dataset, wait_until
+from recording_support import SyntheticLoop, load_dataset, record_frames, wait_until
 
 from calibration.conventions import FEATURE_NAMES
 from daemon.dataset_schema import EPISODE_TAGS_FILE, read_episode_tags
@@ -42,13 +42,13 @@ def recorded(tmp_path_factory):
     with SyntheticLoop(rec) as loop:
         for i, success in enumerate((True, False, None)):
             rec.start_episode(f"task {i}")
-            time.sleep(1.2)
+            record_frames(rec, 36)  # 1.2 s at 30 fps
             t0 = time.perf_counter()
             r = rec.save_episode(success)
             save_s.append(time.perf_counter() - t0)
             assert r["queued"] and r["episode"] == i
         rec.start_episode("thrown away")
-        time.sleep(0.4)
+        record_frames(rec, 12)
         rec.discard_episode()
         assert rec.wait_saved(90), rec.status()
     status = rec.status()
@@ -70,7 +70,7 @@ def test_dataset_loads_with_schema_units_and_grid_timestamps(recorded):
     eps = ds.meta.episodes
     for e in range(3):
         n = eps[e]["length"]
-        assert 25 <= n <= 90  # ~1.2 s at 30 fps (the test thread's sleep overshoots on a busy machine)
+        assert 36 <= n <= 90  # waited for 36 frames; a busy machine may add some before the save lands
         lo = eps[e]["dataset_from_index"]
         rows = ds.hf_dataset.with_format(None).select(range(lo, lo + n))
         ts = np.array(rows["timestamp"])
@@ -167,7 +167,7 @@ def test_restart_appends_and_verbs_refuse_what_makes_no_sense(recorded, tmp_path
             rec.start_episode("appended")
             with pytest.raises(RecordingError, match="already recording"):
                 rec.start_episode("again")
-            time.sleep(0.6)
+            record_frames(rec, 18)
             rec.save_episode(True)
             assert rec.wait_saved(60)
     finally:
@@ -210,7 +210,7 @@ def test_recording_without_loop_frames_is_refused_cleanly(tmp_path):
         # state-only dataset (no cameras) records fine
         with SyntheticLoop(rec):
             rec.start_episode("state only")
-            time.sleep(0.5)
+            record_frames(rec, 15)
             rec.save_episode(None)
             assert wait_until(lambda: rec.pending_saves() == 0, 60)
     finally:

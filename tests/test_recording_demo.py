@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from recording_support import load_dataset
 
 from daemon.config import config_from_dict
@@ -28,6 +29,8 @@ from daemon.service import Daemon
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 from drivers.emulator.motion import DemoMotion
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
+
+pytestmark = pytest.mark.e2e  # `so101d demo` recording episodes
 
 
 def test_demo_records_episodes_of_the_emulated_arm_and_says_how_to_load_them():

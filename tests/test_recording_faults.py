@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 
 import pytest
-from recording_support import SyntheticLoop, load_dataset, wait_until
+from recording_support import SyntheticLoop, load_dataset, record_frames, wait_until
 from test_recording_crash import cams, restart_and_append
 
 from daemon.dataset_schema import read_episode_tags
@@ -29,7 +28,7 @@ def test_writer_killed_inside_a_commit_is_rolled_back_and_redone(tmp_path):
     with SyntheticLoop(rec):
         for i in range(2):
             rec.start_episode(f"episode {i}")
-            time.sleep(0.5)
+            record_frames(rec, 15)
             rec.save_episode(True)
         assert wait_until(lambda: rec.phase == "error", 90), rec.status()
         assert "writer process" in rec.status()["error"]
@@ -47,11 +46,11 @@ def test_disk_full_stops_recording_loop_continues_dataset_loads(tmp_path):
     rec.wait_ready(120)
     with SyntheticLoop(rec) as loop:
         rec.start_episode("fits")
-        time.sleep(0.5)
+        record_frames(rec, 15)
         rec.save_episode(True)
         assert rec.wait_saved(60)
         rec.start_episode("does not fit")
-        time.sleep(0.5)
+        record_frames(rec, 15)
         rec.save_episode(True)
         assert wait_until(lambda: rec.phase == "error", 60)
         st = rec.status()
@@ -59,8 +58,7 @@ def test_disk_full_stops_recording_loop_continues_dataset_loads(tmp_path):
         with pytest.raises(RecordingError, match="recording stopped"):
             rec.start_episode("refused")
         n_calls = len(loop.costs_s)
-        time.sleep(0.3)
-        assert len(loop.costs_s) > n_calls + 10  # the loop kept running
+        assert wait_until(lambda: len(loop.costs_s) > n_calls + 10, 10)  # the loop kept running
     rec.close()
     assert load_dataset(root).num_episodes == 1  # rolled back to the last good commit
     assert restart_and_append(root, {2}) == 2  # the staged episode was committed on restart
@@ -89,7 +87,7 @@ def test_real_disk_full_on_a_tiny_tmpfs(small_tmpfs):
     filler = small_tmpfs / "filler"
     with SyntheticLoop(rec) as loop:
         rec.start_episode("fits")
-        time.sleep(0.5)
+        record_frames(rec, 15)
         rec.save_episode(True)
         assert rec.wait_saved(60)
         st = os.statvfs(small_tmpfs)
@@ -103,7 +101,8 @@ def test_real_disk_full_on_a_tiny_tmpfs(small_tmpfs):
                 rec.start_episode("does not fit")
             except RecordingError:
                 break
-            time.sleep(0.7)
+            # ~20 frames, unless the writer already failed on the full disk
+            assert wait_until(lambda: rec.phase == "error" or rec.status()["frames"] >= 20, 30), rec.status()
             try:
                 rec.save_episode(True)
             except RecordingError:
@@ -112,8 +111,7 @@ def test_real_disk_full_on_a_tiny_tmpfs(small_tmpfs):
         assert rec.phase == "error", rec.status()
         assert "No space left on device" in rec.status()["error"]
         n = len(loop.costs_s)
-        time.sleep(0.3)
-        assert len(loop.costs_s) > n + 10  # teleoperation's loop never stopped
+        assert wait_until(lambda: len(loop.costs_s) > n + 10, 10)  # teleoperation's loop never stopped
     rec.close()
     assert load_dataset(root).num_episodes >= 1
     filler.unlink()

@@ -12,11 +12,14 @@ from __future__ import annotations
 import signal
 import time
 
+import pytest
 from recording_support import load_dataset
 from test_service_daemon import _start_daemon, _stop, bench  # noqa: F401 - bench is a fixture
 
 from daemon.control_client import ControlClient
 from daemon.dataset_schema import read_episode_tags
+
+pytestmark = pytest.mark.e2e  # the daemon as a service with a recorder
 
 
 def test_ready_waits_for_the_recorder_and_sigterm_saves_the_episode_in_progress(bench) -> None:

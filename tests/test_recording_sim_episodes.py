@@ -14,12 +14,13 @@ from __future__ import annotations
 import socket
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import mujoco
 import numpy as np
-from recording_support import load_dataset
+import pytest
+from recording_support import load_dataset, record_frames
+from support import wait_for
 
 from daemon.config import config_from_dict
 from daemon.control_client import ControlClient
@@ -30,16 +31,9 @@ from drivers.feetech_arm import FeetechLeader
 from sim_bridge.mujoco_follower import MujocoFollower, MujocoFollowerConfig
 
 W, H = 160, 120
+pytestmark = pytest.mark.e2e  # the daemon recording a MuJoCo follower
+
 POSE = np.array([10.0, -50.0, 55.0, 30.0, 0.0, 40.0])
-
-
-def wait_for(pred, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 class Sim:
@@ -84,6 +78,10 @@ def test_sim_episodes_follow_the_recorder_with_verdicts_and_staleness_notes():
     )
     daemon = Daemon(cfg, FeetechLeader(str(root / "leader"), reference_calibration("leader")))  # follower from cfg
     mode = lambda: daemon.loop.state.mode  # noqa: E731
+
+    def more_frames(n: int) -> None:  # n more frames in the episode in progress (~n / 30 s)
+        record_frames(rec, int(rec.status()["frames"]) + n)
+
     try:
         daemon.start()
         rec = daemon.recorder
@@ -96,21 +94,21 @@ def test_sim_episodes_follow_the_recorder_with_verdicts_and_staleness_notes():
             seq_before = sim.episode_seq
             assert c.request("episode.start", task="lift")["episode"] == 0
             assert sim.episode_active and sim.episode_seq > seq_before  # reset + start confirmed by the sim
-            time.sleep(0.8)
+            more_frames(24)
             sims[0].lift_cube()
-            time.sleep(0.8)
+            more_frames(24)
             assert c.request("episode.save")["queued"]
             wait_for(lambda: not sim.episode_active, 5, "the sim's episode stopped")
             # the next start resets the scene: the cube is back on the table
             assert c.request("episode.start", task="lift")["episode"] == 1
             assert sim.cube_height_m() < 0.01
-            time.sleep(0.8)
+            more_frames(24)
             sims[0].lift_cube()
-            time.sleep(0.8)
+            more_frames(24)
             c.request("episode.save", success=False)  # the operator's verdict wins
             # episode 2: nothing happens in the sim, then it dies mid-episode and comes back
             c.request("episode.start", task="stale")
-            time.sleep(0.8)
+            more_frames(24)
             sims[0].close()
             wait_for(lambda: mode() == "disconnected", 10, f"the loop holding (mode {mode()})")
             wait_for(
@@ -120,7 +118,7 @@ def test_sim_episodes_follow_the_recorder_with_verdicts_and_staleness_notes():
             )
             sims.append(Sim(endpoint))
             wait_for(lambda: mode() == "teleop", 30, f"teleop again (mode {mode()})")
-            time.sleep(0.5)
+            more_frames(15)
             c.request("episode.save")
             # a discarded episode stops the sim's episode too
             c.request("episode.start", task="thrown away")
@@ -144,7 +142,7 @@ def test_sim_episodes_follow_the_recorder_with_verdicts_and_staleness_notes():
         back = [n for n in tags[2].notes if n.startswith("sim back at frame ")]
         assert stale and back, tags[2].notes
         n_stale = int(stale[0].split()[5])
-        assert 10 <= n_stale < tags[2].frames  # 0.8 s at 30 fps before the sim died
+        assert 24 <= n_stale < tags[2].frames  # 24 frames recorded before the sim died
         ds = load_dataset(ds_root, "sim/eps")
         assert ds.num_episodes == 3
         item = ds[ds.meta.episodes[0]["dataset_from_index"] + 10]

@@ -12,15 +12,17 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
-from recording_support import SyntheticLoop
+from recording_support import SyntheticLoop, record_frames
 
 from daemon.recording.recorder import Recorder, RecorderConfig
 from drivers.cameras import CameraConfig, VirtualArmCamera
 
 pytest.importorskip("accelerate", reason="lerobot-train needs accelerate (lerobot[training])")
+
+
+pytestmark = pytest.mark.e2e  # lerobot-train on a recorded dataset
 
 
 def test_act_trains_a_few_steps_on_a_recorded_dataset(tmp_path):
@@ -33,7 +35,7 @@ def test_act_trains_a_few_steps_on_a_recorded_dataset(tmp_path):
         with SyntheticLoop(rec):
             for _i in range(2):
                 rec.start_episode("move the arm")
-                time.sleep(1.0)
+                record_frames(rec, 30)
                 rec.save_episode(True)
             assert rec.wait_saved(90)
     finally:

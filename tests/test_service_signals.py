@@ -197,7 +197,7 @@ def _helpers(daemon_pid: int) -> dict[str, int]:
 def _record_one_episode(sock: Path) -> None:
     with ControlClient(sock, timeout_s=5) as c:
         assert c.request("episode.start", task="terminal test").get("ok")
-        time.sleep(1.0)
+        assert poll_until(lambda: c.request("episode.status")["frames"] >= 15, 60), c.request("episode.status")
         reply = c.request("episode.save", success=True)
         assert reply.get("ok"), reply
 

@@ -8,6 +8,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from support import poll_until
 
 from drivers import sim_protocol as P
 from drivers.arm_interface import HandshakeError, PortGoneError
@@ -179,13 +180,12 @@ def test_follower_round_trip_and_garbage_on_the_socket(transport, tmp_path):
         rogue.send(b"\xc1 not msgpack")
         rogue.send(msgpack.packb({"v": 42, "t": "target"}))
         rogue.send_multipart([b"a", b"b", b"c"])
-        time.sleep(0.2)
+        assert poll_until(lambda: sim.ep.stats.rejects.total >= 3, 10), sim.ep.stats.rejects.by_reason
         rogue.close()
         rej = sim.ep.stats.rejects.by_reason
         assert rej.get("header") == 1 and rej.get("version") == 1 and rej.get("frames") == 1
         # the daemon keeps working
         f.write_goals(goal * 0.5)
-        time.sleep(0.1)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and not np.allclose(f.read_joints(), goal * 0.5):
             f.write_goals(goal * 0.5)

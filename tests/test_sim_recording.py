@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from recording_support import record_frames
 from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for
 
 from daemon.config import config_from_dict
@@ -56,7 +56,7 @@ def test_sim_episode_is_recorded_with_sim_cameras(tmp_path):
         wait_for(lambda: daemon.loop.state.mode == "teleop", 30, "teleop")
         wait_for(lambda: all(c.latest_frame() is not None for c in cams), 10, "sim frames")
         rec.start_episode("sim pick")
-        time.sleep(1.5)
+        record_frames(rec, 36)
         r = rec.save_episode(True)
         assert r["queued"]
         assert rec.wait_saved(120), rec.status()
@@ -68,7 +68,7 @@ def test_sim_episode_is_recorded_with_sim_cameras(tmp_path):
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     ds = LeRobotDataset("local/so101d", root=ds_root)
-    assert ds.num_episodes == 1 and ds.num_frames >= 30
+    assert ds.num_episodes == 1 and ds.num_frames >= 36
     item = ds[ds.num_frames // 2]
     for cam in ("front", "wrist"):
         img = item[f"observation.images.{cam}"]
