@@ -122,7 +122,8 @@ class DatasetReader:
         self.numeric = [
             k
             for k, v in feats.items()
-            if v["dtype"] in ("float32", "float64", "int32", "int64") and k not in ("index", "frame_index")
+            if v["dtype"] in ("float32", "float64", "int32", "int64")
+            and k not in ("index", "frame_index", "episode_index", "task_index")
         ]
         self.lengths: dict[int, int] = {}
         self.tasks: dict[int, str] = {}
