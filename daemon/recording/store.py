@@ -916,7 +916,8 @@ def _episode_tag(meta: dict[str, Any], episode_index: int) -> EpisodeTag:
     """The staged episode's tag, with its index here and the recording uid that outlives it."""
     tag_data = dict(meta["tag"])
     tag_data["episode_index"] = episode_index
-    tag_data["source"] = {**tag_data.get("source", {}), "recording_uid": meta["uid"]}
+    # an episode copied from another dataset (repack) keeps the uid it was recorded under
+    tag_data["source"] = {"recording_uid": meta["uid"], **(tag_data.get("source") or {})}
     # which bench recorded it: one daemon per bench, so the host, unless SO101D_BENCH names it
     # (two virtual benches on one machine, a bench moved to another PC)
     tag_data["bench"] = tag_data.get("bench") or os.environ.get("SO101D_BENCH") or socket.gethostname()
