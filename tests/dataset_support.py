@@ -155,3 +155,14 @@ def lerobot_edit_dataset(*args: str, timeout_s: float = 300) -> subprocess.Compl
 
 def info_json(root: Path) -> dict[str, Any]:
     return json.loads((root / "meta" / "info.json").read_text())
+
+
+def so101d_here(capsys, *args: str) -> tuple[int, str, str]:
+    """The same `so101d` entry point, run in this process (LeRobot imported once per test run):
+    (exit code, stdout, stderr)."""
+    from daemon.cli import main
+
+    capsys.readouterr()
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from dataset_support import FPS, Ep, make_dataset, smooth_motion, so101d
+from dataset_support import FPS, Ep, make_dataset, smooth_motion, so101d, so101d_here
 
 from daemon.datasets.check import Thresholds, check_dataset
 
@@ -29,7 +29,7 @@ def _nan_in_import(state: np.ndarray, action: np.ndarray):
     return state, action
 
 
-def test_check_flags_each_planted_defect_and_passes_the_clean_episode(tmp_path: Path):
+def test_check_flags_each_planted_defect_and_passes_the_clean_episode(tmp_path: Path, capsys):
     root = make_dataset(
         tmp_path / "ds",
         [
@@ -52,13 +52,13 @@ def test_check_flags_each_planted_defect_and_passes_the_clean_episode(tmp_path: 
     assert any(x.startswith("hold for 1.3 s in the middle") for x in eps[3]["reasons"]), eps[3]
     assert eps[4]["reasons"] == ["NaN/inf in observation.state (1 frames)"]
 
-    r = so101d("dataset", "check", str(root), "--episodes-for-training")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "--dataset.episodes=[0,5]"
+    rc, out, err = so101d_here(capsys, "dataset", "check", str(root), "--episodes-for-training")
+    assert rc == 0, err
+    assert out.strip() == "--dataset.episodes=[0,5]"
     # thresholds are flags: a longer hold allowed, the hold episode passes
-    r = so101d("dataset", "check", str(root), "--max-hold-s", "2", "--episodes-for-training")
-    assert r.stdout.strip() == "--dataset.episodes=[0,3,5]"
-    table = so101d("dataset", "check", str(root)).stdout
+    rc, out, _ = so101d_here(capsys, "dataset", "check", str(root), "--max-hold-s", "2", "--episodes-for-training")
+    assert out.strip() == "--dataset.episodes=[0,3,5]"
+    _, table, _ = so101d_here(capsys, "dataset", "check", str(root))
     assert "      1      90      3.0  FLAGGED" in table and "2 clean, 4 flagged" in table
 
 

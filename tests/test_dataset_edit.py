@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from dataset_support import Ep, make_dataset, so101d
+from dataset_support import Ep, make_dataset, so101d, so101d_here
 
 from daemon.dataset_schema import read_episode_tags
 from daemon.datasets import edit
@@ -23,7 +23,7 @@ def _fingerprint(root: Path) -> dict[str, str]:
     }
 
 
-def test_merge_checks_schemas_first_then_joins_benches_with_their_tags(tmp_path: Path):
+def test_merge_checks_schemas_first_then_joins_benches_with_their_tags(tmp_path: Path, capsys):
     a = make_dataset(tmp_path / "bench_a", [Ep(success=True, bench="a"), Ep(success=False, bench="a")])
     b = make_dataset(tmp_path / "bench_b", [Ep(success=True, follower_kind="emulated", bench="b")])
     cam = make_dataset(tmp_path / "with_camera", [Ep()], cameras=[("front", 48, 64)])
@@ -34,46 +34,46 @@ def test_merge_checks_schemas_first_then_joins_benches_with_their_tags(tmp_path:
     assert "cannot be merged" in r.stderr and "'observation.images.front' is only in" in r.stderr, r.stderr
     assert not (tmp_path / "nope").exists() and _fingerprint(a) == before
 
-    r = so101d("dataset", "merge", str(a), str(b), "--out", str(tmp_path / "all"))
-    assert r.returncode == 0, r.stderr
-    assert "3 episodes from 2 datasets" in r.stdout
+    rc, out, err = so101d_here(capsys, "dataset", "merge", str(a), str(b), "--out", str(tmp_path / "all"))
+    assert rc == 0, err
+    assert "3 episodes from 2 datasets" in out
     tags = read_episode_tags(tmp_path / "all")
     assert [(t.bench, t.success, t.kind) for t in tags.values()] == [
         ("a", True, "real"),
         ("a", False, "real"),
         ("b", True, "emulated"),
     ]
-    info = so101d("dataset", "info", str(tmp_path / "all"))
-    assert info.returncode == 0, info.stderr
-    assert "by bench     a 2   b 1" in info.stdout
-    assert "by kind      real 2   emulated 1   sim 0" in info.stdout
-    assert "'pick the cube' 3" in info.stdout
-    assert 'video_backend="pyav"' in info.stdout  # the load command it prints decodes anywhere
+    rc, info, err = so101d_here(capsys, "dataset", "info", str(tmp_path / "all"))
+    assert rc == 0, err
+    assert "by bench     a 2   b 1" in info
+    assert "by kind      real 2   emulated 1   sim 0" in info
+    assert "'pick the cube' 3" in info
+    assert 'video_backend="pyav"' in info  # the load command it prints decodes anywhere
     # timing files follow their episodes (check uses them)
     assert (tmp_path / "all" / "meta" / "so101d_timing" / "episode_000002.npz").exists()
 
 
-def test_retag_delete_keep_split_keep_every_tag(tmp_path: Path):
+def test_retag_delete_keep_split_keep_every_tag(tmp_path: Path, capsys):
     root = make_dataset(
         tmp_path / "ds",
         [Ep(success=None, notes=[f"ep {i}"], frames=40 + i) for i in range(4)],
     )
     uids = [t.uid for t in read_episode_tags(root).values()]
 
-    r = so101d("dataset", "retag", str(root), "1,3", "--success")
-    assert r.returncode == 0, r.stderr
+    rc, _, err = so101d_here(capsys, "dataset", "retag", str(root), "1,3", "--success")
+    assert rc == 0, err
     assert [t.success for t in read_episode_tags(root).values()] == [None, True, None, True]
 
     res = edit.delete(root, [0], tmp_path / "without_0")
     assert res.episodes == 3 and res.backup is None
     assert [t.uid for t in read_episode_tags(res.out).values()] == uids[1:]
 
-    r = so101d("dataset", "keep", str(root), "1-2")
-    assert r.returncode == 0, r.stderr
-    assert "previous version kept at" in r.stdout
+    rc, out, err = so101d_here(capsys, "dataset", "keep", str(root), "1-2")
+    assert rc == 0, err
+    assert "previous version kept at" in out
     kept = read_episode_tags(root)
     assert [(t.uid, t.success, t.notes[0]) for t in kept.values()] == [(uids[1], True, "ep 1"), (uids[2], None, "ep 2")]
-    backup = Path(r.stdout.split("previous version kept at ")[1].strip())
+    backup = Path(out.split("previous version kept at ")[1].strip())
     assert len(read_episode_tags(backup)) == 4  # nothing lost: the old version is beside
 
     parts = edit.split(backup, {"train": [0, 2, 3], "val": [1]}, tmp_path / "parts")
