@@ -147,7 +147,7 @@ def info_lines(s: dict[str, Any]) -> list[str]:
         f"dataset      {s['root']}",
         f"robot_type   {s['robot_type']}   fps {s['fps']}",
         f"episodes     {s['total_episodes']}   frames {s['total_frames']}"
-        + (f"   duration {duration / 60:.1f} min" if duration is not None else "")
+        + (f"   duration {_duration(duration)}" if duration is not None else "")
         + f"   size {s['size_bytes'] / 1e6:.1f} MB",
     ]
     if s["tags_lost"] and s["tags_lost"] == s["total_episodes"]:
@@ -169,6 +169,12 @@ def info_lines(s: dict[str, Any]) -> list[str]:
     lines.append("by task      " + "   ".join(f"{t!r} {n}" for t, n in sorted(s["episodes_by_task"].items())))
     lines.append(f"features     {', '.join(s['features'])}")
     return lines
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def _short_list(eps: list[int]) -> str:
