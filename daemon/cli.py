@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "daemon.commands.record",
         "record a session of N episodes (keys: enter save, f failure, backspace redo)",
     ),
-    "dataset": ("daemon.commands.dataset", "summarise a dataset (real / sim / generated episodes)"),
+    "dataset": ("daemon.commands.dataset", "info, check, merge, delete, keep, split, retag, pack a dataset"),
     "export-hdf5": ("daemon.commands.export_hdf5", "export episodes as Isaac Lab Mimic seed demos (HDF5)"),
     "import-hdf5": ("daemon.commands.import_hdf5", "import Isaac Lab / LeIsaac HDF5 demos into a dataset"),
 }

@@ -4,13 +4,14 @@ with the episode in progress (save or discard). Real writer process, dataset loa
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pytest
 from recording_support import SyntheticLoop, load_dataset
 
-from daemon.dataset_schema import read_episode_tags
+from daemon.dataset_schema import TAG_KEY, read_episode_tags
 from daemon.recording.recorder import Recorder, RecorderConfig, RecordingError, save_extras_bytes
 from daemon.recording.ring import TASK_BYTES
 from daemon.recording.writer import save_extras
@@ -46,7 +47,8 @@ def test_extras_fit_the_record_field_and_round_trip():
     assert save_extras(b"") == {} and save_extras(b"{not json") == {}
 
 
-def test_origin_notes_kind_and_hooks_reach_the_episode_tags(tmp_path: Path):
+def test_origin_notes_kind_and_hooks_reach_the_episode_tags(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("SO101D_BENCH", "bench-7")  # the writer process names the bench in every tag
     root = tmp_path / "ds"
     rec = Recorder(RecorderConfig(root=str(root), fps=30, follower_kind="feetech"), [])
     kinds = iter(["sim", "sim-mujoco", "sim-mujoco", "sim-mujoco"])
@@ -88,8 +90,13 @@ def test_origin_notes_kind_and_hooks_reach_the_episode_tags(tmp_path: Path):
     # close(on_episode="save"): kept, tagged; the hook still ran (a sim would stop its episode)
     assert tags[2].origin == "teleop" and "saved at shutdown (daemon stopping)" in tags[2].notes
     assert ("end", True) in hook.calls[-1:]
+    assert {t.bench for t in tags.values()} == {"bench-7"}
+    assert len({t.uid for t in tags.values()}) == 3
     ds = load_dataset(root)
     assert ds.num_episodes == 3 and ds.meta.episodes[2]["length"] == tags[2].frames > 5
+    # the tag rides in the data table, on every frame (what LeRobot's editing tools carry)
+    cell = json.loads(ds.hf_dataset[int(ds.meta.episodes[1]["dataset_from_index"])][TAG_KEY])
+    assert (cell["origin"], cell["source"]["recording_uid"]) == ("policy", tags[1].uid)
 
 
 def test_close_discards_the_episode_in_progress_when_asked(tmp_path: Path):

@@ -392,7 +392,7 @@ def _stage_demo(store, d: DemoInfo, rows: np.ndarray, fps: int, task: str, chunk
             camera_offset_s=np.zeros((n, len(cams))),
             camera_names=np.asarray(cams, dtype=str),
         )
-        tag = {
+        tag: dict[str, Any] = {
             "success": d.success,
             "origin": "import",
             "follower_kind": "sim-leisaac",
@@ -737,37 +737,7 @@ def export_hdf5(
 # Dataset summary
 # ---------------------------------------------------------------------------------------------
 def dataset_summary(root: Path) -> dict:
-    """Counts of real / sim / generated episodes (from our tags) plus LeRobot's own totals."""
-    root = Path(root)
-    info_path = root / "meta" / "info.json"
-    if not info_path.exists():
-        raise FileNotFoundError(f"{root}: no LeRobot dataset here (meta/info.json missing)")
-    info = json.loads(info_path.read_text())
-    tags = read_episode_tags(root)
-    counts = {"real": 0, "sim": 0, "generated": 0, "untagged": 0}
-    by_origin: dict[str, int] = {}
-    success = {"success": 0, "failure": 0, "unknown": 0}
-    for i in range(int(info.get("total_episodes", 0))):
-        tag = tags.get(i)
-        if tag is None:
-            counts["untagged"] += 1
-            continue
-        by_origin[tag.origin] = by_origin.get(tag.origin, 0) + 1
-        if tag.source.get("generated"):
-            counts["generated"] += 1
-        elif tag.follower_kind.startswith("sim"):
-            counts["sim"] += 1
-        else:
-            counts["real"] += 1
-        success["unknown" if tag.success is None else ("success" if tag.success else "failure")] += 1
-    return {
-        "root": str(root),
-        "fps": info.get("fps"),
-        "robot_type": info.get("robot_type"),
-        "total_episodes": info.get("total_episodes"),
-        "total_frames": info.get("total_frames"),
-        "features": sorted(info.get("features", {})),
-        "episodes_by_kind": counts,
-        "episodes_by_origin": by_origin,
-        "episodes_by_outcome": success,
-    }
+    """Counts of real / emulated / sim / generated episodes; see daemon/datasets/summary.py."""
+    from daemon.datasets.summary import dataset_summary as summary
+
+    return summary(root)

@@ -66,6 +66,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -79,13 +80,17 @@ from daemon.dataset_schema import (
     IMAGE_KEY_PREFIX,
     ROBOT_TYPE,
     STATE_KEY,
+    TAG_KEY,
     TELEOP_ACTION_KEY,
     EpisodeTag,
     append_episode_tag,
     dataset_features,
     feature_differences,
     read_episode_tags,
+    read_sidecar_tags,
+    tag_to_cell,
 )
+from daemon.datasets.tags import migrate_sidecar_tags
 from daemon.recording.fmp4 import append as fmp4_append
 from daemon.recording.fmp4 import fragment_episode, read_moov_key
 from daemon.recording.fmp4 import truncate as fmp4_truncate
@@ -279,6 +284,10 @@ class DatasetStore:
         marker = self.staging / MARKER
         if marker.exists():
             notes.append(self._rollback(marker))
+        migrated = migrate_sidecar_tags(self.root)  # once: a dataset recorded before the tag column
+        if migrated:
+            self._state = None
+            notes.append(migrated)
         tags = read_episode_tags(self.root)
         committed_uids = {t.source.get("recording_uid") for t in tags.values()}
         for d in sorted(self.staging.glob("ep-*")):
@@ -325,7 +334,7 @@ class DatasetStore:
         total = self.total_episodes()
         tags_path = self.root / EPISODE_TAGS_FILE
         if tags_path.exists():
-            kept = [t for i, t in sorted(read_episode_tags(self.root).items()) if i < total]
+            kept = [t for i, t in sorted(read_sidecar_tags(self.root).items()) if i < total]
             tmp = tags_path.with_name(tags_path.name + ".tmp")
             tmp.write_text("".join(json.dumps(asdict(t), sort_keys=True) + "\n" for t in kept))
             os.replace(tmp, tags_path)
@@ -374,8 +383,11 @@ class DatasetStore:
             self._state = None
         state = self._load_state()
         indices = []
+        tags = []
         for stage, meta in zip(stages, metas):
-            indices.append(self._append(state, journal, stage, meta))
+            tag = _episode_tag(meta, state.tail.total_episodes)
+            indices.append(self._append(state, journal, stage, meta, tag))
+            tags.append(tag)
         # totals last: a reader that sees them sees every file they count
         write_json_atomic(self.root / "meta" / "stats.json", _serialize_stats(state.stats), sync_dir=False)
         state.info["total_episodes"] = state.tail.total_episodes
@@ -384,11 +396,8 @@ class DatasetStore:
         state.info["splits"] = {"train": f"0:{state.tail.total_episodes}"}
         write_json_atomic(self.root / "meta" / "info.json", state.info, sync_dir=False)
         state.tail.info_stamp = info_stamp(self.root)
-        for meta, episode_index in zip(metas, indices):
-            tag_data = dict(meta["tag"])
-            tag_data["episode_index"] = episode_index
-            tag_data.setdefault("source", {})["recording_uid"] = meta["uid"]
-            append_episode_tag(self.root, EpisodeTag(**tag_data))
+        for tag in tags:
+            append_episode_tag(self.root, tag)
         # every rename and new file of this commit durable before its commit point
         for d in sorted(journal.dirs | {self.root / "meta"}):
             _fsync_dir(d)
@@ -448,7 +457,7 @@ class DatasetStore:
         )
         return self._state
 
-    def _append(self, state: _State, journal: _Journal, stage: Path, meta: dict[str, Any]) -> int:
+    def _append(self, state: _State, journal: _Journal, stage: Path, meta: dict[str, Any], tag: EpisodeTag) -> int:
         """Append one staged episode's rows, videos, stats and metadata row to the packed files.
 
         First everything is computed and every file it will touch is decided and journaled (one
@@ -473,6 +482,8 @@ class DatasetStore:
         buf["episode_index"] = np.full((n,), episode_index)
         buf["index"] = np.arange(tail.total_frames, tail.total_frames + n)
         buf["task_index"] = np.full((n,), task_index)
+        # the tag on every frame: LeRobot's editing tools carry data columns, nothing else of ours
+        buf[TAG_KEY] = [tag_to_cell(tag)] * n
         ep_stats = _episode_stats(buf, state.features)
         table = _data_table(buf, state.hf_features)
 
@@ -899,6 +910,19 @@ class _State:
                 root / EPISODES_PATH.format(chunk_index=target[0], file_index=target[1])
             )
         return self.episodes_table
+
+
+def _episode_tag(meta: dict[str, Any], episode_index: int) -> EpisodeTag:
+    """The staged episode's tag, with its index here and the recording uid that outlives it."""
+    tag_data = dict(meta["tag"])
+    tag_data["episode_index"] = episode_index
+    # an episode copied from another dataset (repack) keeps the uid it was recorded under
+    tag_data["source"] = {"recording_uid": meta["uid"], **(tag_data.get("source") or {})}
+    # which bench recorded it: one daemon per bench, so the host, unless SO101D_BENCH names it
+    # (two virtual benches on one machine, a bench moved to another PC)
+    tag_data["bench"] = tag_data.get("bench") or os.environ.get("SO101D_BENCH") or socket.gethostname()
+    known = {k: v for k, v in tag_data.items() if k in EpisodeTag.__dataclass_fields__}
+    return EpisodeTag(**known)
 
 
 def _episode_stats(buf: dict[str, Any], features: dict[str, dict[str, Any]]) -> dict[str, Any]:
