@@ -8,8 +8,12 @@ printed here, named in the log).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import signal
 import sys
+
+from aiohttp import web
 
 from daemon.control_client import add_socket_arguments, socket_path_from_args
 
@@ -27,8 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
-
-    from aiohttp import web
 
     from daemon.console import access
     from daemon.console.app import Console, ConsoleConfig
@@ -56,14 +58,26 @@ def run(args: argparse.Namespace) -> int:
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
 
-    async def announce(app: web.Application) -> None:
-        print(f"so101d console: {url}  (daemon socket {console.cfg.socket_path}; Ctrl-C stops)", flush=True)
-
     app = console.make_app()
-    app.on_startup.append(announce)
     try:
-        web.run_app(app, host=host, port=port, print=None, handle_signals=True, access_log=None)
+        asyncio.run(_serve(app, host, port, url, console.cfg.socket_path))
     except OSError as exc:
         print(f"so101d console: cannot listen on {args.bind}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     return 0
+
+
+async def _serve(app: web.Application, host: str, port: int, url: str, socket_path: str) -> None:
+    """Serve until SIGINT / SIGTERM; the address is printed once the port is listening."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        print(f"so101d console: {url}  (daemon socket {socket_path}; Ctrl-C stops)", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()

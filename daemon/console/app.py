@@ -100,6 +100,8 @@ class Console:
                 "height": p.height,
                 # capture -> leaving the console (the daemon's age plus the time spent here)
                 "age_ms": round(p.age_ms + (time.monotonic() - p.received_monotonic_s) * 1000.0, 2),
+                # CLOCK_MONOTONIC, shared by the processes of this machine (the bench's latency)
+                "capture_monotonic_s": p.capture_monotonic_s,
             }
         ).encode()
         self.previews_sent += 1
@@ -248,9 +250,11 @@ class Console:
 
     async def _page_message(self, page: _Page, text: str) -> None:
         rid: Any = None
+        cmd: Any = None
         try:
             msg = json.loads(text)
             rid = msg.get("id") if isinstance(msg, dict) else None
+            cmd = msg.get("cmd") if isinstance(msg, dict) else None
             if not isinstance(msg, dict) or msg.get("t") != "verb":
                 raise BadRequest('a message must be {"t": "verb", "id": ..., "cmd": ..., "args": {...}}')
             reply = await self.run_verb(parse_request(msg))
@@ -258,7 +262,9 @@ class Console:
             reply = {"ok": False, "error": f"malformed JSON: {exc}"}
         except BadRequest as exc:
             reply = {"ok": False, "error": str(exc)}
-        await page.queue.put(json.dumps({**reply, "t": "reply", "id": rid}))
+        await page.queue.put(
+            json.dumps({**reply, "t": "reply", "id": rid, "cmd": cmd if isinstance(cmd, str) else None})
+        )
 
     async def _send_loop(self, page: _Page) -> None:
         try:

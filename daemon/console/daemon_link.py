@@ -45,6 +45,7 @@ class Preview:
     width: int
     height: int
     age_ms: float  # capture -> leaving the daemon
+    capture_monotonic_s: float
     jpeg: bytes
     received_monotonic_s: float
 
@@ -208,6 +209,7 @@ class DaemonLink:
                             width=int(reply["width"]),
                             height=int(reply["height"]),
                             age_ms=float(reply["age_ms"]),
+                            capture_monotonic_s=float(reply["capture_monotonic_s"]),
                             jpeg=base64.b64decode(b64),
                             received_monotonic_s=time.monotonic(),
                         )

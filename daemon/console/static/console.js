@@ -86,8 +86,8 @@ function sendThen(cmd, args, btn, fn) { const id = send(cmd, args, btn); if (id 
 function onReply(m) {
   const fn = replyHandlers.get(m.id);
   replyHandlers.delete(m.id);
-  if (m.ok) say(m.message || `${m.cmd || "done"}: ok` + (m.episode !== undefined ? ` (episode ${m.episode})` : ""), false);
-  else say(m.error || "failed", true);
+  if (m.ok) say(m.message || `${m.cmd}: ok` + (m.episode !== undefined ? ` (episode ${m.episode})` : ""), false);
+  else say(`${m.cmd || "request"}: ${m.error || "failed"}`, true);
   if (fn) fn(m);
 }
 
@@ -268,7 +268,7 @@ function showRecording(rec) {
   const recording = rec.phase === "recording";
   $("btn-start").disabled = recording || rec.phase !== "idle" || pending.size > 0;
   for (const id of ["btn-save-success", "btn-save-failure", "btn-discard"]) $(id).disabled = !recording;
-  if (!$("task").value && rec.task) $("task").value = rec.task;
+  if (!C.taskFilled && rec.task) { C.taskFilled = true; if (!$("task").value) $("task").value = rec.task; } // once: never over the operator's typing
   const s = C.session;
   if (s.active && s.phase === "episode" && !recording && !s.waiting) s.phase = "idle"; // ended elsewhere
 }
