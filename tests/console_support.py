@@ -151,7 +151,12 @@ def wait_js(driver: Any, script: str, timeout_s: float = 20.0, what: str = "") -
         if value:
             return value
         time.sleep(0.1)
-    raise AssertionError(f"page never showed {what or script!r}; last value {value!r}")
+    shown = driver.execute_script(
+        "const t = (id) => (document.getElementById(id) || {}).textContent;"
+        "return {message: t('message'), mode: t('mode'), banner: t('link-banner'), phase: t('rec-phase'),"
+        " countdown: t('countdown'), count: t('rec-count')}"
+    )
+    raise AssertionError(f"page never showed {what or script!r}; last value {value!r}; the page shows {shown}")
 
 
 def console_errors(driver: Any) -> list[dict[str, Any]]:

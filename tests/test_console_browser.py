@@ -119,6 +119,9 @@ def test_recording_an_episode_with_the_buttons(bench: Bench, page: Any) -> None:
     task = page.find_element("id", "task")
     task.clear()
     task.send_keys("pick the cube from the console")
+    episode_s = page.find_element("id", "episode-time")  # the buttons end it, not the countdown
+    episode_s.clear()
+    episode_s.send_keys("600")
     # a double click on Start starts one episode, not two
     ActionChains(page).double_click(page.find_element("id", "btn-start")).perform()
     wait_js(page, "return document.getElementById('rec-phase').textContent.startsWith('recording')", what="recording")
@@ -248,3 +251,32 @@ def test_camera_preview_verb_on_the_control_socket(bench: Bench, page: Any) -> N
         ):
             reply = c.call("camera.preview", **bad)
             assert reply["ok"] is False and why in reply["error"], reply
+
+
+def test_a_start_sent_twice_starts_one_episode(bench: Bench, page: Any) -> None:
+    """Two starts racing (two tabs, a double click that got through) and a start resent with the
+    same request id (a page reconnecting) start one episode."""
+    script = """const ws = new WebSocket(`ws://${location.host}/ws`);
+        const done = arguments[arguments.length - 1];
+        const out = [];
+        const start = (id) => ws.send(JSON.stringify({t: 'verb', id, cmd: 'episode.start', args: {task: 'twice'}}));
+        ws.onmessage = (e) => {
+          if (typeof e.data !== 'string') return;
+          const m = JSON.parse(e.data);
+          if (m.t !== 'reply') return;
+          out.push(m);
+          if (out.length === 2) start('s1');  // the same request again, after its answer
+          if (out.length === 3) { ws.send(JSON.stringify({t: 'verb', id: 'd1', cmd: 'episode.discard', args: {}})); }
+          if (out.length === 4) { ws.close(); done(out); }
+        };
+        ws.onopen = () => { start('s1'); start('s2'); };"""
+    page.set_script_timeout(60)
+    replies = page.execute_async_script(script)
+    starts = [r for r in replies[:2]]
+    assert sorted(r["ok"] for r in starts) == [False, True], starts
+    refused = next(r for r in starts if not r["ok"])
+    assert "already" in refused["error"], refused
+    first = next(r for r in starts if r["ok"])
+    assert replies[2]["repeated"] is True and replies[2]["ok"] is (first["id"] == "s1")
+    assert replies[3]["ok"] is True, replies[3]  # the one episode, discarded
+    assert bench.wait_recorder_ready(timeout_s=30)["recording"]["phase"] == "idle"
