@@ -76,8 +76,6 @@ class DaemonLink:
         self._last_uptime_s: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._preview_tasks: dict[str, asyncio.Task[None]] = {}
-        self._verb_client: ControlClient | None = None
-        self._verb_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -89,8 +87,6 @@ class DaemonLink:
         await asyncio.gather(*self._tasks, *self._preview_tasks.values(), return_exceptions=True)
         self._tasks.clear()
         self._preview_tasks.clear()
-        if self._verb_client is not None:
-            self._verb_client.close()
 
     def link_dict(self) -> dict[str, Any]:
         return asdict(self.state)
@@ -225,13 +221,17 @@ class DaemonLink:
     # ------------------------------------------------------------------ verbs from the page
     async def verb(self, cmd: str, **args: Any) -> dict[str, Any]:
         """One documented verb on the control socket; the raw reply (ok true or false).
-        Verbs go one at a time on one connection: the page's clicks keep their order."""
-        async with self._verb_lock:
-            if self._verb_client is None:
-                self._verb_client = ControlClient(self.socket_path, timeout_s=VERB_TIMEOUT_S, connect_retry_s=1.0)
-            client = self._verb_client
-            try:
-                return await asyncio.to_thread(client.call, cmd, **args)
-            except DaemonUnavailable as exc:
-                client.close()
-                return {"ok": False, "error": f"daemon unavailable: {exc}"}
+
+        Each verb has a connection of its own: Hold or Torque off never waits behind a
+        ``policy.load`` that is waiting for its worker (the daemon runs operator verbs on workers
+        of their own, too). A verb that waits (``wait_s``) gets that much longer to answer."""
+        wait_s = float(args.get("wait_s") or 0.0)
+
+        def call() -> dict[str, Any]:
+            with ControlClient(self.socket_path, timeout_s=VERB_TIMEOUT_S + wait_s, connect_retry_s=1.0) as c:
+                return c.call(cmd, **args)
+
+        try:
+            return await asyncio.to_thread(call)
+        except DaemonUnavailable as exc:
+            return {"ok": False, "error": f"daemon unavailable: {exc}"}

@@ -286,9 +286,12 @@ function startEpisode() {
 }
 function endEpisode(cmd, args, btn) {
   const s = C.session;
-  sendThen(cmd, args, btn, (r) => {
+  const was = s.phase;
+  if (!sendThen(cmd, args, btn, (r) => {
     if (r.ok && s.active) { s.phase = "reset"; s.deadline = performance.now() + numberField("reset-time", 10) * 1000; }
-  });
+    else if (!r.ok && s.phase === "ending") s.phase = was;
+  })) return;
+  if (s.phase === "episode") s.phase = "ending"; // Esc now must not discard what is being saved
 }
 function redo() {
   const s = C.session;
@@ -299,10 +302,12 @@ function redo() {
   });
 }
 function stopSession() {
+  // like esc in `so101d record`: the episode this session is recording is discarded; one being
+  // saved (enter, then esc at once) is not touched
   const s = C.session;
-  const rec = C.lastStatus && C.lastStatus.recording;
+  const recording = s.active && s.phase === "episode";
   s.active = false; s.phase = "idle";
-  if (rec && rec.phase === "recording") send("episode.discard", {}, $("btn-discard"));
+  if (recording) send("episode.discard", {}, $("btn-discard"));
 }
 
 function tickSession() {
@@ -312,7 +317,7 @@ function tickSession() {
   const left = (s.deadline - performance.now()) / 1000;
   el.textContent = `${s.phase} ${Math.max(0, left).toFixed(1)} s`;
   if (left > 0) return;
-  if (s.phase === "episode") { s.phase = "saving"; endEpisode("episode.save", { success: true }, $("btn-save-success")); }
+  if (s.phase === "episode") endEpisode("episode.save", { success: true }, $("btn-save-success"));
   else if (s.phase === "reset") { s.phase = "starting"; startEpisode(); }
 }
 
