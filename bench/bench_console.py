@@ -4,8 +4,8 @@ The real daemon (`so101d run`, 100 Hz) on the virtual bench (`so101d emulate` in
 two 640x480 virtual cameras, recording one long episode the whole time. Windows alternate:
 
 - ``off``  no console process at all;
-- ``on``   `so101d console` running with one page open that streams both camera previews and the
-           20 Hz status (the page is this script's websocket client: it receives exactly what a
+- ``on``   `so101d console` running with one page open that streams both camera previews, the
+           20 Hz live view and the 5 Hz status (the page is this script's websocket client: it receives exactly what a
            browser receives).
 
 Each window lasts longer than the daemon's rolling statistics window (2048 cycles), so the loop
@@ -14,7 +14,7 @@ per mode: jitter p99 (ms, as `so101d status` shows it), then the difference on -
 0.2 ms budget; for ``on`` also the preview frame rate per camera, the end-to-end preview latency
 (capture -> received by the page, one machine clock) p50/p99, and the console's CPU (% of one core).
 
-    .venv/bin/python bench/bench_console.py                  # 3 pairs of 21 s windows (~2.5 min)
+    .venv/bin/python bench/bench_console.py                  # 3 on windows between 4 off, 21 s each (~2.5 min)
     .venv/bin/python bench/bench_console.py --pairs 5 --window-s 25
 """
 
@@ -78,7 +78,7 @@ async def page(url: str, duration_s: float) -> dict:
 
     frames: dict[str, int] = {}
     latency_ms: list[float] = []
-    statuses = 0
+    statuses = lives = 0
     end = time.monotonic() + duration_s
     async with aiohttp.ClientSession() as s, s.ws_connect(url) as ws:
         while (left := end - time.monotonic()) > 0:
@@ -92,11 +92,13 @@ async def page(url: str, duration_s: float) -> dict:
                 head = json.loads(msg.data[4 : 4 + n])
                 frames[head["camera"]] = frames.get(head["camera"], 0) + 1
                 latency_ms.append((now - head["capture_monotonic_s"]) * 1000.0)
-            elif msg.type == aiohttp.WSMsgType.TEXT and json.loads(msg.data).get("t") == "status":
-                statuses += 1
+            elif msg.type == aiohttp.WSMsgType.TEXT:
+                kind = json.loads(msg.data).get("t")
+                statuses += kind == "status"
+                lives += kind == "live"
             elif msg.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
                 break
-    return {"frames": frames, "latency_ms": latency_ms, "statuses": statuses}
+    return {"frames": frames, "latency_ms": latency_ms, "statuses": statuses, "lives": lives}
 
 
 def main() -> int:
@@ -133,7 +135,7 @@ def main() -> int:
         with ControlClient(sock) as c:
             c.request("episode.start", task="bench: console on/off")
         port = 8190
-        for i in range(args.pairs * 2):
+        for i in range(args.pairs * 2 + 1):  # off, on, off, ..., off: every on between two offs
             mode = "off" if i % 2 == 0 else "on"
             row: dict = {"mode": mode}
             if mode == "on":
@@ -163,6 +165,7 @@ def main() -> int:
                 row["latency_p50_ms"] = lat[len(lat) // 2] if lat else float("nan")
                 row["latency_p99_ms"] = lat[int(len(lat) * 0.99)] if lat else float("nan")
                 row["status_hz"] = got["statuses"] / args.window_s
+                row["live_hz"] = got["lives"] / args.window_s
             else:
                 time.sleep(args.window_s)
             st = status(sock)
@@ -176,7 +179,7 @@ def main() -> int:
             extra = (
                 f"  previews {', '.join(f'{k} {v:.1f} fps' for k, v in row['fps'].items())}"
                 f"  latency p50/p99 {row['latency_p50_ms']:.1f}/{row['latency_p99_ms']:.1f} ms"
-                f"  status {row['status_hz']:.1f} Hz  console CPU {row['console_cpu_pct']:.1f}%"
+                f"  live {row['live_hz']:.1f} Hz  status {row['status_hz']:.1f} Hz  console CPU {row['console_cpu_pct']:.1f}%"
                 if mode == "on"
                 else ""
             )
@@ -200,6 +203,15 @@ def main() -> int:
         f"on - off {diff:+.3f} ms (budget +0.200 ms: {'within' if diff <= 0.2 else 'OVER'}); "
         f"on/off ratio {statistics.median(on) / statistics.median(off):.2f}"
     )
+    # each on window against the mean of the off windows around it (the machine's load drifts)
+    pairs = []
+    for i, r in enumerate(rows):
+        if r["mode"] == "on":
+            around = [
+                rows[j]["jitter_p99_ms"] for j in (i - 1, i + 1) if 0 <= j < len(rows) and rows[j]["mode"] == "off"
+            ]
+            pairs.append(r["jitter_p99_ms"] - sum(around) / len(around))
+    print("on - neighbouring off, per on window: " + ", ".join(f"{d:+.3f} ms" for d in pairs))
     ons = [r for r in rows if r["mode"] == "on"]
     print(
         "console on: preview fps per camera (median) "

@@ -8,6 +8,11 @@
   faster than the camera costs no encoding. ``"jpeg_b64": null`` with ``"why"`` when the camera has
   not delivered a frame yet.
 
+- ``status.live`` -> ``{"mode", "reason", "fault", "cycles", "joints": {"leader", "command",
+  "follower"}}``: the few fields that change every cycle, for a 20 Hz plot. ``status`` computes
+  percentiles over every stage's window (about a millisecond of the interpreter's time); asked 20
+  times a second it would compete with the loop for the GIL. This one reads references.
+
 Why this costs the control loop nothing: the loop is never asked anything. A camera publishes
 its newest ``Frame`` by reference on its own thread (drivers/cameras.py); the verb reads that
 reference on a socket worker thread and does the resize and the encode there (OpenCV releases the
@@ -32,6 +37,11 @@ PREVIEW_MAX_SIDE_PX = 1920  # a preview larger than this is a recording, not a p
 DEFAULT_PREVIEW_WIDTH_PX = 320
 DEFAULT_PREVIEW_HEIGHT_PX = 240
 DEFAULT_JPEG_QUALITY = 70
+
+
+def daemon_loop(daemon: Any) -> Any:
+    """The control loop whose published state ``status.live`` reads."""
+    return daemon.loop
 
 
 def daemon_cameras(daemon: Any) -> list[Any]:
@@ -93,6 +103,19 @@ class ConsoleApi:
     def register(self, server: Any) -> None:
         server.register("camera.list", self.camera_list)
         server.register("camera.preview", self.camera_preview)
+        server.register("status.live", self.status_live)
+
+    def status_live(self, req: dict[str, Any]) -> dict[str, Any]:
+        loop = daemon_loop(self.daemon)
+        st = loop.state  # the loop replaces these objects each cycle, never changes them in place
+        joints = {"leader": loop.leader_units, "command": loop.command, "follower": loop.measured}
+        return {
+            "mode": st.mode,
+            "reason": st.reason,
+            "fault": st.fault,
+            "cycles": loop.cycles,
+            "joints": {k: None if v is None else [round(float(x), 3) for x in v] for k, v in joints.items()},
+        }
 
     def _camera(self, name: Any) -> Any:
         cams = daemon_cameras(self.daemon)

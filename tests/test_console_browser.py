@@ -90,14 +90,14 @@ def test_live_view_shows_mode_moving_joints_and_camera_previews(bench: Bench, pa
     wait_js(page, "return document.getElementById('mode').textContent === 'teleop'", what="mode teleop")
     assert _text(page, "reason")
     assert "feetech" in _text(page, "follower-kind")
-    c0 = page.execute_script("return [window.so101dConsole.statusCount, {...window.so101dConsole.previewFrames}]")
+    c0 = page.execute_script("return [window.so101dConsole.liveCount, {...window.so101dConsole.previewFrames}]")
     taken0 = _camera_frames(bench)
     plot0 = page.execute_script("return document.getElementById('plot-shoulder_lift').toDataURL()")
     time.sleep(3.0)
-    c1 = page.execute_script("return [window.so101dConsole.statusCount, {...window.so101dConsole.previewFrames}]")
+    c1 = page.execute_script("return [window.so101dConsole.liveCount, {...window.so101dConsole.previewFrames}]")
     taken1 = _camera_frames(bench)
-    status_hz = (c1[0] - c0[0]) / 3.0
-    assert status_hz >= 10.0, f"live view updated at {status_hz:.1f} Hz"
+    live_hz = (c1[0] - c0[0]) / 3.0
+    assert live_hz >= 10.0, f"live view (mode, joints) updated at {live_hz:.1f} Hz"
     for cam in ("front", "wrist"):
         fps = (c1[1].get(cam, 0) - c0[1].get(cam, 0)) / 3.0
         # >= 10 fps; a camera that itself delivered fewer frames (a machine too loaded to draw

@@ -2,8 +2,10 @@
 
 Websocket messages, console -> page (text frames are JSON):
 - ``{"t": "hello", "link": {...}, "cameras": [...], "verbs": [...]}`` once;
-- ``{"t": "status", "status": {...}}`` at the status rate: exactly what ``so101d status --json``
-  shows (the daemon's ``status`` verb);
+- ``{"t": "status", "status": {...}}`` at 5 Hz: exactly what ``so101d status --json`` shows (the
+  daemon's ``status`` verb);
+- ``{"t": "live", "live": {"mode", "reason", "fault", "cycles", "joints"}}`` at 20 Hz
+  (``status.live``: what the plots and the mode badge need);
 - ``{"t": "link", "link": {"connected", "error", "restarts", ...}}`` when the daemon goes or comes;
 - ``{"t": "reply", "id": ID, "ok": bool, "error"?: str, ...}`` for each verb the page sent;
 - binary frames: camera previews, ``u32 header length (big-endian) | header JSON | JPEG``.
@@ -56,7 +58,8 @@ class ConsoleConfig:
     host: str = "127.0.0.1"
     port: int = 8101
     token: str | None = None  # required when not on loopback
-    status_hz: float = 20.0
+    status_hz: float = 5.0
+    live_hz: float = 20.0
     preview_fps: float = 15.0
 
 
@@ -67,9 +70,11 @@ class Console:
         self.link = DaemonLink(
             cfg.socket_path,
             on_status=self._on_status,
+            on_live=self._on_live,
             on_link=self._on_link,
             on_preview=self._on_preview,
             status_hz=cfg.status_hz,
+            live_hz=cfg.live_hz,
             preview_fps=cfg.preview_fps,
         )
         self.replies = ReplyMemory()
@@ -85,6 +90,10 @@ class Console:
     def _on_status(self, st: dict[str, Any]) -> None:
         if self.pages:
             self._broadcast(json.dumps({"t": "status", "status": st}, separators=(",", ":")))
+
+    def _on_live(self, live: dict[str, Any]) -> None:
+        if self.pages:
+            self._broadcast(json.dumps({"t": "live", "live": live}, separators=(",", ":")))
 
     def _on_link(self, state: LinkState) -> None:
         self._broadcast(json.dumps({"t": "link", "link": self.link.link_dict(), "cameras": self.link.cameras}))

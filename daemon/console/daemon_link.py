@@ -1,6 +1,8 @@
 """The console's link to the daemon: control-socket clients run on threads, the page sees events.
 
-One status poller (the ``status`` verb, ``STATUS_HZ``), one preview poller per camera
+One status poller (the ``status`` verb, ``STATUS_HZ``: statistics and servo health, which move
+slowly), one live poller (``status.live``, ``LIVE_HZ``: mode and joints for the plots, cheap for
+the daemon), one preview poller per camera
 (``camera.preview`` with ``after_seq``, ``PREVIEW_FPS``) while at least one page is open, and
 one-shot verbs from the page. Each poller owns its own ``ControlClient`` (a client is one
 connection, not shared between threads). A daemon that vanishes, restarts or stops answering is
@@ -22,7 +24,8 @@ from daemon.control_client import ControlClient, DaemonUnavailable
 
 log = logging.getLogger("so101d.console")
 
-STATUS_HZ = 20.0  # the page's live view and joint plots (>= 10 Hz asked)
+STATUS_HZ = 5.0  # loop rate, jitter, stage latency, servo health, recording: windowed figures
+LIVE_HZ = 20.0  # mode and joints: the page's live view and joint plots (>= 10 Hz asked)
 PREVIEW_FPS = 15.0  # per camera (>= 10 fps asked); a camera slower than this costs no extra encode
 PREVIEW_SIZE_PX = (320, 240)
 RETRY_S = 0.5
@@ -58,13 +61,17 @@ class DaemonLink:
         socket_path: str,
         *,
         on_status: Callable[[dict[str, Any]], None],
+        on_live: Callable[[dict[str, Any]], None],
         on_link: Callable[[LinkState], None],
         on_preview: Callable[[Preview], None],
         status_hz: float = STATUS_HZ,
+        live_hz: float = LIVE_HZ,
         preview_fps: float = PREVIEW_FPS,
     ) -> None:
         self.socket_path = socket_path
         self.on_status = on_status
+        self.on_live = on_live
+        self.live_period_s = 1.0 / live_hz
         self.on_link = on_link
         self.on_preview = on_preview
         self.status_period_s = 1.0 / status_hz
@@ -80,6 +87,7 @@ class DaemonLink:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._status_loop(), name="console-status"))
+        self._tasks.append(asyncio.create_task(self._live_loop(), name="console-live"))
 
     async def stop(self) -> None:
         for t in [*self._tasks, *self._preview_tasks.values()]:
@@ -137,6 +145,28 @@ class DaemonLink:
                 next_s += self.status_period_s
                 delay_s = next_s - time.monotonic()
                 if delay_s < 0:  # fell behind (daemon slow): do not burst to catch up
+                    next_s, delay_s = time.monotonic(), 0.0
+                await asyncio.sleep(delay_s)
+        finally:
+            client.close()
+
+    async def _live_loop(self) -> None:
+        client = ControlClient(self.socket_path, timeout_s=3.0, connect_retry_s=0.5)
+        next_s = time.monotonic()
+        try:
+            while True:
+                try:
+                    reply = await asyncio.to_thread(client.call, "status.live")
+                except DaemonUnavailable:  # the status poller tells the page
+                    client.close()
+                    await asyncio.sleep(RETRY_S)
+                    next_s = time.monotonic()
+                    continue
+                if reply.pop("ok", False):
+                    self.on_live(reply)
+                next_s += self.live_period_s
+                delay_s = next_s - time.monotonic()
+                if delay_s < 0:
                     next_s, delay_s = time.monotonic(), 0.0
                 await asyncio.sleep(delay_s)
         finally:

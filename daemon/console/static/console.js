@@ -8,7 +8,7 @@ const COLORS = { leader: "#2b6cb0", command: "#dd6b20", follower: "#2f855a" };
 const $ = (id) => document.getElementById(id);
 
 const C = (window.so101dConsole = {
-  statusCount: 0, previewFrames: {}, replies: 0, connected: false, link: null, lastStatus: null,
+  statusCount: 0, liveCount: 0, previewFrames: {}, replies: 0, connected: false, link: null, lastStatus: null,
   samples: [], // {t, leader[], command[], follower[]} newest last
   session: { active: false, phase: "idle", deadline: 0, task: "" },
 });
@@ -45,6 +45,9 @@ function onText(m) {
   if (m.t === "hello" || m.t === "link") {
     showLink(m.link);
     if (m.cameras) setCameras(m.cameras);
+  } else if (m.t === "live") {
+    C.liveCount++;
+    onLive(m.live);
   } else if (m.t === "status") {
     C.statusCount++;
     onStatus(m.status);
@@ -100,12 +103,24 @@ function say(text, isError) {
 // ------------------------------------------------------------------ live status
 function fmt(v, d = 1) { return v === null || v === undefined || Number.isNaN(v) ? "–" : Number(v).toFixed(d); }
 
+function showMode(mode, reason) {
+  const el = $("mode");
+  el.textContent = mode;
+  el.className = "mode " + mode;
+  $("reason").textContent = reason || "";
+}
+
+// 20 Hz: mode and joints (status.live); the rest comes with the 5 Hz status
+function onLive(lv) {
+  showMode(lv.mode, lv.reason);
+  const now = performance.now() / 1000;
+  C.samples.push({ t: now, leader: lv.joints.leader, command: lv.joints.command, follower: lv.joints.follower });
+  while (C.samples.length && C.samples[0].t < now - PLOT_WINDOW_S) C.samples.shift();
+}
+
 function onStatus(st) {
   C.lastStatus = st;
-  const mode = $("mode");
-  mode.textContent = st.mode;
-  mode.className = "mode " + st.mode;
-  $("reason").textContent = st.reason || "";
+  showMode(st.mode, st.reason);
   $("follower-kind").textContent = `follower: ${st.follower_kind}`;
   $("rate").textContent = `${fmt(st.rate_hz)} / ${fmt(st.rate_hz_target, 0)} Hz`;
   const t = st.timing_ms || {};
@@ -117,7 +132,6 @@ function onStatus(st) {
     .filter((k) => t[k]).map((k) => `<span class="k">${k}</span> ${fmt(t[k].p50, 2)}/${fmt(t[k].p99, 2)} ms`).join(" · ");
   showSafety(st);
   showServos(st);
-  addSample(st);
   showRecording(st.recording);
   showPolicy(st.policy);
 }
@@ -164,14 +178,6 @@ function makePlots() {
     box.appendChild(fig);
     plotCanvases[j] = cv;
   }
-}
-
-function addSample(st) {
-  const j = st.joints || {};
-  const vec = (d) => (d ? JOINTS.map((n) => d[n]) : null);
-  const now = performance.now() / 1000;
-  C.samples.push({ t: now, leader: vec(j.leader), command: vec(j.command), follower: vec(j.follower) });
-  while (C.samples.length && C.samples[0].t < now - PLOT_WINDOW_S) C.samples.shift();
 }
 
 function drawSeries(ctx, w, h, xs, ys, lo, hi, color) {
