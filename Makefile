@@ -25,7 +25,7 @@ setup: $(STAMP)
 
 run: $(STAMP)
 	@# the browser console beside the demo (its own process; it prints its address and waits for the daemon)
-	@$(VENV)/bin/so101d console & CONSOLE=$$!; trap "kill $$CONSOLE 2>/dev/null" EXIT INT TERM; \
+	@$(VENV)/bin/so101d --log-level WARNING console & CONSOLE=$$!; trap "kill $$CONSOLE 2>/dev/null" EXIT INT TERM; \
 	  $(VENV)/bin/so101d demo
 
 $(BROWSER_STAMP): $(STAMP)

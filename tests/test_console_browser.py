@@ -315,3 +315,16 @@ def test_a_checkpoint_that_does_not_fit_is_refused_with_the_mismatch_list(
     )
     assert "top" in shown and "front" in shown, shown
     assert "no policy loaded" in _text(page, "policy-status")
+
+
+def test_only_the_dataset_videos_are_served(bench: Bench, page: Any) -> None:
+    import urllib.error
+    import urllib.request
+
+    for path in ("dataset/videos/..%2F..%2Fmeta%2Finfo.json", "dataset/videos/%2E%2E/%2E%2E/so101d.toml"):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(bench.url + path, timeout=10)
+        assert err.value.code in (403, 404), (path, err.value.code)
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(bench.url + "api/episodes/x", timeout=10)
+    assert err.value.code == 400 and "whole number" in err.value.read().decode()

@@ -81,6 +81,7 @@ class DaemonLink:
         self.cameras: list[str] = []
         self.viewers = 0  # pages open: previews are fetched only while someone looks
         self._last_uptime_s: float | None = None
+        self._ever_connected = False
         self._tasks: list[asyncio.Task[None]] = []
         self._preview_tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -105,9 +106,13 @@ class DaemonLink:
         if connected == self.state.connected and error == self.state.error and not restarted:
             return
         self.state.connected, self.state.error, self.state.since_s = connected, error, time.time()
-        (log.info if connected else log.warning)(
-            "daemon %s%s", "connected" if connected else "lost", f": {error}" if error else ""
-        )
+        if connected:
+            log.info("daemon connected at %s", self.socket_path)
+            self._ever_connected = True
+        elif self._ever_connected:
+            log.warning("daemon lost: %s (reconnecting)", error)
+        else:  # started before the daemon (`make run`): waiting is not a failure
+            log.info("waiting for the daemon: %s", error)
         self.on_link(self.state)
 
     # ------------------------------------------------------------------ status
