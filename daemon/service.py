@@ -180,7 +180,7 @@ class Daemon:
         reg("idle", lambda req: self._loop_call(lambda: self.loop.set_intent("idle"), "idle"))
         reg("torque.on", lambda req: self._loop_call(lambda: self.loop.set_torque_wanted(True), "torque on"))
         reg("torque.off", lambda req: self._loop_call(lambda: self.loop.set_torque_wanted(False), "torque off (idle)"))
-        # --- browser console's verbs (issue 13): camera.list, camera.preview (daemon/console_api.py)
+        # --- browser console's verbs (issue 13): camera.list, camera.preview, status.live (daemon/console_api.py)
         from daemon.console_api import attach_console_api
 
         attach_console_api(self)
