@@ -332,3 +332,29 @@ def test_only_the_dataset_videos_are_served(bench: Bench, page: Any) -> None:
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(bench.url + "api/episodes/x", timeout=10)
     assert err.value.code == 400 and "whole number" in err.value.read().decode()
+
+
+def test_a_recorder_that_fails_is_shown_not_hidden(bench: Bench, page: Any) -> None:
+    """The dataset writer process dies (killed here; a full disk or a crash alike): the page says
+    recording stopped and why, Start is off (the daemon refuses it with the reason), teleop goes on. Last in the
+    module: this daemon records no more."""
+    import signal
+
+    from daemon.control_client import ControlClient
+
+    with ControlClient(bench.sock) as c:
+        writer_pid = c.request("status")["recording"]["writer_pid"]
+    os.kill(writer_pid, signal.SIGKILL)
+    shown = wait_js(
+        page,
+        "const e = document.getElementById('rec-error'); return !e.hidden && e.textContent",
+        timeout_s=30,
+        what="the recorder's error",
+    )
+    assert "RECORDING STOPPED" in shown, shown
+    assert _text(page, "rec-phase") == "error"
+    assert not page.find_element("id", "btn-start").is_enabled()
+    with ControlClient(bench.sock) as c:  # and the daemon itself refuses, saying why
+        reply = c.call("episode.start", task="after the crash")
+    assert reply["ok"] is False and "recording stopped" in reply["error"], reply
+    assert _text(page, "mode") == "teleop"
