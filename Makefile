@@ -9,6 +9,8 @@ STAMP  := $(VENV)/.installed
 PYTHON312 := $(shell for p in "$$PYENV_ROOT"/versions/3.12*/bin/python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 /usr/local/bin/python3.12; do [ -x "$$p" ] && { echo "$$p"; break; }; done)
 
 .PHONY: run test setup bench clean
+# The console's end-to-end tests run Debian's chromium + chromedriver (a system package: apt).
+BROWSER_STAMP := $(VENV)/.chromium
 
 $(STAMP): pyproject.toml
 	@if [ -z "$(PYTHON312)" ]; then \
@@ -22,9 +24,22 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/so101d demo
+	@# the browser console beside the demo (its own process; it prints its address and waits for the daemon)
+	@$(VENV)/bin/so101d --log-level WARNING console & CONSOLE=$$!; trap "kill $$CONSOLE 2>/dev/null" EXIT INT TERM; \
+	  $(VENV)/bin/so101d demo
 
-test: $(STAMP)
+$(BROWSER_STAMP): $(STAMP)
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "error: the console tests need chromium and chromedriver at /usr/bin, and apt-get is not available to install them; install your system's chromium and chromium-driver packages" >&2; exit 1; fi; \
+	  echo "installing chromium + chromium-driver (apt-get) for the console's browser tests"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y chromium chromium-driver || { $$SUDO apt-get update && $$SUDO apt-get install -y chromium chromium-driver; } || { \
+	    echo "error: apt-get could not install chromium chromium-driver (see above)" >&2; exit 1; }; \
+	fi
+	@touch $(BROWSER_STAMP)
+
+test: $(STAMP) $(BROWSER_STAMP)
 	$(VENV)/bin/python -m pytest -q tests
 
 bench: $(STAMP)

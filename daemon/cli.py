@@ -14,6 +14,7 @@ import sys
 # name -> (module, one-line help). Keep alphabetical within each group.
 COMMANDS: dict[str, tuple[str, str]] = {
     # the daemon and its control socket
+    "console": ("daemon.commands.console", "the operator's console in the browser (live view, recording, episodes)"),
     "demo": ("daemon.commands.demo", "run the daemon on the virtual bench (emulated leader and follower)"),
     "run": ("daemon.commands.run", "run the daemon in the foreground (what systemd runs)"),
     "status": ("daemon.commands.status", "show the running daemon's status"),

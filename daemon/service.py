@@ -24,6 +24,7 @@ from typing import Any
 from calibration.calibration_file import ArmCalibration, CalibrationError, load_calibration
 from daemon.camera_set import DaemonCameras
 from daemon.config import Config
+from daemon.console_api import attach_console_api
 from daemon.context import DaemonContext, EpisodeRecorder, PolicyHandle, StatusExtra
 from daemon.control_loop import ControlLoop
 from daemon.control_socket import ControlServer, RequestError
@@ -231,6 +232,8 @@ class Daemon:
         reg("idle", lambda req: self._loop_call(lambda: self.loop.set_intent("idle"), "idle"))
         reg("torque.on", lambda req: self._loop_call(lambda: self.loop.set_torque_wanted(True), "torque on"))
         reg("torque.off", lambda req: self._loop_call(lambda: self.loop.set_torque_wanted(False), "torque off (idle)"))
+        # the browser console's verbs: camera.list, camera.preview, status.live
+        attach_console_api(self.context)
 
     def _loop_call(self, fn: Callable[[], Any], message: str) -> dict[str, Any]:
         try:
