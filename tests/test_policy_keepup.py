@@ -123,10 +123,11 @@ def test_default_chunk_with_slow_inference_drives_without_gaps(ckpt: Path, monke
     assert in_policy >= 0.99, (in_policy, [m for m in modes if m != "policy"])
     # forward ~150 ms measured as such; chunks came back again and again, the newest never ran out
     assert st["stages_ms"]["forward"]["p50"] >= 150.0
-    # the overhead beyond the forward pass, split by stage (issue 16: where did 15 ms go?)
-    for stage in ("ask", "handoff", "publish", "read", "preprocess", "postprocess", "pipe", "poll"):
+    # the overhead beyond the forward pass, split by stage (issue 16: where did 15 ms go?); the
+    # stages add up chunk by chunk (tests/test_policy_latency.py), the medians roughly
+    for stage in ("ask", "handoff", "publish", "worker", "read", "preprocess", "postprocess", "reply", "enqueue"):
         assert st["stages_ms"][stage]["n"] >= 8, stage
-    parts = sum(st["stages_ms"][k]["p50"] for k in ("ask", "handoff", "read", "preprocess", "postprocess", "pipe", "poll"))
+    parts = sum(st["stages_ms"][k]["p50"] for k in st["overhead_stages"])
     assert abs(parts - st["overhead_ms"]["p50"]) < 0.5 * st["overhead_ms"]["p50"] + 2.0, (parts, st["overhead_ms"])
     assert st["results"] - before["results"] >= 8
     assert st["chunks_expired"] == before["chunks_expired"] == 0

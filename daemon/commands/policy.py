@@ -75,20 +75,34 @@ def _num(v: Any) -> str:
 
 
 def _ms(d: dict[str, float] | None) -> str:
-    return "-" if not d else f"p50 {d['p50']:.1f} ms, p99 {d['p99']:.1f} ms (n={d['n']})"
+    if not d:
+        return "-"
+    tail = f", p99.9 {d['p99.9']:.1f}" if "p99.9" in d else ""
+    return f"p50 {d['p50']:.1f} ms, p99 {d['p99']:.1f}{tail} ms (n={d['n']})"
 
 
 STAGES = (  # (key, what it covers), in the order a request goes through them
-    ("ask", "cycle start -> the loop asks (its bus reads come first)"),
-    ("handoff", "-> worker has it (publisher thread, frame copy into shared memory, pipe)"),
+    ("ask", "cycle start -> the loop asks (its bus reads come first; before the request, not overhead)"),
+    ("handoff", "request -> worker has it (publisher thread, frame copy into shared memory, pipe)"),
     ("publish", "  of which the frame copy"),
-    ("read", "worker copies the observation out of shared memory"),
-    ("preprocess", "image to float, normalisation, to device"),
-    ("forward", "the forward pass"),
-    ("postprocess", "unnormalisation, to cpu"),
-    ("pipe", "chunk ready -> decoded in the daemon (pipe, receiver thread)"),
-    ("poll", "-> taken by the loop at its next cycle (at most one loop period)"),
+    ("worker", "the worker's time beyond the forward pass, of which:"),
+    ("read", "  the copy out of shared memory"),
+    ("preprocess", "  image to float, normalisation, to device"),
+    ("postprocess", "  unnormalisation, to cpu"),
+    ("gc", "  garbage-collection pauses"),
+    ("forward", "the forward pass (not overhead)"),
+    ("reply", "chunk ready -> decoded in the daemon (pipe, receiver thread)"),
+    ("enqueue", "-> in the action queue: usable from the loop's next cycle on"),
 )
+
+
+def format_gc(gc: dict[str, Any]) -> str:
+    """Garbage-collection pauses: the daemon's (they stop the loop too) and the worker's per chunk."""
+    w = gc.get("worker_ms")
+    worker = f"p99 {w['p99']:.1f} ms, max {w['max']:.1f} ms" if w else "-"
+    return (f"gc         daemon {gc.get('daemon_collections', 0)} collections ({gc.get('daemon_full_collections', 0)} full), "
+            f"longest {gc.get('daemon_max_pause_ms', 0.0):.1f} ms, {gc.get('daemon_frozen_objects', 0)} objects frozen; "
+            f"worker pauses per chunk {worker}")
 
 
 def format_server(srv: dict[str, Any]) -> list[str]:
@@ -114,8 +128,8 @@ def format_status(st: dict[str, Any]) -> str:
         f"policy     {st.get('policy_type')} from {st.get('checkpoint')}",
         f"state      {st.get('state')}{' (driving the follower)' if st.get('driving') else ''}"
         + (f"  error: {st['error']}" if st.get("error") else ""),
-        f"latency    {_ms(st.get('inference_latency_ms'))}  (observation -> chunk in the loop)",
-        f"overhead   {_ms(st.get('overhead_ms'))}  (beyond the forward pass)",
+        f"latency    {_ms(st.get('inference_latency_ms'))}  (observation -> chunk usable by the loop)",
+        f"overhead   {_ms(st.get('overhead_ms'))}  (request -> chunk usable, minus the forward pass)",
         f"queue      {st.get('queue_depth')} actions ahead, chunk age {'-' if age is None else f'{age:.0f} ms'}, merge {st.get('merge')}",
         f"horizon    {_num(st.get('usable_horizon_ms'))} ms left of {_num(st.get('chunk_horizon_ms'))} ms per chunk; "
         f"next chunk asked {_num(st.get('refill_lead_ms'))} ms before the end (latency p99 + margin)",
@@ -124,16 +138,22 @@ def format_status(st: dict[str, Any]) -> str:
     ]
     srv = st.get("server")
     if st.get("backend") == "lerobot-server" and isinstance(srv, dict):
-        lines[3] = f"overhead   {_ms(st.get('overhead_ms'))}  (beyond GetActions: upload, decode, hand-offs)"
+        lines[3] = f"overhead   {_ms(st.get('overhead_ms'))}  (request -> chunk usable, minus GetActions: upload, decode, hand-offs)"
         lines.extend(format_server(srv))
     stages = st.get("stages_ms") or {}
-    lines.append(f"stages     {'p50':>7} {'p99':>7} ms  where the latency goes"
+    lines.append(f"stages     {'p50':>7} {'p99':>7} {'p99.9':>7} ms  where the latency goes"
                  + ("  (remote: preprocess = upload, forward = GetActions, postprocess = decode)"
                     if st.get("backend") == "lerobot-server" else ""))
     for key, what in STAGES:
         d = stages.get(key)
-        nums = f"{d['p50']:7.1f} {d['p99']:7.1f}" if d else f"{'-':>7} {'-':>7}"
+        nums = (f"{d['p50']:7.2f} {d['p99']:7.2f} {d.get('p99.9', d['max']):7.2f}" if d
+                else f"{'-':>7} {'-':>7} {'-':>7}")
         lines.append(f"  {key:<11}{nums}     {what}")
+    over = st.get("overhead_stages")
+    if over:
+        lines.append(f"  overhead = {' + '.join(over)}, chunk by chunk (percentiles do not add up)")
+    if isinstance(st.get("gc"), dict):
+        lines.append(format_gc(st["gc"]))
     if st.get("warning"):
         lines.append(f"WARNING    {st['warning']}")
     if st.get("takeover"):

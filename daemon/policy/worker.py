@@ -9,7 +9,8 @@ daemon -> worker: {"t": "infer", "req": id}, {"t": "reset"}, {"t": "stop"}
 worker -> daemon: {"t": "ready", "info": {...}}, {"t": "error", "error": str, "fatal": bool},
                   {"t": "result", "req": id, "obs_time_s": f, "n": n, "dim": d, "actions": bytes,
                    "read_s": f, "preprocess_s": f, "forward_s": f, "postprocess_s": f,
-                   "got_s": monotonic time the request arrived, "done_s": ... the chunk was ready}
+                   "got_s": monotonic time the request arrived, "done_s": ... the chunk was ready,
+                   "gc_s"/"gc_n": the worker's garbage-collection pauses while it computed this chunk}
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from daemon.policy.checkpoint import ExpectedIO
         from daemon.policy.engine import PolicyEngine
+        from daemon.policy.gc_pauses import GcPauses, freeze
         from daemon.policy.obs_buffer import ObsBuffer, ObsLayout
 
         import torch
@@ -93,6 +95,10 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
         engine.infer(state, {n: img for n, img in images.items()})
         engine.reset()
         warmup_s = time.perf_counter() - t0
+        # torch, LeRobot and the policy are loaded: out of the collector's reach from now on
+        # (gc_pauses.py); the per-request pauses are measured and sent with each chunk
+        freeze()
+        gc_pauses = GcPauses().install()
         conn.send_bytes(pack({
             "t": "ready",
             "info": {
@@ -112,6 +118,7 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
     try:
         for msg in _infer_requests(conn, on_reset=engine.reset):
             got_s = time.monotonic()
+            gc_pauses.take()  # only the pauses while this chunk is computed count for it
             t0 = time.perf_counter()
             try:
                 obs_time, req, _oldest = buf.read_into(state, images)
@@ -125,10 +132,15 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
                 "t": "result", "req": req, "obs_time_s": obs_time, "n": int(actions.shape[0]),
                 "dim": int(actions.shape[1]), "actions": actions.astype(np.float32).tobytes(),
                 "read_s": t1 - t0, **{k: v for k, v in asdict(timings).items()},
-                "got_s": got_s, "done_s": time.monotonic(),
+                "got_s": got_s, "done_s": time.monotonic(), **_gc_fields(gc_pauses),
             }))
     finally:
         buf.close()
+
+
+def _gc_fields(pauses) -> dict[str, Any]:
+    t = pauses.take()
+    return {"gc_s": t.pause_s, "gc_n": t.collections}
 
 
 
