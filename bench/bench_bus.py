@@ -58,7 +58,7 @@ class Series:
 
     def pct(self, q: float) -> float:
         s = sorted(self.samples_s)
-        return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+        return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
 
 
 def _time_block(fn: Callable[[], object], n: int, out: list[float]) -> int:
@@ -242,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     fn()
                 except Exception:
-                    print(f"{key} failed during warm-up; emulator stats: {emu.control({'cmd': 'stats'})}", file=sys.stderr)
+                    print(
+                        f"{key} failed during warm-up; emulator stats: {emu.control({'cmd': 'stats'})}", file=sys.stderr
+                    )
                     raise
             time.sleep(0.002 + args.warmup * wire_time_s(WRITE_WIRE_BYTES, BAUD))  # drain write-only bursts
         for _ in range(args.rounds):
@@ -254,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
                 failures[key] += _time_block(fn, per_round, samples[key])
                 # A burst of write-only calls queues up on the emulated wire (as in a USB adapter's
                 # buffer): let it drain so the next block does not pay for this one.
-                time.sleep(0.002 + (per_round * wire_time_s(WRITE_WIRE_BYTES, BAUD) if key.startswith("write/") else 0.0))
+                time.sleep(
+                    0.002 + (per_round * wire_time_s(WRITE_WIRE_BYTES, BAUD) if key.startswith("write/") else 0.0)
+                )
         # consistency: every client read the same pose
         ours_ticks = ours_bus.sync_read("Present_Position", IDS)
         lr_ticks = lerobot.sync_read("Present_Position", normalize=False, num_retry=2)  # type: ignore[attr-defined]
@@ -308,7 +312,9 @@ def report(
         w = wire[op]
         lr = samples.get(f"{op}/lerobot")
         lr_p50 = Series("", lr).pct(50) if lr else None
-        print(f"{labels[op]:<46} {'wire':<9} {w * 1e3:7.3f} {w * 1e3:8.3f} {'':>8} {'':>8} {'1.00':>6} {'':>9}   ({bytes_of[op]} bytes x 10 bit)")
+        print(
+            f"{labels[op]:<46} {'wire':<9} {w * 1e3:7.3f} {w * 1e3:8.3f} {'':>8} {'':>8} {'1.00':>6} {'':>9}   ({bytes_of[op]} bytes x 10 bit)"
+        )
         for client in ("ours", "lerobot", "sdk", "sdk-blk", "raw"):
             key = f"{op}/{client}"
             if key not in samples:
@@ -335,7 +341,9 @@ def report(
             rawp = Series("", samples[f"{op}/raw"]).pct(50)
             lrp = Series("", samples[f"{op}/lerobot"]).pct(50)
             verdicts.append((op, ours, rawp, lrp, w))
-    print("stale = replies that came back faster than the wire allows, i.e. an earlier request's reply taken as this one's")
+    print(
+        "stale = replies that came back faster than the wire allows, i.e. an earlier request's reply taken as this one's"
+    )
     print("targets (p50): ours/wire <= 1.30, ours/lerobot <= 1.00")
     for op, ours, rawp, lrp, w in verdicts:
         ok_wire = ours / w <= 1.3

@@ -58,8 +58,11 @@ def start_daemon(d: Path) -> tuple[subprocess.Popen, Path]:
         f'[leader]\nport = "{d / "leader"}"\nid = "l1"\n[follower]\nport = "{d / "follower"}"\nid = "f1"\n'
         f'[calibration]\nroot = "{cal}"\n[socket]\npath = "{sock}"\n'
     )
-    proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     end = time.monotonic() + 60
     while time.monotonic() < end:
         if proc.poll() is not None:
@@ -120,9 +123,12 @@ def measure(sock: Path, requests: int, window_s: float) -> dict:
         st1 = c.request("status")
         elapsed = time.monotonic() - t0
     return {
-        "persistent": ms(persistent), "fresh": ms(fresh), "quiet_hz": quiet_hz,
+        "persistent": ms(persistent),
+        "fresh": ms(fresh),
+        "quiet_hz": quiet_hz,
         "rate_hz": (st1["cycles"] - st0["cycles"]) / elapsed,
-        "overruns": st1["overruns"] - q0["overruns"], "mode": st1["mode"],
+        "overruns": st1["overruns"] - q0["overruns"],
+        "mode": st1["mode"],
     }
 
 
@@ -130,7 +136,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=300, help="status requests per way of asking (default 300)")
     ap.add_argument("--idle", type=int, nargs="+", default=[0, 300, 1000], help="idle connections per row")
-    ap.add_argument("--window-s", type=float, default=3.0, help="loop rate window with only the idle connections held (default 3)")
+    ap.add_argument(
+        "--window-s", type=float, default=3.0, help="loop rate window with only the idle connections held (default 3)"
+    )
     ap.add_argument("--rounds", type=int, default=2, help="times the rows are measured, interleaved (default 2)")
     args = ap.parse_args()
     rows = []
@@ -152,14 +160,20 @@ def main() -> int:
                 proc.terminate()
                 proc.wait(20)
 
-    print(f"\nso101d control socket: status round trip and loop rate vs idle connections held "
-          f"({args.requests} requests each way; daemon limit {MAX_CONNECTIONS} connections; loop target 100 Hz)\n")
-    print(f"{'idle':>6}{'kept':>6}  {'open conn p50/p99/max ms':>26}  {'connect+ask p50/p99/max ms':>28}"
-          f"{'loop Hz idle-only':>19}{'loop Hz asking':>16}{'overruns':>9}")
+    print(
+        f"\nso101d control socket: status round trip and loop rate vs idle connections held "
+        f"({args.requests} requests each way; daemon limit {MAX_CONNECTIONS} connections; loop target 100 Hz)\n"
+    )
+    print(
+        f"{'idle':>6}{'kept':>6}  {'open conn p50/p99/max ms':>26}  {'connect+ask p50/p99/max ms':>28}"
+        f"{'loop Hz idle-only':>19}{'loop Hz asking':>16}{'overruns':>9}"
+    )
     for n, r in rows:
         p, f = r["persistent"], r["fresh"]
-        print(f"{n:>6}{r['held']:>6}  {p[0]:>8.3f}/{p[1]:>7.3f}/{p[2]:>8.3f}  {f[0]:>9.3f}/{f[1]:>7.3f}/{f[2]:>8.3f}"
-              f"{r['quiet_hz']:>19.1f}{r['rate_hz']:>16.1f}{r['overruns']:>9}")
+        print(
+            f"{n:>6}{r['held']:>6}  {p[0]:>8.3f}/{p[1]:>7.3f}/{p[2]:>8.3f}  {f[0]:>9.3f}/{f[1]:>7.3f}/{f[2]:>8.3f}"
+            f"{r['quiet_hz']:>19.1f}{r['rate_hz']:>16.1f}{r['overruns']:>9}"
+        )
     base = [r for n, r in rows if n == args.idle[0]]
 
     def mean(key: str, rs: list[dict], i: int | None = None) -> float:
@@ -167,10 +181,12 @@ def main() -> int:
 
     for n in args.idle[1:]:
         rs = [r for m, r in rows if m == n]
-        print(f"{n} idle / {args.idle[0]} idle (mean of {len(rs)} rounds): status p50 {mean('persistent', rs, 0) / mean('persistent', base, 0):.2f}x, "
-              f"p99 {mean('persistent', rs, 1) / mean('persistent', base, 1):.2f}x; connect+ask p50 "
-              f"{mean('fresh', rs, 0) / mean('fresh', base, 0):.2f}x, p99 {mean('fresh', rs, 1) / mean('fresh', base, 1):.2f}x; "
-              f"loop rate idle-only {mean('quiet_hz', rs) / mean('quiet_hz', base):.3f}x, asking {mean('rate_hz', rs) / mean('rate_hz', base):.3f}x")
+        print(
+            f"{n} idle / {args.idle[0]} idle (mean of {len(rs)} rounds): status p50 {mean('persistent', rs, 0) / mean('persistent', base, 0):.2f}x, "
+            f"p99 {mean('persistent', rs, 1) / mean('persistent', base, 1):.2f}x; connect+ask p50 "
+            f"{mean('fresh', rs, 0) / mean('fresh', base, 0):.2f}x, p99 {mean('fresh', rs, 1) / mean('fresh', base, 1):.2f}x; "
+            f"loop rate idle-only {mean('quiet_hz', rs) / mean('quiet_hz', base):.3f}x, asking {mean('rate_hz', rs) / mean('rate_hz', base):.3f}x"
+        )
     return 0
 
 

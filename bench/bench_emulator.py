@@ -28,8 +28,8 @@ import serial
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from drivers import protocol as P  # noqa: E402
-from drivers.emulator.process import EmulatorProcess  # noqa: E402
+from drivers import protocol as P
+from drivers.emulator.process import EmulatorProcess
 
 BAUD = 1_000_000
 IDS = [1, 2, 3, 4, 5, 6]
@@ -112,7 +112,9 @@ def main() -> int:
                 rows.append((label, res, stats, cpu_loop, cpu_idle))
 
     print(f"STS3215 emulator timing, {args.iterations} iterations, raw pyserial client, emulator in a subprocess")
-    print(f"wire-time floor at 1 Mbaud: sync read {wire_read_ms:.3f} ms (62 B), sync write + ping {wire_write_ms:.3f} ms (26 + 6 + 6 B)\n")
+    print(
+        f"wire-time floor at 1 Mbaud: sync read {wire_read_ms:.3f} ms (62 B), sync write + ping {wire_write_ms:.3f} ms (26 + 6 + 6 B)\n"
+    )
     print(f"{'mode':<14}{'op':<12}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'p50/wire':>10}{'fails':>7}")
     for label, res, _stats, _c, _i in rows:
         for op, floor in (("sync read", wire_read_ms), ("write+ping", wire_write_ms)):
@@ -128,7 +130,8 @@ def main() -> int:
         print(
             f"{label:<14}late replies {stats['late_replies']} (> 0.5 ms), worst lateness "
             f"{stats['max_lateness_s'] * 1e3:.3f} ms, stale dropped {stats['stale_dropped']}; "
-            f"emulator CPU: idle {cpu_idle:.1f} %" + ("" if cpu_loop != cpu_loop else f", 100 Hz sync-read loop {cpu_loop:.1f} %")
+            f"emulator CPU: idle {cpu_idle:.1f} %"
+            + ("" if cpu_loop != cpu_loop else f", 100 Hz sync-read loop {cpu_loop:.1f} %")
         )
     print("\n'no wire time' p50 is the emulator's own processing + pty round trip (the floor any client sees).")
     return 0

@@ -151,13 +151,15 @@ class Soak:
                 self.recovered[kind] += 1
                 self.recovery_s.append(time.monotonic() - t0)
                 return
-            if not self.loop.state.mode == "aligning":
+            if self.loop.state.mode != "aligning":
                 try:
                     self.loop.call(lambda: self.loop.set_intent("teleop"), timeout_s=3.0)
                 except (RuntimeError, TimeoutError):
                     pass  # fault still present / arm reconnecting: try again shortly
             time.sleep(0.2)
-        self.unrecovered.append(f"{kind}: still {self.loop.state.mode} ({self.loop.state.reason}) after {timeout_s:.0f} s")
+        self.unrecovered.append(
+            f"{kind}: still {self.loop.state.mode} ({self.loop.state.reason}) after {timeout_s:.0f} s"
+        )
 
     def faults(self) -> None:
         counters = self.loop.follower_link.arm.counters
@@ -181,7 +183,7 @@ def record(daemon: Daemon, soak: Soak, episode_s: float, saved: list[int], error
                 return
             rec.save_episode(True)
             saved.append(r["episode"])
-        except Exception as exc:  # noqa: BLE001 - reported, and the soak counts it as a failure
+        except Exception as exc:
             errors.append(f"{type(exc).__name__}: {exc}")
             soak.stop.wait(1.0)
         soak.stop.wait(0.5)
@@ -205,14 +207,19 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(d)
         ds_root = root / "datasets" / REPO_ID
         with EmulatorProcess(root, leader_motion="demo") as ep:
-            cfg = config_from_dict({
-                "control": {"rate_hz": args.hz},
-                "socket": {"path": str(root / "c.sock")},
-                "recording": {"enabled": True, "dataset_root": str(root / "datasets"), "repo_id": REPO_ID},
-                "cameras": {"front": {"kind": "virtual", "width": 96, "height": 72}},
-            })
-            daemon = Daemon(cfg, FeetechLeader(str(ep.leader_path), reference_calibration("leader")),
-                            FeetechFollower(str(ep.follower_path), reference_calibration("follower")))
+            cfg = config_from_dict(
+                {
+                    "control": {"rate_hz": args.hz},
+                    "socket": {"path": str(root / "c.sock")},
+                    "recording": {"enabled": True, "dataset_root": str(root / "datasets"), "repo_id": REPO_ID},
+                    "cameras": {"front": {"kind": "virtual", "width": 96, "height": 72}},
+                }
+            )
+            daemon = Daemon(
+                cfg,
+                FeetechLeader(str(ep.leader_path), reference_calibration("leader")),
+                FeetechFollower(str(ep.follower_path), reference_calibration("follower")),
+            )
             daemon.start()
             steps = StepWatch(daemon)
             daemon.loop.add_hook(steps)
@@ -222,14 +229,20 @@ def main(argv: list[str] | None = None) -> int:
             crashed = ""
             try:
                 end = time.monotonic() + 60
-                while daemon.recorder is None or daemon.recorder.phase == "starting" or daemon.loop.state.mode != "teleop":
+                while (
+                    daemon.recorder is None or daemon.recorder.phase == "starting" or daemon.loop.state.mode != "teleop"
+                ):
                     if time.monotonic() > end:
                         raise RuntimeError(f"bench did not come up: mode {daemon.loop.state.mode}")
                     time.sleep(0.05)
                 daemon.recorder.wait_ready(60)
-                threads = [threading.Thread(target=soak.sample, daemon=True),
-                           threading.Thread(target=soak.faults, daemon=True),
-                           threading.Thread(target=record, args=(daemon, soak, args.episode_s, saved, rec_errors), daemon=True)]
+                threads = [
+                    threading.Thread(target=soak.sample, daemon=True),
+                    threading.Thread(target=soak.faults, daemon=True),
+                    threading.Thread(
+                        target=record, args=(daemon, soak, args.episode_s, saved, rec_errors), daemon=True
+                    ),
+                ]
                 for t in threads:
                     t.start()
                 t0 = time.monotonic()
@@ -248,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                 counters = fol.arm.counters
             finally:
                 daemon.stop()
-        from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415 - heavy
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
         load_error = ""
         n_eps = frames = 0
@@ -258,36 +271,64 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(n_eps):  # every episode's first frame, video decoded
                 idx = int(ds.meta.episodes[i]["dataset_from_index"])
                 _ = ds[idx]["observation.images.front"]
-        except Exception as exc:  # noqa: BLE001 - reported
+        except Exception as exc:
             load_error = f"{type(exc).__name__}: {exc}"
 
     total = sum(soak.modes.values()) or 1
-    print(f"fault soak: {args.minutes:g} min at {args.hz:g} Hz, seed {args.seed}, recording {args.episode_s:g} s episodes")
-    print(f"loop rate per 1 s window (n={len(soak.window_hz)}): min {min(soak.window_hz, default=float('nan')):.1f}  "
-          f"p1 {pct(soak.window_hz, 1):.1f}  p5 {pct(soak.window_hz, 5):.1f}  p50 {pct(soak.window_hz, 50):.1f} Hz")
+    print(
+        f"fault soak: {args.minutes:g} min at {args.hz:g} Hz, seed {args.seed}, recording {args.episode_s:g} s episodes"
+    )
+    print(
+        f"loop rate per 1 s window (n={len(soak.window_hz)}): min {min(soak.window_hz, default=float('nan')):.1f}  "
+        f"p1 {pct(soak.window_hz, 1):.1f}  p5 {pct(soak.window_hz, 5):.1f}  p50 {pct(soak.window_hz, 50):.1f} Hz"
+    )
     by_kind: dict[str, list[float]] = {}
     for hz, kind in zip(soak.window_hz, soak.window_kind):
         by_kind.setdefault(kind, []).append(hz)
-    print("   per fault under way, min/p50 Hz: "
-          + ", ".join(f"{k} {min(v):.0f}/{pct(v, 50):.0f}" for k, v in sorted(by_kind.items())))
+    print(
+        "   per fault under way, min/p50 Hz: "
+        + ", ".join(f"{k} {min(v):.0f}/{pct(v, 50):.0f}" for k, v in sorted(by_kind.items()))
+    )
     print("time in each mode: " + ", ".join(f"{m} {100 * n / total:.1f} %" for m, n in soak.modes.most_common()))
     print("faults injected:   " + ", ".join(f"{k} {v}" for k, v in sorted(soak.injected.items())))
-    print("recovered:         " + ", ".join(f"{k} {v}" for k, v in sorted(soak.recovered.items()))
-          + f"  (to teleop: p50 {pct(soak.recovery_s, 50):.2f} s, max {max(soak.recovery_s, default=float('nan')):.2f} s)")
-    print("failed follower transactions during each kind: "
-          + ", ".join(f"{k} {v}" for k, v in sorted(soak.failed_reads.items())))
+    print(
+        "recovered:         "
+        + ", ".join(f"{k} {v}" for k, v in sorted(soak.recovered.items()))
+        + f"  (to teleop: p50 {pct(soak.recovery_s, 50):.2f} s, max {max(soak.recovery_s, default=float('nan')):.2f} s)"
+    )
+    print(
+        "failed follower transactions during each kind: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(soak.failed_reads.items()))
+    )
     for u in soak.unrecovered:
         print(f"NOT RECOVERED:     {u}")
-    print(f"follower bus: {counters.transactions} transactions, {counters.retries} retries, {counters.failures} failed, "
-          f"{counters.reconnects} reconnects; link losses: follower {fol.losses}, leader {lead.losses if lead else 0}")
-    print(f"command step: max {steps.max_ratio:.3f} of the per-cycle limit over {steps.commands} commands "
-          f"({'never above' if steps.max_ratio <= 1.0 + 1e-9 else 'ABOVE THE LIMIT'}); per joint max "
-          + ", ".join(f"{n} {s:.2f}" for n, s in zip(JOINT_NAMES, steps.max_step)))
-    print(f"episodes: {len(saved)} saved, writer {'done' if written else 'NOT DONE'}, recorder phase {rec_status['phase']}, "
-          f"lost {rec_status.get('lost_episodes', [])}; errors {rec_errors or 'none'}")
-    print(f"dataset: {n_eps} episodes, {frames} frames load with LeRobotDataset" if not load_error else f"dataset LOAD FAILED: {load_error}")
-    ok = (not crashed and not soak.unrecovered and steps.max_ratio <= 1.0 + 1e-9 and not load_error
-          and n_eps == len(saved) and written and not rec_errors)
+    print(
+        f"follower bus: {counters.transactions} transactions, {counters.retries} retries, {counters.failures} failed, "
+        f"{counters.reconnects} reconnects; link losses: follower {fol.losses}, leader {lead.losses if lead else 0}"
+    )
+    print(
+        f"command step: max {steps.max_ratio:.3f} of the per-cycle limit over {steps.commands} commands "
+        f"({'never above' if steps.max_ratio <= 1.0 + 1e-9 else 'ABOVE THE LIMIT'}); per joint max "
+        + ", ".join(f"{n} {s:.2f}" for n, s in zip(JOINT_NAMES, steps.max_step))
+    )
+    print(
+        f"episodes: {len(saved)} saved, writer {'done' if written else 'NOT DONE'}, recorder phase {rec_status['phase']}, "
+        f"lost {rec_status.get('lost_episodes', [])}; errors {rec_errors or 'none'}"
+    )
+    print(
+        f"dataset: {n_eps} episodes, {frames} frames load with LeRobotDataset"
+        if not load_error
+        else f"dataset LOAD FAILED: {load_error}"
+    )
+    ok = (
+        not crashed
+        and not soak.unrecovered
+        and steps.max_ratio <= 1.0 + 1e-9
+        and not load_error
+        and n_eps == len(saved)
+        and written
+        and not rec_errors
+    )
     print("result: " + ("ok" if ok else f"FAILED {crashed}"))
     return 0 if ok else 1
 

@@ -1,7 +1,7 @@
 """Import throughput and peak memory of `so101d import-hdf5` on a many-demo LeIsaac file.
 
 Side by side in one run, each in a fresh subprocess (peak RSS is per process):
-  - ours:  sim_bridge.isaaclab_hdf5.import_hdf5 (streams demo by demo, chunk by chunk), with the
+  - ours:  daemon.datasets.isaaclab_hdf5.import_hdf5 (streams demo by demo, chunk by chunk), with the
            CLI's progress bar, every step kept (--skip-frames 0 --min-frames 0) so both read the same rows
   - naive: what LeIsaac's converter does: np.array() of each demo's whole datasets, then the
            same LeRobotDataset add_frame / save_episode calls (no resampling).
@@ -37,7 +37,9 @@ def make_file(path: Path, demos: int, steps: int, height: int, width: int) -> No
         data = f.create_group("data")
         for i in range(demos):
             t = np.arange(steps) / 60.0
-            units = np.stack([30 * np.sin(t + i), 20 * np.cos(t), 10 * t, -5 * t, 40 * np.sin(2 * t), 50 + 40 * np.sin(t)], 1)
+            units = np.stack(
+                [30 * np.sin(t + i), 20 * np.cos(t), 10 * t, -5 * t, 40 * np.sin(2 * t), 50 + 40 * np.sin(t)], 1
+            )
             rad = units_to_sim_rad(units).astype(np.float32)
             g = data.create_group(f"demo_{i}")
             g.create_dataset("actions", data=rad, compression="lzf")
@@ -54,7 +56,7 @@ def make_file(path: Path, demos: int, steps: int, height: int, width: int) -> No
 
 def run_ours(src: str, root: str) -> dict:
     from daemon.commands.import_hdf5 import RichImportProgress
-    from sim_bridge.isaaclab_hdf5 import import_hdf5
+    from daemon.datasets.isaaclab_hdf5 import import_hdf5
 
     t0 = time.monotonic()
     # as the CLI runs it (progress bar on stderr), every step kept so both sides read the same rows
@@ -65,11 +67,10 @@ def run_ours(src: str, root: str) -> dict:
 def run_naive(src: str, root: str) -> dict:
     import h5py
     import numpy as np
-
-    from calibration.conventions import sim_rad_to_units
     from lerobot.configs.video import RGBEncoderConfig
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
+    from calibration.conventions import sim_rad_to_units
     from daemon.dataset_schema import ROBOT_TYPE, dataset_features
 
     t0 = time.monotonic()
@@ -77,9 +78,15 @@ def run_naive(src: str, root: str) -> dict:
     with h5py.File(src, "r") as f:
         names = sorted(f["data"].keys(), key=lambda n: int(n.split("_")[1]))
         cams = {c: tuple(f["data"][names[0]]["obs"][c].shape[1:3]) for c in ("front", "wrist")}
-        ds = LeRobotDataset.create("local/naive", fps=30, features=dataset_features(cams), root=root,
-                                   robot_type=ROBOT_TYPE, use_videos=True,
-                                   rgb_encoder=RGBEncoderConfig(vcodec="h264", preset="ultrafast", crf=23, g=2))
+        ds = LeRobotDataset.create(
+            "local/naive",
+            fps=30,
+            features=dataset_features(cams),
+            root=root,
+            robot_type=ROBOT_TYPE,
+            use_videos=True,
+            rgb_encoder=RGBEncoderConfig(vcodec="h264", preset="ultrafast", crf=23, g=2),
+        )
         for name in names:
             g = f["data"][name]
             actions = np.array(g["actions"])
@@ -89,8 +96,16 @@ def run_naive(src: str, root: str) -> dict:
             a_u = sim_rad_to_units(actions.astype(np.float64)).astype(np.float32)
             j_u = sim_rad_to_units(joint.astype(np.float64)).astype(np.float32)
             for k in range(len(actions)):
-                ds.add_frame({"observation.state": j_u[k], "action": a_u[k], "teleop.action": a_u[k],
-                              "observation.images.front": front[k], "observation.images.wrist": wrist[k], "task": "bench"})
+                ds.add_frame(
+                    {
+                        "observation.state": j_u[k],
+                        "action": a_u[k],
+                        "teleop.action": a_u[k],
+                        "observation.images.front": front[k],
+                        "observation.images.wrist": wrist[k],
+                        "task": "bench",
+                    }
+                )
                 frames += 1
             ds.save_episode()
         ds.finalize()
@@ -107,7 +122,9 @@ def child(mode: str, src: str, root: str) -> None:
 def measure(mode: str, src: Path, root: Path) -> dict:
     out = subprocess.run(
         [sys.executable, __file__, "--child", mode, str(src), str(root)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -131,13 +148,19 @@ def main() -> int:
         size_mb = src.stat().st_size / 1e6
         ours = measure("ours", src, Path(tmp) / "ours")
         naive = measure("naive", src, Path(tmp) / "naive")
-    print(f"file: {args.demos} demos x {args.steps} steps @60 Hz, 2 cameras {args.height}x{args.width}, {size_mb:.0f} MB")
+    print(
+        f"file: {args.demos} demos x {args.steps} steps @60 Hz, 2 cameras {args.height}x{args.width}, {size_mb:.0f} MB"
+    )
     print(f"{'':8}{'frames':>8}{'seconds':>10}{'frames/s':>10}{'peak RSS MB':>13}")
     for name, r in (("ours", ours), ("naive", naive)):
-        print(f"{name:8}{r['frames']:>8}{r['seconds']:>10.1f}{r['frames'] / r['seconds']:>10.0f}{r['peak_rss_mb']:>13.0f}")
+        print(
+            f"{name:8}{r['frames']:>8}{r['seconds']:>10.1f}{r['frames'] / r['seconds']:>10.0f}{r['peak_rss_mb']:>13.0f}"
+        )
     print("ours writes 30 fps frames (60 Hz resampled); naive writes every 60 Hz step into a 30 fps dataset.")
-    print(f"ratio ours/naive: time per source demo {ours['seconds'] / naive['seconds']:.2f}x, "
-          f"peak memory {ours['peak_rss_mb'] / naive['peak_rss_mb']:.2f}x")
+    print(
+        f"ratio ours/naive: time per source demo {ours['seconds'] / naive['seconds']:.2f}x, "
+        f"peak memory {ours['peak_rss_mb'] / naive['peak_rss_mb']:.2f}x"
+    )
     return 0
 
 

@@ -62,11 +62,13 @@ def pct(a: np.ndarray, q: float) -> float:
 
 
 def run_ours(ports: Path, seconds: float, overlap: bool, rate_hz: float, free_run: bool, rt: int = 0) -> dict:
-    cfg = config_from_dict({
-        # health off the measurement
-        "control": {"rate_hz": rate_hz, "overlap_io": overlap, "health_period_s": 1e6, "realtime_priority": rt},
-        "socket": {"path": str(ports / "unused.sock")},
-    })
+    cfg = config_from_dict(
+        {
+            # health off the measurement
+            "control": {"rate_hz": rate_hz, "overlap_io": overlap, "health_period_s": 1e6, "realtime_priority": rt},
+            "socket": {"path": str(ports / "unused.sock")},
+        }
+    )
     leader = FeetechLeader(str(ports / "leader"), reference_calibration("leader"))
     follower = FeetechFollower(str(ports / "follower"), reference_calibration("follower"))
     loop = ControlLoop(leader, follower, cfg, free_run=free_run)
@@ -112,16 +114,22 @@ def run_ours(ports: Path, seconds: float, overlap: bool, rate_hz: float, free_ru
 
 
 def run_lerobot(ports: Path, seconds: float) -> dict:
-    from lerobot.robots.so_follower import SOFollower, SOFollowerRobotConfig  # noqa: PLC0415
-    from lerobot.teleoperators.so_leader import SOLeader, SOLeaderTeleopConfig  # noqa: PLC0415
+    from lerobot.robots.so_follower import SOFollower, SOFollowerRobotConfig
+    from lerobot.teleoperators.so_leader import SOLeader, SOLeaderTeleopConfig
 
     root = ports / "lerobot_cal"
     save_calibration(reference_calibration("leader"), "leader", "bench", root)
     save_calibration(reference_calibration("follower"), "follower", "bench", root)
-    leader = SOLeader(SOLeaderTeleopConfig(port=str(ports / "leader"), id="bench",
-                                           calibration_dir=calibration_path("leader", "bench", root).parent))
-    robot = SOFollower(SOFollowerRobotConfig(port=str(ports / "follower"), id="bench",
-                                             calibration_dir=calibration_path("follower", "bench", root).parent))
+    leader = SOLeader(
+        SOLeaderTeleopConfig(
+            port=str(ports / "leader"), id="bench", calibration_dir=calibration_path("leader", "bench", root).parent
+        )
+    )
+    robot = SOFollower(
+        SOFollowerRobotConfig(
+            port=str(ports / "follower"), id="bench", calibration_dir=calibration_path("follower", "bench", root).parent
+        )
+    )
     leader.connect()
     robot.connect()
     try:
@@ -147,9 +155,9 @@ def run_lerobot(ports: Path, seconds: float) -> dict:
 
 def baseline_jitter(seconds: float, period_s: float = 0.01) -> dict:
     """The machine's own floor: the loop's wait (sleep, then spin the last 0.3 ms) with no work."""
-    import threading  # noqa: PLC0415
+    import threading
 
-    from daemon.control_loop import _SPIN_S  # noqa: PLC0415
+    from daemon.control_loop import _SPIN_S
 
     ev = threading.Event()
     lateness = []
@@ -169,7 +177,7 @@ def baseline_jitter(seconds: float, period_s: float = 0.01) -> dict:
 
 
 def can_rt() -> bool:
-    import os  # noqa: PLC0415
+    import os
 
     try:
         old = os.sched_getscheduler(0), os.sched_getparam(0)
@@ -194,39 +202,77 @@ def main() -> int:
             base = baseline_jitter(max(args.seconds, 3.0))
             at100 = run_ours(ports, max(args.seconds, 3.0), overlap=True, rate_hz=100.0, free_run=False)
             at100_serial = run_ours(ports, max(args.seconds, 3.0), overlap=False, rate_hz=100.0, free_run=False)
-            at100_rt = run_ours(ports, max(args.seconds, 3.0), overlap=True, rate_hz=100.0, free_run=False, rt=50) if can_rt() else None
+            at100_rt = (
+                run_ours(ports, max(args.seconds, 3.0), overlap=True, rate_hz=100.0, free_run=False, rt=50)
+                if can_rt()
+                else None
+            )
 
     wire_hz = 1.0 / WIRE_S
     best = overlap if overlap["rate_hz"] >= serial["rate_hz"] else serial
     print(f"\nso101d control loop on the emulated bench, 1 Mbaud, wire time modelled ({args.seconds:.0f} s each)\n")
     print(f"{'':34}{'rate Hz':>10}{'cycle p50 ms':>14}{'cycle p99 ms':>14}")
-    for name, r in (("ours, serial I/O (free-run)", serial), ("ours, overlapped leader read", overlap),
-                    ("LeRobot 0.6.1 teleop loop", lerobot)):
+    for name, r in (
+        ("ours, serial I/O (free-run)", serial),
+        ("ours, overlapped leader read", overlap),
+        ("LeRobot 0.6.1 teleop loop", lerobot),
+    ):
         print(f"{name:34}{r['rate_hz']:>10.1f}{r['cycle_p50_ms']:>14.3f}{r['cycle_p99_ms']:>14.3f}")
     print(f"{'wire-time limit (150 B x 10 bit)':34}{wire_hz:>10.1f}{WIRE_S * 1e3:>14.3f}")
-    print("\nper stage p50 ms (serial):  leader read %.3f  follower read %.3f  follower write %.3f  update %.3f"
-          % (serial["leader_p50_ms"], serial["fread_p50_ms"], serial["fwrite_p50_ms"], serial["update_p50_ms"]))
-    print("per-cycle overhead beyond bus I/O (serial): p50 %.3f ms  p99 %.3f ms   target p50 <= 0.2 ms  [%s]"
-          % (serial["overhead_p50_ms"], serial["overhead_p99_ms"], "ok" if serial["overhead_p50_ms"] <= 0.2 else "MISSED"))
+    print(
+        "\nper stage p50 ms (serial):  leader read {:.3f}  follower read {:.3f}  follower write {:.3f}  update {:.3f}".format(
+            serial["leader_p50_ms"], serial["fread_p50_ms"], serial["fwrite_p50_ms"], serial["update_p50_ms"]
+        )
+    )
+    print(
+        "per-cycle overhead beyond bus I/O (serial): p50 {:.3f} ms  p99 {:.3f} ms   target p50 <= 0.2 ms  [{}]".format(
+            serial["overhead_p50_ms"], serial["overhead_p99_ms"], "ok" if serial["overhead_p50_ms"] <= 0.2 else "MISSED"
+        )
+    )
     ratio_wire = serial["rate_hz"] / wire_hz
-    print("free-running rate / wire-time limit: serial %.2f, overlapped %.2f   target >= 0.80  [%s]"
-          % (ratio_wire, overlap["rate_hz"] / wire_hz, "ok" if max(ratio_wire, overlap["rate_hz"] / wire_hz) >= 0.8 else "MISSED"))
-    print("overlapping the leader read: %.2fx the serial rate -> %s"
-          % (overlap["rate_hz"] / serial["rate_hz"], "keep overlap_io = true" if overlap["rate_hz"] > serial["rate_hz"] else "serial wins here"))
-    print("ours / LeRobot: rate %.2fx, cycle time %.2fx (best of ours: %s)"
-          % (best["rate_hz"] / lerobot["rate_hz"], best["cycle_p50_ms"] / lerobot["cycle_p50_ms"],
-             "overlapped" if best is overlap else "serial"))
-    print("machine floor (same wait, no bus I/O, no work): period jitter p50 %.3f / p99 %.3f / max %.3f ms"
-          % (base["jitter_p50_ms"], base["jitter_p99_ms"], base["jitter_max_ms"]))
+    print(
+        "free-running rate / wire-time limit: serial {:.2f}, overlapped {:.2f}   target >= 0.80  [{}]".format(
+            ratio_wire,
+            overlap["rate_hz"] / wire_hz,
+            "ok" if max(ratio_wire, overlap["rate_hz"] / wire_hz) >= 0.8 else "MISSED",
+        )
+    )
+    print(
+        "overlapping the leader read: {:.2f}x the serial rate -> {}".format(
+            overlap["rate_hz"] / serial["rate_hz"],
+            "keep overlap_io = true" if overlap["rate_hz"] > serial["rate_hz"] else "serial wins here",
+        )
+    )
+    print(
+        "ours / LeRobot: rate {:.2f}x, cycle time {:.2f}x (best of ours: {})".format(
+            best["rate_hz"] / lerobot["rate_hz"],
+            best["cycle_p50_ms"] / lerobot["cycle_p50_ms"],
+            "overlapped" if best is overlap else "serial",
+        )
+    )
+    print(
+        "machine floor (same wait, no bus I/O, no work): period jitter p50 {:.3f} / p99 {:.3f} / max {:.3f} ms".format(
+            base["jitter_p50_ms"], base["jitter_p99_ms"], base["jitter_max_ms"]
+        )
+    )
     rows = [("overlapped", at100), ("serial", at100_serial)]
     if at100_rt is not None:
         rows.append(("overlapped, SCHED_FIFO 50", at100_rt))
     else:
         print("(SCHED_FIFO not permitted here: control.realtime_priority row skipped)")
     for name, r in rows:
-        print("at 100 Hz (%s): rate %.2f Hz, period jitter p50 %.3f / p99 %.3f / max %.3f ms, overruns %d   target p99 <= 1 ms  [%s]"
-              % (name, r["rate_hz"], r["jitter_p50_ms"], r["jitter_p99_ms"], r["jitter_max_ms"], r["overruns"],
-                 "ok" if r["jitter_p99_ms"] <= 1.0 else "MISSED"))
+        print(
+            "at 100 Hz (%s): rate %.2f Hz, period jitter p50 %.3f / p99 %.3f / max %.3f ms, overruns %d   target p99 <= 1 ms  [%s]"
+            % (
+                name,
+                r["rate_hz"],
+                r["jitter_p50_ms"],
+                r["jitter_p99_ms"],
+                r["jitter_max_ms"],
+                r["overruns"],
+                "ok" if r["jitter_p99_ms"] <= 1.0 else "MISSED",
+            )
+        )
     return 0
 
 

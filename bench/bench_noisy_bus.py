@@ -54,7 +54,9 @@ class LoopRun:
 
 def _wait_teleop(loop: ControlLoop, timeout_s: float = 30.0) -> None:
     end = time.monotonic() + timeout_s
-    while not (loop.follower_link.connected and loop.leader_link and loop.leader_link.connected and loop.state.mode == "teleop"):
+    while not (
+        loop.follower_link.connected and loop.leader_link and loop.leader_link.connected and loop.state.mode == "teleop"
+    ):
         if time.monotonic() > end:
             raise RuntimeError(f"loop did not reach teleop: {loop.state.mode} {loop.state.reason}")
         time.sleep(0.02)
@@ -65,7 +67,13 @@ def measure_loop(ep: EmulatorProcess, loop: ControlLoop, label: str, rate: float
     ep.control({"cmd": "corrupt", "arm": "follower", "rate": rate, "mode": mode})
     try:
         fol = loop.follower_link.arm
-        c0, r0, f0, e0, o0 = loop.cycles, fol.counters.retries, fol.counters.failures, loop.follower_errors, loop.overruns
+        c0, r0, f0, e0, o0 = (
+            loop.cycles,
+            fol.counters.retries,
+            fol.counters.failures,
+            loop.follower_errors,
+            loop.overruns,
+        )
         k0 = ep.control({"cmd": "stats", "arm": "follower"})["stats"]["corrupted_replies"]
         bad = 0
         t0 = time.monotonic()
@@ -77,20 +85,33 @@ def measure_loop(ep: EmulatorProcess, loop: ControlLoop, label: str, rate: float
         elapsed = time.monotonic() - t0
         cycles = loop.cycles - c0
         k1 = ep.control({"cmd": "stats", "arm": "follower"})["stats"]["corrupted_replies"]
-        return LoopRun(label, cycles / elapsed, cycles, fol.counters.retries - r0, fol.counters.failures - f0,
-                       loop.follower_errors - e0, bad, loop.overruns - o0, k1 - k0)
+        return LoopRun(
+            label,
+            cycles / elapsed,
+            cycles,
+            fol.counters.retries - r0,
+            fol.counters.failures - f0,
+            loop.follower_errors - e0,
+            bad,
+            loop.overruns - o0,
+            k1 - k0,
+        )
     finally:
         ep.control({"cmd": "corrupt", "arm": "follower", "rate": 0.0})
 
 
-def loop_section(rate_hz: float, free_run: bool, seconds: float, corrupt_rate: float, modes: list[str]) -> list[LoopRun]:
+def loop_section(
+    rate_hz: float, free_run: bool, seconds: float, corrupt_rate: float, modes: list[str]
+) -> list[LoopRun]:
     runs: list[LoopRun] = []
     with tempfile.TemporaryDirectory(prefix="bench-noisy-") as d:
         with EmulatorProcess(Path(d), leader_motion="demo") as ep:
-            cfg = config_from_dict({
-                "control": {"rate_hz": rate_hz, "health_period_s": 0.5},
-                "socket": {"path": str(Path(d) / "unused.sock")},
-            })
+            cfg = config_from_dict(
+                {
+                    "control": {"rate_hz": rate_hz, "health_period_s": 0.5},
+                    "socket": {"path": str(Path(d) / "unused.sock")},
+                }
+            )
             leader = FeetechLeader(str(ep.leader_path), reference_calibration("leader"))
             follower = FeetechFollower(str(ep.follower_path), reference_calibration("follower"))
             loop = ControlLoop(leader, follower, cfg, free_run=free_run)
@@ -112,7 +133,7 @@ def loop_section(rate_hz: float, free_run: bool, seconds: float, corrupt_rate: f
 
 def lerobot_section(seconds: float, corrupt_rate: float, modes: list[str]) -> list[tuple[str, float, int, int, int]]:
     """(label, rate Hz, cycles, ConnectionErrors, corrupted packets) for LeRobot's teleop cycle."""
-    from bench.bench_bus import make_lerobot_bus  # noqa: PLC0415 - shared LeRobot setup
+    from bench.bench_bus import make_lerobot_bus
 
     out = []
     with tempfile.TemporaryDirectory(prefix="bench-noisy-lr-") as d:
@@ -120,7 +141,9 @@ def lerobot_section(seconds: float, corrupt_rate: float, modes: list[str]) -> li
             bus = make_lerobot_bus(str(ep.follower_path), reference_calibration("follower"))
             try:
                 goals = bus.sync_read("Present_Position", normalize=False, num_retry=2)
-                for label, rate, mode in [("clean", 0.0, "checksum")] + [(f"{corrupt_rate:.0%} {m}", corrupt_rate, m) for m in modes]:
+                for label, rate, mode in [("clean", 0.0, "checksum")] + [
+                    (f"{corrupt_rate:.0%} {m}", corrupt_rate, m) for m in modes
+                ]:
                     ep.control({"cmd": "corrupt", "arm": "follower", "rate": rate, "mode": mode})
                     k0 = ep.control({"cmd": "stats", "arm": "follower"})["stats"]["corrupted_replies"]
                     n = errors = 0
@@ -164,10 +187,14 @@ def _merge(runs: list[LoopRun]) -> dict[str, LoopRun]:
 
 def print_runs(title: str, runs: list[LoopRun]) -> dict[str, LoopRun]:
     print(title)
-    print(f"   {'bus':<14} {'rate Hz':>8} {'cycles':>7} {'retries':>8} {'failed':>7} {'errors':>7} {'fault':>6} {'overruns':>9} {'damaged':>8}")
+    print(
+        f"   {'bus':<14} {'rate Hz':>8} {'cycles':>7} {'retries':>8} {'failed':>7} {'errors':>7} {'fault':>6} {'overruns':>9} {'damaged':>8}"
+    )
     merged = _merge(runs)
     for r in merged.values():
-        print(f"   {r.label:<14} {r.rate_hz:>8.1f} {r.cycles:>7d} {r.retries:>8d} {r.failures:>7d} {r.follower_errors:>7d} {r.faults:>6d} {r.overruns:>9d} {r.corrupted:>8d}")
+        print(
+            f"   {r.label:<14} {r.rate_hz:>8.1f} {r.cycles:>7d} {r.retries:>8d} {r.failures:>7d} {r.follower_errors:>7d} {r.faults:>6d} {r.overruns:>9d} {r.corrupted:>8d}"
+        )
     return merged
 
 
@@ -185,19 +212,27 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown mode(s) {bad}; known: {', '.join(MODES)}")
     logging.basicConfig(level=logging.ERROR)
 
-    print_runs(f"1. our loop at {args.hz:g} Hz, {args.seconds:g} s per condition (clean runs interleaved)",
-                       loop_section(args.hz, False, args.seconds, args.rate, modes))
+    print_runs(
+        f"1. our loop at {args.hz:g} Hz, {args.seconds:g} s per condition (clean runs interleaved)",
+        loop_section(args.hz, False, args.seconds, args.rate, modes),
+    )
     print("   target: >= 95 Hz at 100 Hz with 2 % corruption, no failed read, no fault (clean/M: the clean")
     print("   slices interleaved with mode M's)")
     print()
-    free = print_runs(f"2. our loop free-running, {args.seconds:g} s per condition",
-                      loop_section(args.hz, True, args.seconds, args.rate, modes))
+    free = print_runs(
+        f"2. our loop free-running, {args.seconds:g} s per condition",
+        loop_section(args.hz, True, args.seconds, args.rate, modes),
+    )
     for mode in modes:
         noisy, clean = free[f"{args.rate:.0%} {mode}"], free[f"clean/{mode}"]
-        print(f"   free-running rate ratio {args.rate:.0%} {mode} / its clean slices: {noisy.rate_hz / clean.rate_hz:.3f} (target >= 0.85)")
+        print(
+            f"   free-running rate ratio {args.rate:.0%} {mode} / its clean slices: {noisy.rate_hz / clean.rate_hz:.3f} (target >= 0.85)"
+        )
     print()
     if not args.skip_lerobot:
-        print(f"3. LeRobot 0.6.1 FeetechMotorsBus teleop cycle (sync_read num_retry=2 + sync_write), free-running, {args.seconds:g} s each")
+        print(
+            f"3. LeRobot 0.6.1 FeetechMotorsBus teleop cycle (sync_read num_retry=2 + sync_write), free-running, {args.seconds:g} s each"
+        )
         print(f"   {'bus':<14} {'rate Hz':>8} {'cycles':>7} {'ConnectionError':>16} {'damaged':>8}")
         for label, hz, n, errors, damaged in lerobot_section(args.seconds, args.rate, modes):
             print(f"   {label:<14} {hz:>8.1f} {n:>7d} {errors:>16d} {damaged:>8d}")

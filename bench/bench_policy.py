@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle  # noqa: S403 - only to speak LeRobot's own async protocol to a server we started
+import pickle
 import re
 import socket
 import subprocess
@@ -69,7 +69,7 @@ from calibration.conventions import FEATURE_NAMES  # noqa: E402
 from daemon.policy.action_queue import QueueConfig  # noqa: E402
 from daemon.policy.runner import PolicyRunnerConfig, PolicySource  # noqa: E402
 from daemon.policy.tiny import make_synthetic_dataset, synthetic_frame, synthetic_pose, train_tiny_policy  # noqa: E402
-from daemon.recording.cameras import Frame  # noqa: E402
+from drivers.cameras import Frame  # noqa: E402
 
 H, W = 480, 640
 
@@ -404,7 +404,7 @@ def bench_lerobot(ckpt: Path, requests: int, server: LeRobotServerProc | None = 
             if not reply.data:
                 empty += 1
                 continue
-            actions = pickle.loads(reply.data)  # noqa: S301 - LeRobot's reply from our own server process
+            actions = pickle.loads(reply.data)
             dt = time.perf_counter() - t_start
             assert len(actions) == 100
             if i >= 3:
@@ -494,9 +494,9 @@ def bench_refill_round(ckpt: Path, rule: str, seconds: float) -> dict:
     from daemon.config import config_from_dict
     from daemon.control_client import ControlClient
     from daemon.policy.attach import queue_config_from
-    from daemon.recording.cameras import CameraConfig as CamCfg
-    from daemon.recording.cameras import VirtualArmCamera
     from daemon.service import Daemon
+    from drivers.cameras import CameraConfig as CamCfg
+    from drivers.cameras import VirtualArmCamera
     from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
     from drivers.feetech_arm import FeetechFollower, FeetechLeader
 

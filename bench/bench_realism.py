@@ -50,10 +50,12 @@ def loop_under(preset: str, seconds: float, rate_hz: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-realism-") as d:
         args = ["--realism", preset] if preset != "none" else []
         with EmulatorProcess(Path(d), leader_motion="demo", extra_args=args) as ep:
-            cfg = config_from_dict({
-                "control": {"rate_hz": rate_hz, "health_period_s": 0.5},
-                "socket": {"path": str(Path(d) / "unused.sock")},
-            })
+            cfg = config_from_dict(
+                {
+                    "control": {"rate_hz": rate_hz, "health_period_s": 0.5},
+                    "socket": {"path": str(Path(d) / "unused.sock")},
+                }
+            )
             leader = FeetechLeader(str(ep.leader_path), reference_calibration("leader"))
             follower = FeetechFollower(str(ep.follower_path), reference_calibration("follower"))
             loop = ControlLoop(leader, follower, cfg)
@@ -62,7 +64,9 @@ def loop_under(preset: str, seconds: float, rate_hz: float) -> dict:
                 end = time.monotonic() + 30
                 while not (loop.follower_link.connected and loop.leader_link.connected and loop.state.mode == "teleop"):
                     if time.monotonic() > end:
-                        raise RuntimeError(f"{preset}: loop did not reach teleop: {loop.state.mode} {loop.state.reason}")
+                        raise RuntimeError(
+                            f"{preset}: loop did not reach teleop: {loop.state.mode} {loop.state.reason}"
+                        )
                     time.sleep(0.02)
                 time.sleep(0.3)
                 loop.call(loop.stats.reset)
@@ -85,7 +89,9 @@ def loop_under(preset: str, seconds: float, rate_hz: float) -> dict:
 
 
 def baseline_bus_module(rev: str) -> ModuleType:
-    src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:drivers/feetech_bus.py"], capture_output=True, text=True, check=True).stdout
+    src = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{rev}:drivers/feetech_bus.py"], capture_output=True, text=True, check=True
+    ).stdout
     path = Path(tempfile.mkdtemp(prefix="bench-baseline-")) / "feetech_bus_baseline.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location("feetech_bus_baseline", path)
@@ -98,24 +104,23 @@ def baseline_bus_module(rev: str) -> ModuleType:
 def len_recovery(reads: int, rounds: int, baseline: str) -> dict[str, dict[str, list[float]]]:
     old = baseline_bus_module(baseline)
     out: dict[str, dict[str, list[float]]] = {n: {"damaged": [], "clean": []} for n in ("today", baseline)}
-    with tempfile.TemporaryDirectory(prefix="bench-len-") as d:
-        with EmulatorProcess(Path(d), leader=False) as ep:
-            buses = {"today": FeetechBus(str(ep.follower_path)), baseline: old.FeetechBus(str(ep.follower_path))}
-            per_round = max(1, reads // rounds)
-            for _ in range(rounds):
-                for name, bus in buses.items():
-                    bus.open()
-                    try:
-                        for _ in range(per_round):
-                            t0 = time.perf_counter()
-                            bus.sync_read("Present_Position", IDS)
-                            out[name]["clean"].append(time.perf_counter() - t0)
-                            ep.control({"cmd": "corrupt", "rate": 0.0, "mode": "len", "next": 1})
-                            t0 = time.perf_counter()
-                            bus.sync_read("Present_Position", IDS)
-                            out[name]["damaged"].append(time.perf_counter() - t0)
-                    finally:
-                        bus.close()
+    with tempfile.TemporaryDirectory(prefix="bench-len-") as d, EmulatorProcess(Path(d), leader=False) as ep:
+        buses = {"today": FeetechBus(str(ep.follower_path)), baseline: old.FeetechBus(str(ep.follower_path))}
+        per_round = max(1, reads // rounds)
+        for _ in range(rounds):
+            for name, bus in buses.items():
+                bus.open()
+                try:
+                    for _ in range(per_round):
+                        t0 = time.perf_counter()
+                        bus.sync_read("Present_Position", IDS)
+                        out[name]["clean"].append(time.perf_counter() - t0)
+                        ep.control({"cmd": "corrupt", "rate": 0.0, "mode": "len", "next": 1})
+                        t0 = time.perf_counter()
+                        bus.sync_read("Present_Position", IDS)
+                        out[name]["damaged"].append(time.perf_counter() - t0)
+                finally:
+                    bus.close()
     return out
 
 
@@ -125,27 +130,39 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=100.0, help="control rate (default 100 Hz)")
     ap.add_argument("--reads", type=int, default=100, help="damaged reads per driver (default 100)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaving rounds (default 5)")
-    ap.add_argument("--baseline", default=PRE_ISSUE_19, help=f"git revision of the driver to compare with (default {PRE_ISSUE_19})")
+    ap.add_argument(
+        "--baseline", default=PRE_ISSUE_19, help=f"git revision of the driver to compare with (default {PRE_ISSUE_19})"
+    )
     ap.add_argument("--skip-loop", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
 
     if not args.skip_loop:
         print(f"1. control loop at {args.rate:g} Hz behind emulated USB adapters ({args.seconds:g} s each)")
-        print(f"   {'preset':<10} {'rate Hz':>8} {'overruns':>9} {'cycles':>7} {'fread p50':>10} {'fread p99':>10}  rate_warning")
+        print(
+            f"   {'preset':<10} {'rate Hz':>8} {'overruns':>9} {'cycles':>7} {'fread p50':>10} {'fread p99':>10}  rate_warning"
+        )
         for preset in ("none", "ch343", "ftdi-1ms", "ftdi"):
             r = loop_under(preset, args.seconds, args.rate)
             warn = (r["warning"][:70] + "...") if r["warning"] else "-"
-            print(f"   {preset:<10} {r['rate_hz']:>8.1f} {r['overruns']:>9d} {r['cycles']:>7d} {r['fread_p50_ms']:>8.2f}ms {r['fread_p99_ms']:>8.2f}ms  {warn}")
+            print(
+                f"   {preset:<10} {r['rate_hz']:>8.1f} {r['overruns']:>9d} {r['cycles']:>7d} {r['fread_p50_ms']:>8.2f}ms {r['fread_p99_ms']:>8.2f}ms  {warn}"
+            )
         print()
 
-    print(f"2. six-servo sync read with servo 1's LEN byte corrupted: this tree vs {args.baseline} ({args.reads} reads each, interleaved)")
+    print(
+        f"2. six-servo sync read with servo 1's LEN byte corrupted: this tree vs {args.baseline} ({args.reads} reads each, interleaved)"
+    )
     res = len_recovery(args.reads, args.rounds, args.baseline)
     print(f"   {'driver':<10} {'damaged p50':>12} {'damaged p99':>12} {'clean p50':>10}")
     for name, r in res.items():
-        print(f"   {name:<10} {pct(r['damaged'], 50) * 1e3:>10.2f}ms {pct(r['damaged'], 99) * 1e3:>10.2f}ms {pct(r['clean'], 50) * 1e3:>8.2f}ms")
+        print(
+            f"   {name:<10} {pct(r['damaged'], 50) * 1e3:>10.2f}ms {pct(r['damaged'], 99) * 1e3:>10.2f}ms {pct(r['clean'], 50) * 1e3:>8.2f}ms"
+        )
     today, base = res["today"], res[args.baseline]
-    print(f"   damaged-read p50 ratio today/{args.baseline}: {pct(today['damaged'], 50) / pct(base['damaged'], 50):.3f}")
+    print(
+        f"   damaged-read p50 ratio today/{args.baseline}: {pct(today['damaged'], 50) / pct(base['damaged'], 50):.3f}"
+    )
     return 0
 
 

@@ -45,8 +45,16 @@ PERIOD_S = 0.01
 
 
 def state_at(t: float) -> np.ndarray:
-    return np.array([40 * np.sin(0.8 * t), 20 + 15 * np.sin(0.5 * t), -30 + 20 * np.cos(0.6 * t),
-                     10 * np.sin(1.1 * t), 90 * np.sin(0.3 * t), 50 + 45 * np.sin(1.5 * t)])
+    return np.array(
+        [
+            40 * np.sin(0.8 * t),
+            20 + 15 * np.sin(0.5 * t),
+            -30 + 20 * np.cos(0.6 * t),
+            10 * np.sin(1.1 * t),
+            90 * np.sin(0.3 * t),
+            50 + 45 * np.sin(1.5 * t),
+        ]
+    )
 
 
 class Loop:
@@ -111,7 +119,7 @@ class TreeMemory:
             for proc in [self.p, *self.p.children(recursive=True)]:
                 try:
                     total += proc.memory_info().rss
-                except Exception:  # noqa: BLE001 - a child that just exited
+                except Exception:
                     pass
             self.peak = max(self.peak, total)
             self._stop.wait(0.2)
@@ -123,7 +131,7 @@ class TreeMemory:
 
 
 def make_cameras(w: int, h: int):
-    from daemon.recording.cameras import CameraConfig, VirtualArmCamera
+    from drivers.cameras import CameraConfig, VirtualArmCamera
 
     return [VirtualArmCamera(CameraConfig(n, width=w, height=h, fps=30)) for n in ("front", "wrist")]
 
@@ -142,8 +150,9 @@ def video_frames(path: Path, from_s: float = 0.0, to_s: float = float("inf")) ->
 
 def episode_video_frames(ds, root: Path, e: int, key: str) -> int:
     ep = ds.meta.episodes[e]
-    return video_frames(root / ds.meta.get_video_file_path(e, key), ep[f"videos/{key}/from_timestamp"],
-                        ep[f"videos/{key}/to_timestamp"])
+    return video_frames(
+        root / ds.meta.get_video_file_path(e, key), ep[f"videos/{key}/from_timestamp"], ep[f"videos/{key}/to_timestamp"]
+    )
 
 
 def run_baseline(a, root: Path) -> dict:
@@ -159,8 +168,17 @@ def run_baseline(a, root: Path) -> dict:
     loop.stop()
     for c in cams:
         c.stop()
-    return {"periods": loop.periods, "costs": loop.costs, "gaps": [], "peak_rss": mem.stop(),
-            "rows": 0, "late": 0, "missing": 0, "dropped": 0, "durable_s": 0.0}
+    return {
+        "periods": loop.periods,
+        "costs": loop.costs,
+        "gaps": [],
+        "peak_rss": mem.stop(),
+        "rows": 0,
+        "late": 0,
+        "missing": 0,
+        "dropped": 0,
+        "durable_s": 0.0,
+    }
 
 
 def run_so101d(a, root: Path) -> dict:
@@ -174,7 +192,7 @@ def run_so101d(a, root: Path) -> dict:
     loop = Loop(lambda now, s: rec.on_cycle(now, s, s, s))
     loop.start()
     gaps = []
-    for i in range(a.episodes):
+    for _i in range(a.episodes):
         loop.measuring_idle = True  # same process, same minutes, cameras on, not recording
         time.sleep(min(10.0, a.episode_s / 2))
         loop.measuring_idle = False
@@ -200,14 +218,22 @@ def run_so101d(a, root: Path) -> dict:
     for e in range(ds.num_episodes):
         for key in ds.meta.video_keys:
             short += ds.meta.episodes[e]["length"] - episode_video_frames(ds, root, e, key)
-    return {"periods": loop.periods, "idle_periods": loop.idle_periods, "costs": loop.costs, "gaps": gaps,
-            "peak_rss": peak, "rows": int(ds.num_frames), "episodes": int(ds.num_episodes), "saved_ok": ok,
-            "late": sum(t.late_frames for t in tags.values()),
-            "missing": sum(t.missing_frames for t in tags.values()),
-            "dropped": short + st["counters"]["records_lost"],
-            "frames_without_pixels": st["counters"]["frames_without_pixels"],
-            "worst_skew_ms": max((t.worst_camera_skew_ms for t in tags.values()), default=0.0),
-            "durable_s": durable}
+    return {
+        "periods": loop.periods,
+        "idle_periods": loop.idle_periods,
+        "costs": loop.costs,
+        "gaps": gaps,
+        "peak_rss": peak,
+        "rows": int(ds.num_frames),
+        "episodes": int(ds.num_episodes),
+        "saved_ok": ok,
+        "late": sum(t.late_frames for t in tags.values()),
+        "missing": sum(t.missing_frames for t in tags.values()),
+        "dropped": short + st["counters"]["records_lost"],
+        "frames_without_pixels": st["counters"]["frames_without_pixels"],
+        "worst_skew_ms": max((t.worst_camera_skew_ms for t in tags.values()), default=0.0),
+        "durable_s": durable,
+    }
 
 
 def run_lerobot(a, root: Path, streaming: bool) -> dict:
@@ -220,9 +246,17 @@ def run_lerobot(a, root: Path, streaming: bool) -> dict:
     feats = dataset_features({c.name: (c.height, c.width) for c in cams})
     enc = RGBEncoderConfig(vcodec=a.lerobot_vcodec) if a.lerobot_vcodec else None
     mem = TreeMemory()
-    ds = LeRobotDataset.create("local/lerobot_bench", fps=30, features=feats, root=root, robot_type="so101_follower",
-                               use_videos=True, image_writer_threads=4 * len(cams), streaming_encoding=streaming,
-                               rgb_encoder=enc)
+    ds = LeRobotDataset.create(
+        "local/lerobot_bench",
+        fps=30,
+        features=feats,
+        root=root,
+        robot_type="so101_follower",
+        use_videos=True,
+        image_writer_threads=4 * len(cams),
+        streaming_encoding=streaming,
+        rgb_encoder=enc,
+    )
     for c in cams:
         c.start()
     state = {"recording": False, "next": 0.0, "t0": 0.0, "k": 0, "late": 0, "missing": 0, "last_seq": {}}
@@ -236,8 +270,12 @@ def run_lerobot(a, root: Path, streaming: bool) -> dict:
             state["t0"] = now
         if now - (state["t0"] + state["k"] / 30) > 1 / 60:
             state["late"] += 1
-        frame = {"observation.state": s.astype(np.float32), "action": s.astype(np.float32),
-                 "teleop.action": s.astype(np.float32), "task": "bench"}
+        frame = {
+            "observation.state": s.astype(np.float32),
+            "action": s.astype(np.float32),
+            "teleop.action": s.astype(np.float32),
+            "task": "bench",
+        }
         for c in cams:
             f = c.latest_frame()
             if f is None:
@@ -252,7 +290,7 @@ def run_lerobot(a, root: Path, streaming: bool) -> dict:
     loop.start()
     time.sleep(0.5)
     gaps = []
-    for i in range(a.episodes):
+    for _i in range(a.episodes):
         state.update(recording=True, k=0, next=0.0)
         loop.measuring = True
         time.sleep(a.episode_s)
@@ -273,9 +311,18 @@ def run_lerobot(a, root: Path, streaming: bool) -> dict:
     for e in range(ds2.num_episodes):
         for key in ds2.meta.video_keys:
             short += ds2.meta.episodes[e]["length"] - episode_video_frames(ds2, root, e, key)
-    return {"periods": loop.periods, "costs": loop.costs, "gaps": gaps, "peak_rss": peak,
-            "rows": int(ds2.num_frames), "episodes": int(ds2.num_episodes), "late": state["late"],
-            "missing": state["missing"], "dropped": short, "durable_s": durable}
+    return {
+        "periods": loop.periods,
+        "costs": loop.costs,
+        "gaps": gaps,
+        "peak_rss": peak,
+        "rows": int(ds2.num_frames),
+        "episodes": int(ds2.num_episodes),
+        "late": state["late"],
+        "missing": state["missing"],
+        "dropped": short,
+        "durable_s": durable,
+    }
 
 
 def one(mode: str, a) -> dict:
@@ -296,12 +343,17 @@ def summarize(r: dict) -> dict:
     costs = np.array(r["costs"]) * 1e6 if r["costs"] else np.zeros(1)
     idle = np.abs(np.array(r.get("idle_periods") or [PERIOD_S]) - PERIOD_S) * 1000
     return {
-        "jitter_p99_ms": float(np.percentile(dev, 99)), "jitter_max_ms": float(dev.max()),
+        "jitter_p99_ms": float(np.percentile(dev, 99)),
+        "jitter_max_ms": float(dev.max()),
         "idle_jitter_p99_ms": float(np.percentile(idle, 99)) if r.get("idle_periods") else None,
         "hook_p99_us": float(np.percentile(costs, 99)),
         "gap_max_s": max(r["gaps"]) if r["gaps"] else 0.0,
-        "rows": r.get("rows", 0), "late": r["late"], "missing": r["missing"], "dropped": r["dropped"],
-        "peak_rss_mb": r["peak_rss"] / 2**20, "durable_s": r["durable_s"],
+        "rows": r.get("rows", 0),
+        "late": r["late"],
+        "missing": r["missing"],
+        "dropped": r["dropped"],
+        "peak_rss_mb": r["peak_rss"] / 2**20,
+        "durable_s": r["durable_s"],
     }
 
 
@@ -320,8 +372,20 @@ def main() -> int:
         return 0
     results: dict[str, dict] = {}
     for mode in a.modes.split(","):
-        cmd = [sys.executable, __file__, "--run-one", mode, "--episodes", str(a.episodes), "--episode-s",
-               str(a.episode_s), "--width", str(a.width), "--height", str(a.height)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--run-one",
+            mode,
+            "--episodes",
+            str(a.episodes),
+            "--episode-s",
+            str(a.episode_s),
+            "--width",
+            str(a.width),
+            "--height",
+            str(a.height),
+        ]
         if a.lerobot_vcodec:
             cmd += ["--lerobot-vcodec", a.lerobot_vcodec]
         print(f"running {mode} ...", file=sys.stderr, flush=True)
@@ -332,28 +396,52 @@ def main() -> int:
             print(f"{mode} FAILED: {err[-1] if err else 'no output'}")
             continue
         results[mode] = json.loads(line[7:])
-    cols = ["jitter_p99_ms", "idle_jitter_p99_ms", "jitter_max_ms", "hook_p99_us", "gap_max_s", "rows", "late", "missing", "dropped",
-            "peak_rss_mb", "durable_s"]
-    print(f"{a.episodes} episodes x {a.episode_s:.0f} s, two {a.width}x{a.height} cameras at 30 fps, 100 Hz loop, "
-          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+    cols = [
+        "jitter_p99_ms",
+        "idle_jitter_p99_ms",
+        "jitter_max_ms",
+        "hook_p99_us",
+        "gap_max_s",
+        "rows",
+        "late",
+        "missing",
+        "dropped",
+        "peak_rss_mb",
+        "durable_s",
+    ]
+    print(
+        f"{a.episodes} episodes x {a.episode_s:.0f} s, two {a.width}x{a.height} cameras at 30 fps, 100 Hz loop, "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
+    )
     print(f"{'mode':<18}" + "".join(f"{c:>15}" for c in cols))
     for mode, r in results.items():
-        print(f"{mode:<18}" + "".join(f"{r[c]:>15.3f}" if isinstance(r[c], float) else f"{str(r[c] if r[c] is not None else '-'):>15}"
-                                      for c in cols))
+        print(
+            f"{mode:<18}"
+            + "".join(
+                f"{r[c]:>15.3f}" if isinstance(r[c], float) else f"{r[c] if r[c] is not None else '-'!s:>15}"
+                for c in cols
+            )
+        )
     ours = results.get("so101d")
     if ours:
         if ours.get("idle_jitter_p99_ms") is not None:
-            print(f"so101d jitter p99 recording minus not recording (same run, interleaved): "
-                  f"{ours['jitter_p99_ms'] - ours['idle_jitter_p99_ms']:+.3f} ms (target: within 0.5 ms)")
+            print(
+                f"so101d jitter p99 recording minus not recording (same run, interleaved): "
+                f"{ours['jitter_p99_ms'] - ours['idle_jitter_p99_ms']:+.3f} ms (target: within 0.5 ms)"
+            )
         if "baseline" in results:
-            print(f"so101d jitter p99 minus baseline run: {ours['jitter_p99_ms'] - results['baseline']['jitter_p99_ms']:+.3f} ms")
+            print(
+                f"so101d jitter p99 minus baseline run: {ours['jitter_p99_ms'] - results['baseline']['jitter_p99_ms']:+.3f} ms"
+            )
         for ref in ("lerobot", "lerobot-streaming"):
             if ref in results:
                 r = results[ref]
                 ratio = lambda k: (r[k] / ours[k]) if ours[k] else float("inf")  # noqa: E731
-                print(f"{ref}/so101d: inter-episode gap x{ratio('gap_max_s'):.0f}, jitter p99 x{ratio('jitter_p99_ms'):.1f}, "
-                      f"peak RSS x{ratio('peak_rss_mb'):.2f}; dropped {r['dropped']} vs {ours['dropped']}, "
-                      f"late {r['late']} vs {ours['late']}")
+                print(
+                    f"{ref}/so101d: inter-episode gap x{ratio('gap_max_s'):.0f}, jitter p99 x{ratio('jitter_p99_ms'):.1f}, "
+                    f"peak RSS x{ratio('peak_rss_mb'):.2f}; dropped {r['dropped']} vs {ours['dropped']}, "
+                    f"late {r['late']} vs {ours['late']}"
+                )
     return 0
 
 

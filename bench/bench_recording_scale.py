@@ -38,7 +38,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def rss_mb() -> float:
     with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 LEROBOT_CHILD = r"""
@@ -69,8 +69,13 @@ def lerobot_append(root: Path, frames: int, h: int, w: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="lr-scale-") as tmp:
         copy = Path(tmp) / "ds"
         shutil.copytree(root, copy)
-        r = subprocess.run([sys.executable, "-c", LEROBOT_CHILD, str(copy), str(frames), str(h), str(w)],
-                           capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=1800)
+        r = subprocess.run(
+            [sys.executable, "-c", LEROBOT_CHILD, str(copy), str(frames), str(h), str(w)],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, HF_HUB_OFFLINE="1"),
+            timeout=1800,
+        )
         if r.returncode != 0:
             return {"error": (r.stderr or r.stdout)[-400:]}
         return json.loads(r.stdout.strip().splitlines()[-1])
@@ -89,15 +94,14 @@ def main() -> None:
     import av
 
     av.logging.set_level(av.logging.ERROR)
-    import test_recording_scale as helpers
-
-    from daemon.recording.store import DatasetStore, StoreConfig
-
     # imports the writer process does at start-up (writer_main), not part of any commit
     import datasets  # noqa: F401
+    import test_recording_scale as helpers
     from lerobot.datasets.compute_stats import compute_episode_stats  # noqa: F401
     from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata  # noqa: F401
     from lerobot.datasets.video_utils import get_video_info  # noqa: F401
+
+    from daemon.recording.store import DatasetStore, StoreConfig
 
     checkpoints = sorted({int(c) for c in args.checkpoints.split(",") if int(c) <= args.episodes})
     tmp = Path(tempfile.mkdtemp(prefix="so101d-scale-"))
@@ -107,8 +111,10 @@ def main() -> None:
     store.repair()
     rows = []
     commit_s: list[float] = []
-    print(f"{args.episodes} episodes of {args.frames} frames, two {args.width}x{args.height} cameras, "
-          f"dataset in {root}", flush=True)
+    print(
+        f"{args.episodes} episodes of {args.frames} frames, two {args.width}x{args.height} cameras, dataset in {root}",
+        flush=True,
+    )
     try:
         for i in range(args.episodes):
             stage = helpers.stage_episode(store, i, args.frames)
@@ -117,7 +123,7 @@ def main() -> None:
             commit_s.append(time.perf_counter() - t0)
             n = i + 1
             if n in checkpoints:
-                window = commit_s[max(0, n - 10):n]  # the last (up to) 10 commits: less noise
+                window = commit_s[max(0, n - 10) : n]  # the last (up to) 10 commits: less noise
                 row = {"episode": n, "so101d_s": statistics.median(window), "so101d_rss_mb": rss_mb()}
                 if not args.no_lerobot:
                     lr = lerobot_append(root, args.frames, args.height, args.width)
@@ -126,26 +132,41 @@ def main() -> None:
                     if "error" in lr:
                         print(f"  lerobot failed at episode {n}: {lr['error']}", flush=True)
                 rows.append(row)
-                print(f"  episode {n}: so101d {row['so101d_s'] * 1000:.1f} ms"
-                      + (f", lerobot {row['lerobot_s']:.3f} s" if row.get("lerobot_s") else ""), flush=True)
+                print(
+                    f"  episode {n}: so101d {row['so101d_s'] * 1000:.1f} ms"
+                    + (f", lerobot {row['lerobot_s']:.3f} s" if row.get("lerobot_s") else ""),
+                    flush=True,
+                )
         store.release_ownership()
-        files = {p: len(list(root.glob(p))) for p in ("data/*/*.parquet", "videos/*/*/*.mp4", "meta/episodes/*/*.parquet")}
+        files = {
+            p: len(list(root.glob(p))) for p in ("data/*/*.parquet", "videos/*/*/*.mp4", "meta/episodes/*/*.parquet")
+        }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(tmp / ".ds.so101d-staging", ignore_errors=True)
 
     base = rows[0]
     print("\nsave->durable (median of the last <=10 commits for so101d) and RSS, ratio to episode 1")
-    print(f"{'episode':>8} {'so101d ms':>10} {'ratio':>6} {'RSS MB':>8} {'ratio':>6} | "
-          f"{'LeRobot s':>10} {'ratio':>6} {'peak RSS MB':>12}")
+    print(
+        f"{'episode':>8} {'so101d ms':>10} {'ratio':>6} {'RSS MB':>8} {'ratio':>6} | "
+        f"{'LeRobot s':>10} {'ratio':>6} {'peak RSS MB':>12}"
+    )
     for r in rows:
         lr = r.get("lerobot_s")
-        lr_txt = f"{lr:>10.3f} {lr / base['lerobot_s']:>6.2f} {r['lerobot_rss_mb']:>12.0f}" if lr and base.get("lerobot_s") else f"{'-':>10} {'-':>6} {'-':>12}"
-        print(f"{r['episode']:>8} {r['so101d_s'] * 1000:>10.1f} {r['so101d_s'] / base['so101d_s']:>6.2f} "
-              f"{r['so101d_rss_mb']:>8.0f} {r['so101d_rss_mb'] / base['so101d_rss_mb']:>6.2f} | {lr_txt}")
+        lr_txt = (
+            f"{lr:>10.3f} {lr / base['lerobot_s']:>6.2f} {r['lerobot_rss_mb']:>12.0f}"
+            if lr and base.get("lerobot_s")
+            else f"{'-':>10} {'-':>6} {'-':>12}"
+        )
+        print(
+            f"{r['episode']:>8} {r['so101d_s'] * 1000:>10.1f} {r['so101d_s'] / base['so101d_s']:>6.2f} "
+            f"{r['so101d_rss_mb']:>8.0f} {r['so101d_rss_mb'] / base['so101d_rss_mb']:>6.2f} | {lr_txt}"
+        )
     if rows[-1].get("lerobot_s"):
-        print(f"at episode {rows[-1]['episode']}: LeRobot / so101d save->durable = "
-              f"{rows[-1]['lerobot_s'] / rows[-1]['so101d_s']:.1f}x")
+        print(
+            f"at episode {rows[-1]['episode']}: LeRobot / so101d save->durable = "
+            f"{rows[-1]['lerobot_s'] / rows[-1]['so101d_s']:.1f}x"
+        )
     print("files:", ", ".join(f"{k} {v}" for k, v in files.items()))
 
 

@@ -63,7 +63,9 @@ def main() -> None:
     cycle_ns = 10e6  # 100 Hz
     print(f"bare python call            {base:8.0f} ns")
     print(f"gate.progress(), no systemd {t_off:8.0f} ns  ({t_off / base:.1f}x bare call)")
-    print(f"gate.progress(), armed      {t_armed:8.0f} ns  ({t_armed / base:.1f}x bare call, {armed.pets} pets in {N} cycles)")
+    print(
+        f"gate.progress(), armed      {t_armed:8.0f} ns  ({t_armed / base:.1f}x bare call, {armed.pets} pets in {N} cycles)"
+    )
     print(f"one WATCHDOG=1 datagram     {t_send:8.0f} ns  ({t_send / t_armed:.0f}x an armed progress() call)")
     print(f"armed progress() share of a 100 Hz cycle: {100 * t_armed / cycle_ns:.4f} %")
 

@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from drivers.sim_follower import SimFollower  # noqa: E402
 from sim_bridge.server import SimServerEndpoint  # noqa: E402
-from sim_bridge.sim_follower import SimFollower  # noqa: E402
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -172,8 +172,10 @@ def main() -> int:
             for frames in (False, True):
                 s = bridge_round_trip(bind, frames, args.samples)
                 rows.append((transport, frames, s))
-                print(f"  {transport:3s} {'2x320x240 frames' if frames else 'no frames       '}  "
-                      f"p50 {pct(s, 0.5) * 1e3:6.3f} ms  p99 {pct(s, 0.99) * 1e3:6.3f} ms  (n={len(s)})")
+                print(
+                    f"  {transport:3s} {'2x320x240 frames' if frames else 'no frames       '}  "
+                    f"p50 {pct(s, 0.5) * 1e3:6.3f} ms  p99 {pct(s, 0.99) * 1e3:6.3f} ms  (n={len(s)})"
+                )
     real = real_follower_cycle(args.samples)
     print("== real follower cycle on the emulated bus (write_goals + read_joints) ==")
     if isinstance(real, str):
@@ -182,18 +184,26 @@ def main() -> int:
         rp50, rp99 = pct(real, 0.5), pct(real, 0.99)
         print(f"  p50 {rp50 * 1e3:6.3f} ms  p99 {rp99 * 1e3:6.3f} ms  (n={len(real)})")
         for transport, frames, s in rows:
-            print(f"  ratio bridge/real  {transport} {'frames' if frames else 'plain '}: "
-                  f"p50 {pct(s, 0.5) / rp50:5.2f}  p99 {pct(s, 0.99) / rp99:5.2f}")
+            print(
+                f"  ratio bridge/real  {transport} {'frames' if frames else 'plain '}: "
+                f"p50 {pct(s, 0.5) / rp50:5.2f}  p99 {pct(s, 0.99) / rp99:5.2f}"
+            )
     print("== MuJoCo follower ==")
     m = mujoco_numbers(args.serve_s)
-    print(f"  real-time factor, 2 cameras 320x240 at 30 fps: {m['rtf_2cams']:.2f} "
-          f"({m['ms_per_frame_2cams']:.1f} ms per 33.3 ms frame, render {m['render_ms_2cams']:.1f} ms)")
-    print(f"  CPU time per frame, 2 cameras: {m['cpu_ms_per_frame_2cams']:.1f} ms -> real-time factor on an idle "
-          f"machine {m['rtf_cpu_2cams']:.2f} (load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+    print(
+        f"  real-time factor, 2 cameras 320x240 at 30 fps: {m['rtf_2cams']:.2f} "
+        f"({m['ms_per_frame_2cams']:.1f} ms per 33.3 ms frame, render {m['render_ms_2cams']:.1f} ms)"
+    )
+    print(
+        f"  CPU time per frame, 2 cameras: {m['cpu_ms_per_frame_2cams']:.1f} ms -> real-time factor on an idle "
+        f"machine {m['rtf_cpu_2cams']:.2f} (load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+    )
     print(f"  real-time factor, no cameras:                 {m['rtf_nocam']:.1f}")
-    print(f"  served at 30 Hz for {args.serve_s:.0f} s: {m['served_tick_hz']:.1f} ticks/s, {m['served_overruns']} overruns, "
-          f"{m['served_frames_per_s_per_cam']:.1f} frames/s per camera, "
-          f"round trip p50 {m['served_rtt_p50_ms']:.1f} ms p99 {m['served_rtt_p99_ms']:.1f} ms (includes waiting for the next tick)")
+    print(
+        f"  served at 30 Hz for {args.serve_s:.0f} s: {m['served_tick_hz']:.1f} ticks/s, {m['served_overruns']} overruns, "
+        f"{m['served_frames_per_s_per_cam']:.1f} frames/s per camera, "
+        f"round trip p50 {m['served_rtt_p50_ms']:.1f} ms p99 {m['served_rtt_p99_ms']:.1f} ms (includes waiting for the next tick)"
+    )
     return 0
 
 

@@ -1,8 +1,9 @@
-"""Calibration as data, and the one place where units are converted.
+"""Calibration as data, and the one place where units are converted (the bottom layer).
 
 - ``calibration_file``  LeRobot's per-arm calibration JSON: read, validate, write, locate
-- ``conventions``       raw ticks <-> LeRobot units <-> LeIsaac simulation radians
-- ``procedure``         the calibration procedure as a step-driven API (``CalibrationSession``)
-- ``servo_sync``        the calibration the servos hold: read, write, ``verify_against_servos``
-- ``cli``               ``so101d calibrate leader|follower`` (interactive) and ``--verify``
+- ``conventions``       the joint table; raw ticks <-> LeRobot units <-> LeIsaac simulation radians
+
+This package imports nothing else of ours (``.ci/check_imports.py``). What drives servos lives
+above it: the calibration registers in ``drivers.calibration_io``, the procedure in
+``daemon.calibration_procedure`` and ``so101d calibrate`` in ``daemon.commands.calibrate``.
 """

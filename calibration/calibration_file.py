@@ -57,7 +57,7 @@ class ArmCalibration:
         return {name: asdict(self.motors[name]) for name in JOINT_NAMES}
 
     @classmethod
-    def from_json_dict(cls, data: object, source: str = "<calibration>") -> "ArmCalibration":
+    def from_json_dict(cls, data: object, source: str = "<calibration>") -> ArmCalibration:
         """Validate a decoded JSON object; every problem names the source and the motor."""
         if not isinstance(data, dict):
             raise CalibrationError(f"{source}: expected a JSON object keyed by motor name, got {type(data).__name__}")
@@ -83,7 +83,9 @@ class ArmCalibration:
                 values[f] = v
             cal = MotorCalibration(**values)
             if cal.id != JOINT_IDS[name]:
-                raise CalibrationError(f"{source}: motor '{name}': id {cal.id}, expected {JOINT_IDS[name]} on an SO-101")
+                raise CalibrationError(
+                    f"{source}: motor '{name}': id {cal.id}, expected {JOINT_IDS[name]} on an SO-101"
+                )
             if cal.drive_mode not in (0, 1):
                 raise CalibrationError(f"{source}: motor '{name}': drive_mode {cal.drive_mode} is not 0 or 1")
             if not -2047 <= cal.homing_offset <= 2047:
@@ -163,8 +165,7 @@ def load_calibration(role: Role, arm_id: str, root: Path | None = None) -> ArmCa
     if path is None:
         expected = calibration_path(role, arm_id, root)
         raise CalibrationError(
-            f"no calibration for {role} '{arm_id}': expected {expected} "
-            f"(run `so101d calibrate {role} --id {arm_id}`)"
+            f"no calibration for {role} '{arm_id}': expected {expected} (run `so101d calibrate {role} --id {arm_id}`)"
         )
     return load_calibration_file(path)
 

@@ -26,12 +26,31 @@ ticks -> units -> ticks the identity. The difference from LeRobot is under one t
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover
-    from calibration.calibration_file import ArmCalibration
+
+class JointRange(Protocol):
+    """What a conversion needs of one joint's calibration (``calibration_file.MotorCalibration``)."""
+
+    @property
+    def range_min(self) -> int: ...
+    @property
+    def range_max(self) -> int: ...
+    @property
+    def drive_mode(self) -> int: ...
+
+
+class ArmRanges(Protocol):
+    """What a conversion needs of an arm's calibration: its joints by name.
+
+    ``calibration_file.ArmCalibration`` is one. Declared here, not imported, so this module sits
+    below the file format (the file module imports the joint table from here).
+    """
+
+    def __getitem__(self, joint: str) -> JointRange: ...
+
 
 JOINT_NAMES: tuple[str, ...] = (
     "shoulder_pan",
@@ -76,7 +95,7 @@ _MOTOR_LO = np.array([LEISAAC_MOTOR_LIMITS[n][0] for n in JOINT_NAMES])
 _MOTOR_HI = np.array([LEISAAC_MOTOR_LIMITS[n][1] for n in JOINT_NAMES])
 
 
-def _ranges(cal: "ArmCalibration") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _ranges(cal: ArmRanges) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     lo = np.array([cal[n].range_min for n in JOINT_NAMES], dtype=np.float64)
     hi = np.array([cal[n].range_max for n in JOINT_NAMES], dtype=np.float64)
     drive = np.array([cal[n].drive_mode for n in JOINT_NAMES], dtype=bool)
@@ -86,7 +105,7 @@ def _ranges(cal: "ArmCalibration") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 # ---------------------------------------------------------------------------------------------
 # ticks <-> LeRobot units
 # ---------------------------------------------------------------------------------------------
-def ticks_to_units(ticks: np.ndarray, cal: "ArmCalibration", body_mode: BodyMode = "degrees") -> np.ndarray:
+def ticks_to_units(ticks: np.ndarray, cal: ArmRanges, body_mode: BodyMode = "degrees") -> np.ndarray:
     """Present_Position ticks (6,) -> LeRobot units (6,), exactly as LeRobot 0.6.1 normalises.
 
     Body joints: degrees from the middle of the calibrated range (not clamped), or
@@ -111,7 +130,7 @@ def ticks_to_units(ticks: np.ndarray, cal: "ArmCalibration", body_mode: BodyMode
     return out
 
 
-def units_to_ticks(units: np.ndarray, cal: "ArmCalibration", body_mode: BodyMode = "degrees") -> np.ndarray:
+def units_to_ticks(units: np.ndarray, cal: ArmRanges, body_mode: BodyMode = "degrees") -> np.ndarray:
     """LeRobot units (6,) -> Goal_Position ticks (6,), int64, the inverse of ``ticks_to_units``.
 
     Non-finite input raises ValueError: NaN or inf must never reach a bus.
@@ -141,7 +160,7 @@ def units_to_ticks(units: np.ndarray, cal: "ArmCalibration", body_mode: BodyMode
     return np.rint(out).astype(np.int64)
 
 
-def unit_limits(cal: "ArmCalibration", body_mode: BodyMode = "degrees") -> tuple[np.ndarray, np.ndarray]:
+def unit_limits(cal: ArmRanges, body_mode: BodyMode = "degrees") -> tuple[np.ndarray, np.ndarray]:
     """(lower, upper) reachable positions in LeRobot units from an arm's calibrated ranges."""
     lo, hi, _ = _ranges(cal)
     a = ticks_to_units(lo, cal, body_mode)
@@ -150,7 +169,7 @@ def unit_limits(cal: "ArmCalibration", body_mode: BodyMode = "degrees") -> tuple
 
 
 def leader_ticks_to_follower_ticks(
-    leader_ticks: np.ndarray, leader_cal: "ArmCalibration", follower_cal: "ArmCalibration"
+    leader_ticks: np.ndarray, leader_cal: ArmRanges, follower_cal: ArmRanges
 ) -> np.ndarray:
     """Map a leader pose onto the follower through both arms' own calibrations.
 
@@ -217,7 +236,7 @@ SimMapping = Literal["degrees", "leisaac"]
 SIM_MAPPINGS: tuple[str, ...] = ("degrees", "leisaac")
 
 
-def leader_units_to_leisaac_sim_units(leader_units: np.ndarray, leader_cal: "ArmCalibration") -> np.ndarray:
+def leader_units_to_leisaac_sim_units(leader_units: np.ndarray, leader_cal: ArmRanges) -> np.ndarray:
     """``sim_mapping = "leisaac"``: the sim follower's units (see ``sim_rad_to_units``) for a leader
     reading, exactly as LeIsaac maps its own SO-101 leader.
 
@@ -243,7 +262,7 @@ def leader_units_to_leisaac_sim_units(leader_units: np.ndarray, leader_cal: "Arm
     return sim_rad_to_units(normalized_to_sim_rad(normalized))
 
 
-def map_leader_to_sim(leader_units: np.ndarray, mapping: SimMapping, leader_cal: "ArmCalibration | None") -> np.ndarray:
+def map_leader_to_sim(leader_units: np.ndarray, mapping: SimMapping, leader_cal: ArmRanges | None) -> np.ndarray:
     """The sim follower's target for a leader reading under ``mapping``.
 
     ``degrees`` (the default): LeRobot degrees are the sim's degrees (angles kept, each joint's

@@ -19,17 +19,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("daemon.commands.status", "show the running daemon's status"),
     "teleop": ("daemon.commands.teleop", "start or stop teleoperation (stop = hold)"),
     "torque": ("daemon.commands.torque", "switch the follower's torque on or off"),
-    "policy": ("daemon.commands.policy", "load, start, stop a local policy (inference next to the servos); check, serve"),
+    "policy": (
+        "daemon.commands.policy",
+        "load, start, stop a local policy (inference next to the servos); check, serve",
+    ),
     # hardware and calibration
-    "calibrate": ("calibration.cli", "calibrate a leader or follower arm"),
-    "doctor": ("daemon.commands.doctor", "bring-up check of the arms (read-only; --power-cycle proves settings persist)"),
+    "calibrate": ("daemon.commands.calibrate", "calibrate a leader or follower arm"),
+    "doctor": (
+        "daemon.commands.doctor",
+        "bring-up check of the arms (read-only; --power-cycle proves settings persist)",
+    ),
     "emulate": ("drivers.emulator.cli", "serve emulated SO-101 arms on pseudo-terminals"),
     "find-ports": ("daemon.commands.find_ports", "identify the leader's and follower's serial ports; write udev rules"),
     "install-service": ("daemon.commands.install_service", "install the systemd unit, udev rules and configuration"),
     "sim-follower": ("sim_bridge.cli", "serve a simulated follower (MuJoCo) for the daemon over ZeroMQ"),
     # datasets
     "episode": ("daemon.commands.episode", "start, save (--success/--failure) or discard an episode"),
-    "record": ("daemon.commands.record", "record a session of N episodes (keys: enter save, f failure, backspace redo)"),
+    "record": (
+        "daemon.commands.record",
+        "record a session of N episodes (keys: enter save, f failure, backspace redo)",
+    ),
     "dataset": ("daemon.commands.dataset", "summarise a dataset (real / sim / generated episodes)"),
     "export-hdf5": ("daemon.commands.export_hdf5", "export episodes as Isaac Lab Mimic seed demos (HDF5)"),
     "import-hdf5": ("daemon.commands.import_hdf5", "import Isaac Lab / LeIsaac HDF5 demos into a dataset"),

@@ -91,7 +91,9 @@ class ControlConfig:
     health_period_s: float = 0.5  # how often follower health registers (temperature, load...) are read
     reconnect_backoff_min_s: float = 0.2  # retry a lost arm after this, doubling...
     reconnect_backoff_max_s: float = 2.0  # ...up to this
-    realtime_priority: int = 0  # 1..99: run the loop thread SCHED_FIFO at this priority (needs CAP_SYS_NICE / LimitRTPRIO); 0: off
+    realtime_priority: int = (
+        0  # 1..99: run the loop thread SCHED_FIFO at this priority (needs CAP_SYS_NICE / LimitRTPRIO); 0: off
+    )
 
 
 @dataclass
@@ -103,7 +105,9 @@ class SafetyConfig:
     max_step_gripper_pct: float = 20.0  # per-cycle step limit of the gripper (percent of range)
     leader_stale_s: float = 0.1  # leader unreadable this long -> follower holds its measured pose
     on_fault: Literal["hold", "torque_off"] = "hold"  # reaction to overload/overheat/voltage/missing servo
-    fault_bits: int = 1 | 4 | 8 | 32  # STS3215 status bits that count as a fault (voltage, overheat, overcurrent, overload)
+    fault_bits: int = (
+        1 | 4 | 8 | 32
+    )  # STS3215 status bits that count as a fault (voltage, overheat, overcurrent, overload)
     max_temperature_c: float = 70.0  # a servo hotter than this is a fault
 
 
@@ -152,7 +156,9 @@ class PolicyConfig:
     action_fps: float = 30.0  # rate of the policy's actions (the training dataset's fps)
     merge: Literal["latest", "average"] = "latest"  # overlapping chunks: newest wins, or temporal ensembling
     ensemble_coeff: float = 0.01  # merge = "average": weight exp(-coeff * i), i = 0 the oldest chunk
-    refill_below: int = 10  # floor: also ask when this few usable actions remain (main rule: usable horizon vs measured latency)
+    refill_below: int = (
+        10  # floor: also ask when this few usable actions remain (main rule: usable horizon vs measured latency)
+    )
     max_obs_age_s: float = 1.0  # actions computed from an older observation are dropped
     record: bool = True  # with [recording] enabled, `policy start` records an evaluation episode
     # Where the forward pass runs: "local" (a worker process here) or "lerobot-server" (LeRobot's
@@ -265,7 +271,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {_describe(value)}")
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(key, value, tp)
     raise ConfigError(f"{key}: unsupported type {tp!r}")  # a bug in a dataclass, not in the file
 
@@ -397,8 +403,23 @@ def dump_toml(cfg: Config) -> str:
 
 
 __all__ = [
-    "CalibrationConfig", "CameraConfig", "Config", "ConfigError", "ControlConfig", "FollowerConfig",
-    "LeaderConfig", "LeisaacRemoteLeaderConfig", "PolicyConfig", "RecordingConfig", "SafetyConfig",
-    "ServiceConfig", "SocketConfig", "config_from_dict", "default_socket_path", "dump_toml",
-    "load_config", "validate", "JOINT_NAMES",
+    "JOINT_NAMES",
+    "CalibrationConfig",
+    "CameraConfig",
+    "Config",
+    "ConfigError",
+    "ControlConfig",
+    "FollowerConfig",
+    "LeaderConfig",
+    "LeisaacRemoteLeaderConfig",
+    "PolicyConfig",
+    "RecordingConfig",
+    "SafetyConfig",
+    "ServiceConfig",
+    "SocketConfig",
+    "config_from_dict",
+    "default_socket_path",
+    "dump_toml",
+    "load_config",
+    "validate",
 ]

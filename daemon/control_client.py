@@ -45,7 +45,7 @@ class ControlClient:
         self._sock: socket.socket | None = None
         self._buf = bytearray()
 
-    def connect(self) -> "ControlClient":
+    def connect(self) -> ControlClient:
         """Connect; a daemon momentarily not accepting (its listen backlog full: EAGAIN on Linux,
         ECONNREFUSED elsewhere, or a daemon restarting) is retried with a short backoff for up to
         ``connect_retry_s``; no socket file or no permission fail at once."""
@@ -58,7 +58,9 @@ class ControlClient:
                 s.connect(self.path)
             except FileNotFoundError:
                 s.close()
-                raise DaemonUnavailable(f"no daemon socket at {self.path} (is `so101d run` running? see --socket)") from None
+                raise DaemonUnavailable(
+                    f"no daemon socket at {self.path} (is `so101d run` running? see --socket)"
+                ) from None
             except PermissionError:
                 s.close()
                 raise DaemonUnavailable(f"permission denied on {self.path} (are you in the daemon's group?)") from None
@@ -80,7 +82,7 @@ class ControlClient:
             self._sock.close()
             self._sock = None
 
-    def __enter__(self) -> "ControlClient":
+    def __enter__(self) -> ControlClient:
         return self.connect() if self._sock is None else self
 
     def __exit__(self, *exc: object) -> None:
@@ -161,24 +163,30 @@ class ControlClient:
 
 def _not_accepting(path: str, exc: OSError, waited_s: float) -> str:
     if isinstance(exc, BlockingIOError):
-        return (f"the daemon at {path} is not accepting connections (its listen backlog stayed full for "
-                f"{waited_s:g} s: is it stuck? see its log)")
-    return (f"the daemon at {path} is not accepting connections (refused for {waited_s:g} s: not running, "
-            "a socket file left by a crash, or stuck)")
+        return (
+            f"the daemon at {path} is not accepting connections (its listen backlog stayed full for "
+            f"{waited_s:g} s: is it stuck? see its log)"
+        )
+    return (
+        f"the daemon at {path} is not accepting connections (refused for {waited_s:g} s: not running, "
+        "a socket file left by a crash, or stuck)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # helpers shared by the CLI verbs
 # ---------------------------------------------------------------------------------------------
 def add_socket_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--socket", metavar="PATH", help="control socket (default: from --config, else the default path)")
+    parser.add_argument(
+        "--socket", metavar="PATH", help="control socket (default: from --config, else the default path)"
+    )
     parser.add_argument("--config", metavar="FILE", help="daemon configuration whose [socket] path to use")
 
 
 def socket_path_from_args(args: argparse.Namespace) -> str:
     if getattr(args, "socket", None):
         return args.socket
-    from daemon.config import SERVICE_SOCKET_PATH, load_config  # noqa: PLC0415
+    from daemon.config import SERVICE_SOCKET_PATH, load_config
 
     path = load_config(getattr(args, "config", None)).socket.resolved_path()
     if getattr(args, "config", None) is None and not os.path.exists(path) and os.path.exists(SERVICE_SOCKET_PATH):
@@ -200,7 +208,7 @@ def run_simple(
     ``label`` names the verb in error messages (default ``cmd``); ``render`` turns an ok reply
     into the printed text (default: the reply's message).
     """
-    import sys  # noqa: PLC0415
+    import sys
 
     try:
         with ControlClient(socket_path_from_args(args)) as c:

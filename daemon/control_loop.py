@@ -49,7 +49,15 @@ from calibration.conventions import JOINT_NAMES, NUM_JOINTS
 from daemon.logs import RateLimitedLogger
 from daemon.safety import ControllerState, CycleInputs, CycleOutput, SafetyParams, update
 from daemon.stats import LoopStats
-from drivers.arm_interface import ArmError, ArmHealth, FollowerArm, HandshakeError, LeaderArm, OverloadLatchedError, PortGoneError
+from drivers.arm_interface import (
+    ArmError,
+    ArmHealth,
+    FollowerArm,
+    HandshakeError,
+    LeaderArm,
+    OverloadLatchedError,
+    PortGoneError,
+)
 from drivers.sts3215_table import describe_error_bits
 
 log = logging.getLogger("so101d.loop")
@@ -79,8 +87,9 @@ class CycleHook(Protocol):
     Must cost microseconds and never block; it may keep the arrays (they are not reused).
     """
 
-    def on_cycle(self, now_monotonic_s: float, state_units: np.ndarray, action_units: np.ndarray,
-                 teleop_action_units: np.ndarray) -> None: ...
+    def on_cycle(
+        self, now_monotonic_s: float, state_units: np.ndarray, action_units: np.ndarray, teleop_action_units: np.ndarray
+    ) -> None: ...
 
 
 # -------------------------------------------------------------------------------------------------
@@ -93,8 +102,14 @@ class ArmLink:
     when ``connected`` is True. ``lost()`` is called by whoever saw it fail.
     """
 
-    def __init__(self, name: str, arm: Any, backoff_min_s: float, backoff_max_s: float,
-                 on_connect: Callable[[Any], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        arm: Any,
+        backoff_min_s: float,
+        backoff_max_s: float,
+        on_connect: Callable[[Any], None] | None = None,
+    ) -> None:
         self.name = name
         self.arm = arm
         self.backoff_min_s = backoff_min_s
@@ -133,7 +148,9 @@ class ArmLink:
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
                 return
-            self._thread = threading.Thread(target=self._connect_loop, args=(first,), name=f"so101d-connect-{self.name}", daemon=True)
+            self._thread = threading.Thread(
+                target=self._connect_loop, args=(first,), name=f"so101d-connect-{self.name}", daemon=True
+            )
             self._thread.start()
 
     def _connect_loop(self, first: bool) -> None:
@@ -151,22 +168,28 @@ class ArmLink:
                     if not first:
                         try:
                             self.arm.close()
-                        except Exception:  # noqa: BLE001 - closing a dead port may fail any way
+                        except Exception:
                             pass
                     self.arm.connect()
                 if self.on_connect is not None:
                     self.on_connect(self.arm)
-            except Exception as exc:  # noqa: BLE001 - any failure here means "not yet"; keep trying
+            except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 # Some servos answer but not all (or a wrong model): that arm has a fault, not
                 # just a missing cable. Nothing answering at all is a port/power matter.
                 if isinstance(exc, HandshakeError) and "ids answering: none" not in str(exc):
                     self.handshake_fault = str(exc)
-                _rl.warning(f"connect.{self.name}", "%s: cannot connect (%s); next try in %.1f s", self.name, self.last_error, delay)
+                _rl.warning(
+                    f"connect.{self.name}",
+                    "%s: cannot connect (%s); next try in %.1f s",
+                    self.name,
+                    self.last_error,
+                    delay,
+                )
                 if first:
                     try:
                         self.arm.close()
-                    except Exception:  # noqa: BLE001
+                    except Exception:
                         pass
                 if self._stop.wait(delay):
                     return
@@ -244,8 +267,15 @@ class ControlLoop:
     ``leader`` may be None (policy-only or sim-only setups); ``follower`` is required.
     """
 
-    def __init__(self, leader: LeaderArm | None, follower: FollowerArm, cfg: Any, *,
-                 free_run: bool = False, spin_s: float = _SPIN_S) -> None:
+    def __init__(
+        self,
+        leader: LeaderArm | None,
+        follower: FollowerArm,
+        cfg: Any,
+        *,
+        free_run: bool = False,
+        spin_s: float = _SPIN_S,
+    ) -> None:
         """``cfg`` is a ``daemon.config.Config``; ``free_run`` drops the sleep (benchmarks)."""
         self.cfg = cfg
         self.period_s = 1.0 / cfg.control.rate_hz
@@ -254,8 +284,18 @@ class ControlLoop:
         self.overlap_io = cfg.control.overlap_io
         self.stats = LoopStats()
         c = cfg.control
-        self.leader_link = ArmLink("leader", leader, c.reconnect_backoff_min_s, c.reconnect_backoff_max_s) if leader is not None else None
-        self.follower_link = ArmLink("follower", follower, c.reconnect_backoff_min_s, c.reconnect_backoff_max_s, on_connect=self._follower_connected)
+        self.leader_link = (
+            ArmLink("leader", leader, c.reconnect_backoff_min_s, c.reconnect_backoff_max_s)
+            if leader is not None
+            else None
+        )
+        self.follower_link = ArmLink(
+            "follower",
+            follower,
+            c.reconnect_backoff_min_s,
+            c.reconnect_backoff_max_s,
+            on_connect=self._follower_connected,
+        )
         self.follower_kind = getattr(follower, "kind", "?")
         self.params: SafetyParams | None = None
         self.state = ControllerState()
@@ -378,7 +418,7 @@ class ControlLoop:
                 arm.set_torque(True)
                 # torque is back at the present pose: a fault that persists must hold *this* pose,
                 # not the one captured when it began (a joint may have moved while limp)
-                from dataclasses import replace  # noqa: PLC0415
+                from dataclasses import replace
 
                 self.state = replace(self.state, torque_on=True, hold_pose=pose, command=pose)
                 self._read_health(_MONO())
@@ -457,7 +497,7 @@ class ControlLoop:
             if link is not None:
                 try:
                     link.arm.close()
-                except Exception as exc:  # noqa: BLE001 - closing must not prevent the rest
+                except Exception as exc:
                     log.warning("%s: close failed: %s", link.name, exc)
         self.stopped.set()
 
@@ -474,7 +514,7 @@ class ControlLoop:
                 if self.params is not None and np.all(np.isfinite(pose)):
                     link.arm.write_goals(np.clip(pose, self.params.lower, self.params.upper))
                 log.info("follower holding its pose (shutdown)")
-        except Exception as exc:  # noqa: BLE001 - report and go on stopping
+        except Exception as exc:
             log.error("follower shutdown action failed: %s", exc)
 
     # ------------------------------------------------------------------ connect callbacks
@@ -507,7 +547,7 @@ class ControlLoop:
                 link.lost(f"no valid reply for {now - self._leader_fail_since:.1f} s: {exc}")
                 self._leader_fail_since = None
             return
-        except Exception as exc:  # noqa: BLE001 - a driver bug must not kill the loop
+        except Exception as exc:
             self.leader_errors += 1
             log.exception("leader read raised an unexpected error")
             link.lost(f"{type(exc).__name__}: {exc}")
@@ -529,7 +569,7 @@ class ControlLoop:
                     self._realign_pending = True
                     log.info("follower scene reset: re-aligning from the reset pose")
                 self._scene_resets_seen = resets
-        except Exception as exc:  # noqa: BLE001 - classified below
+        except Exception as exc:
             self.follower_errors += 1
             missing = getattr(exc, "missing_ids", None)
             # Some servos silent while others answer: a servo is off the bus. All of them silent is
@@ -596,7 +636,7 @@ class ControlLoop:
                 continue
             try:
                 fut.set_result(fn())
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            except BaseException as exc:
                 fut.set_exception(exc)
 
     def cycle(self, now: float) -> None:
@@ -627,22 +667,26 @@ class ControlLoop:
                 for fn in self._leader_hooks:
                     try:
                         fn(now, lu)
-                    except Exception as exc:  # noqa: BLE001
+                    except Exception as exc:
                         self.hook_errors += 1
                         _rl.error("hook.leader", "leader hook failed: %r", exc)
         # 2. update (pure)
         t_u = _MONO()
         # a pose measured before the link's last (re)connect is not this arm's pose any more (the
         # connect thread may flip ``connected`` after this cycle's read was skipped)
-        follower_ok = (follower_link.connected and self.measured is not None and self.measured_at_s >= follower_link.since_s
-                       and (now - self.measured_at_s) <= max(0.5, self.cfg.safety.leader_stale_s * 5))
+        follower_ok = (
+            follower_link.connected
+            and self.measured is not None
+            and self.measured_at_s >= follower_link.since_s
+            and (now - self.measured_at_s) <= max(0.5, self.cfg.safety.leader_stale_s * 5)
+        )
         if self.intent == "policy":
             src = self.policy_source
             tgt = None
             if src is not None and self.measured is not None:
                 try:
                     tgt = src.target(now, self.measured)
-                except Exception as exc:  # noqa: BLE001 - a policy bug must not kill the loop: hold
+                except Exception as exc:
                     self.hook_errors += 1
                     _rl.error("policy.target", "policy target failed (holding): %r", exc)
             target, age, name = tgt, (0.0 if tgt is not None else math.inf), "policy"
@@ -653,12 +697,26 @@ class ControlLoop:
         if params is None or not follower_ok:
             # a fault seen just before the link went (a servo dropping off the bus) stays latched
             fault = self.state.fault or self.fault_now or follower_link.handshake_fault
-            out = CycleOutput(ControllerState(mode="disconnected", fault=fault,
-                                              reason="follower not connected" if not follower_link.connected else "no follower pose"), None, None)
+            out = CycleOutput(
+                ControllerState(
+                    mode="disconnected",
+                    fault=fault,
+                    reason="follower not connected" if not follower_link.connected else "no follower pose",
+                ),
+                None,
+                None,
+            )
         else:
             inputs = CycleInputs(
-                intent=self.intent, torque_wanted=self.torque_wanted, follower_ok=True, measured=self.measured,
-                target=target, target_age_s=age, fault_now=self.fault_now, clear_fault=self._clear_fault, target_name=name,
+                intent=self.intent,
+                torque_wanted=self.torque_wanted,
+                follower_ok=True,
+                measured=self.measured,
+                target=target,
+                target_age_s=age,
+                fault_now=self.fault_now,
+                clear_fault=self._clear_fault,
+                target_name=name,
                 dt_s=(now - self._prev_cycle_s) if self._prev_cycle_s is not None else None,
                 realign=self._realign_pending,
             )
@@ -677,7 +735,13 @@ class ControlLoop:
         stats.update.add(t_w - t_u)
         if out.state.mode != prev_mode:
             new = out.state.mode
-            lvl = logging.ERROR if new == "fault" else logging.WARNING if new in ("disconnected", "hold") and self.intent != "hold" else logging.INFO
+            lvl = (
+                logging.ERROR
+                if new == "fault"
+                else logging.WARNING
+                if new in ("disconnected", "hold") and self.intent != "hold"
+                else logging.INFO
+            )
             log.log(lvl, "mode %s -> %s (%s)", prev_mode, new, out.state.reason)
         # 3. write
         if follower_link.connected and (out.torque is not None or out.command is not None):
@@ -693,7 +757,7 @@ class ControlLoop:
             for fn in self._hooks:
                 try:
                     fn(now, self.measured, action, raw)
-                except Exception as exc:  # noqa: BLE001 - a hook must never stop the arm
+                except Exception as exc:
                     self.hook_errors += 1
                     _rl.error("hook.cycle", "cycle hook failed: %r", exc)
             stats.hooks.add(_MONO() - t_h)
@@ -717,7 +781,7 @@ class ControlLoop:
                 log.warning("follower torque off (%s)", out.state.reason)
             if out.command is not None:
                 arm.write_goals(out.command)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self.follower_errors += 1
             if out.torque is not None:
                 self.state = _replace_torque(self.state, None)  # unknown: ask again next cycle
@@ -740,7 +804,11 @@ class ControlLoop:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(prio))
             log.info("control loop thread: SCHED_FIFO priority %d", prio)
         except (OSError, AttributeError) as exc:
-            log.warning("control.realtime_priority = %d: cannot switch to SCHED_FIFO (%s); running with normal priority", prio, exc)
+            log.warning(
+                "control.realtime_priority = %d: cannot switch to SCHED_FIFO (%s); running with normal priority",
+                prio,
+                exc,
+            )
 
     def _run(self) -> None:
         self._set_realtime()
@@ -782,8 +850,13 @@ class ControlLoop:
                         skipped = int(late // period)
                         self.missed_cycles += skipped
                         deadline += skipped * period
-                    _rl.warning("overrun", "control cycle overran its period by %.2f ms (%d overruns so far, %d periods skipped)",
-                                late * 1000.0, self.overruns, self.missed_cycles)
+                    _rl.warning(
+                        "overrun",
+                        "control cycle overran its period by %.2f ms (%d overruns so far, %d periods skipped)",
+                        late * 1000.0,
+                        self.overruns,
+                        self.missed_cycles,
+                    )
         except BaseException:
             log.exception("control loop crashed; follower will be shut down")
             raise
@@ -834,10 +907,9 @@ class ControlLoop:
             return _MONO()
         now = _MONO()
         remaining = deadline - now
-        if remaining > self.spin_s:
-            # wake early on stop so shutdown is prompt
-            if self._stop.wait(remaining - self.spin_s):
-                return _MONO()
+        # wake early on stop so shutdown is prompt
+        if remaining > self.spin_s and self._stop.wait(remaining - self.spin_s):
+            return _MONO()
         now = _MONO()
         while now < deadline:
             now = _MONO()
@@ -873,7 +945,9 @@ class ControlLoop:
                 "losses": link.losses,
                 "last_error": link.last_error,
                 "configure_warnings": list(getattr(link.arm, "configure_warnings", []) or []),
-                "bus": None if counters is None else {k: getattr(counters, k) for k in ("transactions", "retries", "failures", "reconnects")},
+                "bus": None
+                if counters is None
+                else {k: getattr(counters, k) for k in ("transactions", "retries", "failures", "reconnects")},
             }
 
         health = self.health
@@ -881,8 +955,12 @@ class ControlLoop:
         if health is not None:
             servos = {
                 name: {
-                    "temperature_c": h.temperature_c, "voltage_v": h.voltage_v, "load_pct": h.load_pct,
-                    "current_ma": h.current_ma, "status": h.status_bits, "torque": h.torque_enabled,
+                    "temperature_c": h.temperature_c,
+                    "voltage_v": h.voltage_v,
+                    "load_pct": h.load_pct,
+                    "current_ma": h.current_ma,
+                    "status": h.status_bits,
+                    "torque": h.torque_enabled,
                 }
                 for name, h in health.servos.items()
             }
@@ -907,7 +985,10 @@ class ControlLoop:
             "rate_warning": self.rate_warning,
             "power_cycle_required": self.power_cycle_required,
             "safety": {
-                **{k: getattr(self.cfg.safety, k) for k in ("align_speed_deg_s", "max_step_deg", "leader_stale_s", "on_fault")},
+                **{
+                    k: getattr(self.cfg.safety, k)
+                    for k in ("align_speed_deg_s", "max_step_deg", "leader_stale_s", "on_fault")
+                },
                 "fault_latched": st.fault,  # stays until the operator clears it
                 "fault_now": self.fault_now,  # what the servos report right now
                 "limited_cycles": self.limited_cycles,
@@ -917,7 +998,11 @@ class ControlLoop:
             "leader": link_status(self.leader_link),
             "follower": link_status(self.follower_link),
             "leader_age_s": None if math.isinf(self.leader_read_at_s) else round(now - self.leader_read_at_s, 4),
-            "joints": {"leader": joints(self.leader_units), "follower": joints(self.measured), "command": joints(self.command)},
+            "joints": {
+                "leader": joints(self.leader_units),
+                "follower": joints(self.measured),
+                "command": joints(self.command),
+            },
             "servos": servos,
             "missing_servos": list(health.missing) if health is not None else [],
             "health_age_s": None if health is None else round(now - health.read_at_s, 3) if health.read_at_s else None,
@@ -925,6 +1010,6 @@ class ControlLoop:
 
 
 def _replace_torque(state: ControllerState, torque: bool | None) -> ControllerState:
-    from dataclasses import replace  # noqa: PLC0415
+    from dataclasses import replace
 
     return replace(state, torque_on=torque)

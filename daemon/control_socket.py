@@ -60,10 +60,21 @@ WORKERS = 4  # threads running the verbs
 OPERATOR_WORKERS = 2  # threads running only OPERATOR_VERBS
 # Verbs that read a snapshot or hand the loop one bounded request (it answers within 3 s): they
 # run on their own workers, so slow verbs queued on the others never keep them waiting.
-OPERATOR_VERBS = frozenset({
-    "ping", "help", "status", "torque.off", "torque.on", "teleop.stop", "teleop.start", "hold", "idle",
-    "episode.status", "policy.status",
-})
+OPERATOR_VERBS = frozenset(
+    {
+        "ping",
+        "help",
+        "status",
+        "torque.off",
+        "torque.on",
+        "teleop.stop",
+        "teleop.start",
+        "hold",
+        "idle",
+        "episode.status",
+        "policy.status",
+    }
+)
 # The one line a connection closed for being idle receives (evicted at the limit, or silent for
 # idle_timeout_s). Only a connection with no request in progress gets it, so whatever it had sent
 # since was never read: a client may reconnect and send that request again (ControlClient does).
@@ -126,7 +137,7 @@ class _WorkerPool:
             fn, args = job
             try:
                 fn(*args)
-            except BaseException:  # noqa: BLE001 - a worker outlives any one job
+            except BaseException:
                 log.exception("control socket worker job failed")
 
 
@@ -137,9 +148,16 @@ _WAKE = object()  # ... of the workers' wake-up socket
 class ControlServer:
     """Serves the control socket on one selector thread; the verbs run on two small worker pools."""
 
-    def __init__(self, path: str | Path, mode: int = 0o660, max_request_bytes: int = 65536, *,
-                 max_connections: int = MAX_CONNECTIONS, idle_timeout_s: float = IDLE_TIMEOUT_S,
-                 backlog: int = LISTEN_BACKLOG) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        mode: int = 0o660,
+        max_request_bytes: int = 65536,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        backlog: int = LISTEN_BACKLOG,
+    ) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {max_connections}")
         self.path = Path(path)
@@ -263,7 +281,9 @@ class ControlServer:
             try:
                 probe.connect(str(self.path))
             except BlockingIOError:
-                raise SocketInUseError(f"{self.path} is served by another running daemon (its backlog is full)") from None
+                raise SocketInUseError(
+                    f"{self.path} is served by another running daemon (its backlog is full)"
+                ) from None
             except OSError:
                 self.path.unlink()  # stale: left by a crash
             else:
@@ -294,7 +314,7 @@ class ControlServer:
                         self._advance(conn)
                 self._take_replies()
                 self._drop_idle()
-        except Exception:  # noqa: BLE001 - logged loudly: the operator has lost the socket
+        except Exception:
             log.exception("control socket thread failed; the daemon no longer answers on %s", self.path)
         finally:
             for conn in list(self._conns.values()):
@@ -342,8 +362,12 @@ class ControlServer:
                 if exc.errno in _FD_ERRNOS:
                     if self._evict_one("the daemon ran out of file descriptors"):
                         continue
-                    _rl.warning("accept.fds", "control socket: out of file descriptors (%s); not accepting for %.1f s",
-                                exc.strerror, _EMFILE_PAUSE_S)
+                    _rl.warning(
+                        "accept.fds",
+                        "control socket: out of file descriptors (%s); not accepting for %.1f s",
+                        exc.strerror,
+                        _EMFILE_PAUSE_S,
+                    )
                     self._pause_accepting()
                 return
             while self._n_conns >= max(1, self.max_connections):
@@ -375,10 +399,17 @@ class ControlServer:
             return False
         self.evictions += 1
         idle_s = time.monotonic() - victim.last_active_s
-        _rl.warning("evict", "control socket: closed a connection idle for %.0f s: %s (a client leaks connections?)", idle_s, why)
+        _rl.warning(
+            "evict",
+            "control socket: closed a connection idle for %.0f s: %s (a client leaks connections?)",
+            idle_s,
+            why,
+        )
         # a busy one (every connection has a verb running) is closed without the notice: its
         # request was taken, so a client must not send it again
-        self._close(victim, None if victim.busy else f"{CLOSED_IDLE_PREFIXES[0]} idle the longest ({idle_s:.0f} s) when {why}")
+        self._close(
+            victim, None if victim.busy else f"{CLOSED_IDLE_PREFIXES[0]} idle the longest ({idle_s:.0f} s) when {why}"
+        )
         return True
 
     def _drop_idle(self) -> None:
@@ -530,7 +561,7 @@ class ControlServer:
         """On a worker: the verb, its reply encoded, handed back to the selector thread."""
         try:
             data = _encode(self.handle(req))
-        except BaseException as exc:  # noqa: BLE001 - a reply that cannot be encoded still answers
+        except BaseException as exc:
             self._count_error()
             cmd = req.get("cmd") if isinstance(req, dict) else None
             _rl.error(f"encode.{cmd}", "reply of %r could not be sent: %r", cmd, exc)
@@ -584,7 +615,7 @@ class ControlServer:
         except RequestError as exc:
             self._count_error()
             return {"ok": False, "error": str(exc)}
-        except Exception as exc:  # noqa: BLE001 - a handler bug answers as an error, never kills the server
+        except Exception as exc:
             self._count_error()
             _rl.error(f"handler.{cmd}", "handler %r failed: %r", cmd, exc)
             log.debug("handler traceback", exc_info=True)
@@ -600,7 +631,7 @@ def _encode(obj: dict[str, Any]) -> bytes:
 
 def _json_default(o: Any) -> Any:
     try:
-        import numpy as np  # noqa: PLC0415
+        import numpy as np
 
         if isinstance(o, np.ndarray):
             return o.tolist()

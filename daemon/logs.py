@@ -25,8 +25,8 @@ class CurrentStderrHandler(logging.StreamHandler):
     def __init__(self) -> None:
         super().__init__(sys.stderr)
 
-    @property  # type: ignore[override]
-    def stream(self):  # noqa: ANN201 - the live sys.stderr
+    @property
+    def stream(self):
         return sys.stderr
 
     @stream.setter
@@ -54,7 +54,9 @@ def setup_logging(level: str | None = None, libav: bool = False) -> None:
     handler.setFormatter(logging.Formatter(fmt, datefmt="%H:%M:%S"))
     handler.addFilter(ThirdPartyBelowInfo())
     root = logging.getLogger()
-    root.handlers[:] = [h for h in root.handlers if type(h) is not logging.StreamHandler and not isinstance(h, CurrentStderrHandler)]
+    root.handlers[:] = [
+        h for h in root.handlers if type(h) is not logging.StreamHandler and not isinstance(h, CurrentStderrHandler)
+    ]
     root.addHandler(handler)
     set_log_level(level if level is not None else os.environ.get(LEVEL_ENV, "INFO"))
     quiet_third_party(libav=libav)
@@ -95,7 +97,7 @@ def quiet_third_party(libav: bool = False) -> None:
     set when PyAV is already imported, or imported now with ``libav``."""
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     if "datasets" in sys.modules and os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] == "1":
-        import datasets  # noqa: PLC0415 - already imported: just the switch
+        import datasets
 
         datasets.disable_progress_bars()
     if libav or "av" in sys.modules:
@@ -106,7 +108,7 @@ def quiet_libav() -> None:
     """FFmpeg prints errors only, whichever log callback is installed: PyAV's (forwarding to the
     "libav" logger from WARNING up) or FFmpeg's default one, which LeRobot restores after
     probing a video and which then prints libx264's per-encoder statistics at INFO."""
-    import av  # noqa: PLC0415 - PyAV is heavy-ish (50 ms): only where video is handled
+    import av
 
     av.logging.set_libav_level(av.logging.ERROR)
     forwarded = av.logging.get_level()  # None: PyAV's default, FFmpeg's messages dropped

@@ -56,8 +56,7 @@ def lock_memory(future: bool = True) -> LockResult:
     err = ctypes.get_errno()
     why = os.strerror(err)
     hint = (
-        "raise the limit: LimitMEMLOCK=infinity (systemd/so101d.service.d/realtime.conf) or "
-        "`ulimit -l unlimited`"
+        "raise the limit: LimitMEMLOCK=infinity (systemd/so101d.service.d/realtime.conf) or `ulimit -l unlimited`"
         if err in (12, 1)  # ENOMEM: over RLIMIT_MEMLOCK; EPERM: limit 0 without CAP_IPC_LOCK
         else "see mlockall(2)"
     )
@@ -101,7 +100,9 @@ def make_current_thread_realtime(priority: int) -> bool:
         log.warning(
             "real-time priority %d for the control loop refused (%s; RLIMIT_RTPRIO %s): "
             "install systemd/so101d.service.d/realtime.conf (LimitRTPRIO, RestrictRealtime=no)",
-            priority, getattr(exc, "strerror", None) or exc, soft,
+            priority,
+            getattr(exc, "strerror", None) or exc,
+            soft,
         )
         return False
     return True

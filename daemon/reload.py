@@ -78,7 +78,9 @@ class ReloadPlan:
             return "configuration reloaded: nothing changed"
         parts = []
         if self.live:
-            parts.append("applied " + ", ".join(f"{k} {self.changed[k][0]!r} -> {self.changed[k][1]!r}" for k in self.live))
+            parts.append(
+                "applied " + ", ".join(f"{k} {self.changed[k][0]!r} -> {self.changed[k][1]!r}" for k in self.live)
+            )
         if self.restart_required:
             parts.append("restart needed for " + ", ".join(self.restart_required) + " (kept the running values)")
         return "configuration reloaded: " + "; ".join(parts)
@@ -92,7 +94,9 @@ def plan_reload(old: Any, new: Any, patterns: tuple[str, ...] = LIVE_KEYS) -> Re
         if va == vb:
             continue
         plan.changed[key] = (None if va is _MISSING else va, None if vb is _MISSING else vb)
-        (plan.live if is_live(key, patterns) and va is not _MISSING and vb is not _MISSING else plan.restart_required).append(key)
+        (
+            plan.live if is_live(key, patterns) and va is not _MISSING and vb is not _MISSING else plan.restart_required
+        ).append(key)
     return plan
 
 
@@ -115,7 +119,7 @@ def apply_live(current: Any, new: Any, plan: ReloadPlan) -> Any:
 def reload_config(path: str | Path, current: Any) -> tuple[Any, ReloadPlan]:
     """Load ``path`` (daemon.config.load_config: raises ConfigError on a bad file, leaving the
     caller on ``current``), and return (config to run with, plan)."""
-    from daemon.config import load_config  # noqa: PLC0415 - the daemon core's loader
+    from daemon.config import load_config
 
     new = load_config(path)
     plan = plan_reload(current, new)

@@ -64,11 +64,15 @@ class SafetyParams:
         return self.align_step * _MAX_DT_PERIODS
 
     @classmethod
-    def from_config(cls, safety, lower: np.ndarray, upper: np.ndarray, period_s: float) -> "SafetyParams":
+    def from_config(cls, safety, lower: np.ndarray, upper: np.ndarray, period_s: float) -> SafetyParams:
         """``safety`` is a ``daemon.config.SafetyConfig``."""
         lo = np.asarray(lower, dtype=np.float64).copy()
         hi = np.asarray(upper, dtype=np.float64).copy()
-        if lo.shape != (NUM_JOINTS,) or hi.shape != (NUM_JOINTS,) or not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
+        if (
+            lo.shape != (NUM_JOINTS,)
+            or hi.shape != (NUM_JOINTS,)
+            or not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)))
+        ):
             raise ValueError(f"joint limits must be two finite arrays of {NUM_JOINTS}: {lo}, {hi}")
         if np.any(lo >= hi):
             raise ValueError(f"joint limits are empty: lower {lo.tolist()} upper {hi.tolist()}")
@@ -159,7 +163,9 @@ def update(s: ControllerState, inp: CycleInputs, p: SafetyParams) -> CycleOutput
             st = ControllerState(mode="fault", torque_on=False, fault=fault, reason=f"{fault}: torque off")
             return CycleOutput(st, None, _torque_change(s, False))
         hold = s.hold_pose if s.mode == "fault" and s.hold_pose is not None else here
-        st = ControllerState(mode="fault", command=hold, hold_pose=hold, torque_on=s.torque_on, fault=fault, reason=f"{fault}: holding")
+        st = ControllerState(
+            mode="fault", command=hold, hold_pose=hold, torque_on=s.torque_on, fault=fault, reason=f"{fault}: holding"
+        )
         return CycleOutput(st, _safe(hold, p) if s.torque_on is not False else None, None)
 
     # --- torque off on request: idle, limp ---------------------------------------------------
@@ -191,8 +197,7 @@ def update(s: ControllerState, inp: CycleInputs, p: SafetyParams) -> CycleOutput
     goal = np.clip(target, p.lower, p.upper)
     # A switch of source (teleop <-> policy) restarts alignment: the new target may be far away,
     # and max_step alone would let it move at max_step per cycle (1000 deg/s at the defaults).
-    tracking = (s.mode in ("aligning", inp.intent) and s.command is not None and s.torque_on is True
-                and not inp.realign)
+    tracking = s.mode in ("aligning", inp.intent) and s.command is not None and s.torque_on is True and not inp.realign
     start = s.command if tracking else here
     assert start is not None
 
@@ -213,5 +218,7 @@ def update(s: ControllerState, inp: CycleInputs, p: SafetyParams) -> CycleOutput
     step = np.clip(goal - start, -p.max_step, p.max_step)
     cmd = start + step
     limited = not np.array_equal(cmd, target)
-    st = ControllerState(mode=inp.intent, command=cmd, aligned=True, torque_on=True, reason=f"following {inp.target_name}")
+    st = ControllerState(
+        mode=inp.intent, command=cmd, aligned=True, torque_on=True, reason=f"following {inp.target_name}"
+    )
     return CycleOutput(st, _safe(cmd, p), torque, limited=limited)

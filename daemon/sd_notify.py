@@ -138,7 +138,9 @@ class Notifier:
             except (BlockingIOError, TimeoutError):
                 self.failed_count += 1
                 self.dropped_count += 1
-                _rl.warning("full", "sd_notify queue full (systemd not reading?); dropped %s", lines[0] if lines else "")
+                _rl.warning(
+                    "full", "sd_notify queue full (systemd not reading?); dropped %s", lines[0] if lines else ""
+                )
                 return False
             except OSError as exc:
                 self.failed_count += 1
@@ -307,7 +309,9 @@ class ServiceStatus:
 class StatusReporter:
     """Sends STATUS= when the text changes, at most every ``min_interval_s`` (loop rate jitters)."""
 
-    def __init__(self, notifier: Notifier, min_interval_s: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, notifier: Notifier, min_interval_s: float = 2.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.notifier = notifier
         self.min_interval_s = min_interval_s
         self._clock = clock

@@ -121,7 +121,9 @@ def missing_port(before: list[PortInfo], after: list[PortInfo]) -> PortInfo:
             f"ports now: {', '.join(p.device for p in after) or 'none'}"
         )
     if len(gone) > 1:
-        raise PortDiffError(f"{len(gone)} ports disappeared at once ({', '.join(p.device for p in gone)}): unplug only one arm")
+        raise PortDiffError(
+            f"{len(gone)} ports disappeared at once ({', '.join(p.device for p in gone)}): unplug only one arm"
+        )
     return gone[0]
 
 
@@ -130,7 +132,9 @@ def new_port(before: list[PortInfo], after: list[PortInfo]) -> PortInfo:
     before_names = {p.device for p in before}
     added = [p for p in after if p.device not in before_names]
     if len(added) != 1:
-        raise PortDiffError(f"expected one new port, found {len(added)}: {', '.join(p.device for p in added) or 'none'}")
+        raise PortDiffError(
+            f"expected one new port, found {len(added)}: {', '.join(p.device for p in added) or 'none'}"
+        )
     return added[0]
 
 

@@ -28,8 +28,10 @@ log = logging.getLogger("so101d.daemon")
 
 
 EXIT_DATA_LOST = 3  # run_forever's exit code when data was lost (see Daemon.data_lost)
-RECORDING_DISABLED = ("recording is disabled in this daemon; enable it with [recording] enabled = true "
-                      "in the configuration (or so101d demo --record N) and restart it")
+RECORDING_DISABLED = (
+    "recording is disabled in this daemon; enable it with [recording] enabled = true "
+    "in the configuration (or so101d demo --record N) and restart it"
+)
 
 
 class StartupError(RuntimeError):
@@ -49,16 +51,19 @@ def load_arm_calibration(cfg: Config, role: str) -> ArmCalibration:
 
 def make_leader(cfg: Config) -> Any:
     """The leader arm (a FeetechLeader on ``leader.port``), not yet connected."""
-    from drivers.feetech_arm import FeetechLeader  # noqa: PLC0415 - only when a real bus is used
+    from drivers.feetech_arm import (
+        FeetechLeader,
+        LeaderBusConfig,
+    )
 
-    from drivers.feetech_arm import LeaderBusConfig  # noqa: PLC0415
-
-    return FeetechLeader(cfg.leader.port, load_arm_calibration(cfg, "leader"), LeaderBusConfig(baudrate=cfg.leader.baudrate))
+    return FeetechLeader(
+        cfg.leader.port, load_arm_calibration(cfg, "leader"), LeaderBusConfig(baudrate=cfg.leader.baudrate)
+    )
 
 
 def follower_bus_config(cfg: Config) -> Any:
     """The driver's FollowerBusConfig from [follower] (gripper protection limits)."""
-    from drivers.feetech_arm import FollowerBusConfig  # noqa: PLC0415
+    from drivers.feetech_arm import FollowerBusConfig
 
     wanted = {
         "baudrate": cfg.follower.baudrate,
@@ -66,9 +71,13 @@ def follower_bus_config(cfg: Config) -> Any:
         "gripper_protection_current": cfg.follower.gripper_protection_current,
         "gripper_overload_torque": cfg.follower.gripper_overload_torque,
     }
-    import dataclasses  # noqa: PLC0415
+    import dataclasses
 
-    fields = {f.name for f in dataclasses.fields(FollowerBusConfig)} if dataclasses.is_dataclass(FollowerBusConfig) else set()
+    fields = (
+        {f.name for f in dataclasses.fields(FollowerBusConfig)}
+        if dataclasses.is_dataclass(FollowerBusConfig)
+        else set()
+    )
     return FollowerBusConfig(**{k: v for k, v in wanted.items() if k in fields})
 
 
@@ -76,11 +85,11 @@ def make_follower(cfg: Config) -> Any:
     """The follower arm for ``follower.kind``, not yet connected."""
     kind = cfg.follower.kind
     if kind == "feetech":
-        from drivers.feetech_arm import FeetechFollower  # noqa: PLC0415
+        from drivers.feetech_arm import FeetechFollower
 
         return FeetechFollower(cfg.follower.port, load_arm_calibration(cfg, "follower"), follower_bus_config(cfg))
     if kind == "sim":
-        from sim_bridge.sim_follower import SimFollower  # noqa: PLC0415
+        from drivers.sim_follower import SimFollower
 
         follower = SimFollower(cfg.follower.endpoint, staleness_s=cfg.follower.stale_timeout_s)
         follower.sim_mapping = cfg.follower.sim_mapping  # named in every sim episode's tag notes
@@ -90,8 +99,8 @@ def make_follower(cfg: Config) -> Any:
 
 def mapped_leader(leader: Any, cfg: Config) -> Any:
     """The leader as the sim follower sees it under ``[follower] sim_mapping`` (see
-    ``sim_bridge.leader_mapping``); its calibration is the leader's own."""
-    from sim_bridge.leader_mapping import LeisaacMappedLeader  # noqa: PLC0415
+    ``drivers.leader_mapping``); its calibration is the leader's own."""
+    from drivers.leader_mapping import LeisaacMappedLeader
 
     cal = getattr(leader, "calibration", None) or load_arm_calibration(cfg, "leader")
     return LeisaacMappedLeader(leader, cal, cfg.follower.sim_mapping)
@@ -106,7 +115,7 @@ class RemoteLeaderHook:
         self.leader = leader  # a sim-mapped leader keeps its unmapped reading in last_raw_units
 
     def on_leader(self, now_monotonic_s: float, leader_units: Any) -> None:
-        from calibration.conventions import units_to_ticks  # noqa: PLC0415
+        from calibration.conventions import units_to_ticks
 
         raw = getattr(self.leader, "last_raw_units", None)
         units = raw if raw is not None else leader_units
@@ -117,8 +126,16 @@ class RemoteLeaderHook:
 # the daemon
 # -------------------------------------------------------------------------------------------------
 class Daemon:
-    def __init__(self, cfg: Config, leader: Any = None, follower: Any = None, *, notifier: Any = None,
-                 socket_path: str | None = None, config_path: str | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        leader: Any = None,
+        follower: Any = None,
+        *,
+        notifier: Any = None,
+        socket_path: str | None = None,
+        config_path: str | None = None,
+    ) -> None:
         self.cfg = cfg
         self.config_path = config_path  # re-read on SIGHUP
         self.reloads = 0
@@ -152,7 +169,12 @@ class Daemon:
         reg = self.server.register
         reg("status", lambda req: self.status())
         reg("config.reload", lambda req: {"message": self.reload()})
-        reg("teleop.start", lambda req: self._loop_call(lambda: self.loop.set_intent("teleop"), "teleop: aligning, then following the leader"))
+        reg(
+            "teleop.start",
+            lambda req: self._loop_call(
+                lambda: self.loop.set_intent("teleop"), "teleop: aligning, then following the leader"
+            ),
+        )
         reg("teleop.stop", lambda req: self._loop_call(lambda: self.loop.set_intent("hold"), "teleop stopped: holding"))
         reg("hold", lambda req: self._loop_call(lambda: self.loop.set_intent("hold"), "holding"))
         reg("idle", lambda req: self._loop_call(lambda: self.loop.set_intent("idle"), "idle"))
@@ -179,7 +201,7 @@ class Daemon:
         for name, fn in list(self.status_extras.items()):
             try:
                 st[name] = fn()
-            except Exception as exc:  # noqa: BLE001 - a broken extra must not break status
+            except Exception as exc:
                 st[name] = {"error": f"{type(exc).__name__}: {exc}"}
         return st
 
@@ -187,7 +209,7 @@ class Daemon:
     def start(self) -> None:
         if self.notifier is not None and self.cfg.service.watchdog:
             try:
-                from daemon.sd_notify import WatchdogGate  # noqa: PLC0415
+                from daemon.sd_notify import WatchdogGate
 
                 gate = WatchdogGate(self.notifier)
                 if gate.enabled:
@@ -196,7 +218,7 @@ class Daemon:
                 pass
         if self.cfg.service.lock_memory:
             try:
-                from daemon.realtime import lock_memory  # noqa: PLC0415
+                from daemon.realtime import lock_memory
 
                 res = lock_memory()  # logs its own warning (with the fix) when it fails
                 if res.locked:
@@ -217,16 +239,21 @@ class Daemon:
             self._run_hooks(self.on_stop + self.after_stop)
             raise
         self._started = True
-        log.info("daemon started: leader %s, follower %s (%s), %.0f Hz, socket %s",
-                 getattr(self.leader, "port", "?"), getattr(self.follower, "port", getattr(self.follower, "endpoint", "?")),
-                 self.cfg.follower.kind, self.cfg.control.rate_hz, self.socket_path)
+        log.info(
+            "daemon started: leader %s, follower %s (%s), %.0f Hz, socket %s",
+            getattr(self.leader, "port", "?"),
+            getattr(self.follower, "port", getattr(self.follower, "endpoint", "?")),
+            self.cfg.follower.kind,
+            self.cfg.control.rate_hz,
+            self.socket_path,
+        )
 
     @staticmethod
     def _run_hooks(hooks: list[Callable[[], None]]) -> None:
         for fn in hooks:
             try:
                 fn()
-            except Exception:  # noqa: BLE001 - keep stopping
+            except Exception:
                 log.exception("shutdown hook failed")
 
     def request_stop(self) -> None:
@@ -241,31 +268,31 @@ class Daemon:
         for fn in self.on_stop:
             try:
                 fn()
-            except Exception:  # noqa: BLE001 - keep stopping
+            except Exception:
                 log.exception("shutdown hook failed")
         self.loop.stop()
         self.server.stop()
         for fn in self.after_stop:
             try:
                 fn()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("shutdown hook failed")
         log.info("daemon stopped")
 
     def _attach_optional(self) -> None:
         """Recorder ([recording] enabled) and LeIsaac remote-leader publisher, when configured."""
         if self.cfg.recording.enabled and self.recorder is None:
-            from daemon.recording.attach import attach_recorder  # noqa: PLC0415
+            from daemon.recording.attach import attach_recorder
 
             try:
                 self.recorder = attach_recorder(self)
-            except Exception as exc:  # noqa: BLE001 - a dataset problem is a start-up error, named
+            except Exception as exc:
                 raise StartupError(f"recording: {exc}") from exc
         # No recorder: `so101d episode ...` / `record` get the reason, not "unknown command"
         # (a recorder attached later registers the real verbs, which take precedence).
         self.server.explain_missing("episode.", RECORDING_DISABLED)
         # --- policy helper's hook (issue 6): policy.* verbs, `status.policy`, [policy] enabled loads at start
-        from daemon.policy.attach import attach_policy  # noqa: PLC0415 - no torch: that lives in the worker
+        from daemon.policy.attach import attach_policy
 
         if getattr(self, "policy", None) is None:  # tests may attach their own first
             self.policy = attach_policy(self, recorder=self.recorder)
@@ -275,12 +302,12 @@ class Daemon:
             cal = getattr(self.leader, "calibration", None)
             if cal is None:
                 raise StartupError("leisaac_remote_leader: the leader has no calibration to normalise with")
-            from sim_bridge.leisaac_remote_leader import LeisaacRemoteLeaderPublisher  # noqa: PLC0415
+            from daemon.leisaac_remote_leader import LeisaacRemoteLeaderPublisher
 
             pub = LeisaacRemoteLeaderPublisher(rl.bind)
             try:
                 pub.open()
-            except Exception as exc:  # noqa: BLE001 - zmq errors: address in use, bad endpoint
+            except Exception as exc:
                 raise StartupError(f"leisaac_remote_leader.bind: cannot bind {rl.bind}: {exc}") from exc
             self.remote_leader = pub
             self.loop.add_hook(RemoteLeaderHook(pub, cal, self.leader))
@@ -302,7 +329,11 @@ class Daemon:
             self.notifier.ready(f"{st.mode}: arms connected" + (", recording ready" if rec is not None else ""))
             self._ready_sent = True
         elif not self._ready_sent:
-            missing = [n for n, link in (("leader", self.loop.leader_link), ("follower", self.loop.follower_link)) if link is not None and not link.connected]
+            missing = [
+                n
+                for n, link in (("leader", self.loop.leader_link), ("follower", self.loop.follower_link))
+                if link is not None and not link.connected
+            ]
             waiting = [f"waiting for {' and '.join(missing)}"] if missing else []
             if rec_starting:
                 waiting.append("recording: starting (dataset writer loading)")
@@ -311,7 +342,7 @@ class Daemon:
         reporter = getattr(self, "_reporter", None)
         if reporter is None:
             try:
-                from daemon.sd_notify import ServiceStatus, StatusReporter  # noqa: PLC0415
+                from daemon.sd_notify import ServiceStatus, StatusReporter
             except ImportError:  # pragma: no cover
                 return
             self._reporter = reporter = StatusReporter(self.notifier)
@@ -324,11 +355,14 @@ class Daemon:
                 rs = rec.status()
                 episodes, recording = int(rs["episodes_in_dataset"]), rs["phase"] == "recording"
                 if rs["phase"] == "error":
-                    detail = f"{detail}; recording stopped: {rs['error']}" if detail else f"recording stopped: {rs['error']}"
-            except Exception:  # noqa: BLE001 - status text only
+                    detail = (
+                        f"{detail}; recording stopped: {rs['error']}" if detail else f"recording stopped: {rs['error']}"
+                    )
+            except Exception:
                 pass
-        reporter.update(self._service_status(mode=st.mode, loop_hz=hz, episodes=episodes, recording=recording,
-                                             detail=detail))
+        reporter.update(
+            self._service_status(mode=st.mode, loop_hz=hz, episodes=episodes, recording=recording, detail=detail)
+        )
 
     def reload(self) -> str:
         """Re-read the configuration file; apply the keys that can change live (daemon/reload.py),
@@ -337,8 +371,8 @@ class Daemon:
             msg = "configuration reload: running on built-in defaults (no --config file); nothing to reload"
             log.warning(msg)
             return msg
-        from daemon.config import ConfigError  # noqa: PLC0415
-        from daemon.reload import reload_config  # noqa: PLC0415
+        from daemon.config import ConfigError
+        from daemon.reload import reload_config
 
         if self.notifier is not None:
             self.notifier.reloading()
@@ -401,7 +435,7 @@ class Daemon:
                     self._reload_requested.clear()
                     try:
                         self.reload()
-                    except Exception:  # noqa: BLE001 - a reload must never take the daemon down
+                    except Exception:
                         log.exception("configuration reload failed")
                 self.tick()
                 if on_tick is not None:
@@ -413,4 +447,3 @@ class Daemon:
             self.stop()
             for sig, handler in old.items():
                 signal.signal(sig, handler)
-

@@ -74,11 +74,22 @@ class RollingStats:
         if v.size == 0:
             return Summary(0, 0, 0.0, 0.0, 0.0, 0.0, 0.0)
         p50, p99 = np.percentile(v, [50.0, 99.0])
-        return Summary(self.count, int(v.size), float(p50), float(p99), float(v.max()), self.max_all_time, float(v.mean()))
+        return Summary(
+            self.count, int(v.size), float(p50), float(p99), float(v.max()), self.max_all_time, float(v.mean())
+        )
 
 
 # Stage names of one control cycle, in order (status and the benchmark print these).
-STAGES: tuple[str, ...] = ("leader_read", "follower_read", "update", "follower_write", "hooks", "cycle", "period", "jitter")
+STAGES: tuple[str, ...] = (
+    "leader_read",
+    "follower_read",
+    "update",
+    "follower_write",
+    "hooks",
+    "cycle",
+    "period",
+    "jitter",
+)
 
 
 class LoopStats:

@@ -38,7 +38,7 @@ TERMINAL_SIGNALS: frozenset[signal.Signals] = frozenset({signal.SIGHUP, signal.S
 def start_resource_tracker() -> None:
     """Start multiprocessing's resource tracker now (it is otherwise started by the first
     shared-memory segment or spawned process, from whatever thread that happens in)."""
-    from multiprocessing import resource_tracker  # noqa: PLC0415
+    from multiprocessing import resource_tracker
 
     resource_tracker.ensure_running()
 
@@ -80,7 +80,7 @@ class TerminalWatch:
     survive_hangup: bool  # SIGHUP was ignored at start: nohup asked us to outlive the terminal
 
     @classmethod
-    def at_start(cls) -> "TerminalWatch":
+    def at_start(cls) -> TerminalWatch:
         try:
             ignored = signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
         except ValueError:  # pragma: no cover - not the main interpreter

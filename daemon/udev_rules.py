@@ -54,8 +54,16 @@ class ArmMatch:
         if use_serial and port.serial and _SAFE.match(port.serial):
             return cls(arm, serial=port.serial, vid=port.vid, pid=port.pid, note=note)
         if port.usb_path:
-            return cls(arm, usb_path=port.usb_path, vid=port.vid, pid=port.pid, note=note + " (matched by USB port: keep the cable in this socket)")
-        raise RuleError(f"{arm}: {port.device} has neither a usable serial number nor a USB port path (is it a USB adapter?)")
+            return cls(
+                arm,
+                usb_path=port.usb_path,
+                vid=port.vid,
+                pid=port.pid,
+                note=note + " (matched by USB port: keep the cable in this socket)",
+            )
+        raise RuleError(
+            f"{arm}: {port.device} has neither a usable serial number nor a USB port path (is it a USB adapter?)"
+        )
 
     def rule(self) -> str:
         keys = ['SUBSYSTEM=="tty"']
@@ -79,18 +87,22 @@ def render_rules(matches: list[ArmMatch], template: Path = TEMPLATE) -> str:
         raise RuleError(f"one rule per arm, got {arms}")
     if len(matches) == 2:
         a, b = matches
-        if (a.serial and a.serial == b.serial and a.vid == b.vid and a.pid == b.pid and not (a.usb_path or b.usb_path)) or (
-            a.usb_path and a.usb_path == b.usb_path
-        ):
+        if (
+            a.serial and a.serial == b.serial and a.vid == b.vid and a.pid == b.pid and not (a.usb_path or b.usb_path)
+        ) or (a.usb_path and a.usb_path == b.usb_path):
             raise RuleError("the leader and follower rules would match the same adapter")
     if matches:
         body = "\n\n".join(m.rule() for m in matches)
     else:
         example = [
-            ArmMatch("leader", serial="LEADERSERIAL", vid="1a86", pid="55d3", note="example: run `so101d find-ports --write`"),
+            ArmMatch(
+                "leader", serial="LEADERSERIAL", vid="1a86", pid="55d3", note="example: run `so101d find-ports --write`"
+            ),
             ArmMatch("follower", serial="FOLLOWERSERIAL", vid="1a86", pid="55d3", note="example"),
         ]
-        body = "\n".join("#" + line if not line.startswith("#") else line for m in example for line in m.rule().split("\n"))
+        body = "\n".join(
+            "#" + line if not line.startswith("#") else line for m in example for line in m.rule().split("\n")
+        )
     text = template.read_text()
     if "@ARM_RULES@" not in text:
         raise RuleError(f"{template}: template has no @ARM_RULES@ placeholder")

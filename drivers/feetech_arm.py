@@ -46,7 +46,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from calibration.calibration_file import ArmCalibration, MotorCalibration
-from calibration.servo_sync import verify_against_servos
 from calibration.conventions import (
     GRIPPER_INDEX,
     JOINT_IDS,
@@ -68,6 +67,7 @@ from drivers.arm_interface import (
     PortGoneError,
     ServoHealth,
 )
+from drivers.calibration_io import verify_against_servos
 from drivers.feetech_bus import DEFAULT_REPLY_MARGIN_S, DEFAULT_RETRIES, FeetechBus, ServoNoReplyError, decode_value
 from drivers.sts3215_table import CONTROL_TABLE, ERR_OVERCURRENT, ERR_OVERLOAD, MODEL_NUMBER_STS3215
 
@@ -94,6 +94,8 @@ RETURN_DELAY_FLOOR = 50
 def _settled(reg: str, held: int, want: int) -> bool:
     """A timing register that is as close to ``want`` as real servos allow."""
     return reg == "Return_Delay_Time" and want < RETURN_DELAY_FLOOR and held <= RETURN_DELAY_FLOOR
+
+
 LATCHING_ERRORS = ERR_OVERLOAD | ERR_OVERCURRENT
 
 
@@ -216,7 +218,8 @@ class _FeetechArm:
         problems: list[str] = []
         if missing:
             problems.append(
-                "no reply from servo " + ", ".join(describe_joint(s) for s in missing)
+                "no reply from servo "
+                + ", ".join(describe_joint(s) for s in missing)
                 + " (unpowered, unplugged, or a different id/baud rate?)"
             )
         wrong = {sid: m for sid, m in found.items() if m != self.config.expected_model}
@@ -228,7 +231,9 @@ class _FeetechArm:
             )
         if problems:
             seen = ", ".join(str(s) for s in sorted(found)) or "none"
-            raise HandshakeError(f"{self.role} arm on {self.port}: " + "; ".join(problems) + f" (ids answering: {seen})")
+            raise HandshakeError(
+                f"{self.role} arm on {self.port}: " + "; ".join(problems) + f" (ids answering: {seen})"
+            )
         versions: dict[int, tuple[int, int]] = {}
         for sid in JOINT_ID_LIST:
             major = self.bus.read("Firmware_Major_Version", sid)
@@ -325,7 +330,9 @@ class _FeetechArm:
                 else:
                     kept_not.append(f"{describe_joint(sid)} {reg}={value} (reads {held})")
         if kept_not:
-            raise ArmError(f"{self.role} arm on {self.port}: servos did not keep their configuration: " + "; ".join(kept_not))
+            raise ArmError(
+                f"{self.role} arm on {self.port}: servos did not keep their configuration: " + "; ".join(kept_not)
+            )
         self.configure_warnings = []
         for (sid, reg), held in sorted(self._refused.items()):
             want = self._desired(sid)
@@ -663,12 +670,12 @@ class FeetechFollower(_FeetechArm):
 
 
 __all__ = [
-    "OverloadLatchedError",
     "TIMING_REGISTERS",
-    "power_cycle_message",
     "BusConfig",
     "FeetechFollower",
     "FeetechLeader",
     "FollowerBusConfig",
     "LeaderBusConfig",
+    "OverloadLatchedError",
+    "power_cycle_message",
 ]

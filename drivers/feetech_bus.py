@@ -153,8 +153,9 @@ class ServoNoReplyError(BusTimeoutError):
 class _Incomplete(Exception):
     """Internal: one attempt of a transaction did not get every reply."""
 
-    def __init__(self, missing: list[int], corrupt: bool, quiet: bool = False,
-                 got: dict[int, tuple[int, bytes]] | None = None) -> None:
+    def __init__(
+        self, missing: list[int], corrupt: bool, quiet: bool = False, got: dict[int, tuple[int, bytes]] | None = None
+    ) -> None:
         super().__init__(missing, corrupt)
         self.missing = missing
         self.corrupt = corrupt
@@ -303,7 +304,7 @@ class FeetechBus:
             except Exception:  # closing a vanished device may fail; it is closed either way
                 pass
 
-    def __enter__(self) -> "FeetechBus":
+    def __enter__(self) -> FeetechBus:
         self.open()
         return self
 
@@ -377,7 +378,9 @@ class FeetechBus:
                 raise self._gone(what, exc) from exc
             view = view[n:]
 
-    def _receive(self, expected_ids: Sequence[int], data_len: int, deadline: float, what: str) -> dict[int, tuple[int, bytes]]:
+    def _receive(
+        self, expected_ids: Sequence[int], data_len: int, deadline: float, what: str
+    ) -> dict[int, tuple[int, bytes]]:
         """Collect one status packet per expected id until all arrived, the bus went quiet, or the
         deadline passed.
 
@@ -643,6 +646,7 @@ class FeetechBus:
             return {}
         if len(set(ids)) != len(ids):
             raise ValueError(f"duplicate servo ids in {ids}")
+
         def request(ask: Sequence[int]) -> bytes:
             return instruction_packet(BROADCAST_ID, INST_SYNC_READ, bytes((address, length, *ask)))
 
@@ -689,12 +693,12 @@ class FeetechBus:
 
 __all__ = [
     "FeetechBus",
-    "latency_timer_ms",
     "ServoNoReplyError",
     "checksum",
     "decode_value",
     "encode_value",
     "instruction_packet",
+    "latency_timer_ms",
     "register_spec",
     "wire_time_s",
 ]

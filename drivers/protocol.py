@@ -158,7 +158,7 @@ class PacketParser:
     ``FF FF FF`` is read as a header preceded by one stray 0xFF, as the SDK does.
     """
 
-    __slots__ = ("_buf", "stats", "max_id", "stale_s", "_last_feed_s")
+    __slots__ = ("_buf", "_last_feed_s", "max_id", "stale_s", "stats")
 
     def __init__(self, max_id: int = 0xFE, stale_s: float = 0.005) -> None:
         self._buf = bytearray()

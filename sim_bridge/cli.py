@@ -15,16 +15,29 @@ log = logging.getLogger("so101d.sim")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["mujoco", "leisaac"], default="mujoco",
-                   help="simulator (leisaac: prints how to start it on the GPU workstation)")
-    p.add_argument("--bind", default="tcp://127.0.0.1:5555",
-                   help="endpoint to bind: tcp://127.0.0.1:PORT or ipc:///path (default %(default)s)")
+    p.add_argument(
+        "--backend",
+        choices=["mujoco", "leisaac"],
+        default="mujoco",
+        help="simulator (leisaac: prints how to start it on the GPU workstation)",
+    )
+    p.add_argument(
+        "--bind",
+        default="tcp://127.0.0.1:5555",
+        help="endpoint to bind: tcp://127.0.0.1:PORT or ipc:///path (default %(default)s)",
+    )
     p.add_argument("--rate-hz", type=float, default=30.0, help="state and camera rate (default %(default)s)")
-    p.add_argument("--cameras", default="front,wrist", help="comma-separated cameras, empty for none (default %(default)s)")
+    p.add_argument(
+        "--cameras", default="front,wrist", help="comma-separated cameras, empty for none (default %(default)s)"
+    )
     p.add_argument("--camera-size", default="320x240", help="WIDTHxHEIGHT of every camera (default %(default)s)")
     p.add_argument("--jpeg-quality", type=int, default=None, help="send JPEG frames of this quality instead of raw RGB")
-    p.add_argument("--daemon-staleness-ms", type=float, default=100.0,
-                   help="hold the pose when the daemon is silent this long (default %(default)s)")
+    p.add_argument(
+        "--daemon-staleness-ms",
+        type=float,
+        default=100.0,
+        help="hold the pose when the daemon is silent this long (default %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed of the cube placement")
 
 
@@ -57,8 +70,14 @@ def run(args: argparse.Namespace) -> int:
     width, height = _parse_size(args.camera_size)
     cams = tuple(c.strip() for c in args.cameras.split(",") if c.strip())
     cfg = MujocoFollowerConfig(
-        bind=args.bind, rate_hz=args.rate_hz, cameras=cams, camera_width=width, camera_height=height,
-        jpeg_quality=args.jpeg_quality, daemon_staleness_s=args.daemon_staleness_ms / 1000.0, seed=args.seed,
+        bind=args.bind,
+        rate_hz=args.rate_hz,
+        cameras=cams,
+        camera_width=width,
+        camera_height=height,
+        jpeg_quality=args.jpeg_quality,
+        daemon_staleness_s=args.daemon_staleness_ms / 1000.0,
+        seed=args.seed,
     )
     sim = MujocoFollower(cfg)
 

@@ -46,7 +46,8 @@ def check_gl_backend(backend: str) -> None:
     others = " or ".join(f"MUJOCO_GL={b}" for b in LIBRARIES if b != backend)
     raise GLBackendUnavailable(
         f"MUJOCO_GL={backend}: the {name} library (lib{name}.so) is not installed, so MuJoCo cannot render; "
-        f"install it (Debian/Ubuntu: sudo apt install {package}) or use {others}")
+        f"install it (Debian/Ubuntu: sudo apt install {package}) or use {others}"
+    )
 
 
 def import_mujoco() -> ModuleType:
@@ -54,9 +55,10 @@ def import_mujoco() -> ModuleType:
     backend = os.environ.setdefault("MUJOCO_GL", DEFAULT_BACKEND).strip().lower()
     check_gl_backend(backend)
     try:
-        import mujoco  # noqa: PLC0415
+        import mujoco
     except (ImportError, OSError, AttributeError, RuntimeError) as exc:  # what a broken GL stack raises
         raise GLBackendUnavailable(
             f"MUJOCO_GL={backend}: MuJoCo could not set up its renderer ({type(exc).__name__}: {exc}); "
-            f"try another backend (MUJOCO_GL=egl, osmesa or glfw)") from exc
+            f"try another backend (MUJOCO_GL=egl, osmesa or glfw)"
+        ) from exc
     return mujoco

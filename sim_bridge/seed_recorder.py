@@ -72,8 +72,12 @@ def _append(group: Any, key: str, value: Any) -> None:
         return
     data = np.asarray(value)
     if key not in group:
-        group.create_dataset(key, data=data, maxshape=(None, *data.shape[1:]),
-                             chunks=(min(FLUSH_STEPS, max(1, data.shape[0])), *data.shape[1:]))
+        group.create_dataset(
+            key,
+            data=data,
+            maxshape=(None, *data.shape[1:]),
+            chunks=(min(FLUSH_STEPS, max(1, data.shape[0])), *data.shape[1:]),
+        )
     else:
         ds = group[key]
         ds.resize(ds.shape[0] + data.shape[0], axis=0)
@@ -125,8 +129,14 @@ class SeedDemoRecorder:
     def step(self, actions: Any, obs: Any, states: Any, processed_actions: Any) -> None:
         if self._group is None:
             return
-        self._pending.append({"actions": to_numpy_tree(actions), "obs": to_numpy_tree(obs),
-                              "states": to_numpy_tree(states), "processed_actions": to_numpy_tree(processed_actions)})
+        self._pending.append(
+            {
+                "actions": to_numpy_tree(actions),
+                "obs": to_numpy_tree(obs),
+                "states": to_numpy_tree(states),
+                "processed_actions": to_numpy_tree(processed_actions),
+            }
+        )
         if len(self._pending) >= self.flush_steps:
             self._flush()
 

@@ -1,6 +1,6 @@
 """The sim side of the protocol, shared by every simulator backend (MuJoCo here, LeIsaac on a GPU).
 
-``SimServerEndpoint`` owns the bound ROUTER socket (see ``sim_bridge.protocol`` for why ROUTER),
+``SimServerEndpoint`` owns the bound ROUTER socket (see ``drivers.sim_protocol`` for why ROUTER),
 tracks the daemon it answers, decodes and counts what it receives, and sends state, frames and
 episode events. A backend calls ``poll()`` once per tick and reads the resulting ``ServerInbox``;
 it never touches ZeroMQ itself, so the backend's stepping logic stays testable with a fake env.
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from sim_bridge import protocol as P
+from drivers import sim_protocol as P
 
 log = logging.getLogger("so101d.sim.server")
 
@@ -201,21 +201,27 @@ class SimServerEndpoint:
             fields["effort"] = P.joints_to_wire(effort)
         return self._send(P.encode("state", **fields))
 
-    def send_frame(self, name: str, seq: int, capture_s: float, pixels: np.ndarray, jpeg_quality: int | None = None) -> bool:
+    def send_frame(
+        self, name: str, seq: int, capture_s: float, pixels: np.ndarray, jpeg_quality: int | None = None
+    ) -> bool:
         if self._peer is None:
             return False
         if jpeg_quality is None:
             return self._send(P.encode_frame(name, seq, capture_s, pixels))
         import cv2
 
-        ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(pixels[:, :, ::-1]), [cv2.IMWRITE_JPEG_QUALITY, int(jpeg_quality)])
+        ok, buf = cv2.imencode(
+            ".jpg", np.ascontiguousarray(pixels[:, :, ::-1]), [cv2.IMWRITE_JPEG_QUALITY, int(jpeg_quality)]
+        )
         if not ok:
             return False
         return self._send(P.encode_jpeg_frame(name, seq, capture_s, buf.tobytes(), tuple(pixels.shape)))
 
     def send_event(self, event: str, detail: str = "", seq: int | None = None) -> bool:
         self._event_seq += 1
-        return self._send(P.encode("episode", event=event, seq=self._event_seq if seq is None else int(seq), detail=detail))
+        return self._send(
+            P.encode("episode", event=event, seq=self._event_seq if seq is None else int(seq), detail=detail)
+        )
 
     def send_heartbeat(self) -> bool:
         return self._send(P.encode("heartbeat", sent_s=time.monotonic()))

@@ -133,9 +133,9 @@ def commands(text: str | None = None) -> list[Command]:
         body = _strip_comment(s.text.strip())
         for part in re.split(r"\s*(?:&&|;)\s*", body):
             m = _COMMAND_START.search(part.strip())
-            if m is None or m.start() != 0 and not part.strip().startswith(("sudo ", ".venv/bin/")):
+            if m is None or (m.start() != 0 and not part.strip().startswith(("sudo ", ".venv/bin/"))):
                 continue
-            rest = part.strip()[m.end():].strip()
+            rest = part.strip()[m.end() :].strip()
             # An inline span closing a sentence like "`so101d teleop start` clears it" ends at the span.
             found.append(Command(part.strip(), s.line, s.kind, s.section, tuple(_variants(rest))))
     return found
@@ -194,8 +194,6 @@ def config_keys(known_sections: set[str], text: str | None = None) -> list[Confi
     return keys
 
 
-
-
 # ---------------------------------------------------------------------------------------------
 # paths and Python names
 # ---------------------------------------------------------------------------------------------
@@ -206,7 +204,7 @@ def repo_paths(text: str | None = None) -> list[tuple[str, int]]:
     """Repository paths the README names (`daemon/config.py`, `bench/bench_sim.py`, ...)."""
     text = readme_text() if text is None else text
     out: list[tuple[str, int]] = []
-    pattern = re.compile(r"(?<![\w/.~-])((?:%s)/[\w./-]*)" % "|".join(re.escape(d) for d in REPO_DIRS))
+    pattern = re.compile(r"(?<![\w/.~-])((?:{})/[\w./-]*)".format("|".join(re.escape(d) for d in REPO_DIRS)))
     for n, raw in enumerate(text.splitlines(), start=1):
         for m in pattern.finditer(raw):
             path = m.group(1).rstrip(".,:;)")

@@ -16,10 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recording_support import SyntheticLoop  # noqa: E402
+from recording_support import SyntheticLoop
 
-from daemon.recording.cameras import CameraConfig, VirtualArmCamera  # noqa: E402
-from daemon.recording.recorder import Recorder, RecorderConfig  # noqa: E402
+from daemon.recording.recorder import Recorder, RecorderConfig
+from drivers.cameras import CameraConfig, VirtualArmCamera
 
 
 def main() -> None:

@@ -19,14 +19,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def synthetic_state(t_s: float) -> np.ndarray:
     """Smooth joint motion in LeRobot units (degrees; gripper 0..100)."""
-    return np.array([
-        40.0 * np.sin(0.8 * t_s),
-        20.0 + 15.0 * np.sin(0.5 * t_s),
-        -30.0 + 20.0 * np.cos(0.6 * t_s),
-        10.0 * np.sin(1.1 * t_s),
-        90.0 * np.sin(0.3 * t_s),
-        50.0 + 45.0 * np.sin(1.5 * t_s),
-    ])
+    return np.array(
+        [
+            40.0 * np.sin(0.8 * t_s),
+            20.0 + 15.0 * np.sin(0.5 * t_s),
+            -30.0 + 20.0 * np.cos(0.6 * t_s),
+            10.0 * np.sin(1.1 * t_s),
+            90.0 * np.sin(0.3 * t_s),
+            50.0 + 45.0 * np.sin(1.5 * t_s),
+        ]
+    )
 
 
 class SyntheticLoop:
@@ -41,7 +43,7 @@ class SyntheticLoop:
         self._t = threading.Thread(target=self._run, daemon=True)
         self.action_offset = np.array([0.5, -0.5, 0.25, 0.0, 0.0, 1.0])
 
-    def __enter__(self) -> "SyntheticLoop":
+    def __enter__(self) -> SyntheticLoop:
         self._t.start()
         return self
 

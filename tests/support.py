@@ -14,8 +14,8 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -60,10 +60,12 @@ def still_arm_on_pty(link: Path, role: str, pose_units: np.ndarray) -> tuple[Emu
 
 
 @contextlib.contextmanager
-def sdk_port_on_emulated_follower(tmp_path: Path, realism: Any = None) -> Iterator[tuple[EmulatedArm, BusEmulator, Any, Any]]:
+def sdk_port_on_emulated_follower(
+    tmp_path: Path, realism: Any = None
+) -> Iterator[tuple[EmulatedArm, BusEmulator, Any, Any]]:
     """An emulated follower on a pty and the Feetech SDK's PortHandler / PacketHandler open on it
     (``realism``: the servos' realism options, e.g. ``realism_from_spec("strict").servo``)."""
-    import scservo_sdk as scs  # noqa: PLC0415
+    import scservo_sdk as scs
 
     arm = EmulatedArm("follower") if realism is None else EmulatedArm("follower", realism=realism)
     bus = BusEmulator(tmp_path / "follower", arm).start()
@@ -87,7 +89,7 @@ class MujocoSimThread:
     """
 
     def __init__(self, endpoint: str, **config_kw: Any) -> None:
-        from sim_bridge.mujoco_follower import MujocoFollower, MujocoFollowerConfig  # noqa: PLC0415 - mujoco is heavy
+        from sim_bridge.mujoco_follower import MujocoFollower, MujocoFollowerConfig
 
         config_kw.setdefault("seed", 0)
         self.sim = MujocoFollower(MujocoFollowerConfig(bind=endpoint, **config_kw))
@@ -126,13 +128,17 @@ def connect_lerobot(make: Callable[[], Any], attempts: int = 3) -> Any:
     raise last
 
 
-def wait_status(sock: Path, pred: Callable[[dict], bool], timeout_s: float = 20.0, proc: subprocess.Popen | None = None) -> dict:
+def wait_status(
+    sock: Path, pred: Callable[[dict], bool], timeout_s: float = 20.0, proc: subprocess.Popen | None = None
+) -> dict:
     """Poll the daemon's `status` over its socket until ``pred(status)``; fail early if ``proc`` exited."""
     end = time.monotonic() + timeout_s
     last: dict | str = "no reply"
     while time.monotonic() < end:
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"daemon exited early with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+            raise AssertionError(
+                f"daemon exited early with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}"
+            )
         try:
             with ControlClient(sock, timeout_s=2) as c:
                 last = c.request("status")

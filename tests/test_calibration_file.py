@@ -99,7 +99,9 @@ def test_an_invalid_calibration_is_never_written(tmp_path: Path) -> None:
     assert not (tmp_path / "x.json").exists()
 
 
-@pytest.mark.parametrize("role,legacy", [("follower", "robots/so101_follower"), ("leader", "teleoperators/so101_leader")])
+@pytest.mark.parametrize(
+    "role,legacy", [("follower", "robots/so101_follower"), ("leader", "teleoperators/so101_leader")]
+)
 def test_legacy_folders_are_read(tmp_path: Path, role: str, legacy: str) -> None:
     old = tmp_path / legacy / "old_arm.json"
     old.parent.mkdir(parents=True)
@@ -136,7 +138,9 @@ def test_unknown_role_is_a_clear_error(tmp_path: Path) -> None:
 def _lerobot_follower(tmp_path: Path, arm_id: str):
     from lerobot.robots.so_follower import SOFollower, SOFollowerRobotConfig
 
-    cfg = SOFollowerRobotConfig(port="/dev/null-so101d-test", id=arm_id, calibration_dir=tmp_path / "robots/so_follower")
+    cfg = SOFollowerRobotConfig(
+        port="/dev/null-so101d-test", id=arm_id, calibration_dir=tmp_path / "robots/so_follower"
+    )
     return SOFollower(cfg)
 
 

@@ -9,7 +9,6 @@ LeRobot 0.6.1's own SOFollower / SOLeader must connect with the saved file witho
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import json
 import os
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import connect_lerobot
 
 from calibration.calibration_file import (
     ArmCalibration,
@@ -28,13 +28,12 @@ from calibration.calibration_file import (
     load_calibration_file,
 )
 from calibration.conventions import GRIPPER_INDEX, JOINT_NAMES, ticks_to_units, unit_limits
-from calibration.procedure import CalibrationProcedureError, CalibrationSession
-from calibration.servo_sync import CalibrationMismatchError, check_against_servos, verify_against_servos
+from daemon.calibration_procedure import CalibrationProcedureError, CalibrationSession
 from drivers.arm_interface import BusTimeoutError
-from drivers.emulator import BusEmulator, EmulatedArm, KeyframeMotion
+from drivers.calibration_io import CalibrationMismatchError, check_against_servos, verify_against_servos
+from drivers.emulator import BusEmulator, EmulatedArm
 from drivers.feetech_bus import FeetechBus
 from drivers.sts3215_table import encode_sign_magnitude
-from support import connect_lerobot
 
 MIDDLE = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 50.0])  # LeRobot units: every joint mid-range
 REPO = Path(__file__).resolve().parents[1]
@@ -76,7 +75,11 @@ class Bench:
                 continue
             i = JOINT_NAMES.index(name)
             path = np.concatenate(
-                [np.linspace(MIDDLE[i], lo[i], steps), np.linspace(lo[i], hi[i], 2 * steps), np.linspace(hi[i], MIDDLE[i], steps)]
+                [
+                    np.linspace(MIDDLE[i], lo[i], steps),
+                    np.linspace(lo[i], hi[i], 2 * steps),
+                    np.linspace(hi[i], MIDDLE[i], steps),
+                ]
             )
             for v in path:
                 self.pose(**{name: float(v)})
@@ -124,7 +127,9 @@ def test_record_ranges_stops_when_asked(leader: Bench) -> None:
 # ---------------------------------------------------------------------------------------------
 # gripper direction (LR#3942)
 # ---------------------------------------------------------------------------------------------
-def test_a_reversed_gripper_gets_drive_mode_1_and_still_reads_0_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reversed_gripper_gets_drive_mode_1_and_still_reads_0_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     bench = Bench(tmp_path, "follower", reversed_gripper=True)
     try:
         session = CalibrationSession(bench.bus, role="follower")
@@ -330,7 +335,10 @@ def test_verify_reports_each_mismatch_per_motor(follower: Bench) -> None:
     by_motor = {m.motor: m for m in mismatches}
     assert set(by_motor) == {"elbow_flex", "shoulder_pan", "gripper"}
     assert by_motor["elbow_flex"].register == "Max_Position_Limit"
-    assert (by_motor["elbow_flex"].servo_value, by_motor["elbow_flex"].file_value) == (3000, cal["elbow_flex"].range_max)
+    assert (by_motor["elbow_flex"].servo_value, by_motor["elbow_flex"].file_value) == (
+        3000,
+        cal["elbow_flex"].range_max,
+    )
     assert by_motor["shoulder_pan"].register == "Homing_Offset" and by_motor["shoulder_pan"].servo_value == -5
     assert "no answer" in by_motor["gripper"].describe()
     with pytest.raises(CalibrationMismatchError) as exc:
@@ -412,18 +420,48 @@ def test_cli_calibrates_then_verifies(leader: Bench) -> None:
     assert leader.arm.eeprom_calibration().motors["elbow_flex"].range_max == cal["elbow_flex"].range_max
 
     ok = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "calibrate", "leader", "--verify", "--port", str(leader.link),
-         "--id", "cli_leader", "--calibration-root", str(root)],
-        cwd=REPO, capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "daemon.cli",
+            "calibrate",
+            "leader",
+            "--verify",
+            "--port",
+            str(leader.link),
+            "--id",
+            "cli_leader",
+            "--calibration-root",
+            str(root),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "the servos hold this calibration" in ok.stdout
 
     leader.arm.servo("wrist_flex").set_register("Min_Position_Limit", 5)
     bad = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "calibrate", "leader", "--verify", "--port", str(leader.link),
-         "--id", "cli_leader", "--calibration-root", str(root)],
-        cwd=REPO, capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "daemon.cli",
+            "calibrate",
+            "leader",
+            "--verify",
+            "--port",
+            str(leader.link),
+            "--id",
+            "cli_leader",
+            "--calibration-root",
+            str(root),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert bad.returncode == 1
     assert "motor 'wrist_flex' (id 4): Min_Position_Limit is 5 on the servo" in bad.stdout
@@ -445,9 +483,21 @@ def test_cli_aborts_cleanly_when_stdin_closes(follower: Bench) -> None:
 
 def test_cli_reports_a_missing_port(tmp_path: Path) -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "calibrate", "follower", "--port", str(tmp_path / "nope"),
-         "--calibration-root", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "daemon.cli",
+            "calibrate",
+            "follower",
+            "--port",
+            str(tmp_path / "nope"),
+            "--calibration-root",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert res.returncode == 3
     assert str(tmp_path / "nope") in res.stderr
@@ -455,9 +505,23 @@ def test_cli_reports_a_missing_port(tmp_path: Path) -> None:
 
 def test_cli_rejects_a_bad_id(tmp_path: Path) -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "calibrate", "follower", "--port", "/dev/null", "--id", "../x",
-         "--calibration-root", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "daemon.cli",
+            "calibrate",
+            "follower",
+            "--port",
+            "/dev/null",
+            "--id",
+            "../x",
+            "--calibration-root",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert res.returncode == 2
     assert "invalid arm id" in res.stderr
@@ -474,7 +538,7 @@ def test_json_written_is_lerobots_format(follower: Bench) -> None:
 
 def test_port_guess_prefers_the_udev_name_then_a_single_adapter(tmp_path: Path) -> None:
     from calibration.calibration_file import CalibrationError
-    from calibration.cli import _guess_port
+    from daemon.commands.calibrate import _guess_port
 
     dev = tmp_path / "dev"
     dev.mkdir()
@@ -492,7 +556,7 @@ def test_port_guess_prefers_the_udev_name_then_a_single_adapter(tmp_path: Path) 
 def test_live_table_redraws_in_place_on_a_terminal(follower: Bench) -> None:
     import io
 
-    from calibration.cli import _LiveTable
+    from daemon.commands.calibrate import _LiveTable
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

@@ -24,8 +24,8 @@ import pytest
 
 from calibration.calibration_file import calibration_path, load_calibration_file, save_calibration_file
 from calibration.conventions import JOINT_NAMES, unit_limits
-from calibration.procedure import CalibrationProcedureError, CalibrationRestoreError, CalibrationSession, Step
-from calibration.servo_sync import verify_against_servos
+from daemon.calibration_procedure import CalibrationProcedureError, CalibrationRestoreError, CalibrationSession, Step
+from drivers.calibration_io import verify_against_servos
 from drivers.emulator import BusEmulator, EmulatedArm
 from drivers.feetech_bus import FeetechBus
 from drivers.sts3215_table import CONTROL_TABLE, EEPROM_END
@@ -40,9 +40,7 @@ def servo_state(arm: EmulatedArm) -> dict[str, bytes]:
     out = {}
     for joint in JOINT_NAMES:
         s = arm.servo(joint)
-        out[joint] = bytes(s.mem[:EEPROM_END]) + bytes(
-            [s.reg("Torque_Enable"), s.reg("Lock")]
-        )
+        out[joint] = bytes(s.mem[:EEPROM_END]) + bytes([s.reg("Torque_Enable"), s.reg("Lock")])
     return out
 
 
@@ -205,9 +203,25 @@ def test_a_restore_that_cannot_finish_names_the_servo(follower: CalibratedFollow
 def _cli(follower: CalibratedFollower, *extra: str) -> subprocess.Popen:
     follower.bus.close()  # the CLI opens the port itself
     return subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "calibrate", "follower", "--port", str(follower.link),
-         "--id", ARM_ID, "--calibration-root", str(follower.root), *extra],
-        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "daemon.cli",
+            "calibrate",
+            "follower",
+            "--port",
+            str(follower.link),
+            "--id",
+            ARM_ID,
+            "--calibration-root",
+            str(follower.root),
+            *extra,
+        ],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
     )
 
@@ -229,9 +243,24 @@ def _type(proc: subprocess.Popen, text: str = "\n") -> None:
 
 def _verify_cli(follower: CalibratedFollower) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "calibrate", "follower", "--verify", "--port", str(follower.link),
-         "--id", ARM_ID, "--calibration-root", str(follower.root)],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "daemon.cli",
+            "calibrate",
+            "follower",
+            "--verify",
+            "--port",
+            str(follower.link),
+            "--id",
+            ARM_ID,
+            "--calibration-root",
+            str(follower.root),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

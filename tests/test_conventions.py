@@ -50,7 +50,9 @@ def motor_ranges(draw: st.DrawFn, min_span: int = 20) -> tuple[int, int]:
 
 
 @st.composite
-def calibrations(draw: st.DrawFn, gripper_drive_mode: int | None = None, body_drive_modes: bool = False) -> ArmCalibration:
+def calibrations(
+    draw: st.DrawFn, gripper_drive_mode: int | None = None, body_drive_modes: bool = False
+) -> ArmCalibration:
     motors = {}
     for name in JOINT_NAMES:
         lo, hi = draw(motor_ranges())
@@ -71,7 +73,8 @@ def ticks_in(cal: ArmCalibration) -> st.SearchStrategy[np.ndarray]:
 
 def lerobot_bus(cal: ArmCalibration, body_mode: str = "degrees"):
     """LeRobot's own bus object with our calibration; the port is never opened."""
-    from lerobot.motors import Motor, MotorCalibration as LRCal, MotorNormMode
+    from lerobot.motors import Motor, MotorNormMode
+    from lerobot.motors import MotorCalibration as LRCal
     from lerobot.motors.feetech import FeetechMotorsBus
 
     body = MotorNormMode.DEGREES if body_mode == "degrees" else MotorNormMode.RANGE_M100_100
@@ -131,7 +134,9 @@ def test_units_ticks_units_within_half_a_tick(data: st.DataObject, body_mode: st
 
 @PROPERTY
 @given(st.data(), st.sampled_from(["degrees", "range_m100_100"]))
-def test_ticks_to_units_is_monotonic_with_the_drive_mode_deciding_the_direction(data: st.DataObject, body_mode: str) -> None:
+def test_ticks_to_units_is_monotonic_with_the_drive_mode_deciding_the_direction(
+    data: st.DataObject, body_mode: str
+) -> None:
     cal = data.draw(calibrations(body_drive_modes=True))
     a = data.draw(ticks_in(cal))
     b = data.draw(ticks_in(cal))
@@ -255,7 +260,9 @@ def test_leader_to_follower_differs_in_ticks_when_the_calibrations_differ(data: 
     shift = data.draw(st.integers(50, 400))
     base = {n: MotorCalibration(JOINT_IDS[n], 0, 0, 1000, 3000) for n in JOINT_NAMES}
     leader = ArmCalibration(base)
-    follower = ArmCalibration({n: MotorCalibration(JOINT_IDS[n], 0, 0, 1000 + shift, 3000 + shift) for n in JOINT_NAMES})
+    follower = ArmCalibration(
+        {n: MotorCalibration(JOINT_IDS[n], 0, 0, 1000 + shift, 3000 + shift) for n in JOINT_NAMES}
+    )
     lt = np.array(data.draw(st.lists(st.integers(1200, 2800), min_size=6, max_size=6)), dtype=np.int64)
     ft = leader_ticks_to_follower_ticks(lt, leader, follower)
     np.testing.assert_array_equal(ft, lt + shift)
@@ -295,7 +302,9 @@ def _table_spanning_calibration() -> ArmCalibration:
 
 @PROPERTY
 @given(st.data())
-def test_normalized_to_sim_rad_agrees_with_units_to_sim_rad_through_a_table_spanning_calibration(data: st.DataObject) -> None:
+def test_normalized_to_sim_rad_agrees_with_units_to_sim_rad_through_a_table_spanning_calibration(
+    data: st.DataObject,
+) -> None:
     cal = _table_spanning_calibration()
     ticks = data.draw(ticks_in(cal))
     via_normalized = normalized_to_sim_rad(ticks_to_units(ticks, cal, "range_m100_100"))
@@ -313,8 +322,12 @@ def test_the_table_ends_map_to_the_sim_limits() -> None:
     # Normalised ends too (LeIsaac's own map).
     n_lo = np.array([-100.0] * 5 + [0.0])
     n_hi = np.array([100.0] * 5 + [100.0])
-    np.testing.assert_allclose(np.degrees(normalized_to_sim_rad(n_lo)), [LEISAAC_USD_LIMITS_DEG[n][0] for n in JOINT_NAMES])
-    np.testing.assert_allclose(np.degrees(normalized_to_sim_rad(n_hi)), [LEISAAC_USD_LIMITS_DEG[n][1] for n in JOINT_NAMES])
+    np.testing.assert_allclose(
+        np.degrees(normalized_to_sim_rad(n_lo)), [LEISAAC_USD_LIMITS_DEG[n][0] for n in JOINT_NAMES]
+    )
+    np.testing.assert_allclose(
+        np.degrees(normalized_to_sim_rad(n_hi)), [LEISAAC_USD_LIMITS_DEG[n][1] for n in JOINT_NAMES]
+    )
 
 
 @PROPERTY

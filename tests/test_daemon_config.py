@@ -75,7 +75,7 @@ def test_ints_accepted_for_floats_and_cameras_parsed():
 
 
 def test_dump_round_trips(tmp_path):
-    cfg = config_from_dict({"follower": {"port": "/tmp/x \"y\""}, "cameras": {"wrist": {"kind": "virtual"}}})
+    cfg = config_from_dict({"follower": {"port": '/tmp/x "y"'}, "cameras": {"wrist": {"kind": "virtual"}}})
     p = tmp_path / "c.toml"
     p.write_text(dump_toml(cfg))
     assert load_config(p) == cfg

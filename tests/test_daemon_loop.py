@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import still_arm_on_pty, wait_for
 
 from calibration.conventions import GRIPPER_INDEX
 from daemon.config import config_from_dict
@@ -21,7 +22,6 @@ from daemon.control_client import ControlClient
 from daemon.service import Daemon
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
-from support import still_arm_on_pty, wait_for
 
 POSE_A = np.array([0.0, -60.0, 60.0, 40.0, 0.0, 20.0])
 POSE_B = np.array([30.0, -40.0, 45.0, 30.0, 20.0, 50.0])
@@ -60,7 +60,9 @@ class CycleRecorder:
                 checked += 1
             else:
                 start = np.abs(self.rows[i][2] - np.clip(self.rows[i][1], params.lower, params.upper))
-                assert np.all(start <= params.max_align_step + 1e-6), f"cycle {i}: restart {start} not from the measured pose"
+                assert np.all(start <= params.max_align_step + 1e-6), (
+                    f"cycle {i}: restart {start} not from the measured pose"
+                )
         return checked
 
 
@@ -90,7 +92,9 @@ class Bench:
         return self.daemon.loop.state.mode
 
     def wait_mode(self, *modes: str, timeout_s: float = 20.0) -> None:
-        wait_for(lambda: self.mode in modes, timeout_s, f"mode in {modes} (now {self.mode}: {self.daemon.loop.state.reason})")
+        wait_for(
+            lambda: self.mode in modes, timeout_s, f"mode in {modes} (now {self.mode}: {self.daemon.loop.state.reason})"
+        )
 
     def error(self) -> np.ndarray:
         return np.abs(self.fa.pose_units() - self.la.pose_units())
@@ -265,7 +269,17 @@ def test_socket_verbs_drive_modes_and_bad_requests_leave_the_loop_alone(make_ben
         wait_for(lambda: all(s.reg("Torque_Enable") == 1 for s in bench.fa.servos), 10, "torque on")
         assert bench.mode == "idle"
         st = c.request("status")
-        for key in ("mode", "rate_hz", "timing_ms", "overruns", "leader", "follower", "servos", "uptime_s", "follower_kind"):
+        for key in (
+            "mode",
+            "rate_hz",
+            "timing_ms",
+            "overruns",
+            "leader",
+            "follower",
+            "servos",
+            "uptime_s",
+            "follower_kind",
+        ):
             assert key in st
         assert st["follower"]["bus"]["transactions"] > 0
         assert set(st["timing_ms"]["jitter"]) >= {"p50", "p99", "max"}
@@ -289,7 +303,11 @@ def test_missing_follower_servo_is_a_fault_then_operator_resumes(make_bench):
     assert bench.daemon.loop.is_running()
     bench.fa.set_online("wrist_flex", True)
     # back on the bus: the follower reconnects, the fault stays latched until the operator resumes
-    wait_for(lambda: bench.daemon.status()["follower"]["connected"] and bench.mode == "fault", 20, "reconnected, fault latched")
+    wait_for(
+        lambda: bench.daemon.status()["follower"]["connected"] and bench.mode == "fault",
+        20,
+        "reconnected, fault latched",
+    )
     wait_for(lambda: bench.daemon.loop.fault_now == "", 10, "servo healthy again")
     with ControlClient(bench.cfg.socket.path) as c:
         c.request("teleop.start")

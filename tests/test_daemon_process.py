@@ -15,11 +15,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from support import wait_status  # also imported from here by other test files
 
 from calibration.calibration_file import save_calibration
 from daemon.control_client import ControlClient
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
-from support import wait_status  # also imported from here by other test files
 
 SO101D = [sys.executable, "-m", "daemon.cli"]
 
@@ -44,7 +44,9 @@ def test_run_serves_then_sigterm_stops_cleanly(run_dir):
         f'[calibration]\nroot = "{cal_root}"\n[socket]\npath = "{sock}"\n'
     )
     with BusEmulator(run_dir / "leader", la), BusEmulator(run_dir / "follower", fa):
-        proc = subprocess.Popen([*SO101D, "run", "--config", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [*SO101D, "run", "--config", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         try:
             st = wait_status(sock, lambda s: s["mode"] == "teleop", proc=proc)
             assert st["follower_kind"] == "feetech"
@@ -76,7 +78,7 @@ def test_run_serves_then_sigterm_stops_cleanly(run_dir):
 
 def test_run_config_error_names_the_key(run_dir):
     cfg = run_dir / "bad.toml"
-    cfg.write_text('[safety]\nmax_step_degs = 3\n')
+    cfg.write_text("[safety]\nmax_step_degs = 3\n")
     r = subprocess.run([*SO101D, "run", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "safety.max_step_degs: unknown key" in r.stderr
@@ -92,15 +94,23 @@ def test_run_missing_calibration_is_a_clear_error(run_dir):
 
 def test_demo_runs_the_virtual_bench_and_cli_verbs_talk_to_it(run_dir):
     sock = run_dir / "demo.sock"
-    proc = subprocess.Popen([*SO101D, "demo", "--duration", "60", "--dir", str(run_dir / "bench"), "--socket", str(sock), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*SO101D, "demo", "--duration", "60", "--dir", str(run_dir / "bench"), "--socket", str(sock), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_status(sock, lambda s: s["mode"] == "teleop" and s["cycles"] > 50, timeout_s=40, proc=proc)
-        r = subprocess.run([*SO101D, "status", "--json", "--socket", str(sock)], capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [*SO101D, "status", "--json", "--socket", str(sock)], capture_output=True, text=True, timeout=30
+        )
         assert r.returncode == 0, r.stderr
         st = json.loads(r.stdout)
         assert st["follower"]["connected"] and st["leader"]["connected"]
-        r = subprocess.run([*SO101D, "teleop", "stop", "--socket", str(sock)], capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [*SO101D, "teleop", "stop", "--socket", str(sock)], capture_output=True, text=True, timeout=30
+        )
         assert r.returncode == 0 and "holding" in r.stdout
         r = subprocess.run([*SO101D, "status", "--socket", str(sock)], capture_output=True, text=True, timeout=30)
         assert r.returncode == 0 and "hold" in r.stdout
@@ -115,5 +125,7 @@ def test_demo_runs_the_virtual_bench_and_cli_verbs_talk_to_it(run_dir):
 
 
 def test_cli_verbs_without_daemon_exit_2(run_dir):
-    r = subprocess.run([*SO101D, "teleop", "start", "--socket", str(run_dir / "none.sock")], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [*SO101D, "teleop", "start", "--socket", str(run_dir / "none.sock")], capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 2 and "no daemon socket" in r.stderr

@@ -22,9 +22,15 @@ def params(**kw) -> SafetyParams:
 
 
 def inputs(measured, target, intent="teleop", age=0.0, **kw) -> CycleInputs:
-    return CycleInputs(intent=intent, torque_wanted=kw.pop("torque_wanted", True), follower_ok=kw.pop("follower_ok", True),
-                       measured=None if measured is None else np.asarray(measured, float),
-                       target=None if target is None else np.asarray(target, float), target_age_s=age, **kw)
+    return CycleInputs(
+        intent=intent,
+        torque_wanted=kw.pop("torque_wanted", True),
+        follower_ok=kw.pop("follower_ok", True),
+        measured=None if measured is None else np.asarray(measured, float),
+        target=None if target is None else np.asarray(target, float),
+        target_age_s=age,
+        **kw,
+    )
 
 
 def run_cycles(state, p, measured, target, n, **kw):
@@ -179,7 +185,11 @@ def test_disconnected_follower_commands_nothing_and_restarts_alignment():
 @settings(max_examples=200, deadline=None)
 @given(
     measured=st.lists(st.floats(-200, 200), min_size=6, max_size=6),
-    targets=st.lists(st.lists(st.one_of(st.floats(-1e6, 1e6), st.just(math.nan), st.just(math.inf)), min_size=6, max_size=6), min_size=1, max_size=20),
+    targets=st.lists(
+        st.lists(st.one_of(st.floats(-1e6, 1e6), st.just(math.nan), st.just(math.inf)), min_size=6, max_size=6),
+        min_size=1,
+        max_size=20,
+    ),
 )
 def test_every_command_is_finite_in_limits_and_step_bounded(measured, targets):
     p = params()

@@ -17,10 +17,10 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from support import poll_until, wait_for
 
 from daemon.control_client import CommandFailed, ControlClient, DaemonUnavailable
 from daemon.control_socket import ControlServer, RequestError, SocketInUseError
-from support import poll_until, wait_for
 
 
 @pytest.fixture
@@ -81,8 +81,8 @@ def test_registered_verbs_and_replies(server):
         (b"{not json\n", "malformed"),
         (b"\xff\xfe\n", "malformed"),
         (b"[1,2]\n", "JSON object"),
-        (b'{"x": 1}\n', "missing \"cmd\""),
-        (b'{"cmd": 5}\n', "missing \"cmd\""),
+        (b'{"x": 1}\n', 'missing "cmd"'),
+        (b'{"cmd": 5}\n', 'missing "cmd"'),
         (b'{"cmd": "launch.missiles"}\n', "unknown command"),
     ],
 )
@@ -119,7 +119,7 @@ def test_many_concurrent_clients(server):
             with ControlClient(server.path) as c:
                 for j in range(20):
                     assert c.request("echo", x=[i, j])["echo"] == [i, j]
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
@@ -200,7 +200,7 @@ def test_leaked_connections_evict_the_oldest_idle_one_never_the_new_one(sock_dir
     srv.start()
     leaked: list[socket.socket] = []
     try:
-        for i in range(8):
+        for _i in range(8):
             s = _raw_connect(srv.path)
             s.sendall(b'{"cmd": "ping"}\n')  # answered: the server holds it
             assert json.loads(_read_line(s))["pong"] is True
@@ -325,7 +325,10 @@ def test_slow_verbs_never_keep_status_from_answering(sock_dir):
     srv.register("torque.off", lambda req: {"mode": "idle"})
     srv.start()
     replies: list[dict] = []
-    slow_clients = [threading.Thread(target=lambda: replies.append(ControlClient(srv.path, timeout_s=30).call("slow"))) for _ in range(12)]
+    slow_clients = [
+        threading.Thread(target=lambda: replies.append(ControlClient(srv.path, timeout_s=30).call("slow")))
+        for _ in range(12)
+    ]
     try:
         for t in slow_clients:
             t.start()
@@ -346,7 +349,9 @@ def test_slow_verbs_never_keep_status_from_answering(sock_dir):
 
 def test_pipelined_requests_are_answered_in_order(server):
     s = _raw_connect(server.path)
-    s.sendall(b"".join(b'{"cmd": "echo", "x": %d}\n' % i for i in range(50)) + b'{"cmd": "refuse"}\n{"cmd": "echo", "x": 99}')
+    s.sendall(
+        b"".join(b'{"cmd": "echo", "x": %d}\n' % i for i in range(50)) + b'{"cmd": "refuse"}\n{"cmd": "echo", "x": 99}'
+    )
     s.shutdown(socket.SHUT_WR)  # the last request has no newline: it is still answered
     buf = b""
     while True:
@@ -458,7 +463,7 @@ def test_client_retries_a_full_listen_backlog_then_gets_through(sock_dir):
 
 
 def test_cli_verb_retries_a_full_backlog(sock_dir, capsys):
-    from daemon.cli import main  # noqa: PLC0415
+    from daemon.cli import main
 
     stalled = _StalledListener(sock_dir / "c.sock")
     try:
@@ -498,8 +503,9 @@ def test_out_of_file_descriptors_evicts_the_oldest_too(sock_dir):
     """A daemon with a low descriptor limit (a unit's LimitNOFILE) runs out before its connection
     limit: the longest-idle connection still makes room for the new one."""
     path = sock_dir / "c.sock"
-    child = subprocess.Popen([sys.executable, "-c", _LOW_FD_SERVER, str(path)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _LOW_FD_SERVER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     leaked: list[socket.socket] = []
     try:
         assert child.stdout.readline().strip() == "ready"

@@ -18,11 +18,12 @@ import threading
 import time
 from pathlib import Path
 
-from daemon.cli import main as so101d
-from daemon.control_client import ControlClient
 from support import wait_for
 from test_daemon_loop import make_bench  # noqa: F401  (fixture)
-from test_policy_daemon import bench as policy_bench, ckpt  # noqa: F401  (fixtures)
+from test_policy_daemon import bench as policy_bench  # noqa: F401  (fixtures)
+
+from daemon.cli import main as so101d
+from daemon.control_client import ControlClient
 
 IDLE_CLIENTS = 300
 
@@ -125,8 +126,9 @@ def test_300_idle_connections_never_lock_the_operator_out(make_bench, capsys):
         assert r["ok"] is True and r["mode"] == "idle"
 
         # the operator's terminal: `so101d status` as its own process
-        r = subprocess.run([sys.executable, "-m", "daemon.cli", "status", "--socket", path],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "daemon.cli", "status", "--socket", path], capture_output=True, text=True, timeout=60
+        )
         assert r.returncode == 0, r.stderr
         assert "idle" in r.stdout
 
@@ -156,7 +158,9 @@ def test_300_idle_connections_never_lock_the_operator_out(make_bench, capsys):
             for s in leaked:
                 s.close()
         wait_for(lambda: server.connection_count() == 0, 10, "the closed connections forgotten")
-    assert max(with_idle) >= 0.9 * max(without), f"{with_idle} Hz with {IDLE_CLIENTS} idle clients, {without} Hz without"
+    assert max(with_idle) >= 0.9 * max(without), (
+        f"{with_idle} Hz with {IDLE_CLIENTS} idle clients, {without} Hz without"
+    )
     assert loop.is_running()
 
 
@@ -187,11 +191,13 @@ def test_status_and_torque_off_answer_while_policy_load_waits(policy_bench, ckpt
     """`so101d policy load DIR --wait`: the verb waits for the policy worker to be ready (a
     process importing torch: seconds). Meanwhile another terminal's status and torque off answer
     at once."""
-    daemon, ctl, rows, la_emu, root = policy_bench
+    daemon, ctl, _rows, _la_emu, root = policy_bench
     path = str(root / "c.sock")
     wait_for(lambda: daemon.loop.state.mode == "teleop", 20, "teleop")
     loaded: list[dict] = []
-    waiting = threading.Thread(target=lambda: loaded.append(ControlClient(path, timeout_s=120).call("policy.load", path=str(ckpt), wait_s=90)))
+    waiting = threading.Thread(
+        target=lambda: loaded.append(ControlClient(path, timeout_s=120).call("policy.load", path=str(ckpt), wait_s=90))
+    )
     waiting.start()
     try:
         wait_for(lambda: ctl.source is not None and ctl.source.state == "loading", 30, "the policy worker loading")

@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rich.console import Console
+from support import still_arm_on_pty, wait_for
 
 from daemon.commands.status import render
 from daemon.config import config_from_dict
 from daemon.service import Daemon
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
-from support import still_arm_on_pty, wait_for
 
 SO101D = [sys.executable, "-m", "daemon.cli"]
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +37,9 @@ BASE = {"mode": "teleop", "reason": "tracking", "rate_hz": 99.0, "rate_hz_target
 
 
 def test_no_policy_or_recording_lines_without_those_extras() -> None:
-    out = text_of(dict(BASE, safety={"fault_latched": "", "fault_now": "", "limited_cycles": 0, "limit_hits": {"gripper": 0}}))
+    out = text_of(
+        dict(BASE, safety={"fault_latched": "", "fault_now": "", "limited_cycles": 0, "limit_hits": {"gripper": 0}})
+    )
     assert "no fault" in out and "limits hit: none" in out
     assert "policy" not in out and "recording" not in out
     # an old daemon without the safety section still renders
@@ -48,12 +50,31 @@ def test_fault_latch_policy_and_recording_sections() -> None:
     st = dict(
         BASE,
         mode="fault",
-        safety={"fault_latched": "elbow_flex: overload", "fault_now": "", "limited_cycles": 17,
-                "limit_hits": {"shoulder_pan": 12, "gripper": 0, "wrist_flex": 3}},
-        policy={"state": "running", "driving": True, "inference_latency_ms": {"p50": 41.25, "p99": 88.5, "max": 90.0, "n": 50},
-                "chunk_age_ms": 123.4, "queue_depth": 37, "takeover": None, "last_error": None, "error": None},
-        recording={"phase": "recording", "episode": 4, "elapsed_s": 12.34, "frames": 370, "episodes_in_dataset": 3,
-                   "writer_backlog_frames": 2, "error": None},
+        safety={
+            "fault_latched": "elbow_flex: overload",
+            "fault_now": "",
+            "limited_cycles": 17,
+            "limit_hits": {"shoulder_pan": 12, "gripper": 0, "wrist_flex": 3},
+        },
+        policy={
+            "state": "running",
+            "driving": True,
+            "inference_latency_ms": {"p50": 41.25, "p99": 88.5, "max": 90.0, "n": 50},
+            "chunk_age_ms": 123.4,
+            "queue_depth": 37,
+            "takeover": None,
+            "last_error": None,
+            "error": None,
+        },
+        recording={
+            "phase": "recording",
+            "episode": 4,
+            "elapsed_s": 12.34,
+            "frames": 370,
+            "episodes_in_dataset": 3,
+            "writer_backlog_frames": 2,
+            "error": None,
+        },
     )
     out = text_of(st)
     lines = {ln.split()[0]: ln for ln in out.splitlines() if ln.strip()}
@@ -80,15 +101,20 @@ def test_fault_latch_policy_and_recording_sections() -> None:
 def limit_bench(tmp_path: Path):
     # leader shoulder_pan at 114 deg: inside the leader's range, beyond the follower's (about 111)
     pose = np.array([114.0, -40.0, 45.0, 30.0, 0.0, 50.0])
-    la, lb = still_arm_on_pty(tmp_path / "leader", "leader", pose)
-    fa, fb = still_arm_on_pty(tmp_path / "follower", "follower", np.array([100.0, -40.0, 45.0, 30.0, 0.0, 50.0]))
-    cfg = config_from_dict({
-        "socket": {"path": str(tmp_path / "c.sock")},
-        "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 100.0},
-        "control": {"reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.2},
-    })
-    daemon = Daemon(cfg, FeetechLeader(str(tmp_path / "leader"), reference_calibration("leader")),
-                    FeetechFollower(str(tmp_path / "follower"), reference_calibration("follower")))
+    _la, lb = still_arm_on_pty(tmp_path / "leader", "leader", pose)
+    _fa, fb = still_arm_on_pty(tmp_path / "follower", "follower", np.array([100.0, -40.0, 45.0, 30.0, 0.0, 50.0]))
+    cfg = config_from_dict(
+        {
+            "socket": {"path": str(tmp_path / "c.sock")},
+            "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 100.0},
+            "control": {"reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.2},
+        }
+    )
+    daemon = Daemon(
+        cfg,
+        FeetechLeader(str(tmp_path / "leader"), reference_calibration("leader")),
+        FeetechFollower(str(tmp_path / "follower"), reference_calibration("follower")),
+    )
     daemon.start()
     yield daemon, tmp_path / "c.sock"
     daemon.stop()
@@ -121,11 +147,16 @@ def test_what_the_operator_must_act_on_is_shown_in_the_table_and_the_line() -> N
         power_cycle_required="gripper overload latched: power-cycle the arm",
         fault="",
         follower={"connected": True, "configure_warnings": ["Return_Delay_Time kept at 50 (wrote 0)"]},
-        recording={"phase": "error", "episode": 2, "frames": 0, "episodes_in_dataset": 1,
-                   "error": "writer process died (SIGKILL)",
-                   "waiting_for": "camera front: waiting for the simulator to announce its image size",
-                   "frames_refused": {"wrist": {"count": 7, "last": "shape (240, 320, 3) != (480, 640, 3)"}},
-                   "lost_episodes": ["episode 1 'pick the cube': saved but never written"]},
+        recording={
+            "phase": "error",
+            "episode": 2,
+            "frames": 0,
+            "episodes_in_dataset": 1,
+            "error": "writer process died (SIGKILL)",
+            "waiting_for": "camera front: waiting for the simulator to announce its image size",
+            "frames_refused": {"wrist": {"count": 7, "last": "shape (240, 320, 3) != (480, 640, 3)"}},
+            "lost_episodes": ["episode 1 'pick the cube': saved but never written"],
+        },
     )
     for out in (text_of(st), one_line(st)):
         assert "100 Hz is impossible here" in out
@@ -142,9 +173,15 @@ def test_what_the_operator_must_act_on_is_shown_in_the_table_and_the_line() -> N
 def test_a_remote_policy_server_line_keeps_round_trip_network_and_server_time_apart() -> None:
     from daemon.commands.status import one_line
 
-    srv = {"address": "127.0.0.1:8080", "connected": False, "error": "UNAVAILABLE: connection refused",
-           "round_trip_ms": {"p50": 61.2}, "network_ms": {"p50": 3.4}, "get_actions_ms": {"p50": 55.0},
-           "server_compute_ms": None}
+    srv = {
+        "address": "127.0.0.1:8080",
+        "connected": False,
+        "error": "UNAVAILABLE: connection refused",
+        "round_trip_ms": {"p50": 61.2},
+        "network_ms": {"p50": 3.4},
+        "get_actions_ms": {"p50": 55.0},
+        "server_compute_ms": None,
+    }
     st = dict(BASE, policy={"state": "running", "driving": False, "backend": "lerobot-server", "server": srv})
     out = text_of(st)
     assert "server 127.0.0.1:8080 NOT connected" in out and "UNAVAILABLE: connection refused" in out

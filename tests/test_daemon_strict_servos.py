@@ -7,11 +7,11 @@ clearly when an FTDI latency timer makes the rate impossible.
 from __future__ import annotations
 
 import numpy as np
-
-from daemon.control_client import ControlClient
-from drivers.emulator.realism import STRICT_SERVO, BusRealism, USB_CH343, USB_FTDI
 from support import wait_for
 from test_daemon_loop import POSE_A, TOL_DEG, make_bench  # noqa: F401  (fixture)
+
+from daemon.control_client import ControlClient
+from drivers.emulator.realism import STRICT_SERVO, USB_CH343, USB_FTDI, BusRealism
 
 
 def test_latched_gripper_overload_asks_for_a_power_cycle_and_the_daemon_waits_for_it(make_bench):

@@ -32,9 +32,26 @@ def _demo(tmp: Path, *extra: str) -> tuple[str, str, Path]:
     env = {k: v for k, v in os.environ.items() if k not in ("HF_DATASETS_DISABLE_PROGRESS_BARS", "SO101D_LOG_LEVEL")}
     env.update(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     with open(out_path, "w") as out, open(err_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "demo", "--dir", str(run_dir), "--record", "1",
-                                 "--episode-time", "2", "--socket", str(tmp / "d.sock"), *extra],
-                                stdout=out, stderr=err, env=env)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daemon.cli",
+                "demo",
+                "--dir",
+                str(run_dir),
+                "--record",
+                "1",
+                "--episode-time",
+                "2",
+                "--socket",
+                str(tmp / "d.sock"),
+                *extra,
+            ],
+            stdout=out,
+            stderr=err,
+            env=env,
+        )
     try:
         end = time.monotonic() + 240
         while episodes_on_disk(ds_root) < 1:
@@ -67,7 +84,9 @@ def test_quiet_demo_prints_the_final_summary_and_nothing_else(quiet_demo) -> Non
     assert lines[0] == "so101d demo: 1 episodes in the dataset", out
     assert lines[1] == f"dataset: {ds_root}" and len(lines) == 5, out
     # the daemon's own INFO lines are off (the writer process's: see the xfail below)
-    assert not [line for line in err.splitlines() if re.search(r" INFO so101d\.(daemon|loop|socket|demo)", line)], err[-3000:]
+    assert not [line for line in err.splitlines() if re.search(r" INFO so101d\.(daemon|loop|socket|demo)", line)], err[
+        -3000:
+    ]
     assert "so101d demo: daemon on the virtual bench" not in err
 
 

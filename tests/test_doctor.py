@@ -30,11 +30,23 @@ def bench(tmp_path: Path) -> Iterator[EmulatorProcess]:
 
 def _argv(ep: EmulatorProcess, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "daemon.cli", "doctor",
-        "--leader", str(ep.leader_path), "--follower", str(ep.follower_path),
-        "--calibration-root", str(ep.directory / "cal"),
-        "--leader-id", "emulated_leader", "--follower-id", "emulated_follower",
-        "--round-trips", "60", *extra,
+        sys.executable,
+        "-m",
+        "daemon.cli",
+        "doctor",
+        "--leader",
+        str(ep.leader_path),
+        "--follower",
+        str(ep.follower_path),
+        "--calibration-root",
+        str(ep.directory / "cal"),
+        "--leader-id",
+        "emulated_leader",
+        "--follower-id",
+        "emulated_follower",
+        "--round-trips",
+        "60",
+        *extra,
     ]
 
 
@@ -65,7 +77,14 @@ def test_a_healthy_bench_passes_every_check_and_changes_nothing(bench: EmulatorP
     for arm in ("leader", "follower"):
         got = checks(r.stdout, arm)
         assert set(got.values()) == {"PASS"}, got
-        assert {"servos answer", "firmware", "dry run is read-only", "health block read", "round trip", "calibration"} <= set(got)
+        assert {
+            "servos answer",
+            "firmware",
+            "dry run is read-only",
+            "health block read",
+            "round trip",
+            "calibration",
+        } <= set(got)
     after = bench.control({"cmd": "snapshot", "arm": "follower"})["servos"]
     assert [s["torque_enabled"] for s in after.values()] == [s["torque_enabled"] for s in before.values()]
     assert "lerobot=0.6.1" in r.stdout  # what a bug report needs
@@ -90,7 +109,9 @@ def test_ftdi_latency_timer_fails_the_round_trip_check(bench: EmulatorProcess) -
 
 def test_a_latched_overload_and_a_calibration_mismatch_fail_for_their_reasons(bench: EmulatorProcess) -> None:
     bench.control({"cmd": "error_bits", "arm": "follower", "joint": "gripper", "bits": 0x20})
-    bench.control({"cmd": "set_register", "arm": "follower", "joint": "elbow_flex", "name": "Homing_Offset", "value": 5})
+    bench.control(
+        {"cmd": "set_register", "arm": "follower", "joint": "elbow_flex", "name": "Homing_Offset", "value": 5}
+    )
     r = doctor(bench, "--only", "follower")
     assert r.returncode == 1
     got = checks(r.stdout, "follower")
@@ -102,8 +123,9 @@ class Operator:
     """The operator at the terminal: reads the doctor's prompts, answers them."""
 
     def __init__(self, argv: list[str]) -> None:
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     env=_env(), cwd=REPO)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(), cwd=REPO
+        )
         self.seen = b""
 
     def wait_for(self, text: str, timeout_s: float = 60.0) -> None:
@@ -133,7 +155,9 @@ class Operator:
 def test_power_cycle_walkthrough_proves_configuration_persists_on_strict_servos(bench: EmulatorProcess) -> None:
     bench.control({"cmd": "realism", "preset": "strict"})
     # like a fresh servo: factory return delay, which real units clamp to 50 when we ask for 0
-    bench.control({"cmd": "set_register", "arm": "follower", "joint": "wrist_flex", "name": "Return_Delay_Time", "value": 250})
+    bench.control(
+        {"cmd": "set_register", "arm": "follower", "joint": "wrist_flex", "name": "Return_Delay_Time", "value": 250}
+    )
     op = Operator(_argv(bench, "--only", "follower", "--power-cycle"))
     op.wait_for("Continue? [y/N]")
     op.answer("y")
@@ -160,7 +184,9 @@ def test_power_cycle_that_did_not_happen_is_caught(bench: EmulatorProcess) -> No
 
 
 def test_declining_the_power_cycle_writes_nothing(bench: EmulatorProcess) -> None:
-    bench.control({"cmd": "set_register", "arm": "follower", "joint": "wrist_flex", "name": "Return_Delay_Time", "value": 250})
+    bench.control(
+        {"cmd": "set_register", "arm": "follower", "joint": "wrist_flex", "name": "Return_Delay_Time", "value": 250}
+    )
     op = Operator(_argv(bench, "--only", "follower", "--power-cycle"))
     op.wait_for("Continue? [y/N]")
     op.answer("n")

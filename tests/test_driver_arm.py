@@ -6,13 +6,13 @@ import time
 
 import numpy as np
 import pytest
+from support import connect_lerobot, poll_until
 
 from calibration.calibration_file import ArmCalibration
 from calibration.conventions import JOINT_NAMES, ticks_to_units, unit_limits
 from drivers.arm_interface import ArmHealth, BusTimeoutError, FollowerArm, HandshakeError, LeaderArm, PortGoneError
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader, FollowerBusConfig, LeaderBusConfig
-from support import connect_lerobot, poll_until
 
 TICK_DEG = 360.0 / 4095
 
@@ -76,7 +76,9 @@ def test_handshake_mixed_firmware(follower_emu):
     f = FeetechFollower(str(follower_emu.link_path), reference_calibration("follower"))
     with pytest.raises(HandshakeError, match=r"'gripper' \(id 6\) 3.9"):
         f.connect()
-    f2 = FeetechFollower(str(follower_emu.link_path), reference_calibration("follower"), FollowerBusConfig(expected_firmware=(3, 9)))
+    f2 = FeetechFollower(
+        str(follower_emu.link_path), reference_calibration("follower"), FollowerBusConfig(expected_firmware=(3, 9))
+    )
     follower_emu.arm.servo("gripper").set_register("Firmware_Minor_Version", 10)
     with pytest.raises(HandshakeError, match="expected 3.9"):
         f2.connect()
@@ -241,9 +243,11 @@ def test_write_calibration_like_lerobot(tmp_path):
         f = FeetechFollower(str(emu.link_path), cal)
         f.connect()
         assert f.calibration_mismatches  # factory EEPROM differs from the file: reported, not overwritten
-        # the same wording as `so101d calibrate --verify` (calibration.servo_sync, one implementation)
+        # the same wording as `so101d calibrate --verify` (drivers.calibration_io, one implementation)
         off = cal["elbow_flex"].homing_offset
-        assert f"motor 'elbow_flex' (id 3): Homing_Offset is 0 on the servo, {off} in the file" in f.calibration_mismatches
+        assert (
+            f"motor 'elbow_flex' (id 3): Homing_Offset is 0 on the servo, {off} in the file" in f.calibration_mismatches
+        )
         assert len(f.calibration_mismatches) == 6 * 3 - 2  # all differ but wrist_roll's range (0..4095 both)
         assert emu.arm.eeprom_calibration().to_json_dict() != cal.to_json_dict()
         for s in emu.arm.servos:  # a locked servo ignores EEPROM writes: write_calibration must unlock
@@ -371,7 +375,9 @@ def test_against_the_emulator_process(tmp_path):
 
     with EmulatorProcess(tmp_path / "bench", leader=True, follower=True) as proc:
         cal = {
-            role: ArmCalibration.from_json_dict(proc.control({"cmd": "reference_calibration", "arm": role})["calibration"])
+            role: ArmCalibration.from_json_dict(
+                proc.control({"cmd": "reference_calibration", "arm": role})["calibration"]
+            )
             for role in ("leader", "follower")
         }
         leader = FeetechLeader(str(proc.leader_path), cal["leader"])

@@ -65,7 +65,14 @@ def test_write_and_sync_write_reach_the_servos(emu, bus):
 
 @pytest.mark.parametrize(
     "register, value",
-    [("Goal_Position", 1 << 15), ("Homing_Offset", 2048), ("Lock", 256), ("Lock", -1), ("Lock", 1.5), ("No_Such_Register", 1)],
+    [
+        ("Goal_Position", 1 << 15),
+        ("Homing_Offset", 2048),
+        ("Lock", 256),
+        ("Lock", -1),
+        ("Lock", 1.5),
+        ("No_Such_Register", 1),
+    ],
 )
 def test_bad_values_raise_before_the_bus(emu, bus, register, value):
     before = (bus.counters.transactions, emu.stats.requests)

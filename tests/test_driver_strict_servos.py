@@ -12,15 +12,15 @@ import time
 
 import numpy as np
 import pytest
+from support import poll_until
 
 from calibration.conventions import JOINT_NAMES
 from drivers.arm_interface import ArmError
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
-from drivers.emulator.realism import STRICT_SERVO, realism_from_spec
+from drivers.emulator.realism import realism_from_spec
 from drivers.feetech_arm import FeetechFollower, FollowerBusConfig, OverloadLatchedError
 from drivers.feetech_bus import FeetechBus
 from drivers.sts3215_table import ERR_OVERLOAD
-from support import poll_until
 
 
 def _serve(tmp_path, preset="calibrated", realism="strict", wire_time=False):
@@ -151,7 +151,9 @@ def test_a_gripper_that_goes_silent_in_overload_is_reported_as_needing_a_power_c
     try:
         f.connect()
         _overload_the_gripper(arm, f)
-        with pytest.raises(OverloadLatchedError, match=r"gripper overload latched \(gripper no longer answering\): power-cycle the arm"):
+        with pytest.raises(
+            OverloadLatchedError, match=r"gripper overload latched \(gripper no longer answering\): power-cycle the arm"
+        ):
             f.set_torque(True)
         arm.power_cycle()
         f.set_torque(True)

@@ -13,11 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scservo_sdk as scs
+from test_emulator_sdk import ok
 
 from calibration.conventions import JOINT_NAMES
 from drivers.emulator.process import ControlClient, EmulatorControlError, EmulatorProcess
-
-from test_emulator_sdk import ok  # noqa: E402
 
 
 def _cpu_s(pid: int) -> float:
@@ -40,7 +39,7 @@ def test_emulate_serves_both_arms_and_sigterm_removes_links(tmp_path: Path) -> N
         for _ in range(8):
             pans.append(ep.control({"cmd": "snapshot", "arm": "leader"})["pose_units"][0])
             time.sleep(0.1)
-        assert min(pans) < max(pans) and -0.5 <= min(pans) and max(pans) <= 30.5
+        assert min(pans) < max(pans) and min(pans) >= -0.5 and max(pans) <= 30.5
 
         # A client talks to the follower through the link.
         port = scs.PortHandler(str(ep.follower_path))
@@ -138,7 +137,9 @@ def test_sigint_is_clean_too(tmp_path: Path) -> None:
 )
 def test_bad_arguments_exit_2_with_a_reason(tmp_path: Path, args: list[str], message: str) -> None:
     args = [a.replace("X", str(tmp_path / "x")) for a in args]
-    res = subprocess.run([sys.executable, "-m", "daemon.cli", "emulate", *args], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "daemon.cli", "emulate", *args], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 2
     assert message in res.stderr
     assert not os.path.lexists(tmp_path / "x")

@@ -85,7 +85,7 @@ def test_dead_band_and_goal_clamp() -> None:
 
 
 def test_homing_offset_changes_the_reading_not_the_joint() -> None:
-    arm, clock = _arm()
+    arm, _clock = _arm()
     s = arm.servo("wrist_flex")
     before_units = arm.pose_units()
     present = _pos(s)
@@ -267,7 +267,10 @@ def test_missing_and_corrupt_trajectory_files(tmp_path: Path) -> None:
 
 def test_factory_preset_reads_raw_positions_and_reference_is_the_same_arm() -> None:
     pose = [10.0, -30.0, 40.0, 20.0, 0.0, 50.0]
-    cal, fac = EmulatedArm("follower", initial_pose_units=pose), EmulatedArm("follower", "factory", initial_pose_units=pose)
+    cal, fac = (
+        EmulatedArm("follower", initial_pose_units=pose),
+        EmulatedArm("follower", "factory", initial_pose_units=pose),
+    )
     assert fac.eeprom_calibration().motors["shoulder_pan"].homing_offset == 0
     assert fac.servo(1).reg("Return_Delay_Time") == 250
     np.testing.assert_allclose(cal.pose_units(), fac.pose_units())

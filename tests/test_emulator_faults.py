@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 import scservo_sdk as scs
 import serial
+from support import sdk_port_on_emulated_follower
+from test_emulator_sdk import ok
 
 from drivers import protocol as P
-from drivers.emulator.realism import realism_from_spec
 from drivers.emulator import BusEmulator, EmulatedArm
+from drivers.emulator.realism import realism_from_spec
 from drivers.sts3215_table import ERR_OVERHEAT, ERR_OVERLOAD, ERR_VOLTAGE
-
-from test_emulator_sdk import ok  # noqa: E402  (same retry rule for client-side timeouts)
-from support import sdk_port_on_emulated_follower  # noqa: E402
 
 ADDR_PRESENT = 56
 
@@ -37,7 +36,7 @@ def _sync_reader(port, ph, ids=range(1, 7)) -> scs.GroupSyncRead:
 
 
 def test_drop_next_replies_then_recover(rig) -> None:
-    arm, bus, port, ph = rig
+    _arm, bus, port, ph = rig
     bus.drop_replies(1)
     assert ph.read2ByteTxRx(port, 1, ADDR_PRESENT)[1] == scs.COMM_RX_TIMEOUT
     assert bus.stats.dropped_replies == 1
@@ -45,7 +44,7 @@ def test_drop_next_replies_then_recover(rig) -> None:
 
 
 def test_corrupted_checksums_are_reported_corrupt_by_the_sdk(rig) -> None:
-    arm, bus, port, ph = rig
+    _arm, bus, port, ph = rig
     bus.corrupt_checksums(1.0)
     assert ph.read2ByteTxRx(port, 2, ADDR_PRESENT)[1] == scs.COMM_RX_CORRUPT
     bus.corrupt_checksums(0.0)
@@ -55,7 +54,7 @@ def test_corrupted_checksums_are_reported_corrupt_by_the_sdk(rig) -> None:
 
 
 def test_added_latency_delays_every_reply(rig) -> None:
-    arm, bus, port, ph = rig
+    _arm, bus, port, ph = rig
     bus.set_latency(0.02)
     t0 = time.perf_counter()
     assert ok(port, ph.read2ByteTxRx, port, 3, ADDR_PRESENT)[1] == scs.COMM_SUCCESS
@@ -65,7 +64,7 @@ def test_added_latency_delays_every_reply(rig) -> None:
 
 
 def test_servo_off_the_bus_is_silent_and_breaks_the_sync_read(rig) -> None:
-    arm, bus, port, ph = rig
+    arm, _bus, port, ph = rig
     arm.set_online("wrist_flex", False)
     assert ph.ping(port, 4)[1] == scs.COMM_RX_TIMEOUT
     # The SDK waits for id 4's reply in order: the whole group read fails (LR#3131's symptom).
@@ -85,7 +84,7 @@ def _broadcast_ping(port) -> list[P.Packet]:
 
 
 def test_broadcast_ping_finds_the_one_servo_attached_as_in_lerobots_motor_setup(rig) -> None:
-    arm, bus, port, ph = rig
+    arm, _bus, port, _ph = rig
     for joint in (1, 2, 3, 4, 5):
         arm.set_online(joint, False)
     packets = _broadcast_ping(port)
@@ -109,7 +108,7 @@ def test_broadcast_ping_with_several_servos_collides_under_realism(rig) -> None:
 
 
 def test_error_bits_reach_the_status_packet(rig) -> None:
-    arm, bus, port, ph = rig
+    arm, _bus, port, ph = rig
     arm.set_error_bits("elbow_flex", ERR_VOLTAGE)
     _, comm, err = ok(port, ph.read2ByteTxRx, port, 3, ADDR_PRESENT)
     assert comm == scs.COMM_SUCCESS and err == ERR_VOLTAGE
@@ -122,7 +121,7 @@ def test_error_bits_reach_the_status_packet(rig) -> None:
 
 
 def test_overload_bit_and_torque_cut_over_the_bus(rig) -> None:
-    arm, bus, port, ph = rig
+    arm, _bus, port, ph = rig
     g = 6
     start = ok(port, ph.read2ByteTxRx, port, g, ADDR_PRESENT)[0]
     ok(port, ph.write1ByteTxRx, port, g, 55, 0)
@@ -133,7 +132,7 @@ def test_overload_bit_and_torque_cut_over_the_bus(rig) -> None:
     deadline = time.monotonic() + 3.0
     err = 0
     while time.monotonic() < deadline:
-        _, comm, err = ok(port, ph.read1ByteTxRx, port, g, 40)
+        _, _comm, err = ok(port, ph.read1ByteTxRx, port, g, 40)
         if err & ERR_OVERLOAD:
             break
         time.sleep(0.02)
@@ -145,7 +144,7 @@ def test_overload_bit_and_torque_cut_over_the_bus(rig) -> None:
 
 
 def test_unplug_errors_the_client_and_replug_serves_a_fresh_pty(rig) -> None:
-    arm, bus, port, ph = rig
+    _arm, bus, port, ph = rig
     old = bus.slave_name
     bus.unplug()
     assert not os.path.lexists(bus.link_path)

@@ -79,14 +79,19 @@ def _lerobot_calibration(role: str) -> dict[str, MotorCalibration]:
 
 def _motors() -> dict[str, Motor]:
     body = MotorNormMode.DEGREES
-    return {n: Motor(i + 1, "sts3215", MotorNormMode.RANGE_0_100 if n == "gripper" else body) for i, n in enumerate(JOINT_NAMES)}
+    return {
+        n: Motor(i + 1, "sts3215", MotorNormMode.RANGE_0_100 if n == "gripper" else body)
+        for i, n in enumerate(JOINT_NAMES)
+    }
 
 
 def _pose(ep: EmulatorProcess, arm: str) -> np.ndarray:
     return np.array(ep.control({"cmd": "snapshot", "arm": arm})["pose_units"])
 
 
-def _wait_pose(ep: EmulatorProcess, arm: str, target: list[float], tol: float = 0.5, timeout_s: float = 4.0) -> np.ndarray:
+def _wait_pose(
+    ep: EmulatorProcess, arm: str, target: list[float], tol: float = 0.5, timeout_s: float = 4.0
+) -> np.ndarray:
     deadline = time.monotonic() + timeout_s
     while True:
         pose = _pose(ep, arm)
@@ -124,7 +129,14 @@ def test_feetech_bus_handshake_ping_sync_read_write(bench: EmulatorProcess) -> N
         assert [raw[n] for n in JOINT_NAMES] == [snap[n]["present_ticks"] for n in JOINT_NAMES]
 
         lr.enable_torque()
-        target = {"shoulder_pan": 20.0, "shoulder_lift": -60.0, "elbow_flex": 60.0, "wrist_flex": 30.0, "wrist_roll": 45.0, "gripper": 50.0}
+        target = {
+            "shoulder_pan": 20.0,
+            "shoulder_lift": -60.0,
+            "elbow_flex": 60.0,
+            "wrist_flex": 30.0,
+            "wrist_roll": 45.0,
+            "gripper": 50.0,
+        }
         lr.sync_write("Goal_Position", target)
         pose = _wait_pose(bench, "follower", list(target.values()))
         np.testing.assert_allclose(pose, list(target.values()), atol=0.5)
@@ -140,7 +152,9 @@ def test_feetech_bus_handshake_ping_sync_read_write(bench: EmulatorProcess) -> N
 def test_so_follower_connects_without_prompt_observes_and_acts(bench: EmulatorProcess, tmp_path: Path) -> None:
     root = tmp_path / "calibration"
     save_calibration(reference_calibration("follower"), "follower", "emu", root=root)
-    cfg = SOFollowerRobotConfig(port=str(bench.follower_path), id="emu", calibration_dir=calibration_path("follower", "emu", root).parent)
+    cfg = SOFollowerRobotConfig(
+        port=str(bench.follower_path), id="emu", calibration_dir=calibration_path("follower", "emu", root).parent
+    )
     robot = SOFollower(cfg)
     _connect(robot, robot.bus)
     try:
@@ -152,7 +166,9 @@ def test_so_follower_connects_without_prompt_observes_and_acts(bench: EmulatorPr
         robot.bus.enable_torque()
         action = {f"{n}.pos": v for n, v in zip(JOINT_NAMES, [10.0, -80.0, 80.0, 40.0, 5.0, 30.0])}
         assert robot.send_action(action) == action
-        np.testing.assert_allclose(_wait_pose(bench, "follower", list(action.values())), list(action.values()), atol=0.5)
+        np.testing.assert_allclose(
+            _wait_pose(bench, "follower", list(action.values())), list(action.values()), atol=0.5
+        )
     finally:
         robot.disconnect()
 
@@ -162,7 +178,9 @@ def test_so_leader_reads_the_emulated_hand_motion(bench: EmulatorProcess, tmp_pa
     bench.control({"cmd": "set_pose", "arm": "leader", "pose_units": pose})
     root = tmp_path / "calibration"
     save_calibration(reference_calibration("leader"), "leader", "emu", root=root)
-    cfg = SOLeaderTeleopConfig(port=str(bench.leader_path), id="emu", calibration_dir=calibration_path("leader", "emu", root).parent)
+    cfg = SOLeaderTeleopConfig(
+        port=str(bench.leader_path), id="emu", calibration_dir=calibration_path("leader", "emu", root).parent
+    )
     leader = SOLeader(cfg)
     _connect(leader, leader.bus)
     try:

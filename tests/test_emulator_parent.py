@@ -14,18 +14,36 @@ import sys
 import threading
 from pathlib import Path
 
-from drivers.emulator.process import EmulatorProcess
 from support import poll_until, wait_status
 from test_service_signals import REPO, alive, cmdline, descendants
+
+from drivers.emulator.process import EmulatorProcess
 
 
 def test_kill_9_of_the_demo_takes_its_emulator_and_helpers_with_it(tmp_path: Path) -> None:
     run_dir, sock = tmp_path / "run", tmp_path / "so101d.sock"
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     with open(tmp_path / "demo.log", "wb") as out:
-        demo = subprocess.Popen([sys.executable, "-m", "daemon.cli", "demo", "--duration", "600", "--record", "0",
-                                 "--quiet", "--dir", str(run_dir), "--socket", str(sock)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
+        demo = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daemon.cli",
+                "demo",
+                "--duration",
+                "600",
+                "--record",
+                "0",
+                "--quiet",
+                "--dir",
+                str(run_dir),
+                "--socket",
+                str(sock),
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_status(sock, lambda s: s["mode"] == "teleop", timeout_s=60, proc=demo)
         ours = descendants(demo.pid)
@@ -37,8 +55,7 @@ def test_kill_9_of_the_demo_takes_its_emulator_and_helpers_with_it(tmp_path: Pat
         demo.wait()
 
         assert poll_until(lambda: not alive(emulators[0]), 10), "the emulator outlived the demo"
-        assert poll_until(lambda: not any(alive(p) for p in ours), 10), \
-            {p: cmdline(p) for p in ours if alive(p)}
+        assert poll_until(lambda: not any(alive(p) for p in ours), 10), {p: cmdline(p) for p in ours if alive(p)}
         assert not (run_dir / "leader").exists() and not (run_dir / "follower").exists(), "port links left behind"
     finally:
         if demo.poll() is None:

@@ -78,12 +78,26 @@ def test_packets_survive_leading_noise(noise: bytes, ids: list[int], payload: by
     out = parser.feed(noise, now_s=0.0)
     out += parser.feed(stream, now_s=1.0)  # after a gap: any partial garbage is abandoned
     # Every real packet is found (noise may add spurious valid-looking packets before them).
-    tail = [(p.servo_id, p.params) for p in out[-len(ids):]]
+    tail = [(p.servo_id, p.params) for p in out[-len(ids) :]]
     assert tail == [(i, payload) for i in ids]
 
 
 # --- the servo side never falls over, whatever arrives ----------------------------------------
-_INSTRUCTIONS = st.sampled_from([P.INST_PING, P.INST_READ, P.INST_WRITE, P.INST_REG_WRITE, P.INST_ACTION, P.INST_SYNC_READ, P.INST_SYNC_WRITE, 0x00, 0x06, 0x7F, 0xFF])
+_INSTRUCTIONS = st.sampled_from(
+    [
+        P.INST_PING,
+        P.INST_READ,
+        P.INST_WRITE,
+        P.INST_REG_WRITE,
+        P.INST_ACTION,
+        P.INST_SYNC_READ,
+        P.INST_SYNC_WRITE,
+        0x00,
+        0x06,
+        0x7F,
+        0xFF,
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)

@@ -15,6 +15,8 @@ import pytest
 import scservo_sdk as scs
 from lerobot.motors import Motor, MotorCalibration, MotorNormMode
 from lerobot.motors.feetech import FeetechMotorsBus
+from support import connect_lerobot, poll_until, sdk_port_on_emulated_follower
+from test_emulator_sdk import ok
 
 from calibration.conventions import JOINT_NAMES
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
@@ -23,14 +25,15 @@ from drivers.emulator.realism import USB_CH343, USB_FTDI, realism_from_spec
 from drivers.feetech_arm import FeetechFollower, FollowerBusConfig
 from drivers.feetech_bus import FeetechBus
 from drivers.sts3215_table import ERR_OVERLOAD
-from support import connect_lerobot, poll_until, sdk_port_on_emulated_follower
-from test_emulator_sdk import ok  # noqa: E402  (same retry rule for client-side timeouts)
 
 HEALTH = (40, 31)
 
 
 def _motors() -> dict[str, Motor]:
-    return {n: Motor(i + 1, "sts3215", MotorNormMode.RANGE_0_100 if n == "gripper" else MotorNormMode.DEGREES) for i, n in enumerate(JOINT_NAMES)}
+    return {
+        n: Motor(i + 1, "sts3215", MotorNormMode.RANGE_0_100 if n == "gripper" else MotorNormMode.DEGREES)
+        for i, n in enumerate(JOINT_NAMES)
+    }
 
 
 def _lerobot_calibration() -> dict[str, MotorCalibration]:
@@ -59,7 +62,9 @@ def test_realism_is_reported_and_settable_over_the_control_socket(real_bench: Em
 
 def test_lerobot_bus_connects_configures_and_drives_strict_servos_over_ch343(real_bench: EmulatorProcess) -> None:
     assert real_bench.follower_path is not None
-    lr = connect_lerobot(lambda: FeetechMotorsBus(str(real_bench.follower_path), _motors(), calibration=_lerobot_calibration()))
+    lr = connect_lerobot(
+        lambda: FeetechMotorsBus(str(real_bench.follower_path), _motors(), calibration=_lerobot_calibration())
+    )
     try:
         real_bench.control({"cmd": "set_register", "joint": "elbow_flex", "name": "Maximum_Acceleration", "value": 0})
         with lr.torque_disabled():
@@ -72,7 +77,9 @@ def test_lerobot_bus_connects_configures_and_drives_strict_servos_over_ch343(rea
         goal = dict(present)
         goal["elbow_flex"] = present["elbow_flex"] - 10.0  # toward mid-range, inside the limits
         lr.sync_write("Goal_Position", goal)
-        assert poll_until(lambda: abs(lr.sync_read("Present_Position", num_retry=3)["elbow_flex"] - goal["elbow_flex"]) < 1.0, 5.0)
+        assert poll_until(
+            lambda: abs(lr.sync_read("Present_Position", num_retry=3)["elbow_flex"] - goal["elbow_flex"]) < 1.0, 5.0
+        )
         # Lock = 1 (LeRobot's enable_torque sets it): an EEPROM write applies but is not saved
         lr.write("P_Coefficient", "elbow_flex", 20, num_retry=2)
         assert lr.read("P_Coefficient", "elbow_flex", num_retry=2) == 20
@@ -80,7 +87,9 @@ def test_lerobot_bus_connects_configures_and_drives_strict_servos_over_ch343(rea
     finally:
         lr.port_handler.closePort()
     real_bench.control({"cmd": "power_cycle"})  # the operator unplugs the arm's power
-    lr = connect_lerobot(lambda: FeetechMotorsBus(str(real_bench.follower_path), _motors(), calibration=_lerobot_calibration()))
+    lr = connect_lerobot(
+        lambda: FeetechMotorsBus(str(real_bench.follower_path), _motors(), calibration=_lerobot_calibration())
+    )
     try:
         assert lr.read("P_Coefficient", "elbow_flex", num_retry=2) == 16  # the saved value came back
         assert lr.read("Torque_Enable", "elbow_flex", num_retry=2) == 0
@@ -101,10 +110,14 @@ def test_our_driver_connects_on_the_same_real_bench_and_reports_what_was_refused
         f.close()
 
 
-def test_lerobot_bus_reads_true_values_through_every_noise_shape_and_the_ftdi_timer(real_bench: EmulatorProcess) -> None:
+def test_lerobot_bus_reads_true_values_through_every_noise_shape_and_the_ftdi_timer(
+    real_bench: EmulatorProcess,
+) -> None:
     """LeRobot's own retries against each corruption mode and the FTDI latency: slower, never wrong."""
     assert real_bench.follower_path is not None
-    lr = connect_lerobot(lambda: FeetechMotorsBus(str(real_bench.follower_path), _motors(), calibration=_lerobot_calibration()))
+    lr = connect_lerobot(
+        lambda: FeetechMotorsBus(str(real_bench.follower_path), _motors(), calibration=_lerobot_calibration())
+    )
     try:
         snap = real_bench.control({"cmd": "snapshot"})["servos"]
         truth = {n: snap[n]["present_ticks"] for n in JOINT_NAMES}
@@ -133,7 +146,7 @@ def strict_rig(tmp_path) -> Iterator[tuple[EmulatedArm, BusEmulator, scs.PortHan
 
 
 def test_sdk_sees_the_overload_latch_survive_torque_writes_until_power_cycle(strict_rig) -> None:
-    arm, bus, port, ph = strict_rig
+    arm, _bus, port, ph = strict_rig
     g = arm.servo("gripper")
     g.set_register("Protection_Time", 5)
     ok(port, ph.write1ByteTxRx, port, 6, 40, 1)
@@ -181,7 +194,9 @@ def test_usb_profiles_split_a_long_reply_into_transfers_and_add_their_latency(tm
         with FeetechBus(str(tmp_path / "f")) as b:
             b.sync_read("Present_Position", list(range(1, 7)))  # warm up (and start the FTDI timer)
             before = bus.stats.usb_transfers
-            pkt = __import__("drivers.protocol", fromlist=["sync_read"]).sync_read(HEALTH[0], HEALTH[1], list(range(1, 7)))
+            pkt = __import__("drivers.protocol", fromlist=["sync_read"]).sync_read(
+                HEALTH[0], HEALTH[1], list(range(1, 7))
+            )
             t0 = time.perf_counter()
             os.write(b._fd, pkt)
             reads = _timed_reads(b._fd, 6 * (6 + HEALTH[1]))

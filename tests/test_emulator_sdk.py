@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import scservo_sdk as scs
+from support import sdk_port_on_emulated_follower
 
 from drivers import protocol as P
 from drivers.emulator import BusEmulator, EmulatedArm
 from drivers.sts3215_table import MODEL_NUMBER_STS3215
-from support import sdk_port_on_emulated_follower
 
 ADDR_PRESENT = 56
 ADDR_GOAL = 42
@@ -44,7 +44,7 @@ def follower(tmp_path: Path) -> Iterator[tuple[EmulatedArm, BusEmulator, scs.Por
 
 
 def test_ping_every_servo_answers_with_model_777(follower) -> None:
-    arm, bus, port, ph = follower
+    _arm, _bus, port, ph = follower
     for servo_id in range(1, 7):
         model, comm, err = ok(port, ph.ping, port, servo_id)
         assert (model, comm, err) == (MODEL_NUMBER_STS3215, scs.COMM_SUCCESS, 0)
@@ -102,7 +102,7 @@ def test_group_sync_read_and_sync_write_move_the_follower(follower) -> None:
 
 
 def test_write_then_read_back_sram_and_eeprom_lock(follower) -> None:
-    arm, _, port, ph = follower
+    _arm, _, port, ph = follower
     assert ok(port, ph.write1ByteTxRx, port, 2, 41, 77) == (scs.COMM_SUCCESS, 0)  # Acceleration (SRAM)
     assert ok(port, ph.read1ByteTxRx, port, 2, 41)[0] == 77
     # Lock is 1 at power-on: the default emulator acknowledges an EEPROM write and ignores it (a
@@ -118,7 +118,7 @@ def test_write_then_read_back_sram_and_eeprom_lock(follower) -> None:
 
 
 def test_reg_write_waits_for_action(follower) -> None:
-    arm, _, port, ph = follower
+    _arm, _, port, ph = follower
     assert ok(port, ph.regWriteTxRx, port, 3, 41, 1, [99]) == (scs.COMM_SUCCESS, 0)
     assert ok(port, ph.read1ByteTxRx, port, 3, 41)[0] == 254
     assert ok(port, ph.action, port, scs.BROADCAST_ID) == scs.COMM_SUCCESS
@@ -126,7 +126,7 @@ def test_reg_write_waits_for_action(follower) -> None:
 
 
 def test_response_status_level_zero_answers_reads_only(follower) -> None:
-    arm, _, port, ph = follower
+    _arm, _, port, ph = follower
     assert ok(port, ph.write1ByteTxRx, port, 4, 55, 0)[0] == scs.COMM_SUCCESS
     assert ok(port, ph.write1ByteTxRx, port, 4, 8, 0)[0] == scs.COMM_SUCCESS  # this reply still comes
     comm, _ = ph.write1ByteTxRx(port, 4, 41, 10)
@@ -136,7 +136,7 @@ def test_response_status_level_zero_answers_reads_only(follower) -> None:
 
 
 def test_id_change_replies_with_the_old_id_then_answers_to_the_new(follower) -> None:
-    arm, _, port, ph = follower
+    _arm, _, port, ph = follower
     assert ok(port, ph.write1ByteTxRx, port, 6, 55, 0)[0] == scs.COMM_SUCCESS
     assert ok(port, ph.write1ByteTxRx, port, 6, 5, 9) == (scs.COMM_SUCCESS, 0)
     assert ok(port, ph.ping, port, 9)[:2] == (MODEL_NUMBER_STS3215, scs.COMM_SUCCESS)
@@ -144,7 +144,7 @@ def test_id_change_replies_with_the_old_id_then_answers_to_the_new(follower) -> 
 
 
 def test_bad_checksum_request_is_ignored_and_bus_recovers(follower) -> None:
-    arm, bus, port, ph = follower
+    _arm, bus, port, ph = follower
     bad = bytearray(P.read(1, ADDR_PRESENT, 2))
     bad[-1] ^= 0x0F
     port.writePort(bytes(bad))
@@ -155,7 +155,7 @@ def test_bad_checksum_request_is_ignored_and_bus_recovers(follower) -> None:
 
 
 def test_wrong_client_baud_gets_no_answer(follower) -> None:
-    arm, _, port, ph = follower
+    _arm, _, port, ph = follower
     assert port.setBaudRate(500_000)
     assert ph.ping(port, 1)[1] == scs.COMM_RX_TIMEOUT
     assert port.setBaudRate(1_000_000)

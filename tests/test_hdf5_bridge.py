@@ -23,7 +23,7 @@ from fixtures.isaaclab_recorder import leisaac_episode, record_session, write_is
 from calibration.conventions import sim_rad_to_units, units_to_sim_rad
 from daemon.cli import main as so101d
 from daemon.dataset_schema import read_episode_tags
-from sim_bridge.isaaclab_hdf5 import (
+from daemon.datasets.isaaclab_hdf5 import (
     HDF5FormatError,
     dataset_summary,
     export_hdf5,
@@ -73,8 +73,13 @@ def write_leisaac_file(
         success = None if i in unjudged else i not in failed
         episodes.append(leisaac_episode(rad, images, success, seed=7))
     if trailing_empty:
-        episodes.append({"initial_state": leisaac_episode(truth["demo_0"][:1], {}, None)["initial_state"],
-                         "steps": [], "success": False})
+        episodes.append(
+            {
+                "initial_state": leisaac_episode(truth["demo_0"][:1], {}, None)["initial_state"],
+                "steps": [],
+                "success": False,
+            }
+        )
     if compression is None:
         record_session(path, episodes)
     else:
@@ -261,8 +266,9 @@ def test_export_refuses_real_and_mujoco_episodes_saying_why_and_what_to_do(tmp_p
     can seed Mimic; asking for the others refuses the whole export and writes nothing."""
     import time
 
-    from daemon.recording.recorder import Recorder, RecorderConfig
     from recording_support import SyntheticLoop
+
+    from daemon.recording.recorder import Recorder, RecorderConfig
 
     root = tmp_path / "ds"
     rec = Recorder(RecorderConfig(root=str(root), fps=30, follower_kind="emulated"), [])
@@ -347,7 +353,7 @@ def test_kill_9_mid_import_keeps_every_committed_episode(tmp_path: Path) -> None
     import sys
     import time
 
-    from sim_bridge.isaaclab_hdf5 import COMMIT_BATCH
+    from daemon.datasets.isaaclab_hdf5 import COMMIT_BATCH
 
     demos = 2 * COMMIT_BATCH + 8
     src = tmp_path / "many.hdf5"
@@ -356,7 +362,8 @@ def test_kill_9_mid_import_keeps_every_committed_episode(tmp_path: Path) -> None
     tags = root / "meta" / "so101d_episodes.jsonl"
     proc = subprocess.Popen(
         [sys.executable, "-m", "daemon.cli", "import-hdf5", str(src), "--dataset", str(root)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 180
@@ -389,8 +396,9 @@ def leisaac_session_file(path: Path) -> None:
     longer than the 100-step flush), one of 8 steps, one failed, one whose success was never
     set, the initial_state-only demo after the last reset (num_samples = 0), and an episode cut
     by closing the app (its 100-step flush only, no success attribute)."""
-    write_leisaac_file(path, lengths=(61, 8, 130, 61, 61), failed=(3,), unjudged=(4,), cameras=("front",),
-                       trailing_empty=True)
+    write_leisaac_file(
+        path, lengths=(61, 8, 130, 61, 61), failed=(3,), unjudged=(4,), cameras=("front",), trailing_empty=True
+    )
     with h5py.File(path, "r") as f:
         episodes = [dict(f["data"][f"demo_{i}"].attrs) for i in range(6)]
     assert episodes[5]["num_samples"] == 0 and "success" not in episodes[4]
@@ -416,12 +424,19 @@ def test_streaming_recorder_file_imports_with_leisaac_converter_counts(tmp_path:
     s = import_hdf5([src], tmp_path / "ds")
     assert (s.demos_imported, s.source_steps) == (saved, frames) == (2, (61 - 5) + (130 - 5))
     assert s.demos_seen == 7
-    assert (s.demos_skipped_empty, s.demos_skipped_failed, s.demos_skipped_unjudged, s.demos_skipped_short) == (1, 1, 2, 1)
+    assert (s.demos_skipped_empty, s.demos_skipped_failed, s.demos_skipped_unjudged, s.demos_skipped_short) == (
+        1,
+        1,
+        2,
+        1,
+    )
     tags = read_episode_tags(tmp_path / "ds")
     assert [tags[i].source["demo"] for i in range(2)] == ["demo_0", "demo_2"]
     ds = load(tmp_path / "ds")
-    assert [int(e["length"]) for e in ds.meta.episodes] == [len(resample_indices(61, 60, 30, 5)),
-                                                            len(resample_indices(130, 60, 30, 5))]
+    assert [int(e["length"]) for e in ds.meta.episodes] == [
+        len(resample_indices(61, 60, 30, 5)),
+        len(resample_indices(130, 60, 30, 5)),
+    ]
 
 
 def test_every_converter_rule_can_be_overridden(tmp_path: Path) -> None:
@@ -435,15 +450,21 @@ def test_every_converter_rule_can_be_overridden(tmp_path: Path) -> None:
     assert s.demos_imported == 5 and s.demos_skipped_short == 1 and s.demos_skipped_empty == 1
 
 
-def test_cli_shows_one_progress_bar_and_a_summary_of_every_skip(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_cli_shows_one_progress_bar_and_a_summary_of_every_skip(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     src = tmp_path / "dataset.hdf5"
     leisaac_session_file(src)
     assert so101d(["import-hdf5", str(src), "--dataset", str(tmp_path / "ds")]) == 0
     out, err = capfd.readouterr()
     assert out.splitlines()[0].startswith("imported 2 of 7 demos")
-    for line in ("skipped 1 empty (initial_state only, num_samples = 0)", "skipped 1 failed (success = false)",
-                 "skipped 2 without a success attribute", "skipped 1 shorter than 10 steps",
-                 "first 5 steps of each demo skipped"):
+    for line in (
+        "skipped 1 empty (initial_state only, num_samples = 0)",
+        "skipped 1 failed (success = false)",
+        "skipped 2 without a success attribute",
+        "skipped 1 shorter than 10 steps",
+        "first 5 steps of each demo skipped",
+    ):
         assert line in out, out
     assert "demo_0" not in out + err, "no line per demo"
     assert "frames/s" in err and "ETA" in err and "2/2" in err  # the bar: rate, time left, demos done

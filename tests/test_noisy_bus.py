@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import wait_for
 
 from daemon.config import config_from_dict
 from daemon.control_loop import ControlLoop
@@ -23,7 +24,6 @@ from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 from drivers.emulator.process import EmulatorProcess
 from drivers.feetech_arm import FeetechFollower, FeetechLeader, FollowerBusConfig
 from drivers.feetech_bus import ServoNoReplyError
-from support import wait_for
 
 MODES = ("checksum", "any", "len", "drop", "insert")
 
@@ -34,8 +34,9 @@ def follower_on_pty(tmp_path):
     so the test moves it "by hand" and knows every true position."""
     arm = EmulatedArm("follower")
     emu = BusEmulator(tmp_path / "follower", arm).start()
-    follower = FeetechFollower(str(tmp_path / "follower"), reference_calibration("follower"),
-                               FollowerBusConfig(disable_torque_on_close=False))
+    follower = FeetechFollower(
+        str(tmp_path / "follower"), reference_calibration("follower"), FollowerBusConfig(disable_torque_on_close=False)
+    )
     follower.connect()
     try:
         yield arm, emu, follower
@@ -63,7 +64,7 @@ def test_every_read_through_heavy_noise_is_fresh_and_none_fails(follower_on_pty,
 
 
 def test_a_silent_servo_costs_a_bounded_time_per_read_and_is_read_again_when_back(follower_on_pty):
-    arm, emu, follower = follower_on_pty
+    arm, _emu, follower = follower_on_pty
     arm.set_online(3, False)  # elbow_flex stops answering (cable pulled out of the servo)
     with pytest.raises(ServoNoReplyError) as ei:
         follower.read_joints_ticks()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-SCRIPT = r'''
+SCRIPT = r"""
 import logging, sys
 from pathlib import Path
 import numpy as np
@@ -51,7 +51,7 @@ get_video_info(out / "episode_0.mp4", enc)
 encode(out / "episode_1.mp4")
 datasets.Dataset.from_dict({"a": list(range(50))}).map(lambda x: x)
 logging.getLogger("so101d.recording").info("episode 0 saved (30 frames)")
-'''
+"""
 
 CHATTER = ("[libx264", "Using video codec", "Map:")
 
@@ -59,8 +59,9 @@ CHATTER = ("[libx264", "Using video codec", "Map:")
 def _run(tmp_path: Path, mode: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "HF_DATASETS_DISABLE_PROGRESS_BARS"}
     env.update(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), mode], env=env, capture_output=True,
-                          text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path), mode], env=env, capture_output=True, text=True, timeout=180
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 
@@ -83,12 +84,12 @@ def test_log_level_debug_still_shows_what_the_libraries_said(tmp_path: Path) -> 
 
 
 def test_our_packages_keep_their_info_lines_and_other_libraries_do_not(capsys, monkeypatch) -> None:
-    import logging  # noqa: PLC0415
+    import logging
 
     for var in ("SO101D_LOG_LEVEL", "HF_DATASETS_DISABLE_PROGRESS_BARS"):  # set by setup_logging: restored after
         monkeypatch.delenv(var, raising=False)
 
-    from daemon.logs import setup_logging  # noqa: PLC0415
+    from daemon.logs import setup_logging
 
     root = logging.getLogger()
     saved = root.handlers[:], root.level
@@ -101,6 +102,8 @@ def test_our_packages_keep_their_info_lines_and_other_libraries_do_not(capsys, m
     finally:
         root.handlers[:], _ = saved
         root.setLevel(saved[1])
-    assert "hello from so101d.loop" in err and "hello from drivers.feetech_bus" in err and "hello from calibration" in err
+    assert (
+        "hello from so101d.loop" in err and "hello from drivers.feetech_bus" in err and "hello from calibration" in err
+    )
     assert "hello from lerobot" not in err and "hello from datasets" not in err and "hello from root" not in err
     assert "a library's warning" in err

@@ -26,7 +26,7 @@ from daemon.policy.checkpoint import (
 from daemon.policy.engine import PolicyEngine
 from daemon.policy.runner import PolicyRunnerConfig, PolicySource
 from daemon.policy.tiny import make_synthetic_dataset, synthetic_frame, synthetic_pose, train_tiny_policy
-from daemon.recording.cameras import Frame
+from drivers.cameras import Frame
 
 H, W = 48, 64
 CAMS = {"front": (H, W)}

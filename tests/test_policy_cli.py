@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from support import wait_status
 
 from calibration.calibration_file import save_calibration
 from daemon.dataset_schema import read_episode_tags
 from daemon.policy.tiny import tiny_act_checkpoint
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
-from support import wait_status
 
 SO101D = [sys.executable, "-m", "daemon.cli"]
 H, W = 48, 64

@@ -3,6 +3,7 @@ follower through the same safety layer, over the control socket verbs, with a vi
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import tempfile
@@ -11,17 +12,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import still_arm_on_pty, wait_for
 
 from daemon.config import config_from_dict
 from daemon.control_client import ControlClient
 from daemon.policy.attach import attach_policy
 from daemon.policy.tiny import tiny_act_checkpoint
-from daemon.recording.cameras import CameraConfig as CamCfg
-from daemon.recording.cameras import VirtualArmCamera
 from daemon.service import Daemon
+from drivers.cameras import CameraConfig as CamCfg
+from drivers.cameras import VirtualArmCamera
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
-from support import still_arm_on_pty, wait_for
 
 H, W = 48, 64
 POSE = np.array([0.0, -20.0, 20.0, 10.0, 0.0, 40.0])
@@ -50,7 +51,7 @@ def bench():
     d = tempfile.TemporaryDirectory(prefix="so101d-pol-")
     root = Path(d.name)
     la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
-    fa, fb = still_arm_on_pty(root / "follower", "follower", POSE)
+    _fa, fb = still_arm_on_pty(root / "follower", "follower", POSE)
     cfg = config_from_dict({
         "socket": {"path": str(root / "c.sock")},
         "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 100.0, "max_step_deg": 1.0},
@@ -81,7 +82,7 @@ def bench():
 
 
 def test_policy_mode_drives_the_follower_through_safety(bench, ckpt: Path) -> None:
-    daemon, ctl, rows, la_emu, root = bench
+    daemon, _ctl, rows, _la_emu, root = bench
     loop = daemon.loop
     wait_for(lambda: loop.state.mode == "idle" or loop.state.mode == "teleop" or loop.state.mode == "hold", 15, "follower connected")
     with ControlClient(str(root / "c.sock"), timeout_s=30) as c:
@@ -111,7 +112,7 @@ def test_policy_mode_drives_the_follower_through_safety(bench, ckpt: Path) -> No
     # safety applied: per-cycle steps bounded while tracking the policy (a stale gap between chunks
     # holds the measured pose and re-aligns: that is the safety layer's stale rule, checked elsewhere)
     modes = rows.modes[start_policy:end]
-    tracking = np.array([a == "policy" and b == "policy" for a, b in zip(modes[:-1], modes[1:])])
+    tracking = np.array([a == "policy" and b == "policy" for a, b in itertools.pairwise(modes)])
     steps = np.abs(np.diff(acts, axis=0))[tracking]
     assert len(steps) > 20
     assert np.all(steps[:, :5] <= 1.0 + 1e-6), steps.max(axis=0)
@@ -126,7 +127,7 @@ def test_policy_mode_drives_the_follower_through_safety(bench, ckpt: Path) -> No
 
 
 def test_load_lists_camera_mismatches_over_the_socket(bench, ckpt: Path, tmp_path: Path) -> None:
-    daemon, ctl, rows, la_emu, root = bench
+    daemon, _ctl, _rows, _la_emu, root = bench
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "model.pth").write_bytes(b"\x80\x04")
     with ControlClient(str(root / "c.sock"), timeout_s=10) as c:
@@ -178,7 +179,7 @@ def so101d(*args: str) -> subprocess.CompletedProcess:
 def test_policy_verbs_say_what_the_arm_does(bench, ckpt: Path) -> None:
     """Issue 18: `so101d policy stop` with no policy said "policy stopped: holding" (exit 0) while
     the arm kept following the leader. Every policy verb now answers what actually happens."""
-    daemon, ctl, rows, la_emu, root = bench
+    daemon, _ctl, _rows, _la_emu, root = bench
     loop = daemon.loop
     sock = str(root / "c.sock")
     wait_for(lambda: loop.follower_link.connected and loop.measured is not None, 15, "follower connected")

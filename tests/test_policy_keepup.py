@@ -10,6 +10,7 @@ forward pass runs, then sleeps out the rest), inherited by the spawned worker.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -20,18 +21,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import still_arm_on_pty, wait_for
 
 from daemon.config import config_from_dict
 from daemon.control_client import ControlClient
 from daemon.policy.attach import attach_policy
 from daemon.policy.engine import FORWARD_DELAY_ENV
 from daemon.policy.tiny import tiny_act_checkpoint
-from daemon.recording.cameras import CameraConfig as CamCfg
-from daemon.recording.cameras import VirtualArmCamera
 from daemon.service import Daemon
+from drivers.cameras import CameraConfig as CamCfg
+from drivers.cameras import VirtualArmCamera
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
-from support import still_arm_on_pty, wait_for
 
 H, W = 48, 64
 POSE = np.array([0.0, -20.0, 20.0, 10.0, 0.0, 40.0])
@@ -55,8 +56,8 @@ def ckpt(tmp_path_factory) -> Path:
 
 
 def make_bench(root: Path, policy: dict) -> tuple[Daemon, Cycles, list]:
-    la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
-    fa, fb = still_arm_on_pty(root / "follower", "follower", POSE)
+    _la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
+    _fa, fb = still_arm_on_pty(root / "follower", "follower", POSE)
     # safety and policy at their defaults (max_step_deg 10, refill_below 10, merge latest) unless given
     cfg = config_from_dict({
         "socket": {"path": str(root / "c.sock")},
@@ -142,7 +143,7 @@ def test_default_chunk_with_slow_inference_drives_without_gaps(ckpt: Path, monke
     assert np.all(cmd_steps <= params.max_step + 1e-9), cmd_steps.max(axis=0)
     # and the policy's own target did not step at a chunk boundary more than the limit allows:
     # the safety layer had nothing to hide
-    both = np.array([a == "policy" and b == "policy" for a, b in zip(modes_c[:-1], modes_c[1:])])
+    both = np.array([a == "policy" and b == "policy" for a, b in itertools.pairwise(modes_c)])
     raw_steps = np.abs(np.diff(raws, axis=0))[both]
     assert both.sum() > 500
     assert np.all(raw_steps <= params.max_step + 1e-9), raw_steps.max(axis=0)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import still_arm_on_pty, wait_for
 
 from daemon.commands.policy import format_status
 from daemon.config import config_from_dict
@@ -29,12 +30,11 @@ from daemon.control_client import ControlClient
 from daemon.policy.attach import attach_policy
 from daemon.policy.safe_unpickle import UnsafePickleError, loads_actions
 from daemon.policy.tiny import tiny_act_checkpoint
-from daemon.recording.cameras import CameraConfig as CamCfg
-from daemon.recording.cameras import VirtualArmCamera
 from daemon.service import Daemon
+from drivers.cameras import CameraConfig as CamCfg
+from drivers.cameras import VirtualArmCamera
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
-from support import still_arm_on_pty, wait_for
 
 H, W = 48, 64
 POSE = np.array([0.0, -20.0, 20.0, 10.0, 0.0, 40.0])
@@ -99,7 +99,7 @@ def ckpt(tmp_path_factory) -> Path:
 
 def make_bench(root: Path, server: str, checkpoint: str, actions_per_chunk: int = 10, record: bool = False,
                max_obs_age_s: float = 3.0):
-    la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
+    _la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
     fa, fb = still_arm_on_pty(root / "follower", "follower", POSE)
     cfg = config_from_dict({
         "socket": {"path": str(root / "c.sock")},
@@ -146,7 +146,7 @@ def test_remote_policy_holds_without_server_drives_with_it_and_survives_a_restar
         root = Path(d)
         port = free_port()
         server = LeRobotServer(port, root)
-        daemon, ctl, follower, close = make_bench(root, f"127.0.0.1:{port}", str(ckpt))
+        daemon, _ctl, _follower, close = make_bench(root, f"127.0.0.1:{port}", str(ckpt))
         loop = daemon.loop
         try:
             wait_for(lambda: loop.state.mode in ("idle", "teleop", "hold"), 15, "follower connected")
@@ -213,7 +213,7 @@ def test_follower_moves_under_the_remote_policy_and_the_episode_is_tagged(ckpt: 
         port = free_port()
         server = LeRobotServer(port, root)
         server.start()
-        daemon, ctl, follower, close = make_bench(root, f"127.0.0.1:{port}", str(ckpt), record=True)
+        daemon, _ctl, _follower, close = make_bench(root, f"127.0.0.1:{port}", str(ckpt), record=True)
         loop = daemon.loop
         rows: list[tuple[str, np.ndarray, np.ndarray]] = []
 
@@ -263,7 +263,7 @@ def test_a_server_slower_than_max_obs_age_leaves_the_follower_holding(ckpt: Path
         port = free_port()
         server = LeRobotServer(port, root, inference_latency_s=1.5)
         server.start()
-        daemon, ctl, follower, close = make_bench(root, f"127.0.0.1:{port}", str(ckpt), max_obs_age_s=1.0)
+        daemon, _ctl, _follower, close = make_bench(root, f"127.0.0.1:{port}", str(ckpt), max_obs_age_s=1.0)
         loop = daemon.loop
         modes: list[str] = []
 
@@ -346,18 +346,18 @@ def test_malicious_server_reply_runs_nothing_and_the_daemon_holds(ckpt: Path) ->
         class EvilServer(services_pb2_grpc.AsyncInferenceServicer):
             """Accepts LeRobot's setup and observations; answers GetActions with a payload."""
 
-            def Ready(self, request, context):  # noqa: N802
+            def Ready(self, request, context):
                 return services_pb2.Empty()
 
-            def SendPolicyInstructions(self, request, context):  # noqa: N802
+            def SendPolicyInstructions(self, request, context):
                 return services_pb2.Empty()
 
-            def SendObservations(self, request_iterator, context):  # noqa: N802
+            def SendObservations(self, request_iterator, context):
                 for _ in request_iterator:
                     pass
                 return services_pb2.Empty()
 
-            def GetActions(self, request, context):  # noqa: N802
+            def GetActions(self, request, context):
                 calls["get"] += 1
                 return services_pb2.Actions(data=pickle.dumps([Boom(marker)]))
 
@@ -366,7 +366,7 @@ def test_malicious_server_reply_runs_nothing_and_the_daemon_holds(ckpt: Path) ->
         services_pb2_grpc.add_AsyncInferenceServicer_to_server(EvilServer(), srv)
         srv.add_insecure_port(f"127.0.0.1:{port}")
         srv.start()
-        daemon, ctl, follower, close = make_bench(root, f"127.0.0.1:{port}", str(ckpt))
+        daemon, _ctl, _follower, close = make_bench(root, f"127.0.0.1:{port}", str(ckpt))
         loop = daemon.loop
         try:
             wait_for(lambda: loop.state.mode in ("idle", "teleop", "hold"), 15, "follower connected")

@@ -3,23 +3,24 @@ targets flow through the same safety layer into the simulated arm, and the sim a
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for
 
 from daemon.config import config_from_dict
 from daemon.policy.attach import attach_policy
 from daemon.policy.tiny import tiny_act_checkpoint
-from daemon.recording.cameras import CameraConfig as CamCfg
-from daemon.recording.cameras import VirtualArmCamera
 from daemon.service import Daemon
+from drivers.cameras import CameraConfig as CamCfg
+from drivers.cameras import VirtualArmCamera
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechLeader
-from sim_bridge.sim_follower import SimFollower
-from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for
+from drivers.sim_follower import SimFollower
 
 H, W = 48, 64
 POSE = np.array([0.0, -40.0, 40.0, 20.0, 0.0, 30.0])
@@ -44,7 +45,7 @@ class Rows:
 def test_policy_drives_the_mujoco_follower(ckpt: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="so101d-polsim-") as d:
         root = Path(d)
-        la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
+        _la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
         endpoint = f"tcp://127.0.0.1:{free_port()}"
         sim_thread = MujocoSimThread(endpoint, cameras=())
         sim = sim_thread.sim
@@ -90,7 +91,7 @@ def test_policy_drives_the_mujoco_follower(ckpt: Path) -> None:
             acts = np.array([r[1] for r in rows.rows[start:end]])
             assert len(acts) > 40
             modes = rows.modes[start:end]
-            tracking = np.array([a == "policy" and b == "policy" for a, b in zip(modes[:-1], modes[1:])])
+            tracking = np.array([a == "policy" and b == "policy" for a, b in itertools.pairwise(modes)])
             steps = np.abs(np.diff(acts, axis=0))[tracking]
             assert len(steps) > 20
             assert np.all(steps[:, :5] <= 1.5 + 1e-6)  # the safety layer's step limit held while tracking

@@ -41,7 +41,7 @@ def torques(arm: EmulatedArm) -> list[bool]:
 
 
 def test_leader_is_moved_to_the_follower_pose_then_released(leader) -> None:
-    arm, emu, drv = leader
+    arm, _emu, drv = leader
     assert not any(torques(arm))
     cfg = TakeoverConfig(speed_deg_s=60.0, gripper_speed_pct_s=80.0, tolerance_deg=3.0)
     t = Takeover(LeaderActuator(drv), cfg)
@@ -69,7 +69,7 @@ def test_leader_is_moved_to_the_follower_pose_then_released(leader) -> None:
 
 
 def test_unplugged_leader_fails_and_never_raises(leader) -> None:
-    arm, emu, drv = leader
+    _arm, emu, drv = leader
     t = Takeover(LeaderActuator(drv), TakeoverConfig(timeout_s=5.0))
     t.step(time.monotonic(), POSE_B)
     emu.unplug()
@@ -79,7 +79,7 @@ def test_unplugged_leader_fails_and_never_raises(leader) -> None:
 
 
 def test_timeout_releases_the_leader(leader) -> None:
-    arm, emu, drv = leader
+    arm, _emu, drv = leader
     t = Takeover(LeaderActuator(drv), TakeoverConfig(timeout_s=0.3, speed_deg_s=5.0))
     run(t, POSE_B, limit_s=5)
     assert t.phase == "failed" and "did not reach" in (t.error or "")
@@ -87,7 +87,7 @@ def test_timeout_releases_the_leader(leader) -> None:
 
 
 def test_bad_follower_pose_fails_cleanly(leader) -> None:
-    arm, emu, drv = leader
+    _arm, _emu, drv = leader
     t = Takeover(LeaderActuator(drv))
     assert t.step(time.monotonic(), np.full(6, np.nan)) == "failed"
     assert "follower pose" in (t.error or "")

@@ -21,9 +21,6 @@ import tomllib
 import typing
 
 import pytest
-
-import daemon.config as config_module
-from daemon.cli import build_parser
 from readme_support import (
     REPO,
     Command,
@@ -36,6 +33,9 @@ from readme_support import (
     repo_paths,
     snippets,
 )
+
+import daemon.config as config_module
+from daemon.cli import build_parser
 
 EXAMPLE_TOML = REPO / "daemon/configs/so101d.example.toml"
 
@@ -281,7 +281,7 @@ def test_the_realtime_priority_the_readme_suggests_is_what_the_drop_in_allows() 
 
 
 def test_the_calibration_steps_are_the_prompts_the_cli_shows() -> None:
-    cli = (REPO / "calibration/cli.py").read_text()
+    cli = (REPO / "daemon/commands/calibrate.py").read_text()
     prompts = re.findall(r'"(\d)/(\d) ', cli)
     total = int(prompts[0][1])
     assert [int(p[0]) for p in prompts] == list(range(1, total + 1))
@@ -292,9 +292,9 @@ def test_the_calibration_steps_are_the_prompts_the_cli_shows() -> None:
 
 
 def test_the_emulators_calibration_ids_are_the_ones_the_readme_names() -> None:
-    from drivers.emulator import cli as emulate_cli
-
     import argparse
+
+    from drivers.emulator import cli as emulate_cli
 
     p = argparse.ArgumentParser()
     emulate_cli.add_arguments(p)

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from readme_support import REPO, commands, python_blocks
+from support import free_port, poll_until, wait_status
 
 from calibration.calibration_file import ArmCalibration
 from calibration.conventions import JOINT_NAMES, unit_limits
 from drivers.emulator.process import ControlClient
-from readme_support import REPO, commands, python_blocks
-from support import free_port, poll_until, wait_status
 
 pytestmark = pytest.mark.slow
 
@@ -93,6 +93,7 @@ def readme(shown: str, **subst: str) -> list[str]:
     ``shown`` must be a command of the README exactly (whitespace aside, `.venv/bin/` and
     `sudo ` dropped); ``subst`` maps a token as shown to what this bench uses instead.
     """
+
     def normal(text: str) -> str:
         return " ".join(text.replace(".venv/bin/", "").removeprefix("sudo ").split())
 
@@ -104,9 +105,13 @@ def readme(shown: str, **subst: str) -> list[str]:
     return [subst.get(t, t) for t in tokens]
 
 
-def so101d(m: Machine, argv: list[str], timeout_s: float = 60, cwd: Path | None = None, **kw) -> subprocess.CompletedProcess:
+def so101d(
+    m: Machine, argv: list[str], timeout_s: float = 60, cwd: Path | None = None, **kw
+) -> subprocess.CompletedProcess:
     argv = [m.expand(a) for a in argv]
-    return subprocess.run(SO101D + argv, env=m.env, cwd=cwd or m.root, capture_output=True, text=True, timeout=timeout_s, **kw)
+    return subprocess.run(
+        SO101D + argv, env=m.env, cwd=cwd or m.root, capture_output=True, text=True, timeout=timeout_s, **kw
+    )
 
 
 def ok(r: subprocess.CompletedProcess) -> str:
@@ -119,8 +124,15 @@ def start(m: Machine, argv: list[str], name: str, cwd: Path | None = None) -> su
     argv = [m.expand(a) for a in argv]
     out = open(m.root / f"{name}.out", "w")
     err = open(m.root / f"{name}.err", "w")
-    return subprocess.Popen(SO101D + argv, env=m.env, cwd=cwd or m.root, stdout=out, stderr=err,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        SO101D + argv,
+        env=m.env,
+        cwd=cwd or m.root,
+        stdout=out,
+        stderr=err,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def log_of(m: Machine, name: str) -> str:
@@ -142,12 +154,14 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 1
 
 def load_with_the_readme_snippet(m: Machine, repo_id: str, root: str) -> dict:
     """Run the README's Python load snippet (its repo id and root substituted), report the dataset."""
-    (code, _line), = [b for b in python_blocks() if "LeRobotDataset(" in b[0]]
+    ((code, _line),) = [b for b in python_blocks() if "LeRobotDataset(" in b[0]]
     assert 'LeRobotDataset("local/so101d", root=os.path.expanduser("~/so101d/datasets/local/so101d"),' in code
     # the snippet decodes with PyAV: it must load without the torchcodec traceback on a machine
     # without a system FFmpeg
     assert 'video_backend="pyav"' in code
-    code = code.replace('"local/so101d"', json.dumps(repo_id), 1).replace('"~/so101d/datasets/local/so101d"', json.dumps(root))
+    code = code.replace('"local/so101d"', json.dumps(repo_id), 1).replace(
+        '"~/so101d/datasets/local/so101d"', json.dumps(root)
+    )
     code += (
         "\nimport json, numpy as np"
         "\nitem = ds[ds.num_frames // 2]"
@@ -193,7 +207,9 @@ def test_demo_records_an_episode_and_a_second_terminal_can_watch_and_hold_it(mac
     argv[argv.index("--duration") + 1] = "240"  # an upper bound: Ctrl-C ends it below
     demo = start(m, argv, "demo")
     try:
-        assert poll_until(lambda: "episodes in the dataset" in (m.root / "demo.out").read_text() or demo.poll() is not None, 200, 0.2), log_of(m, "demo")
+        assert poll_until(
+            lambda: "episodes in the dataset" in (m.root / "demo.out").read_text() or demo.poll() is not None, 200, 0.2
+        ), log_of(m, "demo")
         assert demo.poll() is None, log_of(m, "demo")
         # From a second terminal (the README's two commands; --watch is its own test below).
         ok(so101d(m, readme(".venv/bin/so101d teleop stop")))
@@ -239,14 +255,25 @@ class Bench:
 def bench(machine: Machine) -> Iterator[Bench]:
     m = machine
     d = m.root / "bench"
-    paths = {"/tmp/bench/leader": str(d / "leader"), "/tmp/bench/follower": str(d / "follower"),
-             "/tmp/bench/emulator.sock": str(d / "emulator.sock"), "/tmp/bench/calibration": str(d / "calibration")}
-    argv = readme("so101d emulate --leader /tmp/bench/leader --follower /tmp/bench/follower "
-                  "--control /tmp/bench/emulator.sock --calibration-out /tmp/bench/calibration", **paths)
+    paths = {
+        "/tmp/bench/leader": str(d / "leader"),
+        "/tmp/bench/follower": str(d / "follower"),
+        "/tmp/bench/emulator.sock": str(d / "emulator.sock"),
+        "/tmp/bench/calibration": str(d / "calibration"),
+    }
+    argv = readme(
+        "so101d emulate --leader /tmp/bench/leader --follower /tmp/bench/follower "
+        "--control /tmp/bench/emulator.sock --calibration-out /tmp/bench/calibration",
+        **paths,
+    )
     proc = start(m, argv, "emulate")
     b = Bench(d / "leader", d / "follower", d / "emulator.sock", d / "calibration", proc)
     try:
-        assert poll_until(lambda: b.leader.exists() and b.follower.exists() and b.control.exists() or proc.poll() is not None, 30, 0.05), log_of(m, "emulate")
+        assert poll_until(
+            lambda: (b.leader.exists() and b.follower.exists() and b.control.exists()) or proc.poll() is not None,
+            30,
+            0.05,
+        ), log_of(m, "emulate")
         assert proc.poll() is None, log_of(m, "emulate")
         yield b
     finally:
@@ -256,22 +283,34 @@ def bench(machine: Machine) -> Iterator[Bench]:
 
 
 def test_the_emulated_arms_come_calibrated_under_the_ids_the_readme_names(bench: Bench) -> None:
-    for rel, role in (("teleoperators/so_leader/emulated_leader.json", "leader"), ("robots/so_follower/emulated_follower.json", "follower")):
+    for rel, role in (
+        ("teleoperators/so_leader/emulated_leader.json", "leader"),
+        ("robots/so_follower/emulated_follower.json", "follower"),
+    ):
         path = bench.calibration_out / rel
         assert path.is_file(), f"no {path}"
         ref = bench.request({"cmd": "reference_calibration", "arm": role})["calibration"]
         assert json.loads(path.read_text()) == ref
 
 
-def _operator_calibrates(m: Machine, bench: Bench, role: str, port: Path, argv: list[str]) -> subprocess.CompletedProcess:
+def _operator_calibrates(
+    m: Machine, bench: Bench, role: str, port: Path, argv: list[str]
+) -> subprocess.CompletedProcess:
     """Answer the CLI's four prompts, moving the emulated arm by hand through the control socket."""
     if role == "leader":
         assert bench.request({"cmd": "set_motion", "arm": "leader", "motion": "still"})["ok"]
     ref = ArmCalibration.from_json_dict(bench.request({"cmd": "reference_calibration", "arm": role})["calibration"])
     lo, hi = unit_limits(ref)
     bench.pose(role, MIDDLE)
-    proc = subprocess.Popen(SO101D + argv, env=m.env, cwd=m.root, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        SO101D + argv,
+        env=m.env,
+        cwd=m.root,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen = ""
 
     def answer(prompt: str, before=None) -> None:
@@ -314,10 +353,20 @@ def test_calibrate_both_arms_as_with_real_arms_then_verify(machine: Machine, ben
     m = machine
     cal_root = Path(m.env["HF_LEROBOT_CALIBRATION"])
     for role, shown, dev, link, rel in (
-        ("leader", ".venv/bin/so101d calibrate leader   --port /dev/ttyACM0 --id leader", "/dev/ttyACM0", bench.leader,
-         "teleoperators/so_leader/leader.json"),
-        ("follower", ".venv/bin/so101d calibrate follower --port /dev/ttyACM1 --id follower", "/dev/ttyACM1", bench.follower,
-         "robots/so_follower/follower.json"),
+        (
+            "leader",
+            ".venv/bin/so101d calibrate leader   --port /dev/ttyACM0 --id leader",
+            "/dev/ttyACM0",
+            bench.leader,
+            "teleoperators/so_leader/leader.json",
+        ),
+        (
+            "follower",
+            ".venv/bin/so101d calibrate follower --port /dev/ttyACM1 --id follower",
+            "/dev/ttyACM1",
+            bench.follower,
+            "robots/so_follower/follower.json",
+        ),
     ):
         r = _operator_calibrates(m, bench, role, link, readme(shown, **{dev: str(link)}))
         out = ok(r)
@@ -371,8 +420,13 @@ def test_status_shows_the_daemon_and_json_is_the_raw_data(machine: Machine, daem
 
 def test_status_watch_in_a_pipe_prints_a_line_per_refresh(machine: Machine, daemon: subprocess.Popen) -> None:
     m = machine
-    proc = subprocess.Popen(SO101D + readme(".venv/bin/so101d status --watch"), env=m.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        SO101D + readme(".venv/bin/so101d status --watch"),
+        env=m.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(3.0)
     proc.send_signal(signal.SIGINT)
     out, _err = proc.communicate(timeout=20)
@@ -391,9 +445,21 @@ def test_torque_off_goes_limp_and_on_holds(machine: Machine, bench: Bench, daemo
     m = machine
     torque = readme("so101d torque on|off")
     ok(so101d(m, torque[:1] + ["off"]))
-    assert poll_until(lambda: not any(s["torque_enabled"] for s in bench.request({"cmd": "snapshot", "arm": "follower"})["servos"].values()), 10)
+    assert poll_until(
+        lambda: (
+            not any(
+                s["torque_enabled"] for s in bench.request({"cmd": "snapshot", "arm": "follower"})["servos"].values()
+            )
+        ),
+        10,
+    )
     ok(so101d(m, torque[:1] + ["on"]))
-    assert poll_until(lambda: all(s["torque_enabled"] for s in bench.request({"cmd": "snapshot", "arm": "follower"})["servos"].values()), 10)
+    assert poll_until(
+        lambda: all(
+            s["torque_enabled"] for s in bench.request({"cmd": "snapshot", "arm": "follower"})["servos"].values()
+        ),
+        10,
+    )
     ok(so101d(m, readme("so101d teleop start")))
     wait_status(m.socket, lambda s: s.get("mode") == "teleop", 60)
 
@@ -424,7 +490,9 @@ def test_episodes_start_save_discard_and_record(machine: Machine, bench: Bench, 
     assert poll_until(lambda: "0 being written" in _episode_status(m), 120, 0.5), _episode_status(m)
 
 
-def test_sigterm_stops_cleanly_and_the_dataset_loads_with_the_readme_snippet(machine: Machine, daemon: subprocess.Popen) -> None:
+def test_sigterm_stops_cleanly_and_the_dataset_loads_with_the_readme_snippet(
+    machine: Machine, daemon: subprocess.Popen
+) -> None:
     m = machine
     assert stop(daemon) == 0, log_of(m, "run")
     ds_root = m.home / "so101d" / "datasets" / "local" / "so101d"
@@ -446,20 +514,30 @@ def test_export_import_and_info_round_trip(machine: Machine) -> None:
     assert recorded.is_dir(), "runs after the recording story"
     # The README: seed demos need scene state a LeRobot dataset does not keep, so episodes recorded
     # on an (emulated) arm are refused with the reason and the way to get seeds.
-    export = readme("so101d export-hdf5 --dataset ~/datasets/pick --episodes 0-9 --out seeds.hdf5",
-                    **{"~/datasets/pick": str(recorded), "0-9": "0-1", "seeds.hdf5": "refused.hdf5"})
+    export = readme(
+        "so101d export-hdf5 --dataset ~/datasets/pick --episodes 0-9 --out seeds.hdf5",
+        **{"~/datasets/pick": str(recorded), "0-9": "0-1", "seeds.hdf5": "refused.hdf5"},
+    )
     res = so101d(m, export, timeout_s=120)
     assert res.returncode != 0 and "cannot export Mimic seed demos" in res.stderr, res.stderr
     assert "--seed_hdf5" in res.stderr and not (m.root / "refused.hdf5").exists(), res.stderr
     # Mimic's generated file, as Isaac Lab's HDF5DatasetFileHandler writes it (contract fixture):
     # demo_0 succeeded, demo_1 failed; import keeps the successful one by default.
     write_generated_file(m.root / "generated_dataset.hdf5")
-    imp = readme('so101d import-hdf5 generated_dataset.hdf5 --dataset ~/datasets/pick --task "pick the orange" '
-                 "[--all | --successful-only] [--keep-unjudged] [--skip-frames 5] [--min-frames 10] "
-                 "[--max-episodes 200] [--step-hz 60] [--generated | --human] [--no-progress]")
+    imp = readme(
+        'so101d import-hdf5 generated_dataset.hdf5 --dataset ~/datasets/pick --task "pick the orange" '
+        "[--all | --successful-only] [--keep-unjudged] [--skip-frames 5] [--min-frames 10] "
+        "[--max-episodes 200] [--step-hz 60] [--generated | --human] [--no-progress]"
+    )
     ok(so101d(m, imp, timeout_s=180))
     # An imported demo exports again (its source demo is copied) for the next round of Mimic.
-    ok(so101d(m, readme("so101d export-hdf5 --dataset ~/datasets/pick --episodes 0-9 --out seeds.hdf5", **{"0-9": "0"}), timeout_s=120))
+    ok(
+        so101d(
+            m,
+            readme("so101d export-hdf5 --dataset ~/datasets/pick --episodes 0-9 --out seeds.hdf5", **{"0-9": "0"}),
+            timeout_s=120,
+        )
+    )
     assert (m.root / "seeds.hdf5").stat().st_size > 0
     info = ok(so101d(m, readme("so101d dataset info ~/datasets/pick")))
     assert re.search(r"^episodes\s+1\b", info, re.M) and re.search(r"^by origin\s+import 1\b", info, re.M), info
@@ -471,9 +549,9 @@ def test_export_import_and_info_round_trip(machine: Machine) -> None:
 def write_generated_file(path: Path) -> None:
     """Two 40-step PickOrange demos (success, failure) with 48x64 front/wrist images."""
     import numpy as np
+    from fixtures.isaaclab_recorder import leisaac_episode, write_isaaclab_file
 
     from calibration.conventions import units_to_sim_rad
-    from fixtures.isaaclab_recorder import leisaac_episode, write_isaaclab_file
 
     episodes = []
     for i, success in enumerate((True, False)):
@@ -494,8 +572,13 @@ def test_sim_follower_episodes_are_recorded_and_load(machine: Machine, bench: Be
     m = machine
     port = free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
-    sim = start(m, readme("so101d sim-follower --backend mujoco --bind tcp://127.0.0.1:5555",
-                          **{"tcp://127.0.0.1:5555": endpoint}), "sim")
+    sim = start(
+        m,
+        readme(
+            "so101d sim-follower --backend mujoco --bind tcp://127.0.0.1:5555", **{"tcp://127.0.0.1:5555": endpoint}
+        ),
+        "sim",
+    )
     # so101d.toml:  [follower] kind = "sim"   endpoint = "tcp://127.0.0.1:5555"   stale_timeout_s = 0.1
     # and `[cameras.front] kind = "sim"` (no size: the simulator's)
     readme_text = (REPO / "README.md").read_text()
@@ -504,7 +587,7 @@ def test_sim_follower_episodes_are_recorded_and_load(machine: Machine, bench: Be
     text = config.read_text()
     text = re.sub(r'(?m)^kind = "feetech".*$', 'kind = "sim"', text)
     text = text.replace('endpoint = "tcp://127.0.0.1:5555"', f'endpoint = "{endpoint}"', 1)
-    text = re.sub(r'(?m)^stale_timeout_s = .*$', "stale_timeout_s = 0.1", text)
+    text = re.sub(r"(?m)^stale_timeout_s = .*$", "stale_timeout_s = 0.1", text)
     text = text.replace('dataset_root = "~/so101d/datasets"', 'dataset_root = "~/so101d/sim-datasets"')
     text = text.split("\n[cameras.front]")[0] + '\n[cameras.front]\nkind = "sim"\n'
     sim_config = m.root / "sim.toml"
@@ -514,7 +597,9 @@ def test_sim_follower_episodes_are_recorded_and_load(machine: Machine, bench: Be
         wait_running(m, run, "simrun")
         for success in ("--success", "--failure"):
             ok(so101d(m, ["episode", "start", "--task", "sim pick"]))
-            assert poll_until(lambda: re.search(r"\b([3-9]\d|\d{3,}) frames", _episode_status(m)), 30, 0.3), _episode_status(m)
+            assert poll_until(lambda: re.search(r"\b([3-9]\d|\d{3,}) frames", _episode_status(m)), 30, 0.3), (
+                _episode_status(m)
+            )
             ok(so101d(m, ["episode", "save", success]))
         assert poll_until(lambda: "0 being written" in _episode_status(m), 60, 0.5), _episode_status(m)
         code = stop(run, timeout_s=60)
@@ -539,8 +624,10 @@ def test_install_service_writes_the_unit_the_drop_in_and_the_rules_under_a_root(
     find = readme("so101d find-ports --write /tmp/99-so101.rules", **{"/tmp/99-so101.rules": str(rules)})
     ok(so101d(m, find + ["--leader-serial", "5A7A016371", "--follower-serial", "5A7A016372"]))
     target = m.root / "sysroot"
-    install = readme("sudo so101d install-service --udev-rules /tmp/99-so101.rules [--realtime] [--dry-run]",
-                     **{"/tmp/99-so101.rules": str(rules)})
+    install = readme(
+        "sudo so101d install-service --udev-rules /tmp/99-so101.rules [--realtime] [--dry-run]",
+        **{"/tmp/99-so101.rules": str(rules)},
+    )
     dry = ok(so101d(m, install + ["--realtime", "--dry-run", "--root", str(target)]))
     assert "would write" in dry and not target.exists()
     ok(so101d(m, install + ["--realtime", "--root", str(target)]))
@@ -552,20 +639,26 @@ def test_install_service_writes_the_unit_the_drop_in_and_the_rules_under_a_root(
     assert (target / "etc/sysusers.d/so101d.conf").is_file() and (target / "etc/so101d/so101d.toml").is_file()
 
 
-@pytest.mark.skip(reason="systemd-sysusers, udevadm, systemctl and journalctl need a real systemd and root; "
-                         "tests/test_service_*.py run the unit's behaviour (sd_notify, watchdog, reload) without them")
+@pytest.mark.skip(
+    reason="systemd-sysusers, udevadm, systemctl and journalctl need a real systemd and root; "
+    "tests/test_service_*.py run the unit's behaviour (sd_notify, watchdog, reload) without them"
+)
 def test_systemd_steps_as_root() -> None:
     raise AssertionError("not run here")
 
 
-@pytest.mark.skip(reason="`so101d find-ports` (unplug/replug, or --leader PORT --follower PORT) needs USB serial adapters "
-                         "in sysfs; tests/test_service_find_ports.py runs it on a fake sysfs tree")
+@pytest.mark.skip(
+    reason="`so101d find-ports` (unplug/replug, or --leader PORT --follower PORT) needs USB serial adapters "
+    "in sysfs; tests/test_service_find_ports.py runs it on a fake sysfs tree"
+)
 def test_find_ports_with_real_adapters() -> None:
     raise AssertionError("not run here")
 
 
-@pytest.mark.skip(reason="`so101d policy ...` needs a trained checkpoint; tests/test_policy_*.py train a tiny one and run "
-                         "these commands")
+@pytest.mark.skip(
+    reason="`so101d policy ...` needs a trained checkpoint; tests/test_policy_*.py train a tiny one and run "
+    "these commands"
+)
 def test_policy_commands() -> None:
     raise AssertionError("not run here")
 

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from daemon.recording.cameras import Camera, CameraConfig, Frame, OpenCVCamera, VirtualArmCamera, make_camera
+from drivers.cameras import Camera, CameraConfig, Frame, OpenCVCamera, VirtualArmCamera, make_camera
 
 
 def test_virtual_camera_implements_the_protocol_and_delivers_at_its_rate():

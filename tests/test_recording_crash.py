@@ -16,11 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+from recording_support import SyntheticLoop, load_dataset, wait_until
+
 from daemon.dataset_schema import read_episode_tags
-from daemon.recording.cameras import CameraConfig, VirtualArmCamera
 from daemon.recording.recorder import Recorder, RecorderConfig
 from daemon.recording.store import staging_dir
-from recording_support import SyntheticLoop, load_dataset, wait_until
+from drivers.cameras import CameraConfig, VirtualArmCamera
 
 CHILD = Path(__file__).resolve().parent / "recording_crash_child.py"
 REPO = Path(__file__).resolve().parents[1]
@@ -32,8 +33,14 @@ def cams():
 
 def run_child_until_kill_point(root: Path, mode: str) -> tuple[subprocess.Popen, int]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, str(CHILD), str(root), mode], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), str(root), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     writer_pid = -1
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline:
@@ -123,8 +130,14 @@ def test_kill_9_writer_mid_rollover_keeps_every_committed_episode(tmp_path):
     from daemon.recording.store import DatasetStore, StoreConfig
 
     root = tmp_path / "ds"
-    store = DatasetStore(StoreConfig(root=str(root), cameras=[("front", 120, 160), ("wrist", 120, 160)],
-                                     data_files_size_in_mb=0.001, video_files_size_in_mb=0.001))
+    store = DatasetStore(
+        StoreConfig(
+            root=str(root),
+            cameras=[("front", 120, 160), ("wrist", 120, 160)],
+            data_files_size_in_mb=0.001,
+            video_files_size_in_mb=0.001,
+        )
+    )
     store.repair()
     store.commit(stage_episode(store, 0, 6))
     store.release_ownership()
@@ -140,8 +153,10 @@ def test_kill_9_writer_mid_rollover_keeps_every_committed_episode(tmp_path):
 
     before = restart_and_append(root, {2})  # the saved episode is re-committed from staging
     ds = load_dataset(root)
-    assert len({int(ds.meta.episodes[i]["videos/observation.images.front/file_index"])
-                for i in range(ds.num_episodes)}) == ds.num_episodes  # one video file each: rolled over
+    assert (
+        len({int(ds.meta.episodes[i]["videos/observation.images.front/file_index"]) for i in range(ds.num_episodes)})
+        == ds.num_episodes
+    )  # one video file each: rolled over
     assert ds.num_episodes == before + 1
     for e in range(ds.num_episodes):
         item = ds[int(ds.meta.episodes[e]["dataset_from_index"])]

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from recording_support import load_dataset
+from test_daemon_process import wait_status
 
 from calibration.calibration_file import save_calibration
 from daemon.dataset_schema import read_episode_tags
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
-from recording_support import load_dataset
-from test_daemon_process import wait_status
 
 SO101D = [sys.executable, "-m", "daemon.cli"]
 
@@ -31,8 +31,9 @@ def run_dir():
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*SO101D, *args], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    return subprocess.run(
+        [*SO101D, *args], capture_output=True, text=True, timeout=timeout, env=dict(os.environ, HF_HUB_OFFLINE="1")
+    )
 
 
 def keyboard_session(sock_args: list[str]) -> None:
@@ -40,9 +41,26 @@ def keyboard_session(sock_args: list[str]) -> None:
     import pty
 
     master, slave = pty.openpty()
-    proc = subprocess.Popen([*SO101D, "record", "--episodes", "5", "--episode-time", "60", "--reset-time", "30",
-                             "--task", "keys", *sock_args], stdin=slave, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    proc = subprocess.Popen(
+        [
+            *SO101D,
+            "record",
+            "--episodes",
+            "5",
+            "--episode-time",
+            "60",
+            "--reset-time",
+            "30",
+            "--task",
+            "keys",
+            *sock_args,
+        ],
+        stdin=slave,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
     os.close(slave)
     try:
         for key, pause in ((b"f", 4.0), (b"\r", 1.0), (b"\x7f", 1.0), (b"\r", 1.0), (b"\r", 1.0), (b"\x1b", 1.0)):
@@ -82,11 +100,20 @@ def test_daemon_records_episodes_from_the_cli(run_dir):
     root = run_dir / "datasets" / "bench" / "e2e"
     with BusEmulator(run_dir / "leader", la), BusEmulator(run_dir / "follower", fa):
         err = open(run_dir / "daemon.err", "w+")  # a file, not a pipe nobody reads while the test runs
-        proc = subprocess.Popen([*SO101D, "run", "--config", str(cfg)], stdout=subprocess.DEVNULL,
-                                stderr=err, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        proc = subprocess.Popen(
+            [*SO101D, "run", "--config", str(cfg)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+            env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        )
         try:
-            wait_status(sock, lambda s: s["mode"] == "teleop" and s.get("recording", {}).get("phase") == "idle",
-                        timeout_s=180, proc=proc)
+            wait_status(
+                sock,
+                lambda s: s["mode"] == "teleop" and s.get("recording", {}).get("phase") == "idle",
+                timeout_s=180,
+                proc=proc,
+            )
             s = ["--socket", str(sock)]
             r = cli("episode", "start", "--task", "wave", *s)
             assert r.returncode == 0, r.stderr
@@ -96,8 +123,20 @@ def test_daemon_records_episodes_from_the_cli(run_dir):
             time.sleep(1.5)
             r = cli("episode", "save", "--failure", *s)
             assert r.returncode == 0 and "failure" in r.stdout, r.stderr
-            r = cli("record", "--episodes", "2", "--episode-time", "1", "--reset-time", "0.3", "--no-keys",
-                    "--task", "pick", *s, timeout=120)
+            r = cli(
+                "record",
+                "--episodes",
+                "2",
+                "--episode-time",
+                "1",
+                "--reset-time",
+                "0.3",
+                "--no-keys",
+                "--task",
+                "pick",
+                *s,
+                timeout=120,
+            )
             assert r.returncode == 0, r.stderr
             assert "2 episodes saved" in r.stdout and str(root) in r.stdout
             st = wait_status(sock, lambda s: s["recording"]["saves_pending"] == 0, timeout_s=120, proc=proc)
@@ -121,7 +160,7 @@ def test_daemon_records_episodes_from_the_cli(run_dir):
     assert ds[ds.meta.episodes[1]["dataset_from_index"]]["task"] == "pick"
     state = np.array(ds.hf_dataset.with_format(None)["observation.state"])
     assert np.isfinite(state).all() and (np.abs(state[:, :5]) < 200).all()
-    assert 0 <= state[:, 5].min() and state[:, 5].max() <= 100
+    assert state[:, 5].min() >= 0 and state[:, 5].max() <= 100
     assert tuple(ds[0]["observation.images.wrist"].shape) == (3, 120, 160)
     for i in range(5):
         assert tags[i].frames == ds.meta.episodes[i]["length"] > 20

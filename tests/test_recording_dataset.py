@@ -14,13 +14,13 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+from recording_support import SyntheticLoop, load_dataset, wait_until
 
 from calibration.conventions import FEATURE_NAMES
 from daemon.dataset_schema import EPISODE_TAGS_FILE, read_episode_tags
-from daemon.recording.cameras import CameraConfig, VirtualArmCamera
 from daemon.recording.recorder import Recorder, RecorderConfig, RecordingError
 from daemon.recording.store import DatasetMismatchError, staging_dir
-from recording_support import SyntheticLoop, load_dataset, wait_until
+from drivers.cameras import CameraConfig, VirtualArmCamera
 
 W, H, FPS = 320, 240, 30
 
@@ -57,7 +57,7 @@ def recorded(tmp_path_factory):
 
 
 def test_dataset_loads_with_schema_units_and_grid_timestamps(recorded):
-    root, loop, _, status = recorded
+    root, loop, _, _status = recorded
     ds = load_dataset(root)
     assert ds.num_episodes == 3
     assert ds.fps == FPS and ds.meta.robot_type == "so101_follower"
@@ -101,7 +101,7 @@ def test_every_video_has_one_frame_per_row_and_decodes(recorded):
     last = eps[2]["dataset_to_index"] - 1
     item = ds[last]
     img = item["observation.images.front"]
-    assert tuple(img.shape) == (3, H, W) and 0.0 <= float(img.min()) and float(img.max()) <= 1.0
+    assert tuple(img.shape) == (3, H, W) and float(img.min()) >= 0.0 and float(img.max()) <= 1.0
 
 
 def test_decoded_picture_shows_the_recorded_state(recorded):
@@ -188,8 +188,10 @@ def test_dataset_with_other_features_is_refused_with_the_differences(recorded):
     msg = str(err.value)
     assert "feature 'observation.images.wrist' is in the dataset but not configured" in msg
     assert "observation.images.front: shape" in msg
-    rec2 = Recorder(RecorderConfig(root=str(root), fps=15),
-                    [VirtualArmCamera(CameraConfig(n, width=W, height=H)) for n in ("front", "wrist")])
+    rec2 = Recorder(
+        RecorderConfig(root=str(root), fps=15),
+        [VirtualArmCamera(CameraConfig(n, width=W, height=H)) for n in ("front", "wrist")],
+    )
     with pytest.raises(DatasetMismatchError, match="fps 30 in the dataset, 15 configured"):
         rec2.open()
     info = json.loads((root / "meta" / "info.json").read_text())

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from recording_support import load_dataset
 
 from daemon.config import config_from_dict
 from daemon.recording.demo_session import record_demo_episodes
@@ -27,7 +28,6 @@ from daemon.service import Daemon
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 from drivers.emulator.motion import DemoMotion
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
-from recording_support import load_dataset
 
 
 def test_demo_records_episodes_of_the_emulated_arm_and_says_how_to_load_them():
@@ -37,13 +37,18 @@ def test_demo_records_episodes_of_the_emulated_arm_and_says_how_to_load_them():
         fa = EmulatedArm("follower")
         lb = BusEmulator(root / "leader", la).start()
         fb = BusEmulator(root / "follower", fa).start()
-        cfg = config_from_dict({
-            "socket": {"path": str(root / "c.sock")},
-            "recording": {"enabled": True, "dataset_root": str(root / "datasets"), "repo_id": "demo/bench"},
-            "cameras": {"front": {"kind": "virtual", "width": 160, "height": 120}},
-        })
-        daemon = Daemon(cfg, FeetechLeader(str(root / "leader"), reference_calibration("leader")),
-                        FeetechFollower(str(root / "follower"), reference_calibration("follower")))
+        cfg = config_from_dict(
+            {
+                "socket": {"path": str(root / "c.sock")},
+                "recording": {"enabled": True, "dataset_root": str(root / "datasets"), "repo_id": "demo/bench"},
+                "cameras": {"front": {"kind": "virtual", "width": 160, "height": 120}},
+            }
+        )
+        daemon = Daemon(
+            cfg,
+            FeetechLeader(str(root / "leader"), reference_calibration("leader")),
+            FeetechFollower(str(root / "follower"), reference_calibration("follower")),
+        )
         lines: list[str] = []
         try:
             daemon.start()
@@ -68,9 +73,25 @@ def test_so101d_demo_records_episodes_and_prints_a_load_command_that_works(tmp_p
     out_path = tmp_path / "demo.out"
     with open(out_path, "w") as out, open(tmp_path / "demo.err", "w") as err:
         # not --quiet (that prints the final summary only): piped, it prints the progress lines
-        proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "demo", "--dir", str(run_dir),
-                                 "--record", "2", "--episode-time", "2", "--socket", str(tmp_path / "d.sock")],
-                                stdout=out, stderr=err, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daemon.cli",
+                "demo",
+                "--dir",
+                str(run_dir),
+                "--record",
+                "2",
+                "--episode-time",
+                "2",
+                "--socket",
+                str(tmp_path / "d.sock"),
+            ],
+            stdout=out,
+            stderr=err,
+            env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        )
     try:
         end = time.monotonic() + 240
         while "episodes in the dataset" not in out_path.read_text():

@@ -11,15 +11,14 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
+from recording_support import SyntheticLoop, load_dataset, wait_until
+from test_recording_crash import cams, restart_and_append
 
 from daemon.dataset_schema import read_episode_tags
 from daemon.recording.recorder import Recorder, RecorderConfig, RecordingError
 from daemon.recording.store import staging_dir
-from recording_support import SyntheticLoop, load_dataset, wait_until
-from test_recording_crash import cams, restart_and_append
 
 
 def test_writer_killed_inside_a_commit_is_rolled_back_and_redone(tmp_path):

@@ -33,43 +33,48 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from calibration.calibration_file import save_calibration  # noqa: E402
-from daemon.config import config_from_dict  # noqa: E402
-from daemon.control_client import ControlClient  # noqa: E402
-from daemon.dataset_schema import read_episode_tags  # noqa: E402
-from daemon.commands.episode import format_status  # noqa: E402
-from daemon.recording.cameras import CameraConfig, VirtualArmCamera  # noqa: E402
-from daemon.recording.recorder import Recorder, RecorderConfig, RecordingError, frame_refusal  # noqa: E402
-from daemon.service import EXIT_DATA_LOST, RECORDING_DISABLED, Daemon  # noqa: E402
-from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration  # noqa: E402
-from drivers.feetech_arm import FeetechFollower, FeetechLeader  # noqa: E402
-from recording_support import SyntheticLoop, load_dataset, wait_until  # noqa: E402
-from sim_bridge.sim_follower import SimFollower  # noqa: E402
-from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for  # noqa: E402
+from recording_support import SyntheticLoop, load_dataset, wait_until
+from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for
+
+from calibration.calibration_file import save_calibration
+from daemon.commands.episode import format_status
+from daemon.config import config_from_dict
+from daemon.control_client import ControlClient
+from daemon.dataset_schema import read_episode_tags
+from daemon.recording.recorder import Recorder, RecorderConfig, RecordingError, frame_refusal
+from daemon.service import EXIT_DATA_LOST, RECORDING_DISABLED, Daemon
+from drivers.cameras import CameraConfig, VirtualArmCamera
+from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
+from drivers.feetech_arm import FeetechFollower, FeetechLeader
+from drivers.sim_follower import SimFollower
 
 SO101D = [sys.executable, "-m", "daemon.cli"]
 POSE = np.array([10.0, -50.0, 55.0, 30.0, 0.0, 40.0])
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*SO101D, *args], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    return subprocess.run(
+        [*SO101D, *args], capture_output=True, text=True, timeout=timeout, env=dict(os.environ, HF_HUB_OFFLINE="1")
+    )
 
 
 def sim_daemon(root: Path, endpoint: str, cameras: dict, ds_root: Path) -> Daemon:
     """The daemon as the README's sim section configures it: MuJoCo follower, [recording] on."""
     leader_link = root / "leader"
     root.mkdir(parents=True, exist_ok=True)
-    cfg = config_from_dict({
-        "socket": {"path": str(root / "c.sock")},
-        "follower": {"kind": "sim", "endpoint": endpoint, "stale_timeout_s": 0.5},
-        "control": {"rate_hz": 60.0},
-        "safety": {"align_speed_deg_s": 120.0, "align_gripper_speed_pct_s": 150.0},
-        "recording": {"enabled": True, "fps": 30, "dataset_root": str(ds_root), "repo_id": "local/sim"},
-        "cameras": cameras,
-    })
-    return Daemon(cfg, FeetechLeader(str(leader_link), reference_calibration("leader")),
-                  SimFollower(endpoint, staleness_s=0.5))
+    cfg = config_from_dict(
+        {
+            "socket": {"path": str(root / "c.sock")},
+            "follower": {"kind": "sim", "endpoint": endpoint, "stale_timeout_s": 0.5},
+            "control": {"rate_hz": 60.0},
+            "safety": {"align_speed_deg_s": 120.0, "align_gripper_speed_pct_s": 150.0},
+            "recording": {"enabled": True, "fps": 30, "dataset_root": str(ds_root), "repo_id": "local/sim"},
+            "cameras": cameras,
+        }
+    )
+    return Daemon(
+        cfg, FeetechLeader(str(leader_link), reference_calibration("leader")), SimFollower(endpoint, staleness_s=0.5)
+    )
 
 
 # -------------------------------------------------------------------------------------------------
@@ -90,7 +95,10 @@ def test_readme_sim_camera_without_size_records_episodes_that_load(tmp_path):
         wait_for(lambda: rec.phase == "idle", 180, f"recorder ready: {rec.status()}")
         wait_for(lambda: daemon.loop.state.mode == "teleop", 30, "teleop")
         st = rec.status()
-        assert [(c["name"], c["width"], c["height"]) for c in st["cameras"]] == [("front", 320, 240), ("wrist", 320, 240)]
+        assert [(c["name"], c["width"], c["height"]) for c in st["cameras"]] == [
+            ("front", 320, 240),
+            ("wrist", 320, 240),
+        ]
         for task in ("pick the cube", "place the cube"):
             rec.start_episode(task)
             wait_for(lambda: rec.frames_recorded >= 30, 30, "30 frames")
@@ -122,8 +130,7 @@ def test_sim_camera_configured_with_another_size_is_an_error_naming_both(tmp_pat
     d = tempfile.TemporaryDirectory(prefix="so101d-health-")
     root = Path(d.name)
     _, lb = still_arm_on_pty(root / "leader", "leader", POSE)
-    daemon = sim_daemon(root, endpoint, {"front": {"kind": "sim", "width": 640, "height": 480}},
-                        tmp_path / "datasets")
+    daemon = sim_daemon(root, endpoint, {"front": {"kind": "sim", "width": 640, "height": 480}}, tmp_path / "datasets")
     try:
         daemon.start()
         rec = daemon.recorder
@@ -216,21 +223,29 @@ def write_config(root: Path, extra: str) -> Path:
     cfg.write_text(
         f'[leader]\nport = "{root / "leader"}"\n[follower]\nport = "{root / "follower"}"\n'
         f'[calibration]\nroot = "{root / "calibration"}"\n[socket]\npath = "{root / "c.sock"}"\n'
-        '[control]\nrate_hz = 50.0\n' + extra)
+        "[control]\nrate_hz = 50.0\n" + extra
+    )
     return cfg
 
 
 def test_writer_killed_mid_episode_is_visible_and_shutdown_exits_non_zero_naming_the_loss(bench):
     root = bench
     data = root / "datasets"
-    cfg = write_config(root, f'[recording]\nenabled = true\ndataset_root = "{data}"\nrepo_id = "local/kill"\n'
-                             'stop_timeout_s = 20\n'
-                             '[cameras.front]\nkind = "virtual"\nwidth = 160\nheight = 120\n')
+    cfg = write_config(
+        root,
+        f'[recording]\nenabled = true\ndataset_root = "{data}"\nrepo_id = "local/kill"\n'
+        "stop_timeout_s = 20\n"
+        '[cameras.front]\nkind = "virtual"\nwidth = 160\nheight = 120\n',
+    )
     sock = ["--socket", str(root / "c.sock")]
     log_path = root / "so101d.log"
     with open(log_path, "w") as log:  # a file, not a pipe: the writer child would hold a pipe open
-        proc = subprocess.Popen([*SO101D, "run", "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        proc = subprocess.Popen(
+            [*SO101D, "run", "--config", str(cfg)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        )
     try:
         end = time.monotonic() + 180
         while True:
@@ -277,10 +292,11 @@ class ScriptedSim:
     30 Hz, and sends the front camera at 320x240 while ``wrong_size`` is set."""
 
     def __init__(self, endpoint: str) -> None:
-        from sim_bridge.server import SimServerEndpoint  # noqa: PLC0415
+        from sim_bridge.server import SimServerEndpoint
 
-        self.ep = SimServerEndpoint(endpoint, backend="scripted",
-                                    cameras=[{"name": n, "width": 160, "height": 120} for n in ("front", "wrist")])
+        self.ep = SimServerEndpoint(
+            endpoint, backend="scripted", cameras=[{"name": n, "width": 160, "height": 120} for n in ("front", "wrist")]
+        )
         self.ep.open()
         self.wrong_size = threading.Event()
         self.wrong_sent = 0
@@ -304,7 +320,10 @@ class ScriptedSim:
             self.ep.send_state(pos, sim_time_s=seq / 30, torque=True, ack_seq=-1, ack_sent_s=0.0)
             for name in ("front", "wrist"):
                 h, w = (240, 320) if name == "front" and self.wrong_size.is_set() else (120, 160)
-                if self.ep.send_frame(name, seq, now, rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) and (h, w) == (240, 320):
+                if self.ep.send_frame(name, seq, now, rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) and (h, w) == (
+                    240,
+                    320,
+                ):
                     self.wrong_sent += 1
             seq += 1
 
@@ -373,18 +392,29 @@ def test_frame_refusal_names_shape_and_dtype():
 # -------------------------------------------------------------------------------------------------
 def test_episode_and_record_against_a_daemon_without_recording_say_how_to_enable_it(bench):
     root = bench
-    cfg = config_from_dict({
-        "leader": {"port": str(root / "leader")}, "follower": {"port": str(root / "follower")},
-        "calibration": {"root": str(root / "calibration")}, "socket": {"path": str(root / "c.sock")},
-        "recording": {"enabled": False},
-    })
-    daemon = Daemon(cfg, FeetechLeader(str(root / "leader"), reference_calibration("leader")),
-                    FeetechFollower(str(root / "follower"), reference_calibration("follower")))
+    cfg = config_from_dict(
+        {
+            "leader": {"port": str(root / "leader")},
+            "follower": {"port": str(root / "follower")},
+            "calibration": {"root": str(root / "calibration")},
+            "socket": {"path": str(root / "c.sock")},
+            "recording": {"enabled": False},
+        }
+    )
+    daemon = Daemon(
+        cfg,
+        FeetechLeader(str(root / "leader"), reference_calibration("leader")),
+        FeetechFollower(str(root / "follower"), reference_calibration("follower")),
+    )
     sock = ["--socket", str(root / "c.sock")]
     daemon.start()
     try:
-        for args in (["episode", "start", "--task", "pick"], ["episode", "status"], ["episode", "save"],
-                     ["record", "--episodes", "1", "--episode-time", "1", "--no-keys"]):
+        for args in (
+            ["episode", "start", "--task", "pick"],
+            ["episode", "status"],
+            ["episode", "save"],
+            ["record", "--episodes", "1", "--episode-time", "1", "--no-keys"],
+        ):
             r = cli(*args, *sock)
             assert r.returncode != 0, (args, r.stdout)
             assert "recording is disabled in this daemon" in r.stderr, (args, r.stderr)

@@ -57,13 +57,27 @@ def stage_episode(store: DatasetStore, episode: int, frames: int, task: str = "p
     t = np.arange(frames, dtype=np.float32)
     state = np.stack([t * 0.1 + episode + j for j in range(6)], axis=1).astype(np.float32)
     np.savez(d / "rows.npz", state=state, action=state + 0.5, teleop=state + 0.25)
-    np.savez(d / "timing.npz", grid_s=t.astype(np.float64) / FPS,
-             state_offset_s=np.zeros(frames), camera_offset_s=np.zeros((frames, len(store.cfg.cameras))),
-             camera_names=np.asarray([n for n, _, _ in store.cfg.cameras], dtype=str))
-    tag = {"success": True, "origin": "teleop", "follower_kind": "sim", "frames": frames, "late_frames": 0,
-           "missing_frames": 0, "worst_camera_skew_ms": 0.0, "notes": [], "source": {}}
-    write_json_atomic(d / "episode.json", {"uid": uid, "task": task, "frames": frames, "tag": tag,
-                                           "video_stats": stats})
+    np.savez(
+        d / "timing.npz",
+        grid_s=t.astype(np.float64) / FPS,
+        state_offset_s=np.zeros(frames),
+        camera_offset_s=np.zeros((frames, len(store.cfg.cameras))),
+        camera_names=np.asarray([n for n, _, _ in store.cfg.cameras], dtype=str),
+    )
+    tag = {
+        "success": True,
+        "origin": "teleop",
+        "follower_kind": "sim",
+        "frames": frames,
+        "late_frames": 0,
+        "missing_frames": 0,
+        "worst_camera_skew_ms": 0.0,
+        "notes": [],
+        "source": {},
+    }
+    write_json_atomic(
+        d / "episode.json", {"uid": uid, "task": task, "frames": frames, "tag": tag, "video_stats": stats}
+    )
     return d
 
 
@@ -90,7 +104,7 @@ def assert_frames_match(ds, episode: int, frames: int) -> None:
         item = ds[start + i]
         assert int(item["episode_index"]) == episode and int(item["frame_index"]) == i
         for c, (name, h, w) in enumerate(CAMERAS):
-            got = (item[f"observation.images.{name}"].numpy().transpose(1, 2, 0) * 255.0)
+            got = item[f"observation.images.{name}"].numpy().transpose(1, 2, 0) * 255.0
             want = frame_rgb(episode, i, c, h, w).astype(np.float32)
             err = np.abs(got - want).mean()
             assert err < 8.0, (episode, i, name, err)  # neighbours differ by >= 17 in some channel
@@ -107,7 +121,7 @@ def test_packed_rollover_follows_lerobot_rules_and_lerobot_reads_it(tmp_path):
     info = json.loads((root / "meta" / "info.json").read_text())
     assert info["total_episodes"] == 24 and info["total_frames"] == sum(lengths)
     assert (info["chunks_size"], info["data_files_size_in_mb"], info["video_files_size_in_mb"]) == (3, 0.012, 0.008)
-    cap_data, cap_video = 0.012 * 1024 ** 2, 0.008 * 1024 ** 2
+    cap_data, cap_video = 0.012 * 1024**2, 0.008 * 1024**2
     data = files(root, "data/chunk-*/file-*.parquet")
     videos = files(root, "videos/observation.images.front/chunk-*/file-*.mp4")
     assert len(data) > 3 and len(videos) > 3, "the caps must force rollovers (and a second chunk)"
@@ -129,8 +143,10 @@ def test_packed_rollover_follows_lerobot_rules_and_lerobot_reads_it(tmp_path):
         prev = eps[i - 1] if i else None
         for cam in ("front", "wrist"):
             k = f"videos/observation.images.{cam}/"
-            same = prev is not None and (prev[k + "chunk_index"], prev[k + "file_index"]) == \
-                (e[k + "chunk_index"], e[k + "file_index"])
+            same = prev is not None and (prev[k + "chunk_index"], prev[k + "file_index"]) == (
+                e[k + "chunk_index"],
+                e[k + "file_index"],
+            )
             assert e[k + "from_timestamp"] == pytest.approx(prev[k + "to_timestamp"] if same else 0.0)
             assert e[k + "to_timestamp"] - e[k + "from_timestamp"] == pytest.approx(lengths[i] / FPS)
     for i in (0, 5, 11, 23):  # first, middle of a packed file, last
@@ -139,7 +155,7 @@ def test_packed_rollover_follows_lerobot_rules_and_lerobot_reads_it(tmp_path):
 
 def rss_mb() -> float:
     with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 @pytest.mark.timeout(3600)
@@ -172,14 +188,17 @@ def test_a_thousand_episodes_commit_at_constant_cost_and_lerobot_loads_decodes_a
     fresh.release_ownership()
 
     first, last = statistics.median(first_s), statistics.median(last_s)
-    print(f"median commit: episodes 1-50 {first * 1000:.1f} ms, 951-1000 {last * 1000:.1f} ms, "
-          f"ratio {last / first:.2f}; RSS {rss_at_100:.0f} MB at 100, {rss_at_950:.0f} MB at 950")
+    print(
+        f"median commit: episodes 1-50 {first * 1000:.1f} ms, 951-1000 {last * 1000:.1f} ms, "
+        f"ratio {last / first:.2f}; RSS {rss_at_100:.0f} MB at 100, {rss_at_950:.0f} MB at 950"
+    )
     assert last <= 2.0 * first, (first, last)
     assert rss_at_950 - rss_at_100 < 64, (rss_at_100, rss_at_950)  # no growth per episode
 
     # LeRobot's packing with its default targets: one data file, one video file per camera
-    assert [p.relative_to(root).as_posix() for p in files(root, "data/*/*.parquet")] == \
-        ["data/chunk-000/file-000.parquet"]
+    assert [p.relative_to(root).as_posix() for p in files(root, "data/*/*.parquet")] == [
+        "data/chunk-000/file-000.parquet"
+    ]
     for cam in ("front", "wrist"):
         assert [p.name for p in files(root, f"videos/observation.images.{cam}/*/*.mp4")] == ["file-000.mp4"]
     assert len(files(root, "meta/episodes/*/*.parquet")) == n_episodes // 100
@@ -192,9 +211,17 @@ def test_a_thousand_episodes_commit_at_constant_cost_and_lerobot_loads_decodes_a
 
     # lerobot-edit-dataset (LeRobot's own editor) deletes episodes from it
     out = tmp_path / "edited"
-    cmd = [sys.executable, "-m", "lerobot.scripts.lerobot_edit_dataset", "--repo_id=local/so101d",
-           f"--root={root}", "--new_repo_id=local/edited", f"--new_root={out}",
-           "--operation.type=delete_episodes", "--operation.episode_indices=[0, 500, 999]"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lerobot.scripts.lerobot_edit_dataset",
+        "--repo_id=local/so101d",
+        f"--root={root}",
+        "--new_repo_id=local/edited",
+        f"--new_root={out}",
+        "--operation.type=delete_episodes",
+        "--operation.episode_indices=[0, 500, 999]",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
@@ -218,14 +245,25 @@ def lerobot_sessions(root: Path, episodes: int, frames: int) -> None:
     enc = RGBEncoderConfig(vcodec="h264", preset="ultrafast", crf=23, g=2)
     for e in range(episodes):
         if e == 0:
-            ds = LeRobotDataset.create("local/so101d", fps=FPS, root=root, robot_type="so101_follower",
-                                       features=dataset_features({n: (h, w) for n, h, w in CAMERAS}),
-                                       use_videos=True, rgb_encoder=enc, video_backend="pyav")
+            ds = LeRobotDataset.create(
+                "local/so101d",
+                fps=FPS,
+                root=root,
+                robot_type="so101_follower",
+                features=dataset_features({n: (h, w) for n, h, w in CAMERAS}),
+                use_videos=True,
+                rgb_encoder=enc,
+                video_backend="pyav",
+            )
         else:
             ds = LeRobotDataset.resume("local/so101d", root=root, rgb_encoder=enc, video_backend="pyav")
         for i in range(frames):
-            frame = {"task": "pick the cube", "observation.state": np.full(6, e + i, np.float32),
-                     "action": np.zeros(6, np.float32), "teleop.action": np.zeros(6, np.float32)}
+            frame = {
+                "task": "pick the cube",
+                "observation.state": np.full(6, e + i, np.float32),
+                "action": np.zeros(6, np.float32),
+                "teleop.action": np.zeros(6, np.float32),
+            }
             for c, (name, h, w) in enumerate(CAMERAS):
                 frame[f"observation.images.{name}"] = frame_rgb(e, i, c, h, w)
             ds.add_frame(frame)
@@ -247,8 +285,13 @@ def test_a_one_file_per_episode_dataset_keeps_appending_and_packs(tmp_path):
         assert_frames_match(ds, e, 4)
     before = [ds[i]["observation.images.wrist"] for i in range(len(ds))]
 
-    r = subprocess.run([sys.executable, "-m", "daemon.cli", "dataset", "pack", str(root)],
-                       capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "daemon.cli", "dataset", "pack", str(root)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "packed 4 episodes" in r.stdout
     assert [p.name for p in files(root, "videos/observation.images.front/*/*.mp4")] == ["file-000.mp4"]
@@ -269,8 +312,12 @@ def test_a_one_file_per_episode_dataset_keeps_appending_and_packs(tmp_path):
 
 def test_pack_refuses_a_folder_that_is_no_dataset(tmp_path):
     (tmp_path / "empty").mkdir()
-    r = subprocess.run([sys.executable, "-m", "daemon.cli", "dataset", "pack", str(tmp_path / "empty")],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "daemon.cli", "dataset", "pack", str(tmp_path / "empty")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 1 and "not a LeRobot dataset" in r.stderr
 
 
@@ -285,8 +332,11 @@ def test_a_failed_append_leaves_every_shared_file_as_it_was(tmp_path):
         store.commit(stage_episode(store, i, 4))
 
     def snapshot() -> dict[str, str]:
-        return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-                for p in sorted(root.rglob("*")) if p.is_file()}
+        return {
+            str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))
+            if p.is_file()
+        }
 
     before = snapshot()
     store.cfg.fault = "enospc_in_commit:5"
@@ -319,8 +369,13 @@ def test_pack_finishes_a_swap_cut_short_by_a_crash(tmp_path):
     new, old = pack_dirs(root)
     shutil.copytree(root, new)  # the complete packed copy
     root.rename(old)  # ... and the crash came before new -> root
-    r = subprocess.run([sys.executable, "-m", "daemon.cli", "dataset", "pack", str(root)],
-                       capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "daemon.cli", "dataset", "pack", str(root)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "finished an interrupted repack" in r.stderr
     assert not new.exists() and not old.exists()

@@ -12,17 +12,19 @@ from __future__ import annotations
 import signal
 import time
 
-from daemon.control_client import ControlClient
-from daemon.dataset_schema import read_episode_tags
 from recording_support import load_dataset
 from test_service_daemon import _start_daemon, _stop, bench  # noqa: F401 - bench is a fixture
 
+from daemon.control_client import ControlClient
+from daemon.dataset_schema import read_episode_tags
 
-def test_ready_waits_for_the_recorder_and_sigterm_saves_the_episode_in_progress(bench) -> None:  # noqa: F811
+
+def test_ready_waits_for_the_recorder_and_sigterm_saves_the_episode_in_progress(bench) -> None:
     root, fake = bench
     data = root / "datasets"
-    proc, cfg, sock = _start_daemon(
-        root, fake,
+    proc, _cfg, sock = _start_daemon(
+        root,
+        fake,
         f'[recording]\nenabled = true\ndataset_root = "{data}"\nrepo_id = "local/svc"\nfps = 30\n'
         '[cameras.front]\nkind = "virtual"\nwidth = 160\nheight = 120\n',
     )

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import mujoco
 import numpy as np
+from recording_support import load_dataset
 
 from daemon.config import config_from_dict
 from daemon.control_client import ControlClient
@@ -26,7 +27,6 @@ from daemon.dataset_schema import read_episode_tags
 from daemon.service import Daemon
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 from drivers.feetech_arm import FeetechLeader
-from recording_support import load_dataset
 from sim_bridge.mujoco_follower import MujocoFollower, MujocoFollowerConfig
 
 W, H = 160, 120
@@ -72,14 +72,16 @@ def test_sim_episodes_follow_the_recorder_with_verdicts_and_staleness_notes():
     la.set_pose_units(POSE)
     lb = BusEmulator(root / "leader", la).start()
     ds_root = root / "datasets" / "sim" / "eps"
-    cfg = config_from_dict({
-        "socket": {"path": str(root / "c.sock")},
-        "follower": {"kind": "sim", "endpoint": endpoint, "stale_timeout_s": 0.3},
-        "control": {"rate_hz": 60.0, "reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.2},
-        "safety": {"align_speed_deg_s": 120.0, "align_gripper_speed_pct_s": 150.0},
-        "recording": {"enabled": True, "dataset_root": str(root / "datasets"), "repo_id": "sim/eps", "fps": 30},
-        "cameras": {n: {"kind": "sim", "width": W, "height": H, "fps": 30} for n in ("front", "wrist")},
-    })
+    cfg = config_from_dict(
+        {
+            "socket": {"path": str(root / "c.sock")},
+            "follower": {"kind": "sim", "endpoint": endpoint, "stale_timeout_s": 0.3},
+            "control": {"rate_hz": 60.0, "reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.2},
+            "safety": {"align_speed_deg_s": 120.0, "align_gripper_speed_pct_s": 150.0},
+            "recording": {"enabled": True, "dataset_root": str(root / "datasets"), "repo_id": "sim/eps", "fps": 30},
+            "cameras": {n: {"kind": "sim", "width": W, "height": H, "fps": 30} for n in ("front", "wrist")},
+        }
+    )
     daemon = Daemon(cfg, FeetechLeader(str(root / "leader"), reference_calibration("leader")))  # follower from cfg
     mode = lambda: daemon.loop.state.mode  # noqa: E731
     try:
@@ -111,8 +113,11 @@ def test_sim_episodes_follow_the_recorder_with_verdicts_and_staleness_notes():
             time.sleep(0.8)
             sims[0].close()
             wait_for(lambda: mode() == "disconnected", 10, f"the loop holding (mode {mode()})")
-            wait_for(lambda: any("sim went stale at frame" in n for n in c.request("episode.status")["notes"]),
-                     5, "the stale note on the episode in progress")
+            wait_for(
+                lambda: any("sim went stale at frame" in n for n in c.request("episode.status")["notes"]),
+                5,
+                "the stale note on the episode in progress",
+            )
             sims.append(Sim(endpoint))
             wait_for(lambda: mode() == "teleop", 30, f"teleop again (mode {mode()})")
             time.sleep(0.5)

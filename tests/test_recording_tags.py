@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
+from recording_support import SyntheticLoop, load_dataset
 
 from daemon.dataset_schema import read_episode_tags
 from daemon.recording.recorder import Recorder, RecorderConfig, RecordingError, save_extras_bytes
 from daemon.recording.ring import TASK_BYTES
 from daemon.recording.writer import save_extras
-from recording_support import SyntheticLoop, load_dataset
 
 
 class VerdictHook:
@@ -37,7 +37,9 @@ class VerdictHook:
 def test_extras_fit_the_record_field_and_round_trip():
     raw = save_extras_bytes({"origin": "policy", "follower_kind": "sim-mujoco", "notes": ["a", "b"]})
     assert save_extras(raw) == {"origin": "policy", "follower_kind": "sim-mujoco", "notes": ["a", "b"]}
-    many = save_extras_bytes({"origin": "teleop", "follower_kind": "x", "notes": [f"note {i} " * 10 for i in range(40)]})
+    many = save_extras_bytes(
+        {"origin": "teleop", "follower_kind": "x", "notes": [f"note {i} " * 10 for i in range(40)]}
+    )
     assert len(many) <= TASK_BYTES
     back = save_extras(many)
     assert back["origin"] == "teleop" and back["notes"][-1].endswith("more notes dropped")

@@ -15,10 +15,10 @@ import sys
 import time
 
 import pytest
-
-from daemon.recording.cameras import CameraConfig, VirtualArmCamera
-from daemon.recording.recorder import Recorder, RecorderConfig
 from recording_support import SyntheticLoop
+
+from daemon.recording.recorder import Recorder, RecorderConfig
+from drivers.cameras import CameraConfig, VirtualArmCamera
 
 pytest.importorskip("accelerate", reason="lerobot-train needs accelerate (lerobot[training])")
 
@@ -31,7 +31,7 @@ def test_act_trains_a_few_steps_on_a_recorded_dataset(tmp_path):
     rec.wait_ready(120)
     try:
         with SyntheticLoop(rec):
-            for i in range(2):
+            for _i in range(2):
                 rec.start_episode("move the arm")
                 time.sleep(1.0)
                 rec.save_episode(True)
@@ -41,15 +41,30 @@ def test_act_trains_a_few_steps_on_a_recorded_dataset(tmp_path):
 
     out = tmp_path / "train"
     cmd = [
-        sys.executable, "-m", "lerobot.scripts.lerobot_train",
-        "--dataset.repo_id=local/act_smoke", f"--dataset.root={root}",
-        "--policy.type=act", "--policy.device=cpu", "--policy.push_to_hub=false",
+        sys.executable,
+        "-m",
+        "lerobot.scripts.lerobot_train",
+        "--dataset.repo_id=local/act_smoke",
+        f"--dataset.root={root}",
+        "--policy.type=act",
+        "--policy.device=cpu",
+        "--policy.push_to_hub=false",
         "--policy.pretrained_backbone_weights=null",
-        "--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.n_heads=2",
-        "--policy.n_encoder_layers=1", "--policy.n_decoder_layers=1", "--policy.latent_dim=8",
-        "--policy.chunk_size=5", "--policy.n_action_steps=5",
-        "--steps=3", "--batch_size=2", "--num_workers=0", "--log_freq=1",
-        f"--output_dir={out}", "--wandb.enable=false", "--save_checkpoint=false",
+        "--policy.dim_model=32",
+        "--policy.dim_feedforward=64",
+        "--policy.n_heads=2",
+        "--policy.n_encoder_layers=1",
+        "--policy.n_decoder_layers=1",
+        "--policy.latent_dim=8",
+        "--policy.chunk_size=5",
+        "--policy.n_action_steps=5",
+        "--steps=3",
+        "--batch_size=2",
+        "--num_workers=0",
+        "--log_freq=1",
+        f"--output_dir={out}",
+        "--wandb.enable=false",
+        "--save_checkpoint=false",
     ]
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)

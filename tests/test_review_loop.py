@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import still_arm_on_pty, wait_for
 
 from daemon.config import config_from_dict
 from daemon.control_loop import ControlLoop
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
-from support import still_arm_on_pty, wait_for
 
 POSE_A = np.array([0.0, -60.0, 60.0, 40.0, 0.0, 20.0])
 POSE_B = np.array([40.0, -30.0, 30.0, 10.0, 30.0, 60.0])
@@ -74,12 +74,18 @@ def bench():
     parts: dict = {}
     la, lb = still_arm_on_pty(root / "leader", "leader", POSE_A)
     fa, fb = still_arm_on_pty(root / "follower", "follower", POSE_B)
-    cfg = config_from_dict({
-        "socket": {"path": str(root / "c.sock")},
-        "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 120.0},
-        "control": {"reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.2, "health_period_s": 0.1,
-                    "start_mode": "idle"},
-    })
+    cfg = config_from_dict(
+        {
+            "socket": {"path": str(root / "c.sock")},
+            "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 120.0},
+            "control": {
+                "reconnect_backoff_min_s": 0.05,
+                "reconnect_backoff_max_s": 0.2,
+                "health_period_s": 0.1,
+                "start_mode": "idle",
+            },
+        }
+    )
     leader = FeetechLeader(str(root / "leader"), reference_calibration("leader"))
     follower = FeetechFollower(str(root / "follower"), reference_calibration("follower"))
     loop = ControlLoop(leader, follower, cfg)
@@ -107,10 +113,11 @@ def test_policy_to_teleop_switch_realigns_instead_of_jumping(bench) -> None:
     # the operator types `so101d teleop start` while the policy drives; the leader sits at POSE_A
     loop.call(lambda: loop.set_intent("teleop"))
     wait_for(lambda: len(rec.rows) > n0 + 20, 10.0, "cycles after the switch")
-    rows = rec.rows[n0 - 1:]
+    rows = rec.rows[n0 - 1 :]
     biggest = biggest_step(rows, params)
     assert np.all(biggest <= params.max_align_step + 1e-6), (
-        f"policy -> teleop moved {biggest} in one cycle (alignment allows {params.max_align_step})")
+        f"policy -> teleop moved {biggest} in one cycle (alignment allows {params.max_align_step})"
+    )
     assert any(r[0] == "aligning" for r in rows), "the switch did not re-align"
 
 
@@ -123,10 +130,11 @@ def test_teleop_to_policy_switch_realigns_instead_of_jumping(bench) -> None:
     n0 = len(rec.rows)
     loop.call(lambda: loop.set_intent("policy"))
     wait_for(lambda: len(rec.rows) > n0 + 20, 10.0, "cycles after the switch")
-    rows = rec.rows[n0 - 1:]
+    rows = rec.rows[n0 - 1 :]
     biggest = biggest_step(rows, params)
     assert np.all(biggest <= params.max_align_step + 1e-6), (
-        f"teleop -> policy moved {biggest} in one cycle (alignment allows {params.max_align_step})")
+        f"teleop -> policy moved {biggest} in one cycle (alignment allows {params.max_align_step})"
+    )
 
 
 def test_policy_source_that_raises_does_not_kill_the_loop(bench) -> None:
@@ -156,8 +164,11 @@ def test_torque_off_is_obeyed_while_a_fault_holds_the_arm(bench) -> None:
     wait_for(lambda: loop.state.mode == "fault", 20.0, "fault latched")
     assert all(s.torque_enabled for s in fa.servos)  # on_fault = hold: still holding
     loop.call(lambda: loop.set_torque_wanted(False))
-    wait_for(lambda: not any(s.torque_enabled for s in fa.servos), 5.0,
-             f"torque off during a fault (mode {loop.state.mode}: {loop.state.reason})")
+    wait_for(
+        lambda: not any(s.torque_enabled for s in fa.servos),
+        5.0,
+        f"torque off during a fault (mode {loop.state.mode}: {loop.state.reason})",
+    )
     time.sleep(0.2)
     assert not any(s.torque_enabled for s in fa.servos), "torque came back on by itself"
     assert loop.state.fault  # still latched: clearing it stays the operator's explicit act
@@ -173,13 +184,15 @@ def test_reconnect_does_not_hold_the_pose_measured_before_the_loss(tmp_path: Pat
     torque on + that goal would snap the arm back up at full speed."""
     from drivers.emulator.servo import ADDR_TORQUE_ENABLE
 
-    la, lb = still_arm_on_pty(tmp_path / "leader", "leader", POSE_A)
+    _la, lb = still_arm_on_pty(tmp_path / "leader", "leader", POSE_A)
     fa, fb = still_arm_on_pty(tmp_path / "follower", "follower", POSE_B)
-    cfg = config_from_dict({
-        "socket": {"path": str(tmp_path / "c.sock")},
-        "safety": {"leader_stale_s": 0.5},
-        "control": {"reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.1, "start_mode": "idle"},
-    })
+    cfg = config_from_dict(
+        {
+            "socket": {"path": str(tmp_path / "c.sock")},
+            "safety": {"leader_stale_s": 0.5},
+            "control": {"reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.1, "start_mode": "idle"},
+        }
+    )
     leader = FeetechLeader(str(tmp_path / "leader"), reference_calibration("leader"))
     follower = FeetechFollower(str(tmp_path / "follower"), reference_calibration("follower"))
     loop = ControlLoop(leader, follower, cfg)  # stepped by hand: cycle() on this thread

@@ -84,7 +84,9 @@ def bench(tmp_path: Path):
     fb.stop()
 
 
-def _start_daemon(root: Path, fake: FakeSystemd, extra_toml: str = "", watchdog_usec: int = 1_000_000) -> tuple[subprocess.Popen, Path, Path]:
+def _start_daemon(
+    root: Path, fake: FakeSystemd, extra_toml: str = "", watchdog_usec: int = 1_000_000
+) -> tuple[subprocess.Popen, Path, Path]:
     cal_root = root / "calibration"
     save_calibration(reference_calibration("leader"), "leader", "leader", cal_root)
     save_calibration(reference_calibration("follower"), "follower", "follower", cal_root)
@@ -112,7 +114,7 @@ def _stop(proc: subprocess.Popen) -> str:
 
 def test_so101d_run_notifies_ready_watchdog_status_stopping(bench) -> None:
     root, fake = bench
-    proc, cfg, sock = _start_daemon(root, fake)
+    proc, _cfg, sock = _start_daemon(root, fake)
     try:
         ready = fake.wait_for("READY=1", timeout_s=45)
         assert f"MAINPID={proc.pid}" in ready
@@ -120,7 +122,7 @@ def test_so101d_run_notifies_ready_watchdog_status_stopping(bench) -> None:
         fake.wait_for("STATUS=", timeout_s=10)
         time.sleep(2.2)
         n = fake.pings(t_ready, time.monotonic())
-        assert n >= 1, f"no WATCHDOG=1 in 2.2 s with a 1 s watchdog"  # >= 1: the loop may stall under load
+        assert n >= 1, "no WATCHDOG=1 in 2.2 s with a 1 s watchdog"  # >= 1: the loop may stall under load
         assert n <= 2.2 / 0.5 + 2, f"{n} pings: the gate should rate-limit to period/2"
         statuses = [line for _, m in fake.messages for line in m if line.startswith("STATUS=")]
         assert any("Hz" in s for s in statuses), statuses
@@ -162,9 +164,11 @@ def test_sighup_reloads_live_keys_with_reloading_then_ready(bench) -> None:
 def test_sigterm_mid_episode_leaves_a_loadable_dataset(bench) -> None:
     root, fake = bench
     data = root / "datasets"
-    proc, cfg, sock = _start_daemon(
-        root, fake, f'[recording]\nenabled = true\ndataset_root = "{data}"\nrepo_id = "local/svc"\nfps = 30\n'
-        'on_shutdown = "discard"\n'  # this test checks the discard path; "save" is tested in test_recording_service.py
+    proc, _cfg, sock = _start_daemon(
+        root,
+        fake,
+        f'[recording]\nenabled = true\ndataset_root = "{data}"\nrepo_id = "local/svc"\nfps = 30\n'
+        'on_shutdown = "discard"\n',  # this test checks the discard path; "save" is tested in test_recording_service.py
     )
     out = ""
     try:
@@ -197,6 +201,8 @@ def test_sigterm_mid_episode_leaves_a_loadable_dataset(bench) -> None:
     assert ds.num_frames == saved["frames"] > 10
     assert ds[0]["observation.state"].shape == (6,)
     assert list(ds.meta.episodes[0]["tasks"]) == ["saved before SIGTERM"]
+
+
 class StallHook:
     """A loop hook that blocks the control thread while ``stall`` is set (the injected hang)."""
 

@@ -30,7 +30,9 @@ class FakeSysfs:
         (root / "bus" / "usb" / "drivers" / "cdc_acm").mkdir(parents=True)
         (root / "bus" / "usb-serial" / "drivers" / "ftdi_sio").mkdir(parents=True)
 
-    def plug_acm(self, tty: str, usb_path: str, vid: str = "1a86", pid: str = "55d3", serial: str | None = None) -> None:
+    def plug_acm(
+        self, tty: str, usb_path: str, vid: str = "1a86", pid: str = "55d3", serial: str | None = None
+    ) -> None:
         usb = self.bus / usb_path
         usb.mkdir(exist_ok=True)
         (usb / "idVendor").write_text(vid + "\n")
@@ -209,7 +211,9 @@ def test_shared_serial_numbers_fall_back_to_usb_port(sysfs: FakeSysfs) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([SO101D, "find-ports", *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [SO101D, "find-ports", *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+    )
 
 
 def test_cli_non_interactive_write_and_errors(sysfs: FakeSysfs, tmp_path: Path) -> None:
@@ -220,7 +224,9 @@ def test_cli_non_interactive_write_and_errors(sysfs: FakeSysfs, tmp_path: Path) 
     assert r.returncode == 0, r.stderr
     text = out.read_text()
     assert 'ATTRS{serial}=="LEAD1", SYMLINK+="so101-leader"' in text
-    assert 'ATTRS{idVendor}=="0403", ATTRS{idProduct}=="6014", ATTRS{serial}=="FOLL1", SYMLINK+="so101-follower"' in text
+    assert (
+        'ATTRS{idVendor}=="0403", ATTRS{idProduct}=="6014", ATTRS{serial}=="FOLL1", SYMLINK+="so101-follower"' in text
+    )
     assert "udevadm control --reload" in r.stdout
 
     r = _cli("--sysfs", str(sysfs.root), "--list")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.commands.install_service import SERVICE_OVERRIDES, set_toml_values, writable_paths_for, InstallError
+from daemon.commands.install_service import SERVICE_OVERRIDES, InstallError, set_toml_values, writable_paths_for
 from daemon.config import load_config
 
 SO101D = str(Path(sys.executable).with_name("so101d"))
@@ -47,7 +47,12 @@ def test_install_writes_the_expected_files(tmp_path: Path) -> None:
     # Comments of the example survive.
     assert "# serial port of the leader arm" in (root / "etc/so101d/so101d.toml").read_text()
     assert "m so101d dialout" in (root / "etc/sysusers.d/so101d.conf").read_text()
-    for cmd in ("systemctl daemon-reload", "systemctl enable --now so101d", "journalctl -u so101d -f", "udevadm control --reload"):
+    for cmd in (
+        "systemctl daemon-reload",
+        "systemctl enable --now so101d",
+        "journalctl -u so101d -f",
+        "udevadm control --reload",
+    ):
         assert cmd in r.stdout
     assert "no arm rules yet" in r.stderr
     assert all(not p.name.endswith("so101d-tmp") for p in root.rglob("*"))
@@ -79,8 +84,12 @@ def test_existing_config_is_kept_unless_forced(tmp_path: Path) -> None:
 
 def test_rules_from_find_ports_and_serials(tmp_path: Path) -> None:
     rules = tmp_path / "99-so101.rules"
-    r = subprocess.run([SO101D, "find-ports", "--leader-serial", "L1", "--follower-serial", "F1", "--write", str(rules)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [SO101D, "find-ports", "--leader-serial", "L1", "--follower-serial", "F1", "--write", str(rules)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     root = tmp_path / "root"
     r = _install("--root", str(root), "--udev-rules", str(rules))
@@ -94,8 +103,10 @@ def test_rules_from_find_ports_and_serials(tmp_path: Path) -> None:
 
 def test_custom_config_user_and_realtime(tmp_path: Path) -> None:
     src = tmp_path / "mine.toml"
-    src.write_text('[recording]\ndataset_root = "/srv/so101/datasets"\n[socket]\npath = "/run/so101d/control.sock"\n'
-                   '[service]\nlock_memory = true\n')
+    src.write_text(
+        '[recording]\ndataset_root = "/srv/so101/datasets"\n[socket]\npath = "/run/so101d/control.sock"\n'
+        "[service]\nlock_memory = true\n"
+    )
     root = tmp_path / "root"
     r = _install("--root", str(root), "--config", str(src), "--user", "robot", "--realtime")
     assert r.returncode == 0, r.stderr
@@ -150,7 +161,7 @@ def test_set_toml_values_edits_in_place() -> None:
     out = set_toml_values(text, {"a.y": 'new "q"', "b.w": "/p", "c.v": "/q"})
     data = tomllib.loads(out)
     assert data == {"a": {"x": 1, "y": 'new "q"'}, "b": {"z": True, "w": "/p"}, "c": {"v": "/q"}}
-    assert '# and me' in out and "# keep me" in out
+    assert "# and me" in out and "# keep me" in out
     base = set_toml_values("", SERVICE_OVERRIDES)
     assert tomllib.loads(base)["socket"]["path"] == "/run/so101d/control.sock"
 
@@ -158,8 +169,9 @@ def test_set_toml_values_edits_in_place() -> None:
 def test_writable_paths() -> None:
     assert writable_paths_for({"recording": {"dataset_root": "/var/lib/so101d/datasets"}}) == []
     assert writable_paths_for({"recording": {"dataset_root": "~/so101d/datasets"}}) == []
-    assert writable_paths_for({"recording": {"dataset_root": "/var/lib/so101d-other"}, "calibration": {"root": "/srv/cal/"}}) == [
-        "/var/lib/so101d-other", "/srv/cal"]
+    assert writable_paths_for(
+        {"recording": {"dataset_root": "/var/lib/so101d-other"}, "calibration": {"root": "/srv/cal/"}}
+    ) == ["/var/lib/so101d-other", "/srv/cal"]
     with pytest.raises(InstallError, match="absolute"):
         writable_paths_for({"recording": {"dataset_root": "datasets"}})
 

@@ -34,8 +34,16 @@ def test_plan_splits_live_and_restart_keys_and_applies_only_live() -> None:
     new.cameras["wrist"] = CameraConfig()
     plan = plan_reload(old, new)
     assert plan.live == ["recording.task", "safety.max_step_deg"]
-    assert set(plan.restart_required) == {"leader.port", "control.rate_hz", "cameras", "cameras.wrist.device",
-                                          "cameras.wrist.fps", "cameras.wrist.height", "cameras.wrist.kind", "cameras.wrist.width"}
+    assert set(plan.restart_required) == {
+        "leader.port",
+        "control.rate_hz",
+        "cameras",
+        "cameras.wrist.device",
+        "cameras.wrist.fps",
+        "cameras.wrist.height",
+        "cameras.wrist.kind",
+        "cameras.wrist.width",
+    }
     applied = apply_live(old, new, plan)
     assert applied.safety.max_step_deg == 5.0 and applied.recording.task == "pick the cube"
     assert applied.leader.port == old.leader.port and applied.control.rate_hz == old.control.rate_hz
@@ -79,8 +87,20 @@ def test_lock_memory_failure_is_a_warning_not_a_crash() -> None:
     if not shutil.which("setpriv"):
         pytest.skip("setpriv (util-linux) not installed: cannot drop CAP_IPC_LOCK for the test")
     r = subprocess.run(
-        ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--", sys.executable, "-c", _LOCK_SCRIPT],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
+        [
+            "setpriv",
+            "--inh-caps=-all",
+            "--ambient-caps=-all",
+            "--bounding-set=-all",
+            "--",
+            sys.executable,
+            "-c",
+            _LOCK_SCRIPT,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
     )
     if r.returncode != 0 and "setpriv" in r.stderr:
         pytest.skip(f"setpriv cannot drop capabilities here: {r.stderr.strip()}")

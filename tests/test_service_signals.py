@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 
 import pytest
+from support import poll_until, wait_status
 
 from daemon.commands.demo import prepare_bench
 from daemon.control_client import ControlClient
 from daemon.recording.attach import dataset_root
 from daemon.recording.demo_session import episodes_on_disk
 from drivers.emulator.process import EmulatorProcess
-from support import poll_until, wait_status
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,8 +136,10 @@ def bench(tmp_path: Path):
 
 
 def _start_foreground_run(term: Terminal, run_dir: Path, sock: Path, err: Path, prefix: str = "") -> tuple[int, dict]:
-    cmd = (f"{prefix}{shlex.quote(sys.executable)} -m daemon.cli run --config {shlex.quote(str(run_dir / 'so101d.toml'))}"
-           f" 2>{shlex.quote(str(err))}\n")
+    cmd = (
+        f"{prefix}{shlex.quote(sys.executable)} -m daemon.cli run --config {shlex.quote(str(run_dir / 'so101d.toml'))}"
+        f" 2>{shlex.quote(str(err))}\n"
+    )
     term.type(cmd)
     st = wait_status(sock, lambda s: (s.get("recording") or {}).get("phase") == "idle", timeout_s=180)
     daemons = [p for p in children(term.shell_pid) if "daemon.cli run" in cmdline(p)]
@@ -171,8 +173,11 @@ def _threads_without_the_shield(pid: int, since: int) -> list[int]:
     bad = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         tid = int(task.name)
-        if tid != pid and _start_ticks(task / "stat") > since \
-                and _blocked(pid, tid) & TERMINAL_SIGNALS_MASK != TERMINAL_SIGNALS_MASK:
+        if (
+            tid != pid
+            and _start_ticks(task / "stat") > since
+            and _blocked(pid, tid) & TERMINAL_SIGNALS_MASK != TERMINAL_SIGNALS_MASK
+        ):
             bad.append(tid)
     return bad
 
@@ -215,8 +220,9 @@ def test_closing_the_terminal_stops_the_daemon_cleanly_and_keeps_the_saved_episo
         text = err.read_text()
         assert "terminal closed" in text, text[-3000:]
         assert "Traceback" not in text and "KeyError" not in text, text[-5000:]
-        assert poll_until(lambda: not any(alive(p) for p in helpers.values()), 20), \
-            {role: pid for role, pid in helpers.items() if alive(pid)}
+        assert poll_until(lambda: not any(alive(p) for p in helpers.values()), 20), {
+            role: pid for role, pid in helpers.items() if alive(pid)
+        }
         leaked = [s for s in segments if Path(s).exists()]
         assert not leaked, f"shared memory left behind: {leaked}"
         assert episodes_on_disk(dataset_root(cfg.recording)) == 1, text[-3000:]
@@ -266,8 +272,8 @@ def test_sighup_with_the_terminal_open_reloads_and_spares_the_helpers(bench, tmp
 def test_a_daemon_that_cannot_start_leaves_no_helper_or_shared_memory_behind(bench, tmp_path: Path) -> None:
     """The recorder (writer process, shared-memory ring) starts before the control socket; when
     the socket is taken the start fails, and what was started must be stopped, not leaked."""
-    import socket  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
+    import socket
+    import subprocess
 
     run_dir, sock, _ = bench
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -275,8 +281,13 @@ def test_a_daemon_that_cannot_start_leaves_no_helper_or_shared_memory_behind(ben
     squatter.listen(1)
     try:
         env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
-        proc = subprocess.run([sys.executable, "-m", "daemon.cli", "run", "--config", str(run_dir / "so101d.toml")],
-                              env=env, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "daemon.cli", "run", "--config", str(run_dir / "so101d.toml")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         squatter.close()
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -291,8 +302,10 @@ def test_closing_the_terminal_of_a_live_demo_stops_it_and_its_emulator(tmp_path:
     run_dir, sock, err = tmp_path / "bench", tmp_path / "d.sock", tmp_path / "demo.err"
     term = Terminal(tmp_path)
     try:
-        term.type(f"{shlex.quote(sys.executable)} -m daemon.cli demo --dir {run_dir} --socket {sock} --record 3"
-                  f" --episode-time 3 2>{err}\n")
+        term.type(
+            f"{shlex.quote(sys.executable)} -m daemon.cli demo --dir {run_dir} --socket {sock} --record 3"
+            f" --episode-time 3 2>{err}\n"
+        )
         wait_status(sock, lambda s: (s.get("recording") or {}).get("phase") == "recording", timeout_s=180)
         demos = [p for p in children(term.shell_pid) if "daemon.cli demo" in cmdline(p)]
         assert len(demos) == 1
@@ -317,13 +330,17 @@ def test_shared_memory_is_released_when_the_daemon_is_stopped_or_killed(bench, t
     """systemd's stop (SIGTERM) and the OOM killer (SIGKILL): no segment of the recorder's ring is
     left in /dev/shm, the writer does not outlive the daemon. With SIGKILL the daemon cannot clean
     up: the resource tracker (which outlives it) does."""
-    import subprocess  # noqa: PLC0415
+    import subprocess
 
     run_dir, sock, _ = bench
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     with open(tmp_path / "daemon.err", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "run", "--config", str(run_dir / "so101d.toml")],
-                                env=env, stderr=err, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "daemon.cli", "run", "--config", str(run_dir / "so101d.toml")],
+            env=env,
+            stderr=err,
+            start_new_session=True,
+        )
     try:
         wait_status(sock, lambda s: (s.get("recording") or {}).get("phase") == "idle", timeout_s=180)
         helpers = _helpers(proc.pid)
@@ -335,8 +352,9 @@ def test_shared_memory_is_released_when_the_daemon_is_stopped_or_killed(bench, t
         rc = proc.wait(timeout=120)
 
         assert rc == (0 if how == "SIGTERM" else -signal.SIGKILL)
-        assert poll_until(lambda: not any(alive(p) for p in helpers.values()), 30), \
-            {role: pid for role, pid in helpers.items() if alive(pid)}
+        assert poll_until(lambda: not any(alive(p) for p in helpers.values()), 30), {
+            role: pid for role, pid in helpers.items() if alive(pid)
+        }
         assert not [s for s in segments if Path(s).exists()], "shared memory left behind"
         if how == "SIGTERM":
             text = (tmp_path / "daemon.err").read_text()

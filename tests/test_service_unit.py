@@ -82,11 +82,15 @@ def test_realtime_dropin_verifies_with_the_unit(tmp_path: Path) -> None:
     r = _verify(unit)
     assert r.returncode == 0 and "so101d.service" not in r.stderr, r.stderr
     # Merged as intended: the base unit denies @resources and realtime, the drop-in re-allows both.
-    rj = subprocess.run([ANALYZE, "security", "--offline=yes", "--json=short", str(unit)], capture_output=True, text=True, timeout=60)
+    rj = subprocess.run(
+        [ANALYZE, "security", "--offline=yes", "--json=short", str(unit)], capture_output=True, text=True, timeout=60
+    )
     checks = {c["name"]: c["set"] for c in json.loads(rj.stdout)}
     assert checks["SystemCallFilter=~@resources"] is False and checks["RestrictRealtime="] is False
     shutil.rmtree(d)
-    rj = subprocess.run([ANALYZE, "security", "--offline=yes", "--json=short", str(unit)], capture_output=True, text=True, timeout=60)
+    rj = subprocess.run(
+        [ANALYZE, "security", "--offline=yes", "--json=short", str(unit)], capture_output=True, text=True, timeout=60
+    )
     checks = {c["name"]: c["set"] for c in json.loads(rj.stdout)}
     assert checks["SystemCallFilter=~@resources"] is True and checks["RestrictRealtime="] is True
     # The drop-in is really read (a broken one is reported).
@@ -101,8 +105,9 @@ def test_security_exposure_is_low(open_dir: Path) -> None:
     text, _ = render_unit(exe, package_dir=open_dir / "opt")
     unit = open_dir / "so101d.service"
     unit.write_text(text)
-    r = subprocess.run([ANALYZE, "security", "--offline=yes", "--threshold=25", str(unit)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [ANALYZE, "security", "--offline=yes", "--threshold=25", str(unit)], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     line = next(l for l in r.stdout.splitlines() if "Overall exposure level" in l)
     score = float(line.split(":")[1].split()[0])
@@ -110,12 +115,23 @@ def test_security_exposure_is_low(open_dir: Path) -> None:
     # 10 = unconfined; systemd calls < 2.0 "OK". Serial/camera devices, the network (a remote
     # simulator) and W+X memory (torch JIT) are allowed on purpose.
     assert score <= 2.0, line
-    rj = subprocess.run([ANALYZE, "security", "--offline=yes", "--json=short", str(unit)],
-                        capture_output=True, text=True, timeout=60)
+    rj = subprocess.run(
+        [ANALYZE, "security", "--offline=yes", "--json=short", str(unit)], capture_output=True, text=True, timeout=60
+    )
     checks = {c["name"]: c for c in json.loads(rj.stdout)}
-    for name in ("NoNewPrivileges=", "ProtectSystem=", "ProtectHome=", "PrivateTmp=", "RestrictRealtime=",
-                 "LockPersonality=", "ProtectKernelModules=", "CapabilityBoundingSet=~CAP_SYS_ADMIN",
-                 "RestrictAddressFamilies=~AF_PACKET", "RestrictAddressFamilies=~AF_NETLINK", "User=/DynamicUser="):
+    for name in (
+        "NoNewPrivileges=",
+        "ProtectSystem=",
+        "ProtectHome=",
+        "PrivateTmp=",
+        "RestrictRealtime=",
+        "LockPersonality=",
+        "ProtectKernelModules=",
+        "CapabilityBoundingSet=~CAP_SYS_ADMIN",
+        "RestrictAddressFamilies=~AF_PACKET",
+        "RestrictAddressFamilies=~AF_NETLINK",
+        "User=/DynamicUser=",
+    ):
         assert checks[name]["set"], name
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for
 
 from daemon.config import config_from_dict
 from daemon.service import Daemon
 from drivers.emulator import EmulatedArm, reference_calibration
 from drivers.feetech_arm import FeetechLeader
-from sim_bridge.sim_follower import SimFollower
-from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for
+from drivers.sim_follower import SimFollower
 
 POSE_A = np.array([0.0, -60.0, 60.0, 40.0, 0.0, 20.0])
 POSE_B = np.array([25.0, -40.0, 45.0, 30.0, 20.0, 60.0])
@@ -32,12 +32,14 @@ def bench():
     la, lb = still_arm_on_pty(root / "leader", "leader", POSE_A)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     sims = [MujocoSimThread(endpoint, cameras=())]
-    cfg = config_from_dict({
-        "socket": {"path": str(root / "c.sock")},
-        "follower": {"kind": "sim", "endpoint": endpoint, "stale_timeout_s": 0.5},
-        "control": {"rate_hz": 60.0, "reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.2},
-        "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 100.0},
-    })
+    cfg = config_from_dict(
+        {
+            "socket": {"path": str(root / "c.sock")},
+            "follower": {"kind": "sim", "endpoint": endpoint, "stale_timeout_s": 0.5},
+            "control": {"rate_hz": 60.0, "reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.2},
+            "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 100.0},
+        }
+    )
     leader = FeetechLeader(str(root / "leader"), reference_calibration("leader"))
     follower = SimFollower(endpoint, staleness_s=cfg.follower.stale_timeout_s)
     daemon = Daemon(cfg, leader, follower)
@@ -111,12 +113,14 @@ def test_a_sim_scene_reset_mid_teleop_realigns_slowly_from_the_reset_pose():
     la, lb = still_arm_on_pty(root / "leader", "leader", POSE_B)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     sim = MujocoSimThread(endpoint, cameras=())
-    cfg = config_from_dict({
-        "socket": {"path": str(root / "c.sock")},
-        "follower": {"kind": "sim", "endpoint": endpoint, "stale_timeout_s": 0.5},
-        "control": {"rate_hz": 60.0},
-        "safety": {"align_speed_deg_s": 60.0, "align_gripper_speed_pct_s": 60.0},
-    })
+    cfg = config_from_dict(
+        {
+            "socket": {"path": str(root / "c.sock")},
+            "follower": {"kind": "sim", "endpoint": endpoint, "stale_timeout_s": 0.5},
+            "control": {"rate_hz": 60.0},
+            "safety": {"align_speed_deg_s": 60.0, "align_gripper_speed_pct_s": 60.0},
+        }
+    )
     follower = GoalLog(endpoint, staleness_s=cfg.follower.stale_timeout_s)
     daemon = Daemon(cfg, FeetechLeader(str(root / "leader"), reference_calibration("leader")), follower)
     daemon.start()
@@ -124,7 +128,9 @@ def test_a_sim_scene_reset_mid_teleop_realigns_slowly_from_the_reset_pose():
         mode = lambda: daemon.loop.state.mode  # noqa: E731
         wait_for(lambda: mode() == "teleop", 30, "teleop")
         wait_for(lambda: np.all(_sim_error(sim, la) <= TOL), 10, "the sim arm on the leader")
-        rest_units = mj_rad_to_units((np.deg2rad(scene.REST_POSE_DEG) - scene.MJ_JOINT_OFFSET_RAD) * scene.MJ_JOINT_SIGN)
+        rest_units = mj_rad_to_units(
+            (np.deg2rad(scene.REST_POSE_DEG) - scene.MJ_JOINT_OFFSET_RAD) * scene.MJ_JOINT_SIGN
+        )
         assert np.max(np.abs(rest_units - POSE_B)) > 20.0, "the rest pose must be far from the leader for this story"
 
         n_before = len(follower.goals)

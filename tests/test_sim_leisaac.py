@@ -16,11 +16,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from fixtures.isaaclab_scene import REST_POSE_RAD
+from fixtures.leisaac_env import SUCCESS_PAN_RAD, FakeDirectRLEnv, FakeManagerBasedRLEnv, H, W
+from support import poll_until
 
 from calibration.conventions import normalized_to_sim_rad, units_to_sim_rad
 from drivers.arm_interface import FollowerArm
-from fixtures.isaaclab_scene import REST_POSE_RAD
-from fixtures.leisaac_env import H, SUCCESS_PAN_RAD, W, FakeDirectRLEnv, FakeManagerBasedRLEnv
+from drivers.sim_follower import SimFollower
 from sim_bridge.leisaac_follower import (
     LeisaacBridge,
     LeisaacBridgeConfig,
@@ -30,8 +32,6 @@ from sim_bridge.leisaac_follower import (
     success_fn_for,
 )
 from sim_bridge.server import SimServerEndpoint
-from sim_bridge.sim_follower import SimFollower
-from support import poll_until
 
 STEP_HZ = 120.0
 CFG = LeisaacBridgeConfig(step_hz=STEP_HZ, publish_hz=30.0, daemon_staleness_s=0.1)
@@ -39,9 +39,14 @@ CFG = LeisaacBridgeConfig(step_hz=STEP_HZ, publish_hz=30.0, daemon_staleness_s=0
 
 def serve(env, prepare: bool = True):
     """The bridge as main() builds it: task configured like LeIsaac's teleop, success term ours."""
-    success_term = prepare_env_cfg(env.cfg) if prepare else getattr(getattr(env.cfg, "terminations", None), "success", None)
-    ep = SimServerEndpoint("tcp://127.0.0.1:0", backend="leisaac:fake",
-                           cameras=[{"name": "front", "width": W, "height": H}, {"name": "wrist", "width": W, "height": H}])
+    success_term = (
+        prepare_env_cfg(env.cfg) if prepare else getattr(getattr(env.cfg, "terminations", None), "success", None)
+    )
+    ep = SimServerEndpoint(
+        "tcp://127.0.0.1:0",
+        backend="leisaac:fake",
+        cameras=[{"name": "front", "width": W, "height": H}, {"name": "wrist", "width": W, "height": H}],
+    )
     ep.open()
     b = LeisaacBridge(env, ep, config=CFG, success_fn=success_fn_for(env, success_term))
     t = threading.Thread(target=b.run, daemon=True)
@@ -141,8 +146,13 @@ def test_workstation_script_needs_only_numpy_zmq_msgpack():
         "print(sorted({m.split('.')[0] for m in sys.modules} & "
         "{'torch', 'lerobot', 'daemon', 'drivers', 'mujoco', 'cv2', 'isaaclab', 'leisaac'}))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]),
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
@@ -233,6 +243,7 @@ def test_prepare_env_cfg_matches_leisaac_teleop():
 # ---------------------------------------------------------------------------------------------
 # [follower] sim_mapping = "leisaac": LeIsaac's own leader map
 # ---------------------------------------------------------------------------------------------
+from fixtures.leisaac_mapping import leisaac_leader_to_sim_rad  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -244,7 +255,6 @@ from calibration.conventions import (  # noqa: E402
     ticks_to_units,
     units_to_ticks,
 )
-from fixtures.leisaac_mapping import leisaac_leader_to_sim_rad  # noqa: E402
 
 
 @st.composite
@@ -253,8 +263,13 @@ def calibration_and_ticks(draw):
     for i, name in enumerate(JOINT_NAMES):
         lo = draw(st.integers(0, 4000))
         hi = draw(st.integers(lo + 20, 4095))
-        cal[name] = {"id": i + 1, "drive_mode": draw(st.sampled_from([0, 0, 1])), "homing_offset": 0,
-                     "range_min": lo, "range_max": hi}
+        cal[name] = {
+            "id": i + 1,
+            "drive_mode": draw(st.sampled_from([0, 0, 1])),
+            "homing_offset": 0,
+            "range_min": lo,
+            "range_max": hi,
+        }
         ticks[name] = draw(st.integers(max(0, lo - 200), min(4095, hi + 200)))  # out of range too: clamped
     return cal, ticks
 
@@ -271,8 +286,10 @@ def test_leisaac_mapping_equals_leisaacs_formula(case):
 
 
 def test_the_issue_example_pan_calibrated_650_to_3450_at_plus_50():
-    cal_json = {n: {"id": i + 1, "drive_mode": 0, "homing_offset": 0, "range_min": 650, "range_max": 3450}
-                for i, n in enumerate(JOINT_NAMES)}
+    cal_json = {
+        n: {"id": i + 1, "drive_mode": 0, "homing_offset": 0, "range_min": 650, "range_max": 3450}
+        for i, n in enumerate(JOINT_NAMES)
+    }
     cal = ArmCalibration.from_json_dict(cal_json)
     ticks = np.full(6, 2050 + 700)  # +50 normalised: a quarter of the range above the middle
     u = ticks_to_units(ticks, cal)
@@ -286,36 +303,47 @@ def test_daemon_with_sim_mapping_leisaac_drives_the_sim_as_leisaacs_leader_would
     """[follower] kind = "sim", sim_mapping = "leisaac": an emulated leader -> the daemon -> the
     LeIsaac bridge; the task's joint targets are LeIsaac's map of the leader, and the episode's
     tag notes name the mapping."""
+    from support import still_arm_on_pty
+
     from daemon.config import config_from_dict
     from daemon.recording.sim_episodes import SimEpisodeHook
     from daemon.service import Daemon, make_follower
     from drivers.emulator import reference_calibration
     from drivers.feetech_arm import FeetechLeader
-    from support import still_arm_on_pty
 
     pose = np.array([30.0, -40.0, 50.0, 20.0, 10.0, 60.0])
     la, lb = still_arm_on_pty(tmp_path / "leader", "leader", pose)
     env = FakeManagerBasedRLEnv(follow=0.5)
     b, t = serve(env)
-    cfg = config_from_dict({
-        "socket": {"path": str(tmp_path / "c.sock")},
-        "follower": {"kind": "sim", "endpoint": b.ep.endpoint, "stale_timeout_s": 0.5, "sim_mapping": "leisaac"},
-        "control": {"rate_hz": 60.0},
-        "safety": {"align_speed_deg_s": 180.0, "align_gripper_speed_pct_s": 200.0},
-    })
+    cfg = config_from_dict(
+        {
+            "socket": {"path": str(tmp_path / "c.sock")},
+            "follower": {"kind": "sim", "endpoint": b.ep.endpoint, "stale_timeout_s": 0.5, "sim_mapping": "leisaac"},
+            "control": {"rate_hz": 60.0},
+            "safety": {"align_speed_deg_s": 180.0, "align_gripper_speed_pct_s": 200.0},
+        }
+    )
     ref = reference_calibration("leader")
     # this operator calibrated a narrower range than the emulator's reference on every joint
-    leader_cal = ArmCalibration.from_json_dict({
-        n: {**ref.to_json_dict()[n], "range_min": ref[n].range_min + 300, "range_max": ref[n].range_max - 300}
-        for n in JOINT_NAMES})
+    leader_cal = ArmCalibration.from_json_dict(
+        {
+            n: {**ref.to_json_dict()[n], "range_min": ref[n].range_min + 300, "range_max": ref[n].range_max - 300}
+            for n in JOINT_NAMES
+        }
+    )
     daemon = Daemon(cfg, FeetechLeader(str(tmp_path / "leader"), leader_cal), make_follower(cfg))
     daemon.start()
     try:
         leader_units = ticks_to_units(units_to_ticks(la.pose_units(), ref), leader_cal)  # what the daemon reads
         want_rad = units_to_sim_rad(leader_units_to_leisaac_sim_units(leader_units, leader_cal))
-        assert poll_until(lambda: daemon.loop.state.mode == "teleop" and not b.realigning
-                          and np.allclose(env.actions_seen[-1][0], want_rad, atol=2e-3), 40), \
-            (daemon.loop.state.mode, np.rad2deg(env.actions_seen[-1][0]), np.rad2deg(want_rad))
+        assert poll_until(
+            lambda: (
+                daemon.loop.state.mode == "teleop"
+                and not b.realigning
+                and np.allclose(env.actions_seen[-1][0], want_rad, atol=2e-3)
+            ),
+            40,
+        ), (daemon.loop.state.mode, np.rad2deg(env.actions_seen[-1][0]), np.rad2deg(want_rad))
         degrees_rad = units_to_sim_rad(leader_units)
         assert np.max(np.abs(np.rad2deg(want_rad - degrees_rad))) > 5.0, "the two mappings differ visibly here"
         _, notes = SimEpisodeHook(daemon.follower).episode_ending(None, True)
@@ -346,10 +374,10 @@ def test_seed_demos_survive_strict_reset_to_replay_and_the_ik_step(tmp_path, env
     Isaac Lab's and replay the actions to the recorded states; eef_action_process.py --to_ik
     builds its IK actions; LeIsaac's converter and our import both take the successful demo."""
     import h5py
-
     from fixtures.isaaclab_recorder import annotate_reads, eef_to_ik_reads, leisaac_converter_counts
     from fixtures.isaaclab_scene import StrictScene
-    from sim_bridge.isaaclab_hdf5 import import_hdf5
+
+    from daemon.datasets.isaaclab_hdf5 import import_hdf5
     from sim_bridge.seed_recorder import SeedDemoRecorder
 
     path = tmp_path / "seeds.hdf5"
@@ -391,15 +419,26 @@ def test_seed_demos_survive_strict_reset_to_replay_and_the_ik_step(tmp_path, env
             g = data[name]
             n = int(g.attrs["num_samples"])
             assert n > 260 and int(g.attrs["seed"]) == (3, 4)[i]
-            for key in ("actions", "processed_actions", "obs/joint_pos", "obs/ee_frame_state", "obs/joint_pos_target",
-                        "obs/front", "states/articulation/robot/joint_position", "states/rigid_object/Plate/root_pose"):
+            for key in (
+                "actions",
+                "processed_actions",
+                "obs/joint_pos",
+                "obs/ee_frame_state",
+                "obs/joint_pos_target",
+                "obs/front",
+                "states/articulation/robot/joint_position",
+                "states/rigid_object/Plate/root_pose",
+            ):
                 assert g[key].shape[0] == n, key
             initial_state, actions = annotate_reads(g)
             scene = StrictScene(seed=99)  # another layout of the oranges: reset_to must put them back
             scene.reset_to(initial_state, None, is_relative=True)
             for obj in scene.objects:
-                np.testing.assert_allclose(scene.obj_pose[obj], starts[i]["rigid_object"][obj]["root_pose"] + np.r_[
-                    [[2.0, -1.0, 0.0, 0, 0, 0, 0]]], atol=1e-6)
+                np.testing.assert_allclose(
+                    scene.obj_pose[obj],
+                    starts[i]["rigid_object"][obj]["root_pose"] + np.r_[[[2.0, -1.0, 0.0, 0, 0, 0, 0]]],
+                    atol=1e-6,
+                )
             # replay.py: the same physics from the same state under the same actions ends where the demo ended
             replay = env_cls()
             replay.scene = scene
@@ -429,7 +468,7 @@ def test_readme_leisaac_commands_parse():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     start = readme.index("### Running the LeIsaac follower on a GPU workstation")
-    text = readme[start:readme.index("### Local inference", start)]
+    text = readme[start : readme.index("### Local inference", start)]
     lines = [ln.strip() for ln in text.splitlines() if ln.startswith("    ")]
     follower = [ln for ln in lines if "sim_bridge.leisaac_follower" in ln]
     assert follower
@@ -443,13 +482,18 @@ def test_readme_leisaac_commands_parse():
     for ln in lines:
         if not ln.startswith("so101d "):
             continue
-        argv = [a for a in shlex.split(ln.split("#", 1)[0].replace("[", "").replace("]", "").replace(" | ", " "))
-                if a != "so101d"]
+        argv = [
+            a
+            for a in shlex.split(ln.split("#", 1)[0].replace("[", "").replace("]", "").replace(" | ", " "))
+            if a != "so101d"
+        ]
         if argv[0] not in parsers:  # e.g. `dataset info`: test_readme checks every command's flags
             continue
         p = argparse.ArgumentParser()
         parsers[argv[0]].add_arguments(p)
-        rest = [a for a in argv[1:] if a not in ("--human", "--successful-only", "--all")]  # alternatives listed together
+        rest = [
+            a for a in argv[1:] if a not in ("--human", "--successful-only", "--all")
+        ]  # alternatives listed together
         p.parse_args(rest)
         seen.add(argv[0])
     assert seen == set(parsers)

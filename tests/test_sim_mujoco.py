@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import poll_until
 
 from calibration.calibration_file import ArmCalibration, MotorCalibration
 from calibration.conventions import GRIPPER_INDEX, JOINT_IDS, JOINT_NAMES, sim_unit_limits, ticks_to_units
 from drivers.arm_interface import FollowerArm, PortGoneError
+from drivers.sim_follower import SimFollower
 from sim_bridge.mujoco_follower import MujocoFollower, MujocoFollowerConfig, mj_rad_to_units, units_to_mj_rad
-from sim_bridge.sim_follower import SimFollower
-from support import poll_until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -105,9 +105,7 @@ def test_cameras_arrive(follower):
 
 def test_gripper_closes_from_the_leader_side(sim, follower):
     """Leader gripper at its calibrated minimum -> LeRobot units 0 (closed) -> the sim jaw closes."""
-    leader_cal = ArmCalibration(
-        {n: MotorCalibration(JOINT_IDS[n], 0, 0, 1000, 3000) for n in JOINT_NAMES}
-    )
+    leader_cal = ArmCalibration({n: MotorCalibration(JOINT_IDS[n], 0, 0, 1000, 3000) for n in JOINT_NAMES})
     ticks_open = np.full(6, 2000)
     ticks_open[GRIPPER_INDEX] = 3000  # range_max -> 100 (open)
     ticks_closed = ticks_open.copy()
@@ -217,7 +215,10 @@ def _spawn(bind: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen(
         [sys.executable, "-m", "daemon.cli", "sim-follower", "--backend", "mujoco", "--bind", bind, "--cameras", ""],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
 
 

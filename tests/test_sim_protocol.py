@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import zmq
 
+from drivers import sim_protocol as P
 from drivers.arm_interface import HandshakeError, PortGoneError
-from sim_bridge import protocol as P
+from drivers.sim_follower import SimFollower
 from sim_bridge.server import SimServerEndpoint
-from sim_bridge.sim_follower import SimFollower
 
 
 def _wire(frames):
@@ -56,8 +56,20 @@ def test_jpeg_frame_round_trip():
         ([msgpack.packb({"t": "heartbeat"})], "version"),
         ([msgpack.packb({"v": P.PROTOCOL_VERSION, "t": "bogus"})], "type"),
         ([msgpack.packb({"v": P.PROTOCOL_VERSION, "t": "target", "seq": 1, "sent_s": 0.0, "pos": [1, 2]})], "field"),
-        ([msgpack.packb({"v": P.PROTOCOL_VERSION, "t": "target", "seq": 1, "sent_s": 0.0,
-                         "pos": [1, 2, 3, 4, 5, float("nan")]})], "field"),
+        (
+            [
+                msgpack.packb(
+                    {
+                        "v": P.PROTOCOL_VERSION,
+                        "t": "target",
+                        "seq": 1,
+                        "sent_s": 0.0,
+                        "pos": [1, 2, 3, 4, 5, float("nan")],
+                    }
+                )
+            ],
+            "field",
+        ),
         ([msgpack.packb({"v": P.PROTOCOL_VERSION, "t": "torque", "enabled": 1})], "field"),
         ([msgpack.packb({"v": P.PROTOCOL_VERSION, "t": "heartbeat"}), b"extra"], "frames"),
         ([b"a", b"b", b"c"], "frames"),
@@ -76,8 +88,18 @@ def test_version_mismatch_names_both_versions():
 
 
 def test_oversized_payload_and_mismatched_frame_rejected():
-    header = msgpack.packb({"v": P.PROTOCOL_VERSION, "t": "frame", "name": "front", "seq": 0, "capture_s": 0.0,
-                            "shape": [10, 10, 3], "dtype": "uint8", "encoding": "raw"})
+    header = msgpack.packb(
+        {
+            "v": P.PROTOCOL_VERSION,
+            "t": "frame",
+            "name": "front",
+            "seq": 0,
+            "capture_s": 0.0,
+            "shape": [10, 10, 3],
+            "dtype": "uint8",
+            "encoding": "raw",
+        }
+    )
     with pytest.raises(P.ProtocolError) as exc:
         P.decode([header, b"\x00" * (P.MAX_PAYLOAD_BYTES + 1)], P.SIM_TO_DAEMON)
     assert exc.value.reason == "oversize"
@@ -186,7 +208,9 @@ def test_garbage_from_the_sim_side_is_counted_by_the_follower():
         assert router.poll(2000)
         peer = router.recv_multipart()[0]
         router.send_multipart([peer, b"\xc1 garbage"])
-        router.send_multipart([peer, msgpack.packb({"v": P.PROTOCOL_VERSION, "t": "state", "seq": 1})])  # fields missing
+        router.send_multipart(
+            [peer, msgpack.packb({"v": P.PROTOCOL_VERSION, "t": "state", "seq": 1})]
+        )  # fields missing
         router.send_multipart([peer, b"x" * (P.MAX_HEADER_BYTES + 10)])
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline and f.rejects.total < 3:

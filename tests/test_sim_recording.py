@@ -12,18 +12,18 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from daemon.config import config_from_dict  # noqa: E402
-from daemon.dataset_schema import read_episode_tags  # noqa: E402
-from daemon.recording.attach import attach_recorder  # noqa: E402
-from daemon.service import Daemon  # noqa: E402
-from drivers.emulator import reference_calibration  # noqa: E402
-from drivers.feetech_arm import FeetechLeader  # noqa: E402
-from sim_bridge.sim_follower import SimFollower  # noqa: E402
-from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for  # noqa: E402
+from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for
+
+from daemon.config import config_from_dict
+from daemon.dataset_schema import read_episode_tags
+from daemon.recording.attach import attach_recorder
+from daemon.service import Daemon
+from drivers.emulator import reference_calibration
+from drivers.feetech_arm import FeetechLeader
+from drivers.sim_follower import SimFollower
 
 W, H = 160, 120
 POSE = np.array([10.0, -50.0, 55.0, 30.0, 0.0, 40.0])
@@ -34,14 +34,16 @@ def test_sim_episode_is_recorded_with_sim_cameras(tmp_path):
     sim = MujocoSimThread(endpoint, camera_width=W, camera_height=H)
     d = tempfile.TemporaryDirectory(prefix="so101d-simrec-")
     root = Path(d.name)
-    la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
-    cfg = config_from_dict({
-        "socket": {"path": str(root / "c.sock")},
-        "follower": {"kind": "sim", "endpoint": endpoint, "stale_timeout_s": 0.5},
-        "control": {"rate_hz": 60.0},
-        "safety": {"align_speed_deg_s": 120.0, "align_gripper_speed_pct_s": 150.0},
-        "recording": {"fps": 30},
-    })
+    _la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
+    cfg = config_from_dict(
+        {
+            "socket": {"path": str(root / "c.sock")},
+            "follower": {"kind": "sim", "endpoint": endpoint, "stale_timeout_s": 0.5},
+            "control": {"rate_hz": 60.0},
+            "safety": {"align_speed_deg_s": 120.0, "align_gripper_speed_pct_s": 150.0},
+            "recording": {"fps": 30},
+        }
+    )
     follower = SimFollower(endpoint, staleness_s=0.5)
     daemon = Daemon(cfg, FeetechLeader(str(root / "leader"), reference_calibration("leader")), follower)
     ds_root = tmp_path / "ds"

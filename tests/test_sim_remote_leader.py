@@ -16,7 +16,7 @@ import zmq
 
 from calibration.calibration_file import ArmCalibration, MotorCalibration
 from calibration.conventions import JOINT_IDS, JOINT_NAMES
-from sim_bridge.leisaac_remote_leader import LeisaacRemoteLeaderPublisher, encode_packet
+from daemon.leisaac_remote_leader import LeisaacRemoteLeaderPublisher, encode_packet
 
 MOTOR_NAMES = ["shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper"]
 
@@ -60,8 +60,14 @@ def test_leisaac_subscriber_decodes_normalised_leader_pose():
     # pan at the range middle (0), lift at range_max with drive_mode 1 (-100), elbow at range_min
     # (-100), wrist_flex 3/4 (+50), roll beyond range_max (clamped to +100), gripper 3/4 open (75)
     ticks = np.array([2000, 3000, 1000, 2500, 3500, 2750])
-    expected = {"shoulder_pan": 0.0, "shoulder_lift": -100.0, "elbow_flex": -100.0,
-                "wrist_flex": 50.0, "wrist_roll": 100.0, "gripper": 75.0}
+    expected = {
+        "shoulder_pan": 0.0,
+        "shoulder_lift": -100.0,
+        "elbow_flex": -100.0,
+        "wrist_flex": 50.0,
+        "wrist_roll": 100.0,
+        "gripper": 75.0,
+    }
     try:
         got = None
         deadline = time.monotonic() + 5

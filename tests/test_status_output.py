@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import still_arm_on_pty, wait_for
 
 from daemon.config import config_from_dict
 from daemon.service import Daemon
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
-from support import still_arm_on_pty, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 SO101D = f"{shlex.quote(sys.executable)} -m daemon.cli"
@@ -34,12 +34,19 @@ def bench(tmp_path: Path):
     where = tmp_path / ("a-bench-directory-with-a-rather-long-name-" * 2)
     where.mkdir()
     pose = np.array([0.0, -40.0, 45.0, 30.0, 0.0, 50.0])
-    la, lb = still_arm_on_pty(where / "leader", "leader", pose)
-    fa, fb = still_arm_on_pty(where / "follower", "follower", pose)
-    cfg = config_from_dict({"socket": {"path": str(tmp_path / "c.sock")},
-                            "control": {"reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.2}})
-    daemon = Daemon(cfg, FeetechLeader(str(where / "leader"), reference_calibration("leader")),
-                    FeetechFollower(str(where / "follower"), reference_calibration("follower")))
+    _la, lb = still_arm_on_pty(where / "leader", "leader", pose)
+    _fa, fb = still_arm_on_pty(where / "follower", "follower", pose)
+    cfg = config_from_dict(
+        {
+            "socket": {"path": str(tmp_path / "c.sock")},
+            "control": {"reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.2},
+        }
+    )
+    daemon = Daemon(
+        cfg,
+        FeetechLeader(str(where / "leader"), reference_calibration("leader")),
+        FeetechFollower(str(where / "follower"), reference_calibration("follower")),
+    )
     daemon.start()
     wait_for(lambda: daemon.loop.status()["mode"] == "teleop", 30, "teleop")
     yield daemon, tmp_path / "c.sock", lb
@@ -49,8 +56,9 @@ def bench(tmp_path: Path):
 
 
 def _sh(cmd: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", "set -o pipefail; " + cmd], capture_output=True, text=True,
-                          timeout=timeout_s, cwd=REPO)
+    return subprocess.run(
+        ["bash", "-c", "set -o pipefail; " + cmd], capture_output=True, text=True, timeout=timeout_s, cwd=REPO
+    )
 
 
 def test_watch_json_into_head_gives_three_json_objects_and_exits_cleanly(bench) -> None:
@@ -78,8 +86,11 @@ def test_watch_under_timeout_into_a_file_has_a_line_per_refresh(bench, tmp_path:
 def test_a_long_error_is_not_cut_when_status_goes_to_a_pipe(bench) -> None:
     daemon, sock, leader_bus = bench
     leader_bus.stop()  # the leader's USB cable pulled: its link disappears
-    wait_for(lambda: len(str(daemon.loop.status()["leader"].get("last_error") or "")) > 120, 30,
-             "a leader error longer than 120 characters")
+    wait_for(
+        lambda: len(str(daemon.loop.status()["leader"].get("last_error") or "")) > 120,
+        30,
+        "a leader error longer than 120 characters",
+    )
     error = daemon.loop.status()["leader"]["last_error"]
 
     table = _sh(f"{SO101D} status --socket {sock} | cat")

@@ -15,15 +15,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     info = sub.add_parser("info", help="summary of a dataset (episodes by kind, origin and outcome)")
     info.add_argument("root", type=Path)
     info.add_argument("--json", action="store_true", help="machine-readable output")
-    pack = sub.add_parser("pack", help="repack into LeRobot v3's packed files (crash-safe: new files beside, "
-                                       "swapped in at the end)")
+    pack = sub.add_parser(
+        "pack", help="repack into LeRobot v3's packed files (crash-safe: new files beside, swapped in at the end)"
+    )
     pack.add_argument("root", type=Path)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "pack":
         return run_pack(args)
-    from sim_bridge.isaaclab_hdf5 import dataset_summary
+    from daemon.datasets.isaaclab_hdf5 import dataset_summary
 
     try:
         s = dataset_summary(args.root)
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"robot_type   {s['robot_type']}   fps {s['fps']}")
     print(f"episodes     {s['total_episodes']}   frames {s['total_frames']}")
     print(f"by kind      real {k['real']}   sim {k['sim']}   generated {k['generated']}   untagged {k['untagged']}")
-    print(f"by origin    " + "   ".join(f"{name} {n}" for name, n in sorted(s["episodes_by_origin"].items())))
+    print("by origin    " + "   ".join(f"{name} {n}" for name, n in sorted(s["episodes_by_origin"].items())))
     print(f"by outcome   success {o['success']}   failure {o['failure']}   unjudged {o['unknown']}")
     print(f"features     {', '.join(s['features'])}")
     return 0

@@ -31,15 +31,33 @@ log = logging.getLogger("so101d.demo")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (scripted use)")
-    parser.add_argument("--dir", metavar="DIR", help="run directory for ports, calibration and config (default: a temporary one, removed at exit)")
-    parser.add_argument("--config", metavar="FILE", help="bench configuration (default: daemon/configs/virtual_bench.toml)")
-    parser.add_argument("--socket", metavar="PATH", help="control socket (default: the usual per-user path, so `so101d status` finds it)")
+    parser.add_argument(
+        "--dir",
+        metavar="DIR",
+        help="run directory for ports, calibration and config (default: a temporary one, removed at exit)",
+    )
+    parser.add_argument(
+        "--config", metavar="FILE", help="bench configuration (default: daemon/configs/virtual_bench.toml)"
+    )
+    parser.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="control socket (default: the usual per-user path, so `so101d status` finds it)",
+    )
     parser.add_argument("--no-wire-time", action="store_true", help="emulator answers at once (no modelled wire time)")
-    parser.add_argument("--quiet", action="store_true",
-                        help="errors and the final summary only (no status, no progress lines)")
-    parser.add_argument("--record", type=int, default=3, metavar="N",
-                        help="record N demo episodes, then say how to load them (default 3; 0 = no recording)")
-    parser.add_argument("--episode-time", type=float, default=5.0, metavar="S", help="length of a demo episode (default 5 s)")
+    parser.add_argument(
+        "--quiet", action="store_true", help="errors and the final summary only (no status, no progress lines)"
+    )
+    parser.add_argument(
+        "--record",
+        type=int,
+        default=3,
+        metavar="N",
+        help="record N demo episodes, then say how to load them (default 3; 0 = no recording)",
+    )
+    parser.add_argument(
+        "--episode-time", type=float, default=5.0, metavar="S", help="length of a demo episode (default 5 s)"
+    )
 
 
 def bench_config_data(base_file: str | None) -> dict[str, Any]:
@@ -49,14 +67,19 @@ def bench_config_data(base_file: str | None) -> dict[str, Any]:
     return tomllib.loads(text)
 
 
-def prepare_bench(run_dir: Path, base_file: str | None = None, socket_path: str | None = None,
-                  dataset_root: str | Path | None = None, record: bool = True) -> tuple[Any, dict[str, Any]]:
+def prepare_bench(
+    run_dir: Path,
+    base_file: str | None = None,
+    socket_path: str | None = None,
+    dataset_root: str | Path | None = None,
+    record: bool = True,
+) -> tuple[Any, dict[str, Any]]:
     """Bench calibration root + configuration for arms linked at run_dir/leader and run_dir/follower.
 
     ``dataset_root`` replaces [recording] dataset_root; ``record=False`` turns recording off."""
-    from calibration.calibration_file import save_calibration  # noqa: PLC0415
-    from daemon.config import config_from_dict, dump_toml  # noqa: PLC0415
-    from drivers.emulator import reference_calibration  # noqa: PLC0415
+    from calibration.calibration_file import save_calibration
+    from daemon.config import config_from_dict, dump_toml
+    from drivers.emulator import reference_calibration
 
     data = bench_config_data(base_file)
     data.setdefault("leader", {})["port"] = str(run_dir / "leader")
@@ -77,10 +100,10 @@ def prepare_bench(run_dir: Path, base_file: str | None = None, socket_path: str 
 
 
 def run(args: argparse.Namespace) -> int:
-    from daemon.config import ConfigError  # noqa: PLC0415
-    from daemon.control_socket import SocketInUseError  # noqa: PLC0415
-    from daemon.service import Daemon, StartupError  # noqa: PLC0415
-    from drivers.emulator.process import EmulatorProcess  # noqa: PLC0415
+    from daemon.config import ConfigError
+    from daemon.control_socket import SocketInUseError
+    from daemon.service import Daemon, StartupError
+    from drivers.emulator.process import EmulatorProcess
 
     if args.record < 0:
         print(f"so101d demo: --record must be 0 or more, got {args.record}", file=sys.stderr)
@@ -89,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"so101d demo: --episode-time must be positive, got {args.episode_time}", file=sys.stderr)
         return 2
     if args.quiet:  # errors, warnings and the final summary only (the recording writer too)
-        from daemon.logs import set_log_level  # noqa: PLC0415
+        from daemon.logs import set_log_level
 
         set_log_level(logging.getLevelName(max(logging.getLogger().level, logging.WARNING)))
     temp = args.dir is None
@@ -106,25 +129,36 @@ def run(args: argparse.Namespace) -> int:
             return 2
         emu = EmulatorProcess(run_dir, wire_time=not args.no_wire_time, leader_motion="demo")
         emu.start()
-        log.info("virtual bench: emulator pid %s, ports %s and %s, config %s", emu.pid, cfg.leader.port, cfg.follower.port,
-                 run_dir / "so101d.toml")
+        log.info(
+            "virtual bench: emulator pid %s, ports %s and %s, config %s",
+            emu.pid,
+            cfg.leader.port,
+            cfg.follower.port,
+            run_dir / "so101d.toml",
+        )
         try:
             daemon = Daemon(cfg)
         except StartupError as exc:
             print(f"so101d demo: cannot start: {exc}", file=sys.stderr)
             return 2
         if not args.quiet:
-            print(f"so101d demo: daemon on the virtual bench; control socket {daemon.socket_path}"
-                  f" (try `so101d status --watch --socket {daemon.socket_path}`); Ctrl-C stops", file=sys.stderr)
+            print(
+                f"so101d demo: daemon on the virtual bench; control socket {daemon.socket_path}"
+                f" (try `so101d status --watch --socket {daemon.socket_path}`); Ctrl-C stops",
+                file=sys.stderr,
+            )
         # at a terminal: the live table; into a pipe or file: one status line a second; quiet: neither
         live = not args.quiet and sys.stdout.isatty()
-        demo = (_DemoRecording(daemon, args.record, args.episode_time, live, args.quiet)
-                if cfg.recording.enabled and args.record > 0 else None)
+        demo = (
+            _DemoRecording(daemon, args.record, args.episode_time, live, args.quiet)
+            if cfg.recording.enabled and args.record > 0
+            else None
+        )
         try:
             if args.quiet:
                 return daemon.run_forever(duration_s=args.duration)
             if not live:
-                from daemon.commands.status import one_line  # noqa: PLC0415
+                from daemon.commands.status import one_line
 
                 last = [0.0]
 
@@ -167,7 +201,7 @@ class _DemoRecording:
     progress discarded) before the recorder closes."""
 
     def __init__(self, daemon: Any, episodes: int, episode_s: float, live: bool, quiet: bool = False) -> None:
-        from daemon.recording.demo_session import record_demo_episodes  # noqa: PLC0415
+        from daemon.recording.demo_session import record_demo_episodes
 
         self._stop = threading.Event()
         self.saved = 0
@@ -179,7 +213,7 @@ class _DemoRecording:
         def body() -> None:
             try:
                 self.saved = record_demo_episodes(daemon, episodes, episode_s, say=say, stop=self._stop.is_set)
-            except Exception as exc:  # noqa: BLE001 - the demo goes on without recording
+            except Exception as exc:
                 self.error = str(exc)
                 log.error("demo recording failed: %s", exc)
 
@@ -193,8 +227,8 @@ class _DemoRecording:
 
     def summary(self, cfg: Any) -> None:
         """Printed when the demo exits: the dataset is complete on disk now."""
-        from daemon.recording.attach import dataset_root  # noqa: PLC0415
-        from daemon.recording.demo_session import episodes_on_disk, how_to_load  # noqa: PLC0415
+        from daemon.recording.attach import dataset_root
+        from daemon.recording.demo_session import episodes_on_disk, how_to_load
 
         root = dataset_root(cfg.recording).resolve()
         n = episodes_on_disk(root)
@@ -207,15 +241,15 @@ class _DemoRecording:
 
 def _run_live(daemon: Any, duration: float | None) -> int:
     """Live status table in place; log lines printed above it (rich), no flicker."""
-    from rich.live import Live  # noqa: PLC0415
-    from rich.logging import RichHandler  # noqa: PLC0415
+    from rich.live import Live
+    from rich.logging import RichHandler
 
-    from daemon.commands.status import render  # noqa: PLC0415
+    from daemon.commands.status import render
 
     root = logging.getLogger()
     old_handlers = root.handlers[:]
     with Live(refresh_per_second=4, auto_refresh=False, transient=False) as live:
-        from daemon.logs import ThirdPartyBelowInfo  # noqa: PLC0415
+        from daemon.logs import ThirdPartyBelowInfo
 
         handler = RichHandler(console=live.console, show_path=False, show_time=True)
         handler.addFilter(ThirdPartyBelowInfo())

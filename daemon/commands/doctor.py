@@ -38,12 +38,34 @@ PASS, WARN, FAIL, INFO = "PASS", "WARN", "FAIL", "INFO"
 
 # Registers the daemon relies on (configuration, calibration, protections, state).
 RELIED_ON: tuple[str, ...] = (
-    "Firmware_Major_Version", "Firmware_Minor_Version", "Model_Number", "ID", "Baud_Rate",
-    "Return_Delay_Time", "Response_Status_Level", "Min_Position_Limit", "Max_Position_Limit",
-    "Max_Temperature_Limit", "Max_Voltage_Limit", "Min_Voltage_Limit", "Max_Torque_Limit", "Phase",
-    "P_Coefficient", "D_Coefficient", "I_Coefficient", "Protection_Current", "Homing_Offset",
-    "Operating_Mode", "Protection_Time", "Overload_Torque", "Torque_Enable", "Acceleration",
-    "Torque_Limit", "Lock", "Maximum_Acceleration", "Status",
+    "Firmware_Major_Version",
+    "Firmware_Minor_Version",
+    "Model_Number",
+    "ID",
+    "Baud_Rate",
+    "Return_Delay_Time",
+    "Response_Status_Level",
+    "Min_Position_Limit",
+    "Max_Position_Limit",
+    "Max_Temperature_Limit",
+    "Max_Voltage_Limit",
+    "Min_Voltage_Limit",
+    "Max_Torque_Limit",
+    "Phase",
+    "P_Coefficient",
+    "D_Coefficient",
+    "I_Coefficient",
+    "Protection_Current",
+    "Homing_Offset",
+    "Operating_Mode",
+    "Protection_Time",
+    "Overload_Torque",
+    "Torque_Enable",
+    "Acceleration",
+    "Torque_Limit",
+    "Lock",
+    "Maximum_Acceleration",
+    "Status",
 )
 # Health-block registers whose value does not move between two reads of an idle arm.
 STABLE_HEALTH = ("Torque_Enable", "Acceleration", "Torque_Limit", "Lock", "Status")
@@ -73,18 +95,37 @@ class ArmReport:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="daemon configuration (ports, calibration ids, rate); default: built-in defaults")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="daemon configuration (ports, calibration ids, rate); default: built-in defaults",
+    )
     p.add_argument("--leader", metavar="PORT", help="the leader's port (overrides the configuration)")
     p.add_argument("--follower", metavar="PORT", help="the follower's port (overrides the configuration)")
     p.add_argument("--only", choices=("leader", "follower"), help="check one arm only")
     p.add_argument("--calibration-root", metavar="DIR", help="calibration root (overrides the configuration)")
     p.add_argument("--leader-id", metavar="ID", help="leader calibration id (overrides the configuration)")
     p.add_argument("--follower-id", metavar="ID", help="follower calibration id (overrides the configuration)")
-    p.add_argument("--round-trips", type=int, default=ROUND_TRIPS, metavar="N", help=f"sync reads timed per adapter (default {ROUND_TRIPS})")
-    p.add_argument("--power-cycle", action="store_true",
-                   help="configure the arms (writes EEPROM, torque off: asks first), walk through a power cycle and "
-                   "check that calibration and configuration persist")
-    p.add_argument("--power-cycle-timeout", type=float, default=60.0, metavar="S", help="how long to wait for the servos after the power cycle")
+    p.add_argument(
+        "--round-trips",
+        type=int,
+        default=ROUND_TRIPS,
+        metavar="N",
+        help=f"sync reads timed per adapter (default {ROUND_TRIPS})",
+    )
+    p.add_argument(
+        "--power-cycle",
+        action="store_true",
+        help="configure the arms (writes EEPROM, torque off: asks first), walk through a power cycle and "
+        "check that calibration and configuration persist",
+    )
+    p.add_argument(
+        "--power-cycle-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="how long to wait for the servos after the power cycle",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -92,14 +133,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # the checks
 # -------------------------------------------------------------------------------------------------
 def _joint_ids() -> dict[str, int]:
-    from calibration.conventions import JOINT_IDS, JOINT_NAMES  # noqa: PLC0415
+    from calibration.conventions import JOINT_IDS, JOINT_NAMES
 
     return {n: JOINT_IDS[n] for n in JOINT_NAMES}
 
 
 def _adapter(port: str) -> dict[str, Any]:
-    from daemon.serial_ports import scan_ports  # noqa: PLC0415
-    from drivers.feetech_bus import latency_timer_ms  # noqa: PLC0415
+    from daemon.serial_ports import scan_ports
+    from drivers.feetech_bus import latency_timer_ms
 
     real = os.path.realpath(port)
     info: dict[str, Any] = {"device": real}
@@ -120,7 +161,7 @@ def read_registers(bus: Any, ids: dict[str, int]) -> dict[str, dict[str, int]]:
 
 
 def identify(rep: ArmReport, bus: Any, ids: dict[str, int]) -> bool:
-    from drivers.arm_interface import BusTimeoutError  # noqa: PLC0415
+    from drivers.arm_interface import BusTimeoutError
 
     missing = []
     for joint, sid in ids.items():
@@ -137,9 +178,18 @@ def identify(rep: ArmReport, bus: Any, ids: dict[str, int]) -> bool:
     models = {s["model"] for s in rep.servos.values()}
     firmware = {s["firmware"] for s in rep.servos.values()}
     rep.add("servos answer", PASS, f"ids {sorted(ids.values())} answer a ping by id")
-    rep.add("model", PASS if models == {777} else FAIL, ", ".join(f"{j} {s['model']}" for j, s in rep.servos.items()) + " (STS3215 = 777)")
-    rep.add("firmware", PASS if len(firmware) == 1 else FAIL,
-            f"{firmware.pop()} on every servo" if len(firmware) == 1 else "mixed: " + ", ".join(f"{j} {s['firmware']}" for j, s in rep.servos.items()))
+    rep.add(
+        "model",
+        PASS if models == {777} else FAIL,
+        ", ".join(f"{j} {s['model']}" for j, s in rep.servos.items()) + " (STS3215 = 777)",
+    )
+    rep.add(
+        "firmware",
+        PASS if len(firmware) == 1 else FAIL,
+        f"{firmware.pop()} on every servo"
+        if len(firmware) == 1
+        else "mixed: " + ", ".join(f"{j} {s['firmware']}" for j, s in rep.servos.items()),
+    )
     return True
 
 
@@ -149,12 +199,24 @@ def dry_run(rep: ArmReport, arm: Any, bus: Any, ids: dict[str, int]) -> None:
     after = read_registers(bus, ids)
     rep.registers = before
     name_by_id = {sid: j for j, sid in ids.items()}
-    rep.would_write = {name_by_id[sid]: {reg: [held, want] for reg, (held, want) in w.items()} for sid, w in plan.items()}
-    changed = [f"{j} {reg} {before[j][reg]} -> {after[j][reg]}" for j in ids for reg in RELIED_ON
-               if before[j][reg] != after[j][reg] and reg != "Status"]
-    rep.add("dry run is read-only", FAIL if changed else PASS, "; ".join(changed) or "registers identical before and after the configure dry run")
+    rep.would_write = {
+        name_by_id[sid]: {reg: [held, want] for reg, (held, want) in w.items()} for sid, w in plan.items()
+    }
+    changed = [
+        f"{j} {reg} {before[j][reg]} -> {after[j][reg]}"
+        for j in ids
+        for reg in RELIED_ON
+        if before[j][reg] != after[j][reg] and reg != "Status"
+    ]
+    rep.add(
+        "dry run is read-only",
+        FAIL if changed else PASS,
+        "; ".join(changed) or "registers identical before and after the configure dry run",
+    )
     if rep.would_write:
-        listing = "; ".join(f"{j}: " + ", ".join(f"{r} {h}->{w}" for r, (h, w) in regs.items()) for j, regs in rep.would_write.items())
+        listing = "; ".join(
+            f"{j}: " + ", ".join(f"{r} {h}->{w}" for r, (h, w) in regs.items()) for j, regs in rep.would_write.items()
+        )
         rep.add("configuration", INFO, f"connect would write {listing}")
     else:
         rep.add("configuration", PASS, "every servo already holds the daemon's configuration")
@@ -164,8 +226,8 @@ def dry_run(rep: ArmReport, arm: Any, bus: Any, ids: dict[str, int]) -> None:
 
 
 def health_block(rep: ArmReport, bus: Any, ids: dict[str, int]) -> None:
-    from drivers.feetech_arm import HEALTH_LEN, HEALTH_START  # noqa: PLC0415
-    from drivers.feetech_bus import decode_value, register_spec  # noqa: PLC0415
+    from drivers.feetech_arm import HEALTH_LEN, HEALTH_START
+    from drivers.feetech_bus import decode_value, register_spec
 
     blocks = bus.sync_read_bytes(HEALTH_START, HEALTH_LEN, list(ids.values()), what="SYNC_READ health")
     bad = []
@@ -176,12 +238,16 @@ def health_block(rep: ArmReport, bus: Any, ids: dict[str, int]) -> None:
             alone = bus.read(reg, sid)
             if in_block != alone:
                 bad.append(f"{joint} {reg}: block {in_block}, alone {alone}")
-    rep.add("health block read", FAIL if bad else PASS,
-            "; ".join(bad) or f"the {HEALTH_LEN}-byte sync read of {HEALTH_START}..{HEALTH_START + HEALTH_LEN - 1} agrees with single reads")
+    rep.add(
+        "health block read",
+        FAIL if bad else PASS,
+        "; ".join(bad)
+        or f"the {HEALTH_LEN}-byte sync read of {HEALTH_START}..{HEALTH_START + HEALTH_LEN - 1} agrees with single reads",
+    )
 
 
 def round_trips(rep: ArmReport, bus: Any, ids: dict[str, int], n: int, rate_hz: float) -> None:
-    from drivers.feetech_bus import STATUS_OVERHEAD_BYTES, wire_time_s  # noqa: PLC0415
+    from drivers.feetech_bus import STATUS_OVERHEAD_BYTES, wire_time_s
 
     id_list = list(ids.values())
     samples = []
@@ -193,13 +259,25 @@ def round_trips(rep: ArmReport, bus: Any, ids: dict[str, int], n: int, rate_hz: 
     samples.sort()
     p50, p99, worst = samples[len(samples) // 2], samples[min(len(samples) - 1, int(len(samples) * 0.99))], samples[-1]
     wire = wire_time_s(8 + len(id_list) + len(id_list) * (STATUS_OVERHEAD_BYTES + 2), bus.baudrate)
-    rep.round_trip_ms = {"p50": round(p50 * 1e3, 3), "p99": round(p99 * 1e3, 3), "max": round(worst * 1e3, 3),
-                         "wire": round(wire * 1e3, 3), "samples": n, "retries": bus.counters.retries - retries0}
+    rep.round_trip_ms = {
+        "p50": round(p50 * 1e3, 3),
+        "p99": round(p99 * 1e3, 3),
+        "max": round(worst * 1e3, 3),
+        "wire": round(wire * 1e3, 3),
+        "samples": n,
+        "retries": bus.counters.retries - retries0,
+    }
     period = 1.0 / rate_hz
     timer = rep.adapter.get("latency_timer_ms")
-    detail = (f"sync read of {len(id_list)} positions: p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms, max {worst * 1e3:.2f} ms "
-              f"(wire {wire * 1e3:.2f} ms, ratio {p50 / wire:.1f}); period at {rate_hz:g} Hz {period * 1e3:.1f} ms")
-    hint = f"; FTDI latency_timer is {timer} ms: set it to 1 (the udev rule of so101d install-service)" if timer and timer > 1 else ""
+    detail = (
+        f"sync read of {len(id_list)} positions: p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms, max {worst * 1e3:.2f} ms "
+        f"(wire {wire * 1e3:.2f} ms, ratio {p50 / wire:.1f}); period at {rate_hz:g} Hz {period * 1e3:.1f} ms"
+    )
+    hint = (
+        f"; FTDI latency_timer is {timer} ms: set it to 1 (the udev rule of so101d install-service)"
+        if timer and timer > 1
+        else ""
+    )
     if p50 > 0.8 * period:
         # The loop reads the follower (the leader in parallel on its own adapter), then writes:
         # a read that takes most of the period leaves no room for the rest of the cycle.
@@ -211,14 +289,16 @@ def round_trips(rep: ArmReport, bus: Any, ids: dict[str, int], n: int, rate_hz: 
 
 
 def calibration(rep: ArmReport, bus: Any, cal: Any, source: str) -> None:
-    from calibration.servo_sync import verify_against_servos  # noqa: PLC0415
+    from drivers.calibration_io import verify_against_servos
 
     if cal is None:
         rep.add("calibration", WARN, f"no calibration file ({source}): run `so101d calibrate`")
         return
     mismatches = verify_against_servos(bus, cal)
     if mismatches:
-        rep.add("calibration", FAIL, f"{source} differs from the servos: " + "; ".join(m.describe() for m in mismatches))
+        rep.add(
+            "calibration", FAIL, f"{source} differs from the servos: " + "; ".join(m.describe() for m in mismatches)
+        )
     else:
         rep.add("calibration", PASS, f"{source} matches the servos")
 
@@ -235,7 +315,7 @@ def _ask(prompt: str) -> str:
 
 
 def _wait_answering(bus: Any, ids: dict[str, int], timeout_s: float) -> bool:
-    from drivers.arm_interface import ArmError  # noqa: PLC0415
+    from drivers.arm_interface import ArmError
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -250,11 +330,15 @@ def _wait_answering(bus: Any, ids: dict[str, int], timeout_s: float) -> bool:
     return False
 
 
-def power_cycle(reps: list[tuple[ArmReport, Any]], ids: dict[str, int], timeout_s: float, ask: Callable[[str], str]) -> None:
+def power_cycle(
+    reps: list[tuple[ArmReport, Any]], ids: dict[str, int], timeout_s: float, ask: Callable[[str], str]
+) -> None:
     """Configure every arm as the daemon would, have the operator cycle the power, compare."""
     names = " and ".join(r.role for r, _ in reps)
-    answer = ask(f"--power-cycle: torque goes OFF on the {names} (support the follower!) and the daemon's configuration "
-                 "is written to the servos' EEPROM. Continue? [y/N] ")
+    answer = ask(
+        f"--power-cycle: torque goes OFF on the {names} (support the follower!) and the daemon's configuration "
+        "is written to the servos' EEPROM. Continue? [y/N] "
+    )
     if answer.lower() not in ("y", "yes"):
         for rep, _ in reps:
             rep.add("power cycle", INFO, "skipped: the operator declined")
@@ -268,31 +352,46 @@ def power_cycle(reps: list[tuple[ArmReport, Any]], ids: dict[str, int], timeout_
         else:
             rep.add("configure", PASS, "every register kept its value")
         kept[rep.role] = read_registers(arm.bus, ids)
-    ask(f"Now unplug the POWER supply of the {names} (not the USB cable), wait 5 s, plug it back in, then press Enter: ")
+    ask(
+        f"Now unplug the POWER supply of the {names} (not the USB cable), wait 5 s, plug it back in, then press Enter: "
+    )
     for rep, arm in reps:
         if not _wait_answering(arm.bus, ids, timeout_s):
             rep.add("power cycle", FAIL, f"the servos did not answer within {timeout_s:g} s after the power cycle")
             continue
         after = read_registers(arm.bus, ids)
         if any(after[j]["Lock"] != 1 for j in ids):
-            rep.add("power cycle", FAIL, "Lock is still 0: the servos did not lose power (unplug the power supply, not USB)")
+            rep.add(
+                "power cycle", FAIL, "Lock is still 0: the servos did not lose power (unplug the power supply, not USB)"
+            )
             continue
-        from drivers.sts3215_table import CONTROL_TABLE, EEPROM_END  # noqa: PLC0415
+        from drivers.sts3215_table import CONTROL_TABLE, EEPROM_END
 
-        lost = [f"{j} {reg} {kept[rep.role][j][reg]} -> {after[j][reg]}" for j in ids for reg in RELIED_ON
-                if CONTROL_TABLE[reg][0] < EEPROM_END and after[j][reg] != kept[rep.role][j][reg]]
-        rep.add("power cycle", FAIL if lost else PASS,
-                "EEPROM lost: " + "; ".join(lost) if lost else "calibration and configuration survived the power cycle")
+        lost = [
+            f"{j} {reg} {kept[rep.role][j][reg]} -> {after[j][reg]}"
+            for j in ids
+            for reg in RELIED_ON
+            if CONTROL_TABLE[reg][0] < EEPROM_END and after[j][reg] != kept[rep.role][j][reg]
+        ]
+        rep.add(
+            "power cycle",
+            FAIL if lost else PASS,
+            "EEPROM lost: " + "; ".join(lost) if lost else "calibration and configuration survived the power cycle",
+        )
         g = "gripper"
         if g in after and after[g]["Torque_Limit"] != after[g]["Max_Torque_Limit"]:
-            rep.add("torque cap", WARN, f"gripper Torque_Limit {after[g]['Torque_Limit']} after power-on, Max_Torque_Limit {after[g]['Max_Torque_Limit']}")
+            rep.add(
+                "torque cap",
+                WARN,
+                f"gripper Torque_Limit {after[g]['Torque_Limit']} after power-on, Max_Torque_Limit {after[g]['Max_Torque_Limit']}",
+            )
 
 
 # -------------------------------------------------------------------------------------------------
 # report
 # -------------------------------------------------------------------------------------------------
 def environment() -> dict[str, str]:
-    from importlib import metadata  # noqa: PLC0415
+    from importlib import metadata
 
     def version(pkg: str) -> str:
         try:
@@ -300,8 +399,14 @@ def environment() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    return {"so101d": version("so101d"), "lerobot": version("lerobot"), "pyserial": version("pyserial"),
-            "python": platform.python_version(), "kernel": platform.release(), "machine": platform.machine()}
+    return {
+        "so101d": version("so101d"),
+        "lerobot": version("lerobot"),
+        "pyserial": version("pyserial"),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+    }
 
 
 def render_text(env: dict[str, str], reps: list[ArmReport]) -> str:
@@ -311,7 +416,11 @@ def render_text(env: dict[str, str], reps: list[ArmReport]) -> str:
         out.append("  adapter: " + ", ".join(f"{k}={v}" for k, v in r.adapter.items()))
         for j, s in r.servos.items():
             regs = r.registers.get(j, {})
-            short = ", ".join(f"{k}={regs[k]}" for k in ("Return_Delay_Time", "Maximum_Acceleration", "Max_Torque_Limit", "Torque_Limit", "Lock") if k in regs)
+            short = ", ".join(
+                f"{k}={regs[k]}"
+                for k in ("Return_Delay_Time", "Maximum_Acceleration", "Max_Torque_Limit", "Torque_Limit", "Lock")
+                if k in regs
+            )
             out.append(f"  {j:<13} id {s['id']} model {s['model']} fw {s['firmware']}  {short}")
         for c in r.checks:
             out.append(f"  {c.status:<4} {c.name}: {c.detail}")
@@ -327,10 +436,10 @@ def overall(reps: list[ArmReport]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from calibration.calibration_file import CalibrationError, load_calibration  # noqa: PLC0415
-    from daemon.config import ConfigError, load_config  # noqa: PLC0415
-    from drivers.arm_interface import ArmError, PortGoneError  # noqa: PLC0415
-    from drivers.feetech_arm import FeetechFollower, FeetechLeader, FollowerBusConfig, LeaderBusConfig  # noqa: PLC0415
+    from calibration.calibration_file import CalibrationError, load_calibration
+    from daemon.config import ConfigError, load_config
+    from drivers.arm_interface import ArmError, PortGoneError
+    from drivers.feetech_arm import FeetechFollower, FeetechLeader, FollowerBusConfig, LeaderBusConfig
 
     try:
         cfg = load_config(args.config)
@@ -358,7 +467,7 @@ def run(args: argparse.Namespace) -> int:
         if role == "leader":
             arm: Any = FeetechLeader(port, cal, LeaderBusConfig(baudrate=cfg.leader.baudrate))
         else:
-            from daemon.service import follower_bus_config  # noqa: PLC0415
+            from daemon.service import follower_bus_config
 
             bus_cfg = follower_bus_config(cfg) if cfg.follower.kind == "feetech" else FollowerBusConfig()
             arm = FeetechFollower(port, cal, bus_cfg)
@@ -368,14 +477,18 @@ def run(args: argparse.Namespace) -> int:
             rep.adapter = _adapter(port)
             bus.open()
         except PortGoneError as exc:
-            hint = " (is the daemon running? `systemctl stop so101d` first)" if "busy" in str(exc).lower() or "lock" in str(exc).lower() else ""
+            hint = (
+                " (is the daemon running? `systemctl stop so101d` first)"
+                if "busy" in str(exc).lower() or "lock" in str(exc).lower()
+                else ""
+            )
             rep.add("port", FAIL, f"{exc}{hint}")
             continue
         steps: list[tuple[str, Callable[[], Any]]] = [
-            ("configuration", lambda: dry_run(rep, arm, bus, ids)),
-            ("health block read", lambda: health_block(rep, bus, ids)),
-            ("round trip", lambda: round_trips(rep, bus, ids, args.round_trips, cfg.control.rate_hz)),
-            ("calibration", lambda: calibration(rep, bus, cal, source)),
+            ("configuration", lambda: dry_run(rep, arm, bus, ids)),  # noqa: B023 (each step runs in this iteration)
+            ("health block read", lambda: health_block(rep, bus, ids)),  # noqa: B023 (each step runs in this iteration)
+            ("round trip", lambda: round_trips(rep, bus, ids, args.round_trips, cfg.control.rate_hz)),  # noqa: B023 (each step runs in this iteration)
+            ("calibration", lambda: calibration(rep, bus, cal, source)),  # noqa: B023 (each step runs in this iteration)
         ]
         try:
             if identify(rep, bus, ids):
@@ -391,7 +504,9 @@ def run(args: argparse.Namespace) -> int:
             rep.add("bus", FAIL, str(exc))
         finally:
             bus.close()
-    usable = [(r, a) for r, a in reps if not any(c.status == FAIL and c.name in ("port", "servos answer") for c in r.checks)]
+    usable = [
+        (r, a) for r, a in reps if not any(c.status == FAIL and c.name in ("port", "servos answer") for c in r.checks)
+    ]
     if args.power_cycle and usable:
         try:
             power_cycle(usable, ids, args.power_cycle_timeout, _ask)
@@ -404,7 +519,11 @@ def run(args: argparse.Namespace) -> int:
     env = environment()
     only_reps = [r for r, _ in reps]
     if args.json:
-        print(json.dumps({"environment": env, "arms": [asdict(r) for r in only_reps], "result": overall(only_reps)}, indent=2))
+        print(
+            json.dumps(
+                {"environment": env, "arms": [asdict(r) for r in only_reps], "result": overall(only_reps)}, indent=2
+            )
+        )
     else:
         print(render_text(env, only_reps))
     return 1 if overall(only_reps) == FAIL else 0

@@ -12,10 +12,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("start", "save", "discard", "status"))
     parser.add_argument("--task", help="start: the task text of this episode (default: the last one)")
     g = parser.add_mutually_exclusive_group()
-    g.add_argument("--success", dest="success", action="store_const", const=True, default=None,
-                   help="save: tag the episode successful")
-    g.add_argument("--failure", dest="success", action="store_const", const=False,
-                   help="save: tag the episode failed (kept, tagged)")
+    g.add_argument(
+        "--success",
+        dest="success",
+        action="store_const",
+        const=True,
+        default=None,
+        help="save: tag the episode successful",
+    )
+    g.add_argument(
+        "--failure",
+        dest="success",
+        action="store_const",
+        const=False,
+        help="save: tag the episode failed (kept, tagged)",
+    )
     add_socket_arguments(parser)
 
 
@@ -38,11 +49,16 @@ def format_status(st: dict) -> str:
     last = st.get("last_staged") or {}
     if last.get("tag"):
         t = last["tag"]
-        line += (f"\n  last episode: {t.get('frames')} frames, {t.get('late_frames')} late, "
-                 f"{t.get('missing_frames')} missing, worst camera skew {t.get('worst_camera_skew_ms')} ms")
+        line += (
+            f"\n  last episode: {t.get('frames')} frames, {t.get('late_frames')} late, "
+            f"{t.get('missing_frames')} missing, worst camera skew {t.get('worst_camera_skew_ms')} ms"
+        )
     for cam in st.get("cameras", []):
-        line += (f"\n  camera {cam.get('name')}: {cam.get('fps_measured', '?')} fps"
-                 + ("  STALLED" if cam.get("stalled") else "") + (f"  {cam['error']}" if cam.get("error") else ""))
+        line += (
+            f"\n  camera {cam.get('name')}: {cam.get('fps_measured', '?')} fps"
+            + ("  STALLED" if cam.get("stalled") else "")
+            + (f"  {cam['error']}" if cam.get("error") else "")
+        )
     for name, r in sorted((st.get("frames_refused") or {}).items()):
         line += f"\n  camera {name}: {r.get('count')} frames refused ({r.get('last')})"
     if st.get("waiting_for"):
@@ -62,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
         fields["success"] = args.success
     as_json = getattr(args, "json", False)
     return run_simple(
-        args, f"episode.{args.action}", label=f"episode {args.action}",
-        render=(lambda reply: json.dumps(reply)) if as_json else (lambda reply: describe(args.action, reply)),
+        args,
+        f"episode.{args.action}",
+        label=f"episode {args.action}",
+        render=(json.dumps) if as_json else (lambda reply: describe(args.action, reply)),
         **fields,
     )

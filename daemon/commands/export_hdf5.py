@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim_bridge.isaaclab_hdf5 import export_hdf5
+    from daemon.datasets.isaaclab_hdf5 import export_hdf5
 
     try:
         n = export_hdf5(args.dataset, args.episodes, args.out, progress=print)

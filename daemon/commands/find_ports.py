@@ -27,11 +27,15 @@ log = logging.getLogger("so101d.find_ports")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--list", action="store_true", help="list USB serial ports and exit")
     p.add_argument("--write", metavar="FILE", help="write the udev rules to FILE (default: print them)")
-    p.add_argument("--leader", metavar="PORT", help="the leader's port right now (e.g. /dev/ttyACM0): skip the unplug prompts")
+    p.add_argument(
+        "--leader", metavar="PORT", help="the leader's port right now (e.g. /dev/ttyACM0): skip the unplug prompts"
+    )
     p.add_argument("--follower", metavar="PORT", help="the follower's port right now")
     p.add_argument("--leader-serial", metavar="SERIAL", help="the leader adapter's USB serial number")
     p.add_argument("--follower-serial", metavar="SERIAL", help="the follower adapter's USB serial number")
-    p.add_argument("--by-usb-port", action="store_true", help="match by physical USB socket even when serial numbers exist")
+    p.add_argument(
+        "--by-usb-port", action="store_true", help="match by physical USB socket even when serial numbers exist"
+    )
     p.add_argument("--sysfs", default="/sys", help=argparse.SUPPRESS)  # tests: a fake sysfs tree
 
 
@@ -75,12 +79,15 @@ def identify_interactively(
         after = scan_ports(sysfs)
         gone = missing_port(before, after)
         if any(gone.device == q.device for q in found.values()):
-            raise PortDiffError(f"{gone.device} is the port already identified as the leader: unplug the follower's cable")
+            raise PortDiffError(
+                f"{gone.device} is the port already identified as the leader: unplug the follower's cable"
+            )
         say(f"{arm}: {gone.describe()}")
         ask(f"Plug the {arm} arm back in, then press Enter: ")
+
         # The port may come back under another ttyACM number: find it by USB identity.
         def back() -> bool:
-            return any(_same_adapter(p, gone) for p in scan_ports(sysfs))
+            return any(_same_adapter(p, gone) for p in scan_ports(sysfs))  # noqa: B023 (waited on here)
 
         if not _wait_for(back, replug_timeout_s):
             raise PortDiffError(f"the {arm} adapter did not come back within {replug_timeout_s:.0f} s")
@@ -100,7 +107,12 @@ def matches_for(found: dict[str, PortInfo], all_ports: list[PortInfo], by_usb_po
     for arm, port in found.items():
         use_serial = not by_usb_port and serial_is_unique(port, all_ports)
         if not use_serial and port.serial and not by_usb_port:
-            log.warning("%s: serial %s is shared with another adapter; matching by USB port %s instead", arm, port.serial, port.usb_path)
+            log.warning(
+                "%s: serial %s is shared with another adapter; matching by USB port %s instead",
+                arm,
+                port.serial,
+                port.usb_path,
+            )
         out.append(ArmMatch.from_port(arm, port, use_serial=use_serial))
     return out
 
@@ -128,13 +140,18 @@ def run(args: argparse.Namespace) -> int:
                 if not (args.leader and args.follower):
                     print("error: give both --leader and --follower", file=sys.stderr)
                     return 2
-                found = {"leader": _port_by_device(ports, args.leader), "follower": _port_by_device(ports, args.follower)}
+                found = {
+                    "leader": _port_by_device(ports, args.leader),
+                    "follower": _port_by_device(ports, args.follower),
+                }
                 if found["leader"].device == found["follower"].device:
                     print("error: --leader and --follower are the same port", file=sys.stderr)
                     return 2
             else:
                 if not sys.stdin.isatty():
-                    print("error: no terminal for the unplug prompts: use --leader PORT --follower PORT", file=sys.stderr)
+                    print(
+                        "error: no terminal for the unplug prompts: use --leader PORT --follower PORT", file=sys.stderr
+                    )
                     return 2
                 found = identify_interactively(args.sysfs)
             matches = matches_for(found, scan_ports(args.sysfs), by_usb_port=args.by_usb_port)
@@ -155,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {out}. Install it with:")
         print(f"  sudo install -m 0644 {out} /etc/udev/rules.d/99-so101.rules")
         print("  sudo udevadm control --reload && sudo udevadm trigger")
-        print("then configure leader.port = \"/dev/so101-leader\" and follower.port = \"/dev/so101-follower\".")
+        print('then configure leader.port = "/dev/so101-leader" and follower.port = "/dev/so101-follower".')
     else:
         sys.stdout.write(text)
     return 0

@@ -16,30 +16,63 @@ from typing import Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from sim_bridge.isaaclab_hdf5 import LEISAAC_MIN_FRAMES, LEISAAC_SKIP_FRAMES
+    from daemon.datasets.isaaclab_hdf5 import LEISAAC_MIN_FRAMES, LEISAAC_SKIP_FRAMES
 
     p.add_argument("files", nargs="+", type=Path, help="LeIsaac / Isaac Lab HDF5 files (data/demo_N/...)")
     p.add_argument("--dataset", required=True, type=Path, help="dataset root (created if missing, else appended)")
     p.add_argument("--task", default="", help="task string for every imported episode")
     sel = p.add_mutually_exclusive_group()
-    sel.add_argument("--successful-only", dest="successful_only", action="store_true", default=True,
-                     help="import only demos whose success attribute is true (default, like LeIsaac's converter)")
-    sel.add_argument("--all", dest="successful_only", action="store_false",
-                     help="import failed and unjudged demos too (tagged with their outcome)")
-    p.add_argument("--keep-unjudged", action="store_true",
-                   help="import demos that have no success attribute (LeIsaac's converter drops them as failed)")
-    p.add_argument("--skip-frames", type=int, default=LEISAAC_SKIP_FRAMES, metavar="K",
-                   help="drop the first K sim steps of each demo (default %(default)s, as LeIsaac's converter)")
-    p.add_argument("--min-frames", type=int, default=LEISAAC_MIN_FRAMES, metavar="N",
-                   help="drop demos with fewer than N sim steps (default %(default)s, as LeIsaac's converter)")
+    sel.add_argument(
+        "--successful-only",
+        dest="successful_only",
+        action="store_true",
+        default=True,
+        help="import only demos whose success attribute is true (default, like LeIsaac's converter)",
+    )
+    sel.add_argument(
+        "--all",
+        dest="successful_only",
+        action="store_false",
+        help="import failed and unjudged demos too (tagged with their outcome)",
+    )
+    p.add_argument(
+        "--keep-unjudged",
+        action="store_true",
+        help="import demos that have no success attribute (LeIsaac's converter drops them as failed)",
+    )
+    p.add_argument(
+        "--skip-frames",
+        type=int,
+        default=LEISAAC_SKIP_FRAMES,
+        metavar="K",
+        help="drop the first K sim steps of each demo (default %(default)s, as LeIsaac's converter)",
+    )
+    p.add_argument(
+        "--min-frames",
+        type=int,
+        default=LEISAAC_MIN_FRAMES,
+        metavar="N",
+        help="drop demos with fewer than N sim steps (default %(default)s, as LeIsaac's converter)",
+    )
     p.add_argument("--max-episodes", type=int, default=None, metavar="N", help="import at most N demos in all")
-    p.add_argument("--step-hz", type=float, default=None,
-                   help="sim step rate of the files (default: from their attributes, else 60)")
-    p.add_argument("--fps", type=int, default=None, help="fps of a new dataset (default 30; an existing one keeps its own)")
+    p.add_argument(
+        "--step-hz",
+        type=float,
+        default=None,
+        help="sim step rate of the files (default: from their attributes, else 60)",
+    )
+    p.add_argument(
+        "--fps", type=int, default=None, help="fps of a new dataset (default 30; an existing one keeps its own)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (the summary is still printed)")
     origin = p.add_mutually_exclusive_group()
-    origin.add_argument("--generated", dest="generated", action="store_true", default=None,
-                        help="tag the demos as Mimic-generated (default: guessed from the file name)")
+    origin.add_argument(
+        "--generated",
+        dest="generated",
+        action="store_true",
+        default=None,
+        help="tag the demos as Mimic-generated (default: guessed from the file name)",
+    )
     origin.add_argument("--human", dest="generated", action="store_false", help="tag the demos as human teleoperation")
 
 
@@ -48,13 +81,26 @@ class RichImportProgress:
 
     def __init__(self, label: str = "importing") -> None:
         from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self._progress = Progress(
-            TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("demos"),
-            TextColumn("{task.fields[fps]:>6.0f} frames/s"), TimeElapsedColumn(), TextColumn("ETA"),
-            TimeRemainingColumn(), console=Console(stderr=True), transient=False,
+            TextColumn(f"[bold]{label}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("demos"),
+            TextColumn("{task.fields[fps]:>6.0f} frames/s"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=False,
         )
         self._task: Any = None
         self._frames = 0
@@ -87,8 +133,10 @@ def format_summary(s: Any, dataset: Path) -> str:
         (s.demos_skipped_short, f"shorter than {s.min_frames} steps"),
         (s.demos_not_selected, "beyond --max-episodes"),
     ]
-    lines = [f"imported {s.demos_imported} of {s.demos_seen} demos -> {dataset}: {s.frames_written} frames "
-             f"in {s.seconds:.1f} s ({s.frames_per_s:.0f} frames/s)"]
+    lines = [
+        f"imported {s.demos_imported} of {s.demos_seen} demos -> {dataset}: {s.frames_written} frames "
+        f"in {s.seconds:.1f} s ({s.frames_per_s:.0f} frames/s)"
+    ]
     lines += [f"  skipped {n} {why}" for n, why in skipped if n]
     if s.demos_imported:
         lines.append(f"  first {s.skip_frames} steps of each demo skipped (--skip-frames)")
@@ -96,7 +144,7 @@ def format_summary(s: Any, dataset: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim_bridge.isaaclab_hdf5 import HDF5FormatError, import_hdf5
+    from daemon.datasets.isaaclab_hdf5 import HDF5FormatError, import_hdf5
 
     if args.skip_frames < 0 or args.min_frames < 0 or (args.max_episodes is not None and args.max_episodes < 1):
         print("error: --skip-frames and --min-frames must be >= 0 and --max-episodes >= 1", file=sys.stderr)
@@ -104,9 +152,17 @@ def run(args: argparse.Namespace) -> int:
     progress = None if args.no_progress else RichImportProgress()
     try:
         s = import_hdf5(
-            args.files, args.dataset, task=args.task, successful_only=args.successful_only,
-            skip_frames=args.skip_frames, max_episodes=args.max_episodes, step_hz=args.step_hz,
-            fps=args.fps, generated=args.generated, progress=progress, min_frames=args.min_frames,
+            args.files,
+            args.dataset,
+            task=args.task,
+            successful_only=args.successful_only,
+            skip_frames=args.skip_frames,
+            max_episodes=args.max_episodes,
+            step_hz=args.step_hz,
+            fps=args.fps,
+            generated=args.generated,
+            progress=progress,
+            min_frames=args.min_frames,
             keep_unjudged=args.keep_unjudged or not args.successful_only,
         )
     except HDF5FormatError as exc:

@@ -63,8 +63,12 @@ class PlannedFile:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--user", default="so101d", help="system user the daemon runs as (default so101d; created by systemd-sysusers)")
-    p.add_argument("--config", metavar="PATH", help="configuration to install (default: the example, adapted to the service)")
+    p.add_argument(
+        "--user", default="so101d", help="system user the daemon runs as (default so101d; created by systemd-sysusers)"
+    )
+    p.add_argument(
+        "--config", metavar="PATH", help="configuration to install (default: the example, adapted to the service)"
+    )
     p.add_argument("--root", default="/", help="target root directory (default /)")
     p.add_argument("--dry-run", action="store_true", help="print what would be written; write nothing")
     p.add_argument("--udev-rules", metavar="FILE", help="rules written by `so101d find-ports --write FILE`")
@@ -72,7 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--follower-serial", metavar="SERIAL", help="follower adapter's USB serial")
     p.add_argument("--realtime", action="store_true", help="also install the real-time drop-in (SCHED_FIFO, memlock)")
     p.add_argument("--force-config", action="store_true", help="overwrite an existing /etc/so101d/so101d.toml")
-    p.add_argument("--exec", dest="exec_path", metavar="PATH", help="so101d executable for ExecStart (default: this venv's)")
+    p.add_argument(
+        "--exec", dest="exec_path", metavar="PATH", help="so101d executable for ExecStart (default: this venv's)"
+    )
 
 
 # -------------------------------------------------------------------------------------------------
@@ -185,7 +191,7 @@ def interpreter_of(exec_path: Path) -> Path | None:
     if not parts:
         return None
     if os.path.basename(parts[0]) == "env" and len(parts) > 1:
-        import shutil  # noqa: PLC0415
+        import shutil
 
         found = shutil.which(parts[1])
         return Path(os.path.realpath(found)) if found else None
@@ -204,14 +210,21 @@ def unreachable_by_others(path: Path) -> Path | None:
     return None
 
 
-def render_unit(exec_path: Path, config_path: str = CONFIG_PATH, user: str = "so101d",
-                read_write_paths: list[str] | None = None, package_dir: Path = REPO) -> tuple[str, list[str]]:
+def render_unit(
+    exec_path: Path,
+    config_path: str = CONFIG_PATH,
+    user: str = "so101d",
+    read_write_paths: list[str] | None = None,
+    package_dir: Path = REPO,
+) -> tuple[str, list[str]]:
     """The unit text and warnings for the operator."""
     if not exec_path.is_absolute():
         raise InstallError(f"ExecStart needs an absolute path, got {exec_path}")
     for label, value in (("executable", str(exec_path)), ("configuration", config_path)):
         if any(c.isspace() for c in value) or "%" in value or '"' in value:
-            raise InstallError(f"{label} path {value!r} has spaces, quotes or '%': move it (systemd would split or expand it)")
+            raise InstallError(
+                f"{label} path {value!r} has spaces, quotes or '%': move it (systemd would split or expand it)"
+            )
     if not _USER.match(user):
         raise InstallError(f"--user {user!r} is not a valid system user name")
     warnings = []
@@ -231,7 +244,9 @@ def render_unit(exec_path: Path, config_path: str = CONFIG_PATH, user: str = "so
     for what, p in needed:
         blocked = unreachable_by_others(p)
         if blocked is not None:
-            warnings.append(f"{what} ({p}) is behind {blocked} (mode {blocked.stat().st_mode & 0o777:o}): user {user} cannot reach it")
+            warnings.append(
+                f"{what} ({p}) is behind {blocked} (mode {blocked.stat().st_mode & 0o777:o}): user {user} cannot reach it"
+            )
     text = UNIT_TEMPLATE.read_text()
     rw = "\n".join(f"ReadWritePaths={p}" for p in (read_write_paths or []))
     if rw:
@@ -260,13 +275,17 @@ def udev_rules_text(rules_file: str | None, leader_serial: str | None, follower_
         except OSError as exc:
             raise InstallError(f"{rules_file}: cannot read: {exc.strerror or exc}") from None
         if "so101-leader" not in text or "so101-follower" not in text:
-            raise InstallError(f"{rules_file}: no so101-leader/so101-follower rules (write it with `so101d find-ports --write`)")
+            raise InstallError(
+                f"{rules_file}: no so101-leader/so101-follower rules (write it with `so101d find-ports --write`)"
+            )
         return text, True
     if leader_serial or follower_serial:
         if not (leader_serial and follower_serial):
             raise InstallError("give both --leader-serial and --follower-serial")
         try:
-            return render_rules([ArmMatch("leader", serial=leader_serial), ArmMatch("follower", serial=follower_serial)]), True
+            return render_rules(
+                [ArmMatch("leader", serial=leader_serial), ArmMatch("follower", serial=follower_serial)]
+            ), True
         except RuleError as exc:
             raise InstallError(str(exc)) from None
     return render_rules([]), False
@@ -290,7 +309,9 @@ def plan(args: argparse.Namespace) -> tuple[list[PlannedFile], list[str]]:
     warnings += unit_warnings
     rules, has_arms = udev_rules_text(args.udev_rules, args.leader_serial, args.follower_serial)
     if not has_arms:
-        warnings.append("udev rules have no arm rules yet: run `so101d find-ports --write FILE` and install with --udev-rules FILE")
+        warnings.append(
+            "udev rules have no arm rules yet: run `so101d find-ports --write FILE` and install with --udev-rules FILE"
+        )
     sysusers = SYSUSERS_TEMPLATE.read_text().replace("@USER@", args.user)
     files = [
         PlannedFile(root / "etc/systemd/system/so101d.service", unit),
@@ -299,7 +320,9 @@ def plan(args: argparse.Namespace) -> tuple[list[PlannedFile], list[str]]:
         PlannedFile(root / CONFIG_PATH.lstrip("/"), config_text, mode=0o644, keep_existing=not args.force_config),
     ]
     if args.realtime:
-        files.insert(1, PlannedFile(root / "etc/systemd/system/so101d.service.d/realtime.conf", REALTIME_DROPIN.read_text()))
+        files.insert(
+            1, PlannedFile(root / "etc/systemd/system/so101d.service.d/realtime.conf", REALTIME_DROPIN.read_text())
+        )
         if not config.get("service", {}).get("lock_memory", False):
             warnings.append("--realtime: also set lock_memory = true under [service] to lock the daemon's memory")
     return files, warnings
@@ -351,7 +374,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             done = write_files(files)
         except OSError as exc:
-            print(f"error: cannot write {exc.filename}: {exc.strerror} (run as root, or use --root DIR / --dry-run)", file=sys.stderr)
+            print(
+                f"error: cannot write {exc.filename}: {exc.strerror} (run as root, or use --root DIR / --dry-run)",
+                file=sys.stderr,
+            )
             return 1
         for path, what in done:
             print(f"{path}: {what}")

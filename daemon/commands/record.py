@@ -16,7 +16,13 @@ import sys
 import time
 from typing import Any
 
-from daemon.control_client import CommandFailed, ControlClient, DaemonUnavailable, add_socket_arguments, socket_path_from_args
+from daemon.control_client import (
+    CommandFailed,
+    ControlClient,
+    DaemonUnavailable,
+    add_socket_arguments,
+    socket_path_from_args,
+)
 
 KEY_SUCCESS, KEY_FAILURE, KEY_REDO, KEY_STOP = "success", "failure", "redo", "stop"
 
@@ -35,13 +41,13 @@ def decode_keys(data: bytes) -> list[str]:
     out: list[str] = []
     i = 0
     while i < len(data):
-        b = data[i:i + 1]
-        if data[i:i + 3] in (b"\x1b[C", b"\x1bOC"):
+        b = data[i : i + 1]
+        if data[i : i + 3] in (b"\x1b[C", b"\x1bOC"):
             out.append(KEY_SUCCESS)
             i += 3
             continue
         if b == b"\x1b":
-            if data[i + 1:i + 2] == b"[":  # another escape sequence: skip it
+            if data[i + 1 : i + 2] == b"[":  # another escape sequence: skip it
                 i += 3
                 continue
             out.append(KEY_STOP)
@@ -63,7 +69,7 @@ class Keys:
         self._saved: Any = None
         self._pending: list[str] = []  # keys read together with an earlier one (fast typing)
 
-    def __enter__(self) -> "Keys":
+    def __enter__(self) -> Keys:
         if self.enabled:
             import termios
             import tty
@@ -98,15 +104,24 @@ class Keys:
                     return keys[0]
 
 
-def session(client: Any, episodes: int, episode_time_s: float, reset_time_s: float, task: str | None,
-            keys: Keys, say: Any = print) -> int:
+def session(
+    client: Any,
+    episodes: int,
+    episode_time_s: float,
+    reset_time_s: float,
+    task: str | None,
+    keys: Keys,
+    say: Any = print,
+) -> int:
     """The session loop (testable with any client exposing ``request``). Returns episodes saved."""
     saved = 0
     while saved < episodes:
         fields = {"task": task} if task else {}
         r = client.request("episode.start", **fields)
-        say(f"episode {r['episode']} ({saved + 1}/{episodes}) recording {episode_time_s:.0f} s: {r['task']!r}"
-            + ("   [enter/→ save  f failure  ⌫ redo  esc stop]" if keys.enabled else ""))
+        say(
+            f"episode {r['episode']} ({saved + 1}/{episodes}) recording {episode_time_s:.0f} s: {r['task']!r}"
+            + ("   [enter/→ save  f failure  ⌫ redo  esc stop]" if keys.enabled else "")
+        )
         key = keys.wait(episode_time_s)
         if key == KEY_STOP:
             client.request("episode.discard")
@@ -135,8 +150,10 @@ def run(args: argparse.Namespace) -> int:
         with ControlClient(socket_path_from_args(args), timeout_s=10.0) as c, Keys(not args.no_keys) as keys:
             n = session(c, args.episodes, args.episode_time, args.reset_time, args.task, keys)
             st = c.request("episode.status")
-            print(f"{n} episodes saved; dataset {st.get('dataset')} "
-                  f"({st.get('episodes_in_dataset')} episodes, {st.get('saves_pending')} still being written)")
+            print(
+                f"{n} episodes saved; dataset {st.get('dataset')} "
+                f"({st.get('episodes_in_dataset')} episodes, {st.get('saves_pending')} still being written)"
+            )
             # A session is not "done" when recording failed under it: say what was lost, fail.
             if st.get("phase") == "error" or st.get("lost_episodes"):
                 print(f"so101d record: recording stopped: {st.get('error')}", file=sys.stderr)

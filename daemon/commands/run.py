@@ -10,15 +10,17 @@ log = logging.getLogger("so101d.run")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="TOML configuration (default: built-in defaults, leader on /dev/ttyACM0)")
+    parser.add_argument(
+        "--config", metavar="FILE", help="TOML configuration (default: built-in defaults, leader on /dev/ttyACM0)"
+    )
     parser.add_argument("--socket", metavar="PATH", help="control socket path (overrides [socket] path)")
     parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (scripted runs)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from daemon.config import ConfigError, load_config  # noqa: PLC0415
-    from daemon.control_socket import SocketInUseError  # noqa: PLC0415
-    from daemon.service import Daemon, StartupError  # noqa: PLC0415
+    from daemon.config import ConfigError, load_config
+    from daemon.control_socket import SocketInUseError
+    from daemon.service import Daemon, StartupError
 
     try:
         cfg = load_config(args.config)
@@ -27,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     notifier = None
     try:
-        from daemon.sd_notify import Notifier  # noqa: PLC0415
+        from daemon.sd_notify import Notifier
 
         notifier = Notifier.from_env(unset_environment=True)  # children must not talk to systemd
     except ImportError:  # pragma: no cover

@@ -24,8 +24,14 @@ from daemon.control_client import ControlClient, DaemonUnavailable, add_socket_a
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the raw status JSON")
-    parser.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C (piped, or with --json: one line / one JSON object per refresh)")
-    parser.add_argument("--interval", type=float, default=0.5, metavar="S", help="--watch refresh period (default 0.5 s)")
+    parser.add_argument(
+        "--watch",
+        action="store_true",
+        help="refresh in place until Ctrl-C (piped, or with --json: one line / one JSON object per refresh)",
+    )
+    parser.add_argument(
+        "--interval", type=float, default=0.5, metavar="S", help="--watch refresh period (default 0.5 s)"
+    )
     add_socket_arguments(parser)
 
 
@@ -44,19 +50,26 @@ def render(st: dict[str, Any], full: bool = False) -> Any:
     The live views shorten long error texts to keep the table on screen; ``full`` (output that
     is not a terminal: a pipe, a file, a bug report) keeps every character."""
     cut = _Cut(full)
-    from rich.console import Group  # noqa: PLC0415
-    from rich.table import Table  # noqa: PLC0415
-    from rich.text import Text  # noqa: PLC0415
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
 
     mode = st.get("mode", "?")
-    colour = {"teleop": "green", "policy": "green", "aligning": "yellow", "hold": "yellow", "idle": "cyan",
-              "fault": "bold red", "disconnected": "red"}.get(mode, "white")
+    colour = {
+        "teleop": "green",
+        "policy": "green",
+        "aligning": "yellow",
+        "hold": "yellow",
+        "idle": "cyan",
+        "fault": "bold red",
+        "disconnected": "red",
+    }.get(mode, "white")
     head = Text()
     head.append("mode ", style="dim")
     head.append(f"{mode:<12}", style=colour)
     head.append(f" {st.get('reason', '')}\n")
     t = st.get("timing_ms", {})
-    period, jitter, cycle = t.get("period", {}), t.get("jitter", {}), t.get("cycle", {})
+    _period, jitter, cycle = t.get("period", {}), t.get("jitter", {}), t.get("cycle", {})
     head.append(
         f"loop {_fmt(st.get('rate_hz'), '.1f')}/{_fmt(st.get('rate_hz_target'), '.0f')} Hz  "
         f"overruns {st.get('overruns', 0)} (skipped {st.get('missed_cycles', 0)})\n"
@@ -93,8 +106,15 @@ def render(st: dict[str, Any], full: bool = False) -> Any:
         where = str(a.get("port") or "-")
         if a.get("last_error"):
             where += "  " + cut(a["last_error"], 80)
-        arms.add_row(name, "yes" if a.get("connected") else "NO", str(bus.get("transactions", "-")), str(bus.get("retries", "-")),
-                     str(bus.get("failures", "-")), str(bus.get("reconnects", a.get("losses", "-"))), where)
+        arms.add_row(
+            name,
+            "yes" if a.get("connected") else "NO",
+            str(bus.get("transactions", "-")),
+            str(bus.get("retries", "-")),
+            str(bus.get("failures", "-")),
+            str(bus.get("reconnects", a.get("losses", "-"))),
+            where,
+        )
 
     joints = Table(box=None, pad_edge=False, show_edge=False)
     for col in ("joint", "leader", "command", "follower", "temp C", "volt V", "load %", "status"):
@@ -105,9 +125,14 @@ def render(st: dict[str, Any], full: bool = False) -> Any:
     for n in names:
         h = servos.get(n, {})
         joints.add_row(
-            n, _fmt((j.get("leader") or {}).get(n), ".1f"), _fmt((j.get("command") or {}).get(n), ".1f"),
-            _fmt((j.get("follower") or {}).get(n), ".1f"), _fmt(h.get("temperature_c"), ".0f"), _fmt(h.get("voltage_v"), ".1f"),
-            _fmt(h.get("load_pct"), ".0f"), f"0x{h['status']:02x}" if "status" in h else "-",
+            n,
+            _fmt((j.get("leader") or {}).get(n), ".1f"),
+            _fmt((j.get("command") or {}).get(n), ".1f"),
+            _fmt((j.get("follower") or {}).get(n), ".1f"),
+            _fmt(h.get("temperature_c"), ".0f"),
+            _fmt(h.get("voltage_v"), ".1f"),
+            _fmt(h.get("load_pct"), ".0f"),
+            f"0x{h['status']:02x}" if "status" in h else "-",
         )
     parts: list[Any] = [head, Text("")]
     if extra:
@@ -128,19 +153,19 @@ class _Cut:
 
     def __call__(self, text: Any, limit: int) -> str:
         text = str(text)
-        return text if self.full or len(text) <= limit else text[:limit - 1] + "…"
+        return text if self.full or len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _failed_extra(name: str, extra: dict[str, Any], cut: _Cut) -> Any:
     """A status extra that raised: the daemon put {"error": ...} in its place."""
-    from rich.text import Text  # noqa: PLC0415
+    from rich.text import Text
 
     return _label(Text(), name).append(cut(extra.get("error", "?"), 100), style="red")
 
 
 def _safety_line(st: dict[str, Any]) -> Any | None:
     """Fault latch (until the operator clears it) vs what the servos say now, and limit hits."""
-    from rich.text import Text  # noqa: PLC0415
+    from rich.text import Text
 
     sf = st.get("safety")
     if not isinstance(sf, dict):
@@ -161,7 +186,7 @@ def _safety_line(st: dict[str, Any]) -> Any | None:
 
 
 def _policy_line(st: dict[str, Any], cut: _Cut) -> Any | None:
-    from rich.text import Text  # noqa: PLC0415
+    from rich.text import Text
 
     pol = st.get("policy")
     if not isinstance(pol, dict):
@@ -188,8 +213,10 @@ def _policy_line(st: dict[str, Any], cut: _Cut) -> Any | None:
         p50 = lambda key: _fmt((srv.get(key) or {}).get("p50"), ".1f")  # noqa: E731
         state = "connected" if srv.get("connected") else "NOT connected"
         line.append(f"\n  server {srv.get('address')} {state}", style="" if srv.get("connected") else "bold red")
-        line.append(f"  round trip p50 {p50('round_trip_ms')} ms  network p50 {p50('network_ms')} ms"
-                    f"  GetActions p50 {p50('get_actions_ms')} ms  server compute unknown")
+        line.append(
+            f"  round trip p50 {p50('round_trip_ms')} ms  network p50 {p50('network_ms')} ms"
+            f"  GetActions p50 {p50('get_actions_ms')} ms  server compute unknown"
+        )
         if srv.get("error"):
             line.append(f"  {cut(srv['error'], 100)}", style="red")
     if pol.get("warning"):  # inference slower than a chunk can drive (issue 16): said, not silent
@@ -200,7 +227,7 @@ def _policy_line(st: dict[str, Any], cut: _Cut) -> Any | None:
 
 
 def _recording_line(st: dict[str, Any], cut: _Cut) -> Any | None:
-    from rich.text import Text  # noqa: PLC0415
+    from rich.text import Text
 
     rec = st.get("recording")
     if not isinstance(rec, dict):
@@ -220,7 +247,10 @@ def _recording_line(st: dict[str, Any], cut: _Cut) -> Any | None:
     if rec.get("waiting_for"):
         line.append(f"\n  waiting: {cut(rec['waiting_for'], 120)}", style="yellow")
     for camera, refused in (rec.get("frames_refused") or {}).items():
-        line.append(f"\n  camera {camera}: {refused.get('count')} frames refused ({cut(refused.get('last'), 100)})", style="yellow")
+        line.append(
+            f"\n  camera {camera}: {refused.get('count')} frames refused ({cut(refused.get('last'), 100)})",
+            style="yellow",
+        )
     for lost in rec.get("lost_episodes") or []:
         line.append(f"\n  LOST: {lost}", style="bold red")
     return line
@@ -250,40 +280,55 @@ def one_line(st: dict[str, Any]) -> str:
     parts = [f"{time.strftime('%H:%M:%S')} mode {st.get('mode', '?')}"]
     if st.get("reason"):
         parts[0] += f" ({st['reason']})"
-    parts.append(f"loop {_fmt(st.get('rate_hz'), '.1f')}/{_fmt(st.get('rate_hz_target'), '.0f')} Hz"
-                 f" jitter p99 {_fmt(t.get('jitter', {}).get('p99'), '.3f')} ms"
-                 f" cycle p50 {_fmt(t.get('cycle', {}).get('p50'), '.3f')} ms overruns {st.get('overruns', 0)}")
+    parts.append(
+        f"loop {_fmt(st.get('rate_hz'), '.1f')}/{_fmt(st.get('rate_hz_target'), '.0f')} Hz"
+        f" jitter p99 {_fmt(t.get('jitter', {}).get('p99'), '.3f')} ms"
+        f" cycle p50 {_fmt(t.get('cycle', {}).get('p50'), '.3f')} ms overruns {st.get('overruns', 0)}"
+    )
     j = st.get("joints", {})
     if j.get("leader") and j.get("follower"):
-        parts.append("max|leader-follower| %.1f" % max(abs(j["leader"][k] - j["follower"][k]) for k in j["leader"]))
+        parts.append(
+            "max|leader-follower| {:.1f}".format(max(abs(j["leader"][k] - j["follower"][k]) for k in j["leader"]))
+        )
     if st.get("fault"):
         parts.append(f"FAULT: {st['fault']}")
     parts += [f"WARNING: {w}" for w in _warnings(st)]
     for name in ("leader", "follower"):
         a = st.get(name)
         if isinstance(a, dict) and (not a.get("connected", True) or a.get("last_error")):
-            parts.append(f"{name} {'connected' if a.get('connected') else 'NOT connected'}"
-                         + (f": {a['last_error']}" if a.get("last_error") else ""))
+            parts.append(
+                f"{name} {'connected' if a.get('connected') else 'NOT connected'}"
+                + (f": {a['last_error']}" if a.get("last_error") else "")
+            )
     rec = st.get("recording")
     if isinstance(rec, dict):
         if "phase" in rec:
-            parts.append(f"recording {rec['phase']} episode {rec.get('episode')} frames {rec.get('frames')}"
-                         f" saved {rec.get('episodes_in_dataset')}" + (f" error: {rec['error']}" if rec.get("error") else ""))
+            parts.append(
+                f"recording {rec['phase']} episode {rec.get('episode')} frames {rec.get('frames')}"
+                f" saved {rec.get('episodes_in_dataset')}" + (f" error: {rec['error']}" if rec.get("error") else "")
+            )
             if rec.get("waiting_for"):
                 parts.append(f"recording waiting: {rec['waiting_for']}")
-            parts += [f"camera {c}: {r.get('count')} frames refused ({r.get('last')})"
-                      for c, r in (rec.get("frames_refused") or {}).items()]
+            parts += [
+                f"camera {c}: {r.get('count')} frames refused ({r.get('last')})"
+                for c, r in (rec.get("frames_refused") or {}).items()
+            ]
             parts += [f"LOST: {lost}" for lost in rec.get("lost_episodes") or []]
         else:
             parts.append(f"recording: {rec.get('error', '?')}")
     pol = st.get("policy")
     if isinstance(pol, dict) and pol.get("state") != "none":
         err = pol.get("error") or pol.get("last_error")
-        parts.append(f"policy {pol.get('state', '?')}{' driving' if pol.get('driving') else ''}" + (f" error: {err}" if err else ""))
+        parts.append(
+            f"policy {pol.get('state', '?')}{' driving' if pol.get('driving') else ''}"
+            + (f" error: {err}" if err else "")
+        )
         srv = pol.get("server")
         if pol.get("backend") == "lerobot-server" and isinstance(srv, dict):
-            parts.append(f"policy server {srv.get('address')} {'connected' if srv.get('connected') else 'NOT connected'}"
-                         + (f": {srv['error']}" if srv.get("error") else ""))
+            parts.append(
+                f"policy server {srv.get('address')} {'connected' if srv.get('connected') else 'NOT connected'}"
+                + (f": {srv['error']}" if srv.get("error") else "")
+            )
     return "  |  ".join(parts)
 
 
@@ -321,7 +366,7 @@ def run(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(reply, indent=2, sort_keys=True))
             else:
-                from rich.console import Console  # noqa: PLC0415
+                from rich.console import Console
 
                 # not a terminal: nothing is cut to fit 80 columns (rich's default width there)
                 console = Console() if terminal else Console(width=_UNLIMITED_WIDTH)
@@ -329,9 +374,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.json or not terminal:
             return _print_lines(client, args.json, args.interval)
-        from rich.live import Live  # noqa: PLC0415
+        from rich.live import Live
 
-        with Live(refresh_per_second=max(1, int(1 / max(args.interval, 0.05))), screen=False, auto_refresh=False) as live:
+        with Live(
+            refresh_per_second=max(1, int(1 / max(args.interval, 0.05))), screen=False, auto_refresh=False
+        ) as live:
             while True:
                 live.update(render(client.call("status")), refresh=True)
                 time.sleep(args.interval)

@@ -14,8 +14,8 @@ from typing import Any
 
 from daemon.config import CameraConfig as CameraSection
 from daemon.config import keys_given
-from daemon.recording.cameras import Camera, CameraConfig, OpenCVCamera, VirtualArmCamera
 from daemon.recording.recorder import Recorder, RecorderConfig, RecordingError
+from drivers.cameras import Camera, CameraConfig, OpenCVCamera, VirtualArmCamera
 
 log = logging.getLogger("so101d.recording")
 
@@ -44,7 +44,7 @@ def build_cameras(cameras_cfg: dict[str, Any], sim_factory: Any = None) -> list[
 
 
 def _verb(fn: Any) -> Any:
-    from daemon.control_socket import RequestError  # noqa: PLC0415
+    from daemon.control_socket import RequestError
 
     def handler(req: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -110,8 +110,9 @@ def _origin_arg(req: dict[str, Any]) -> str | None:
     raise ValueError(f'"origin" must be a string, got {v!r}')
 
 
-def attach_recorder(daemon: Any, cameras: list[Camera] | None = None, follower_kind: str | None = None,
-                    root: str | Path | None = None) -> Recorder:
+def attach_recorder(
+    daemon: Any, cameras: list[Camera] | None = None, follower_kind: str | None = None, root: str | Path | None = None
+) -> Recorder:
     """Builds, opens and plugs in the recorder; returns it (already registered and hooked).
 
     With a simulated follower (anything with reset/start/stop_episode) its cameras serve kind
@@ -122,14 +123,20 @@ def attach_recorder(daemon: Any, cameras: list[Camera] | None = None, follower_k
     follower = daemon.follower
     if cameras is None:
         cameras = build_cameras(daemon.cfg.cameras, sim_factory=sim_camera_factory(follower))
-    rec = Recorder(RecorderConfig(root=str(root or dataset_root(rc)), repo_id=rc.repo_id, fps=rc.fps,
-                                  default_task=rc.task,
-                                  follower_kind=str(follower_kind or follower_dataset_kind(follower))),
-                   cameras)
+    rec = Recorder(
+        RecorderConfig(
+            root=str(root or dataset_root(rc)),
+            repo_id=rc.repo_id,
+            fps=rc.fps,
+            default_task=rc.task,
+            follower_kind=str(follower_kind or follower_dataset_kind(follower)),
+        ),
+        cameras,
+    )
     if follower_kind is None:  # a sim names its backend only once connected: ask at save time
         rec.follower_kind_fn = lambda: follower_dataset_kind(follower)
     if all(callable(getattr(follower, m, None)) for m in ("reset_episode", "start_episode", "stop_episode", "events")):
-        from daemon.recording.sim_episodes import SimEpisodeHook  # noqa: PLC0415
+        from daemon.recording.sim_episodes import SimEpisodeHook
 
         rec.add_episode_hook(SimEpisodeHook(follower))
     rec.open()
@@ -148,8 +155,9 @@ def attach_recorder(daemon: Any, cameras: list[Camera] | None = None, follower_k
 def _close(daemon: Any, rec: Recorder) -> None:
     """The daemon's stop hook: episodes lost go to ``daemon.data_lost`` (the exit code says so)."""
     rc = daemon.cfg.recording
-    lost = rec.close(timeout_s=float(getattr(rc, "stop_timeout_s", 120.0)),
-                     on_episode=getattr(rc, "on_shutdown", "discard"))
+    lost = rec.close(
+        timeout_s=float(getattr(rc, "stop_timeout_s", 120.0)), on_episode=getattr(rc, "on_shutdown", "discard")
+    )
     data_lost = getattr(daemon, "data_lost", None)
     if isinstance(data_lost, list):
         data_lost.extend(f"recording: {text}" for text in lost)

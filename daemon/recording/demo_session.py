@@ -26,13 +26,17 @@ def how_to_load(root: str, repo_id: str, python: str | None = None) -> str:
     # video_backend="pyav": PyAV brings its own FFmpeg and decodes our h264 videos everywhere;
     # LeRobot's default probes torchcodec, which needs a system FFmpeg and prints a 100-line
     # traceback where there is none.
-    code = (f"from lerobot.datasets.lerobot_dataset import LeRobotDataset; "
-            f"ds = LeRobotDataset({json.dumps(repo_id)}, root={json.dumps(str(root))}, video_backend=\"pyav\"); "
-            f"print(ds); print(ds[0].keys())")
-    return (f"dataset: {root}\n"
-            "load it:\n"
-            f"  HF_HUB_OFFLINE=1 {shlex.quote(py)} -c {shlex.quote(code)}\n"
-            f"  episode tags (success, origin, timing): {root}/meta/so101d_episodes.jsonl")
+    code = (
+        f"from lerobot.datasets.lerobot_dataset import LeRobotDataset; "
+        f'ds = LeRobotDataset({json.dumps(repo_id)}, root={json.dumps(str(root))}, video_backend="pyav"); '
+        f"print(ds); print(ds[0].keys())"
+    )
+    return (
+        f"dataset: {root}\n"
+        "load it:\n"
+        f"  HF_HUB_OFFLINE=1 {shlex.quote(py)} -c {shlex.quote(code)}\n"
+        f"  episode tags (success, origin, timing): {root}/meta/so101d_episodes.jsonl"
+    )
 
 
 def episodes_on_disk(root: str | Path) -> int:
@@ -53,9 +57,15 @@ def _wait(pred: Callable[[], bool], timeout_s: float, stop: Callable[[], bool]) 
     return True
 
 
-def record_demo_episodes(daemon: Any, episodes: int = 3, episode_s: float = 5.0, reset_s: float = 1.0,
-                         task: str = "demo: pick and place", say: Callable[[str], None] = print,
-                         stop: Callable[[], bool] = lambda: False) -> int:
+def record_demo_episodes(
+    daemon: Any,
+    episodes: int = 3,
+    episode_s: float = 5.0,
+    reset_s: float = 1.0,
+    task: str = "demo: pick and place",
+    say: Callable[[str], None] = print,
+    stop: Callable[[], bool] = lambda: False,
+) -> int:
     """Records ``episodes`` episodes through the daemon's recorder; returns how many were saved."""
     if not _wait(lambda: daemon.recorder is not None, 60, stop):
         if stop():
@@ -79,7 +89,7 @@ def record_demo_episodes(daemon: Any, episodes: int = 3, episode_s: float = 5.0,
         if stop():
             try:
                 rec.discard_episode()
-            except Exception:  # noqa: BLE001 - the recorder may be closing already
+            except Exception:
                 pass
             say("demo: stopped; the episode in progress was discarded")
             return saved
@@ -94,8 +104,10 @@ def record_demo_episodes(daemon: Any, episodes: int = 3, episode_s: float = 5.0,
     written = rec.wait_saved(120)
     st = rec.status()
     if st["phase"] == "error":  # never "in the dataset" for what is not: name the loss
-        say(f"demo: recording stopped: {st['error']}; {st['episodes_in_dataset']} episodes in the dataset"
-            + "".join(f"; LOST {x}" for x in st.get("lost_episodes", [])))
+        say(
+            f"demo: recording stopped: {st['error']}; {st['episodes_in_dataset']} episodes in the dataset"
+            + "".join(f"; LOST {x}" for x in st.get("lost_episodes", []))
+        )
         return saved
     if not written:
         say(f"demo: {st['saves_pending']} episodes still being written after 120 s")

@@ -33,9 +33,9 @@ def boxes(data: bytes, start: int = 0, end: int | None = None) -> list[tuple[byt
     out = []
     pos = start
     while pos + 8 <= end:
-        size, typ = struct.unpack(">I4s", data[pos:pos + 8])
+        size, typ = struct.unpack(">I4s", data[pos : pos + 8])
         if size == 1:
-            size = struct.unpack(">Q", data[pos + 8:pos + 16])[0]
+            size = struct.unpack(">Q", data[pos + 8 : pos + 16])[0]
         elif size == 0:
             size = end - pos
         if size < 8 or pos + size > end:
@@ -94,7 +94,7 @@ def _moov_key(moov: bytes) -> bytes:
     key = bytearray(moov)
     i = key.find(b"btrt")
     if i >= 0:  # bufferSizeDB, maxBitrate, avgBitrate differ per episode and mean nothing here
-        key[i + 4:i + 16] = bytes(12)
+        key[i + 4 : i + 16] = bytes(12)
     return bytes(key)
 
 
@@ -118,22 +118,22 @@ def fragment_episode(src: Path) -> Fragmented:
             out.close()
     data = buf.getvalue()
     top = boxes(data)
-    header = b"".join(data[p:p + s] for t, p, s in top if t in (b"ftyp", b"moov"))
-    fragments = b"".join(data[p:p + s] for t, p, s in top if t in (b"moof", b"mdat"))  # no mfra
-    (moov_pos, moov_size), = _find(data, [b"moov"])
-    (mdhd, _), = _find(data, [b"moov", b"trak", b"mdia", b"mdhd"])
+    header = b"".join(data[p : p + s] for t, p, s in top if t in (b"ftyp", b"moov"))
+    fragments = b"".join(data[p : p + s] for t, p, s in top if t in (b"moof", b"mdat"))  # no mfra
+    ((moov_pos, moov_size),) = _find(data, [b"moov"])
+    ((mdhd, _),) = _find(data, [b"moov", b"trak", b"mdia", b"mdhd"])
     version = data[mdhd + 8]
     timescale = struct.unpack_from(">I", data, mdhd + (28 if version == 1 else 20))[0]
     duration = 0
     for moof, size in _find(data, [b"moof"]):
-        for trun, tsize in _find(data, [b"traf", b"trun"], moof + 8, moof + size):
+        for trun, _tsize in _find(data, [b"traf", b"trun"], moof + 8, moof + size):
             duration += _trun_duration(data, trun, moof, size)
-    return Fragmented(header, fragments, timescale, duration, _moov_key(data[moov_pos:moov_pos + moov_size]))
+    return Fragmented(header, fragments, timescale, duration, _moov_key(data[moov_pos : moov_pos + moov_size]))
 
 
 def _trun_duration(data: bytes, trun: int, moof: int, moof_size: int) -> int:
     """Sum of sample durations in a trun (falling back to the traf's default duration)."""
-    flags = int.from_bytes(data[trun + 9:trun + 12], "big")
+    flags = int.from_bytes(data[trun + 9 : trun + 12], "big")
     count = struct.unpack_from(">I", data, trun + 12)[0]
     pos = trun + 16
     if flags & 0x1:
@@ -157,8 +157,8 @@ def _trun_duration(data: bytes, trun: int, moof: int, moof_size: int) -> int:
 
 
 def _tfhd_default_duration(data: bytes, moof: int, moof_size: int) -> int:
-    (tfhd, _), = _find(data, [b"traf", b"tfhd"], moof + 8, moof + moof_size)
-    flags = int.from_bytes(data[tfhd + 9:tfhd + 12], "big")
+    ((tfhd, _),) = _find(data, [b"traf", b"tfhd"], moof + 8, moof + moof_size)
+    flags = int.from_bytes(data[tfhd + 9 : tfhd + 12], "big")
     pos = tfhd + 16  # after the track id
     if flags & 0x1:
         pos += 8
@@ -174,14 +174,14 @@ def read_moov_key(path: Path) -> bytes | None:
     with open(path, "rb") as fh:
         head = fh.read(64 * 1024)
     try:
-        top = boxes(head[:_prefix_end(head)])
+        top = boxes(head[: _prefix_end(head)])
     except ValueError:
         return None
     types = [t for t, _, _ in top]
     if types[:2] != [b"ftyp", b"moov"]:
         return None
     _, pos, size = top[1]
-    moov = head[pos:pos + size]
+    moov = head[pos : pos + size]
     if not _find(moov, [b"moov", b"mvex"]):
         return None  # a plain MP4 (e.g. one episode per file from LeRobot): never appended to
     return _moov_key(moov)
@@ -191,9 +191,9 @@ def _prefix_end(head: bytes) -> int:
     """Length of the complete boxes at the start of ``head``."""
     pos = 0
     while pos + 8 <= len(head):
-        size = struct.unpack(">I", head[pos:pos + 4])[0]
+        size = struct.unpack(">I", head[pos : pos + 4])[0]
         if size == 1 and pos + 16 <= len(head):
-            size = struct.unpack(">Q", head[pos + 8:pos + 16])[0]
+            size = struct.unpack(">Q", head[pos + 8 : pos + 16])[0]
         if size < 8 or pos + size > len(head):
             break
         pos += size

@@ -36,7 +36,7 @@ from typing import Any
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-BYTES_PER_MB = 1024 ** 2  # LeRobot's io_utils.get_file_size_in_mb
+BYTES_PER_MB = 1024**2  # LeRobot's io_utils.get_file_size_in_mb
 # A meta/episodes row has ~120 columns (per-feature stats); such a file is rewritten whole at each
 # commit, so it is closed after this many rows (LeRobot itself starts a new one per session).
 EPISODES_ROWS_PER_FILE = 100
@@ -51,9 +51,10 @@ class Caps:
     video_files_size_in_mb: float
 
     @classmethod
-    def from_info(cls, info: dict[str, Any]) -> "Caps":
-        return cls(int(info["chunks_size"]), float(info["data_files_size_in_mb"]),
-                   float(info["video_files_size_in_mb"]))
+    def from_info(cls, info: dict[str, Any]) -> Caps:
+        return cls(
+            int(info["chunks_size"]), float(info["data_files_size_in_mb"]), float(info["video_files_size_in_mb"])
+        )
 
 
 def next_file(chunk_index: int, file_index: int, chunks_size: int) -> tuple[int, int]:
@@ -128,8 +129,11 @@ def read_tail(root: Path, video_keys: list[str]) -> Tail:
 
     info_path = root / "meta" / "info.json"
     info = json.loads(info_path.read_text())
-    tail = Tail(total_episodes=int(info.get("total_episodes", 0)), total_frames=int(info.get("total_frames", 0)),
-                info_stamp=info_stamp(root))
+    tail = Tail(
+        total_episodes=int(info.get("total_episodes", 0)),
+        total_frames=int(info.get("total_frames", 0)),
+        info_stamp=info_stamp(root),
+    )
     if tail.total_episodes == 0:
         return tail
     ep_file = last_episodes_file(root)
@@ -141,14 +145,19 @@ def read_tail(root: Path, video_keys: list[str]) -> Tail:
         group = pf.read_row_group(pf.num_row_groups - 1)
         last = group.slice(group.num_rows - 1).to_pylist()[0] if group.num_rows else None
     if last is None or int(last["episode_index"]) != tail.total_episodes - 1:
-        raise ValueError(f"{root}: the last row of {ep_file.relative_to(root)} is not episode "
-                         f"{tail.total_episodes - 1} (info.json and meta/episodes disagree)")
+        raise ValueError(
+            f"{root}: the last row of {ep_file.relative_to(root)} is not episode "
+            f"{tail.total_episodes - 1} (info.json and meta/episodes disagree)"
+        )
     tail.episodes = _indices(ep_file)
     tail.episodes_rows_in_file = pf.metadata.num_rows
     tail.data = (int(last["data/chunk_index"]), int(last["data/file_index"]))
     data_file = root / DATA_PATH.format(chunk_index=tail.data[0], file_index=tail.data[1])
     tail.data_frames_in_file = pq.read_metadata(data_file).num_rows
     for key in video_keys:
-        tail.videos[key] = VideoEnd(int(last[f"videos/{key}/chunk_index"]), int(last[f"videos/{key}/file_index"]),
-                                    float(last[f"videos/{key}/to_timestamp"]))
+        tail.videos[key] = VideoEnd(
+            int(last[f"videos/{key}/chunk_index"]),
+            int(last[f"videos/{key}/file_index"]),
+            float(last[f"videos/{key}/to_timestamp"]),
+        )
     return tail

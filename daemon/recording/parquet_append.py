@@ -62,12 +62,12 @@ class _Reader:
         if ttype in (_I16, _I32, _I64):
             return self.zigzag()
         if ttype == _DOUBLE:
-            v = self.data[self.pos:self.pos + 8]
+            v = self.data[self.pos : self.pos + 8]
             self.pos += 8
             return v
         if ttype == _BINARY:
             n = self.varint()
-            v = self.data[self.pos:self.pos + n]
+            v = self.data[self.pos : self.pos + n]
             self.pos += n
             return v
         if ttype in (_LIST, _SET):
@@ -249,7 +249,7 @@ def encode_row_group(table: Any) -> tuple[bytes, bytes]:
     out = buf.getvalue()
     footer_len = struct.unpack("<i", out[-8:-4])[0]
     body_end = len(out) - 8 - footer_len
-    return out[len(MAGIC):body_end], out[body_end:len(out) - 8]
+    return out[len(MAGIC) : body_end], out[body_end : len(out) - 8]
 
 
 def write_new(path: Path, table: Any) -> None:
@@ -281,7 +281,7 @@ def append_row_group(path: Path, table: Any) -> ParquetTail:
     merged.append_row_groups(new_meta)
     out = io.BytesIO()
     merged.write_metadata_file(out)
-    new_tail = out.getvalue()[len(MAGIC):]  # footer | len | PAR1
+    new_tail = out.getvalue()[len(MAGIC) :]  # footer | len | PAR1
     with open(path, "r+b") as fh:
         fh.truncate(saved.data_end)
         fh.seek(saved.data_end)

@@ -19,17 +19,18 @@ import logging
 import multiprocessing as mp
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from daemon.dataset_schema import DEFAULT_FPS
 from daemon.logs import RateLimitedLogger
-from daemon.recording.cameras import Camera, VirtualArmCamera
 from daemon.recording.ring import KIND_DISCARD, KIND_FRAME, KIND_SAVE, KIND_START, TASK_BYTES, Ring
 from daemon.recording.store import DatasetMismatchError, StoreConfig, config_differences
 from daemon.recording.writer import store_config_dict, writer_main
+from drivers.cameras import Camera, VirtualArmCamera
 
 log = logging.getLogger("so101d.recording")
 
@@ -118,9 +119,16 @@ class Recorder:
             raise ValueError(f"camera names must be unique, got {names}")
         self.cameras.sort(key=lambda c: c.name)  # dataset order (dataset_features sorts by name)
         self._virtual = [c for c in self.cameras if isinstance(c, VirtualArmCamera)]
-        self.store_cfg = StoreConfig(root=cfg.root, repo_id=cfg.repo_id, fps=cfg.fps,
-                                     cameras=[(c.name, c.height, c.width) for c in self.cameras],
-                                     vcodec=cfg.vcodec, preset=cfg.preset, crf=cfg.crf, fault=cfg.fault)
+        self.store_cfg = StoreConfig(
+            root=cfg.root,
+            repo_id=cfg.repo_id,
+            fps=cfg.fps,
+            cameras=[(c.name, c.height, c.width) for c in self.cameras],
+            vcodec=cfg.vcodec,
+            preset=cfg.preset,
+            crf=cfg.crf,
+            fault=cfg.fault,
+        )
         self._lock = threading.Lock()
         self._q: collections.deque[tuple] = collections.deque()
         self._wake = threading.Event()
@@ -146,8 +154,14 @@ class Recorder:
         self._waiting_for = ""  # what a deferred open waits for (a sim camera's announced size)
         self._last_saved: dict[str, Any] = {}
         self._last_staged: dict[str, Any] = {}
-        self._counters = {"frames_taken": 0, "frames_without_pixels": 0, "records_lost": 0,
-                          "frames_refused": 0, "episodes_saved": 0, "episodes_discarded": 0}
+        self._counters = {
+            "frames_taken": 0,
+            "frames_without_pixels": 0,
+            "records_lost": 0,
+            "frames_refused": 0,
+            "episodes_saved": 0,
+            "episodes_discarded": 0,
+        }
         self._rl = RateLimitedLogger(log, period_s=5.0, burst=2)
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         # Episode hooks (a simulated follower's reset/start/stop, staleness notes): objects with
@@ -203,15 +217,17 @@ class Recorder:
                 unsized = self._unsized()
                 if not unsized:
                     break
-                self._waiting_for = (f"camera {', '.join(unsized)}: waiting for the simulator to announce "
-                                     "its image size (is the simulator running?)")
+                self._waiting_for = (
+                    f"camera {', '.join(unsized)}: waiting for the simulator to announce "
+                    "its image size (is the simulator running?)"
+                )
                 time.sleep(0.05)
             if not self._running or self._closing.is_set():
                 return
             self._waiting_for = ""
             self.store_cfg.cameras = [(c.name, c.height, c.width) for c in self.cameras]
             self._open_now()
-        except BaseException as exc:  # noqa: BLE001 - a dataset mismatch etc.: the recorder's error, named
+        except BaseException as exc:
             self._fail(f"{type(exc).__name__}: {exc}" if not isinstance(exc, RecordingError) else str(exc))
         finally:
             if self._phase == ERROR:
@@ -221,8 +237,9 @@ class Recorder:
         diffs = config_differences(self.store_cfg)
         if diffs:
             raise DatasetMismatchError(
-                f"dataset {self.store_cfg.root_path} was recorded with another configuration: " + "; ".join(diffs))
-        slots = max(2, int(round(self.cfg.pixel_ring_s * self.cfg.fps))) if self.cameras else 0
+                f"dataset {self.store_cfg.root_path} was recorded with another configuration: " + "; ".join(diffs)
+            )
+        slots = max(2, round(self.cfg.pixel_ring_s * self.cfg.fps)) if self.cameras else 0
         sizes = [(c.name, c.height, c.width) for c in self.cameras]
         self.store_cfg.cameras = sizes
         self._expected_hw = [(h, w) for _, h, w in sizes]
@@ -233,12 +250,24 @@ class Recorder:
         import os
 
         self._proc = ctx.Process(
-            target=writer_main, name="so101d-writer",
-            args=(store_config_dict(self.store_cfg),
-                  {"records_name": spec.records_name, "pixels_name": spec.pixels_name,
-                   "counters_name": spec.counters_name, "n_records": spec.n_records,
-                   "n_pixel_slots": spec.n_pixel_slots, "cameras": [list(c) for c in spec.cameras]},
-                  child, os.getpid(), self.cfg.follower_kind, self.cfg.origin))
+            target=writer_main,
+            name="so101d-writer",
+            args=(
+                store_config_dict(self.store_cfg),
+                {
+                    "records_name": spec.records_name,
+                    "pixels_name": spec.pixels_name,
+                    "counters_name": spec.counters_name,
+                    "n_records": spec.n_records,
+                    "n_pixel_slots": spec.n_pixel_slots,
+                    "cameras": [list(c) for c in spec.cameras],
+                },
+                child,
+                os.getpid(),
+                self.cfg.follower_kind,
+                self.cfg.origin,
+            ),
+        )
         self._proc.start()
         child.close()
         self._running = True
@@ -280,8 +309,7 @@ class Recorder:
         with self._lock:
             if self._phase == RECORDING:
                 self._q.append((KIND_DISCARD, self._seq))
-                log.warning("shutdown: episode %d in progress discarded ([recording] on_shutdown)",
-                            self.episode_number)
+                log.warning("shutdown: episode %d in progress discarded ([recording] on_shutdown)", self.episode_number)
                 discarding = True
             else:
                 discarding = False
@@ -293,11 +321,14 @@ class Recorder:
         deadline = time.monotonic() + timeout_s
         writer_alive = self._proc is not None and self._proc.is_alive()
         if self._pending and writer_alive:
-            log.info("shutdown: waiting up to %.0f s ([recording] stop_timeout_s) for the writer to commit "
-                     "%d saved episode(s)", timeout_s, len(self._pending))
+            log.info(
+                "shutdown: waiting up to %.0f s ([recording] stop_timeout_s) for the writer to commit "
+                "%d saved episode(s)",
+                timeout_s,
+                len(self._pending),
+            )
         feeder = next((t for t in self._threads if t.name == "rec-feeder"), None)
-        while (self._q and feeder is not None and feeder.is_alive() and writer_alive
-               and time.monotonic() < deadline):
+        while self._q and feeder is not None and feeder.is_alive() and writer_alive and time.monotonic() < deadline:
             time.sleep(0.01)
             writer_alive = self._proc.is_alive()
         if self._conn is not None and self._proc is not None and self._proc.is_alive():
@@ -307,8 +338,10 @@ class Recorder:
                 pass
             self._proc.join(max(0.1, deadline - time.monotonic()))
             if self._proc.is_alive():
-                log.error("writer process did not finish within %.0f s ([recording] stop_timeout_s); "
-                          "terminating it", timeout_s)
+                log.error(
+                    "writer process did not finish within %.0f s ([recording] stop_timeout_s); terminating it",
+                    timeout_s,
+                )
                 self._proc.terminate()
                 self._proc.join(5)
         self._running = False
@@ -328,11 +361,18 @@ class Recorder:
                     self._lost.append(f"{p.describe()}: saved but never written")
             self._pending.clear()
         if self._kept_in_staging:
-            log.warning("shutdown: %d episode(s) staged on disk but not committed, kept for the next start: %s",
-                        len(self._kept_in_staging), "; ".join(self._kept_in_staging))
+            log.warning(
+                "shutdown: %d episode(s) staged on disk but not committed, kept for the next start: %s",
+                len(self._kept_in_staging),
+                "; ".join(self._kept_in_staging),
+            )
         if self._lost:
-            log.error("shutdown: %d episode(s) LOST, not in the dataset%s: %s", len(self._lost),
-                      f" (recording had stopped: {self._error})" if failed else "", "; ".join(self._lost))
+            log.error(
+                "shutdown: %d episode(s) LOST, not in the dataset%s: %s",
+                len(self._lost),
+                f" (recording had stopped: {self._error})" if failed else "",
+                "; ".join(self._lost),
+            )
         return list(self._lost)
 
     @property
@@ -367,8 +407,7 @@ class Recorder:
         self._listeners.append(fn)
 
     # -- the loop's hook ---------------------------------------------------------------------------
-    def on_cycle(self, now_monotonic_s: float, state_units: Any, action_units: Any,
-                 teleop_action_units: Any) -> None:
+    def on_cycle(self, now_monotonic_s: float, state_units: Any, action_units: Any, teleop_action_units: Any) -> None:
         """Every control cycle. Never blocks: at most a few vector copies and a deque append."""
         if self._virtual:
             snapshot = np.array(state_units, dtype=np.float64)
@@ -384,13 +423,15 @@ class Recorder:
                 self._next_grid_s = now_monotonic_s
             state = np.array(state_units, dtype=np.float32)
             action = np.array(action_units, dtype=np.float32)
-            teleop = np.array(teleop_action_units if teleop_action_units is not None else action_units,
-                              dtype=np.float32)
+            teleop = np.array(
+                teleop_action_units if teleop_action_units is not None else action_units, dtype=np.float32
+            )
             frames = [self._admit(c, cam.latest_frame()) for c, cam in enumerate(self.cameras)]
             while self._next_grid_s <= now_monotonic_s:
                 k = self._frame_index
-                self._q.append((KIND_FRAME, self._seq, k, k / self.cfg.fps, now_monotonic_s,
-                                state, action, teleop, frames))
+                self._q.append(
+                    (KIND_FRAME, self._seq, k, k / self.cfg.fps, now_monotonic_s, state, action, teleop, frames)
+                )
                 self._frame_index += 1
                 self._next_grid_s = self._t0 + self._frame_index / self.cfg.fps
         self._wake.set()
@@ -409,8 +450,7 @@ class Recorder:
         self._episode_refused[name] = self._episode_refused.get(name, 0) + 1
         self._refused_last[name] = why
         self._counters["frames_refused"] += 1
-        self._rl.error(f"refused-{name}", "camera %s: frame refused (%s); recorded as missing",
-                       name, why)
+        self._rl.error(f"refused-{name}", "camera %s: frame refused (%s); recorded as missing", name, why)
         return None
 
     # -- episode verbs -----------------------------------------------------------------------------
@@ -435,7 +475,7 @@ class Recorder:
             with self._lock:
                 self._starting = False
             raise
-        except Exception as exc:  # noqa: BLE001 - a hook's failure is this verb's error, named
+        except Exception as exc:
             with self._lock:
                 self._starting = False
             raise RecordingError(f"episode not started: {type(exc).__name__}: {exc}") from None
@@ -478,7 +518,7 @@ class Recorder:
         for hook in self._episode_hooks:
             try:
                 v, n = hook.episode_ending(self, saved)
-            except Exception as exc:  # noqa: BLE001 - ending must always work
+            except Exception as exc:
                 log.error("episode hook failed at the end of the episode: %s", exc)
                 notes.append(f"episode hook failed: {exc}")
                 continue
@@ -510,10 +550,18 @@ class Recorder:
                 self._wake.set()
                 raise RecordingError("the episode has no frames yet (is the control loop running?); discarded")
             kind = self.follower_kind_fn() if self.follower_kind_fn is not None else self.cfg.follower_kind
-            refused = [f"camera {n}: {k} frames refused ({self._refused_last.get(n, '')}), recorded as missing"
-                       for n, k in sorted(self._episode_refused.items()) if k]
-            extras = save_extras_bytes({"origin": self._origin, "follower_kind": str(kind),
-                                        "notes": refused + self._notes + hook_notes + list(notes or [])})
+            refused = [
+                f"camera {n}: {k} frames refused ({self._refused_last.get(n, '')}), recorded as missing"
+                for n, k in sorted(self._episode_refused.items())
+                if k
+            ]
+            extras = save_extras_bytes(
+                {
+                    "origin": self._origin,
+                    "follower_kind": str(kind),
+                    "notes": refused + self._notes + hook_notes + list(notes or []),
+                }
+            )
             self._q.append((KIND_SAVE, self._seq, -1 if success is None else int(bool(success)), extras))
             self._pending[self._seq] = PendingSave(self._seq, number, self._task, frames)
             self._phase = IDLE
@@ -582,8 +630,9 @@ class Recorder:
             "saves_pending": len(self._pending),
             "lost_episodes": list(self._lost),
             "waiting_for": self._waiting_for,
-            "frames_refused": {n: {"count": k, "last": self._refused_last.get(n, "")}
-                               for n, k in sorted(self._refused.items()) if k},
+            "frames_refused": {
+                n: {"count": k, "last": self._refused_last.get(n, "")} for n, k in sorted(self._refused.items()) if k
+            },
             "writer_alive": bool(self._proc is not None and self._proc.is_alive()),
             "writer_pid": self.writer_pid,
             "writer_backlog_frames": ring.pixel_backlog() if ring is not None else 0,
@@ -636,7 +685,7 @@ class Recorder:
     def _feeder(self) -> None:
         try:
             self._feed()
-        except BaseException as exc:  # noqa: BLE001 - the recorder's health invariant, never a silent death
+        except BaseException as exc:
             log.exception("recording thread rec-feeder failed")
             self._fail(f"recording thread rec-feeder failed: {type(exc).__name__}: {exc}")
 
@@ -650,8 +699,9 @@ class Recorder:
                 item = self._q.popleft()
                 if ring.records_free() <= 0:
                     self._counters["records_lost"] += 1
-                    self._rl.error("records", "recording: writer %d records behind, record ring full: row LOST",
-                                   ring.pending())
+                    self._rl.error(
+                        "records", "recording: writer %d records behind, record ring full: row LOST", ring.pending()
+                    )
                     continue
                 rec = ring.next_record()
                 kind = item[0]
@@ -664,8 +714,9 @@ class Recorder:
                 elif kind == KIND_SAVE:
                     rec["success"] = item[2]
                     rec["task"] = item[3] if len(item) > 3 else b""
-                if ((self._fault == "feeder_raise" and kind == KIND_FRAME and item[2] == 10)
-                        or (self._fault == "feeder_raise_at_save" and kind == KIND_SAVE)):
+                if (self._fault == "feeder_raise" and kind == KIND_FRAME and item[2] == 10) or (
+                    self._fault == "feeder_raise_at_save" and kind == KIND_SAVE
+                ):
                     raise RuntimeError(f"injected fault (RecorderConfig.fault = {self._fault!r})")
                 ring.publish_record()
 
@@ -684,7 +735,7 @@ class Recorder:
         if self.cameras:
             if ring.pixel_slot_free():
                 slot = ring.claim_pixel_slot()
-                for c, (cam, fr) in enumerate(zip(self.cameras, frames)):
+                for c, (_cam, fr) in enumerate(zip(self.cameras, frames)):
                     if fr is None or frame_refusal(self._expected_hw[c], fr.pixels):
                         continue  # refused at the edge already (on_cycle); never copied
                     np.copyto(ring.image_view(slot, c), fr.pixels)
@@ -693,8 +744,13 @@ class Recorder:
                 ring.publish_pixel_slot()
             else:
                 self._counters["frames_without_pixels"] += 1
-                self._rl.error("pixels", "recording: writer behind (%d frames queued), image ring full: "
-                               "frame %d repeats the previous image and is counted missing", ring.pixel_backlog(), k)
+                self._rl.error(
+                    "pixels",
+                    "recording: writer behind (%d frames queued), image ring full: "
+                    "frame %d repeats the previous image and is counted missing",
+                    ring.pixel_backlog(),
+                    k,
+                )
                 for c, fr in enumerate(frames):
                     if fr is not None:
                         seqs[c] = fr.seq
@@ -706,7 +762,7 @@ class Recorder:
     def _events(self) -> None:
         try:
             self._read_events()
-        except BaseException as exc:  # noqa: BLE001 - the recorder's health invariant
+        except BaseException as exc:
             log.exception("recording thread rec-events failed")
             self._fail(f"recording thread rec-events failed: {type(exc).__name__}: {exc}")
             self._ready.set()
@@ -736,7 +792,7 @@ class Recorder:
             for fn in self._listeners:
                 try:
                     fn(msg)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("recording listener failed")
 
     def _handle_event(self, msg: dict[str, Any]) -> None:
@@ -745,8 +801,9 @@ class Recorder:
             self._committed_total = int(msg.get("total_episodes", 0))
             with self._lock:
                 for i in range(int(msg.get("recovered", 0))):  # staged before a crash, committed first
-                    self._pending[-(i + 1)] = PendingSave(-(i + 1), self._committed_total + i,
-                                                          "(recovered from staging)", 0, staged=True)
+                    self._pending[-(i + 1)] = PendingSave(
+                        -(i + 1), self._committed_total + i, "(recovered from staging)", 0, staged=True
+                    )
             for note in msg.get("repair", []):
                 log.warning("dataset repair: %s", note)
             with self._lock:
@@ -760,21 +817,27 @@ class Recorder:
         elif ev == "staged":
             self._last_staged = {k: msg.get(k) for k in ("episode_seq", "frames", "tag")}
             with self._lock:
-                p = self._pending.get(int(msg.get("episode_seq", -10**9)))
+                p = self._pending.get(int(msg.get("episode_seq", -(10**9))))
                 if p is not None:
                     p.staged = True
             tag = msg.get("tag", {})
             if tag.get("missing_frames") or tag.get("late_frames"):
-                log.warning("episode %s: %d frames, %d late, %d missing, worst camera skew %.1f ms",
-                            msg.get("episode_seq"), tag.get("frames", 0), tag.get("late_frames", 0),
-                            tag.get("missing_frames", 0), tag.get("worst_camera_skew_ms", 0.0))
+                log.warning(
+                    "episode %s: %d frames, %d late, %d missing, worst camera skew %.1f ms",
+                    msg.get("episode_seq"),
+                    tag.get("frames", 0),
+                    tag.get("late_frames", 0),
+                    tag.get("missing_frames", 0),
+                    tag.get("worst_camera_skew_ms", 0.0),
+                )
         elif ev == "saved":
             self._committed_total = int(msg["episode_index"]) + 1
             self._take_pending(msg.get("episode_seq"))
             self._counters["episodes_saved"] += 1
             self._last_saved = {k: msg.get(k) for k in ("episode_index", "frames", "commit_s")}
-            log.info("episode %d saved (%d frames, commit %.2f s)", msg["episode_index"], msg["frames"],
-                     msg["commit_s"])
+            log.info(
+                "episode %d saved (%d frames, commit %.2f s)", msg["episode_index"], msg["frames"], msg["commit_s"]
+            )
         elif ev == "discarded":
             if msg.get("reason") in ("no frames", "lost"):  # a save whose frames never reached the writer
                 p = self._take_pending(msg.get("episode_seq"))
@@ -808,7 +871,7 @@ class Recorder:
 
 def _writer_exit_text(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
-        import signal  # noqa: PLC0415
+        import signal
 
         try:
             name = signal.Signals(-exitcode).name

@@ -53,6 +53,8 @@ def cut_video(src: Path, from_s: float, to_s: float, dst: Path) -> int:
     with av.open(str(src)) as inp:
         ist = inp.streams.video[0]
         tb = ist.time_base
+        if tb is None:  # an MP4 video stream always has one; a file without is not ours
+            raise ValueError(f"{src}: video stream has no time base")
         half_frame = 0.5 / float(ist.average_rate or 30)
         lo, hi = from_s - half_frame, to_s - half_frame
         out = av.open(str(dst), "w", format="mp4")
@@ -71,8 +73,10 @@ def cut_video(src: Path, from_s: float, to_s: float, dst: Path) -> int:
                     break
                 if offset is None:
                     if not pkt.is_keyframe:
-                        raise ValueError(f"{src}: the episode at {from_s:.3f} s does not start on a keyframe; "
-                                         "repacking it would need re-encoding")
+                        raise ValueError(
+                            f"{src}: the episode at {from_s:.3f} s does not start on a keyframe; "
+                            "repacking it would need re-encoding"
+                        )
                     offset = pkt.dts if pkt.dts is not None else pkt.pts
                 pkt.pts -= offset
                 pkt.dts = (pkt.dts - offset) if pkt.dts is not None else pkt.pts
@@ -87,7 +91,7 @@ def cut_video(src: Path, from_s: float, to_s: float, dst: Path) -> int:
 def _raw_video_stats(ep_row: dict[str, Any], key: str) -> dict[str, list] | None:
     """meta/episodes' per-episode image stats back in the writer's form (0..255, per channel)."""
     prefix = f"stats/{key}/"
-    stats = {k[len(prefix):]: v for k, v in ep_row.items() if k.startswith(prefix)}
+    stats = {k[len(prefix) :]: v for k, v in ep_row.items() if k.startswith(prefix)}
     if not stats:
         return None
     out = {}
@@ -111,13 +115,20 @@ def pack(root: Path, repo_id: str = "local/so101d", log=print) -> dict[str, Any]
     if not info_path.exists():
         raise FileNotFoundError(f"{root} is not a LeRobot dataset (no meta/info.json)")
     info = json.loads(info_path.read_text())
-    cameras = [(k[len(IMAGE_KEY_PREFIX):], int(f["shape"][0]), int(f["shape"][1]))
-               for k, f in info["features"].items() if f.get("dtype") == "video"]
-    cfg_kwargs = dict(repo_id=repo_id, fps=int(info["fps"]), cameras=cameras,
-                      robot_type=info.get("robot_type") or "so101_follower",
-                      chunks_size=int(info["chunks_size"]),
-                      data_files_size_in_mb=info["data_files_size_in_mb"],
-                      video_files_size_in_mb=info["video_files_size_in_mb"])
+    cameras = [
+        (k[len(IMAGE_KEY_PREFIX) :], int(f["shape"][0]), int(f["shape"][1]))
+        for k, f in info["features"].items()
+        if f.get("dtype") == "video"
+    ]
+    cfg_kwargs = dict(
+        repo_id=repo_id,
+        fps=int(info["fps"]),
+        cameras=cameras,
+        robot_type=info.get("robot_type") or "so101_follower",
+        chunks_size=int(info["chunks_size"]),
+        data_files_size_in_mb=info["data_files_size_in_mb"],
+        video_files_size_in_mb=info["video_files_size_in_mb"],
+    )
     owner = DatasetStore(StoreConfig(root=str(root), **cfg_kwargs))
     owner.take_ownership()  # a recording daemon on this dataset is refused, and refuses us
     new, old = pack_dirs(root)
@@ -136,8 +147,9 @@ def pack(root: Path, repo_id: str = "local/so101d", log=print) -> dict[str, Any]
             index = int(ep["episode_index"])
             stage = store.staging / f"ep-repack-{index:06d}"
             shutil.rmtree(stage, ignore_errors=True)
-            data_path = root / info["data_path"].format(chunk_index=ep["data/chunk_index"],
-                                                        file_index=ep["data/file_index"])
+            data_path = root / info["data_path"].format(
+                chunk_index=ep["data/chunk_index"], file_index=ep["data/file_index"]
+            )
             if data_cache is None or data_cache[0] != data_path:
                 data_cache = (data_path, pq.read_table(data_path))  # one data file in memory at a time
             table = data_cache[1]
@@ -148,17 +160,27 @@ def pack(root: Path, repo_id: str = "local/so101d", log=print) -> dict[str, Any]
             video_stats = {}
             for name, _, _ in cameras:
                 key = IMAGE_KEY_PREFIX + name
-                src = root / info["video_path"].format(video_key=key, chunk_index=ep[f"videos/{key}/chunk_index"],
-                                                       file_index=ep[f"videos/{key}/file_index"])
-                got = cut_video(src, float(ep[f"videos/{key}/from_timestamp"]),
-                                float(ep[f"videos/{key}/to_timestamp"]), stage / name / "video.mp4")
+                src = root / info["video_path"].format(
+                    video_key=key,
+                    chunk_index=ep[f"videos/{key}/chunk_index"],
+                    file_index=ep[f"videos/{key}/file_index"],
+                )
+                got = cut_video(
+                    src,
+                    float(ep[f"videos/{key}/from_timestamp"]),
+                    float(ep[f"videos/{key}/to_timestamp"]),
+                    stage / name / "video.mp4",
+                )
                 if got != n:
                     raise ValueError(f"episode {index}, {key}: {got} video frames for {n} rows")
                 full = load_episode_stats(root, ep, key)
                 video_stats[name] = full
-            np.savez(stage / "rows.npz", state=np.asarray(rows["observation.state"], np.float32),
-                     action=np.asarray(rows["action"], np.float32),
-                     teleop=np.asarray(rows["teleop.action"], np.float32))
+            np.savez(
+                stage / "rows.npz",
+                state=np.asarray(rows["observation.state"], np.float32),
+                action=np.asarray(rows["action"], np.float32),
+                teleop=np.asarray(rows["teleop.action"], np.float32),
+            )
             timing = root / TIMING_DIR / f"episode_{index:06d}.npz"
             if timing.exists():
                 shutil.copyfile(timing, stage / "timing.npz")
@@ -168,8 +190,10 @@ def pack(root: Path, repo_id: str = "local/so101d", log=print) -> dict[str, Any]
             tag.pop("episode_index", None)
             uid = str(tag.get("source", {}).get("recording_uid") or f"repack-{index:06d}")
             tasks = list(ep["tasks"])
-            write_json_atomic(stage / "episode.json", {"uid": uid, "task": tasks[0], "frames": n, "tag": tag,
-                                                       "video_stats": video_stats})
+            write_json_atomic(
+                stage / "episode.json",
+                {"uid": uid, "task": tasks[0], "frames": n, "tag": tag, "video_stats": video_stats},
+            )
             store.commit(stage)
         store.release_ownership()
         shutil.rmtree(staging_dir(new), ignore_errors=True)
@@ -178,8 +202,12 @@ def pack(root: Path, repo_id: str = "local/so101d", log=print) -> dict[str, Any]
         new.rename(root)
         shutil.rmtree(old)
         files_after = sum(1 for p in root.rglob("*") if p.is_file())
-        return {"episodes": len(episodes), "files_before": files_before, "files_after": files_after,
-                "seconds": round(time.monotonic() - t0, 1)}
+        return {
+            "episodes": len(episodes),
+            "files_before": files_before,
+            "files_after": files_after,
+            "seconds": round(time.monotonic() - t0, 1),
+        }
     finally:
         owner.release_ownership()
 
@@ -189,8 +217,13 @@ def load_episode_stats(root: Path, ep: dict[str, Any], key: str) -> dict[str, li
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    path = root / "meta" / "episodes" / f"chunk-{int(ep['meta/episodes/chunk_index']):03d}" / \
-        f"file-{int(ep['meta/episodes/file_index']):03d}.parquet"
+    path = (
+        root
+        / "meta"
+        / "episodes"
+        / f"chunk-{int(ep['meta/episodes/chunk_index']):03d}"
+        / f"file-{int(ep['meta/episodes/file_index']):03d}.parquet"
+    )
     cols = [c for c in pq.read_schema(path).names if c.startswith(f"stats/{key}/")] + ["episode_index"]
     t = pq.read_table(path, columns=cols)
     row = t.filter(pc.equal(t["episode_index"], int(ep["episode_index"]))).to_pylist()

@@ -78,14 +78,17 @@ class Ring:
             self._shm_pix = shared_memory.SharedMemory(create=True, size=pix_bytes)
             self._shm_cnt = shared_memory.SharedMemory(create=True, size=8 * N_COUNTERS)
             spec.records_name, spec.pixels_name, spec.counters_name = (
-                self._shm_rec.name, self._shm_pix.name, self._shm_cnt.name)
+                self._shm_rec.name,
+                self._shm_pix.name,
+                self._shm_cnt.name,
+            )
         else:
             self._shm_rec = shared_memory.SharedMemory(name=spec.records_name)
             self._shm_pix = shared_memory.SharedMemory(name=spec.pixels_name)
             self._shm_cnt = shared_memory.SharedMemory(name=spec.counters_name)
-        self.records = np.ndarray((spec.n_records,), dtype=RECORD_DTYPE, buffer=self._shm_rec.buf)
-        self.counters = np.ndarray((N_COUNTERS,), dtype=np.int64, buffer=self._shm_cnt.buf)
-        self._pix = np.ndarray((pix_bytes,), dtype=np.uint8, buffer=self._shm_pix.buf)
+        self.records: np.ndarray = np.ndarray((spec.n_records,), dtype=RECORD_DTYPE, buffer=self._shm_rec.buf)
+        self.counters: np.ndarray = np.ndarray((N_COUNTERS,), dtype=np.int64, buffer=self._shm_cnt.buf)
+        self._pix: np.ndarray = np.ndarray((pix_bytes,), dtype=np.uint8, buffer=self._shm_pix.buf)
         if create:
             self.counters[:] = 0
         # per camera: view into each slot
@@ -96,20 +99,20 @@ class Ring:
             off += h * w * 3
 
     @classmethod
-    def create(cls, cameras: list[tuple[str, int, int]], n_records: int, n_pixel_slots: int) -> "Ring":
+    def create(cls, cameras: list[tuple[str, int, int]], n_records: int, n_pixel_slots: int) -> Ring:
         if len(cameras) > MAX_CAMERAS:
             raise ValueError(f"at most {MAX_CAMERAS} cameras can be recorded, got {len(cameras)}")
         spec = RingSpec("", "", "", int(n_records), int(n_pixel_slots), list(cameras))
         return cls(spec, create=True)
 
     @classmethod
-    def attach(cls, spec: RingSpec) -> "Ring":
+    def attach(cls, spec: RingSpec) -> Ring:
         return cls(spec, create=False)
 
     def image_view(self, slot: int, cam: int) -> np.ndarray:
         _, h, w = self.spec.cameras[cam]
         start = slot * self.spec.slot_bytes + self._offsets[cam]
-        return self._pix[start:start + h * w * 3].reshape(h, w, 3)
+        return self._pix[start : start + h * w * 3].reshape(h, w, 3)
 
     # producer side ----------------------------------------------------------------------------
     def records_free(self) -> int:
@@ -127,7 +130,7 @@ class Ring:
     def next_record(self) -> np.ndarray:
         """The record to fill (a 1-element view); call ``publish_record`` once it is complete."""
         i = int(self.counters[0] % self.spec.n_records)
-        return self.records[i:i + 1]
+        return self.records[i : i + 1]
 
     def publish_record(self) -> None:
         self.counters[0] += 1
@@ -138,7 +141,7 @@ class Ring:
 
     def record_at_tail(self) -> np.ndarray:
         i = int(self.counters[1] % self.spec.n_records)
-        return self.records[i:i + 1]
+        return self.records[i : i + 1]
 
     def release_record(self, had_pixels: bool) -> None:
         if had_pixels:

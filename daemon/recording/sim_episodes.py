@@ -59,7 +59,7 @@ class SimEpisodeHook:
         notes: list[str] = []
         try:
             self.follower.stop_episode()
-        except Exception as exc:  # noqa: BLE001 - a gone sim must not block saving what we have
+        except Exception as exc:
             notes.append(f"sim episode stop not sent: {exc}")
         verdict: bool | None = None
         for ev in self.follower.events():
@@ -79,14 +79,15 @@ class SimEpisodeHook:
     def _fresh(self) -> bool:
         try:
             return bool(self.follower.stats().get("connected"))
-        except Exception:  # noqa: BLE001
+        except Exception:
             return False
 
     def _start_watch(self, recorder: Any) -> None:
         self._stop_watch()
         self._watch_stop = threading.Event()
-        self._watcher = threading.Thread(target=self._watch, args=(recorder, self._watch_stop),
-                                         name="sim-episode-watch", daemon=True)
+        self._watcher = threading.Thread(
+            target=self._watch, args=(recorder, self._watch_stop), name="sim-episode-watch", daemon=True
+        )
         self._watcher.start()
 
     def _stop_watch(self) -> None:

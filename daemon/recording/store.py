@@ -86,7 +86,6 @@ from daemon.dataset_schema import (
     feature_differences,
     read_episode_tags,
 )
-
 from daemon.recording.fmp4 import append as fmp4_append
 from daemon.recording.fmp4 import fragment_episode, read_moov_key
 from daemon.recording.fmp4 import truncate as fmp4_truncate
@@ -246,7 +245,8 @@ class DatasetStore:
             os.close(fd)
             raise DatasetBusyError(
                 f"dataset {self.root} is in use by another so101d process (pid {holder}): "
-                "stop its recording first, or write to another dataset") from None
+                "stop its recording first, or write to another dataset"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._owner_fd = fd
@@ -260,8 +260,7 @@ class DatasetStore:
     def check_compatible(self) -> None:
         diffs = config_differences(self.cfg)
         if diffs:
-            raise DatasetMismatchError(
-                f"dataset {self.root} does not match the configuration: " + "; ".join(diffs))
+            raise DatasetMismatchError(f"dataset {self.root} does not match the configuration: " + "; ".join(diffs))
 
     def total_episodes(self) -> int:
         info_path = self.root / "meta" / "info.json"
@@ -385,7 +384,7 @@ class DatasetStore:
         state.info["splits"] = {"train": f"0:{state.tail.total_episodes}"}
         write_json_atomic(self.root / "meta" / "info.json", state.info, sync_dir=False)
         state.tail.info_stamp = info_stamp(self.root)
-        for stage, meta, episode_index in zip(stages, metas, indices):
+        for meta, episode_index in zip(metas, indices):
             tag_data = dict(meta["tag"])
             tag_data["episode_index"] = episode_index
             tag_data.setdefault("source", {})["recording_uid"] = meta["uid"]
@@ -397,20 +396,28 @@ class DatasetStore:
         commit_s = round(time.monotonic() - t0, 3)
         for stage in stages:
             shutil.rmtree(stage, ignore_errors=True)
-        return [{"episode_index": i, "frames": int(m["frames"]), "commit_s": commit_s, "uid": m["uid"]}
-                for i, m in zip(indices, metas)]
+        return [
+            {"episode_index": i, "frames": int(m["frames"]), "commit_s": commit_s, "uid": m["uid"]}
+            for i, m in zip(indices, metas)
+        ]
 
     def _create(self) -> None:
         """A new dataset: LeRobot's own info.json (no episodes yet), with our size targets."""
         from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
 
         LeRobotDatasetMetadata.create(
-            self.cfg.repo_id, fps=self.cfg.fps, features=self.cfg.features(), robot_type=self.cfg.robot_type,
-            root=self.root, use_videos=True, chunks_size=self.cfg.chunks_size,
+            self.cfg.repo_id,
+            fps=self.cfg.fps,
+            features=self.cfg.features(),
+            robot_type=self.cfg.robot_type,
+            root=self.root,
+            use_videos=True,
+            chunks_size=self.cfg.chunks_size,
             data_files_size_in_mb=self.cfg.data_files_size_in_mb,
-            video_files_size_in_mb=self.cfg.video_files_size_in_mb)
+            video_files_size_in_mb=self.cfg.video_files_size_in_mb,
+        )
 
-    def _load_state(self) -> "_State":
+    def _load_state(self) -> _State:
         """The cached end of the dataset, re-read (O(1)) if info.json changed behind our back."""
         if self._state is not None and self._state.tail.info_stamp == info_stamp(self.root):
             return self._state
@@ -430,17 +437,22 @@ class DatasetStore:
 
             df = pd.read_parquet(tasks_path)
             tasks = {str(t): int(i) for t, i in zip(df.index, df["task_index"])}
-        self._state = _State(info=info, tail=tail, stats=stats, tasks=tasks,
-                             caps=Caps.from_info(info), hf_features=get_hf_features_from_features(features),
-                             features=features)
+        self._state = _State(
+            info=info,
+            tail=tail,
+            stats=stats,
+            tasks=tasks,
+            caps=Caps.from_info(info),
+            hf_features=get_hf_features_from_features(features),
+            features=features,
+        )
         return self._state
 
-    def _append(self, state: "_State", journal: "_Journal", stage: Path, meta: dict[str, Any]) -> int:
+    def _append(self, state: _State, journal: _Journal, stage: Path, meta: dict[str, Any]) -> int:
         """Append one staged episode's rows, videos, stats and metadata row to the packed files.
 
         First everything is computed and every file it will touch is decided and journaled (one
         journal write per episode), then the files are written."""
-        import numpy as np
         from lerobot.utils.utils import flatten_dict
 
         tail, caps = state.tail, state.caps
@@ -469,15 +481,19 @@ class DatasetStore:
         data_frames = tail.data_frames_in_file
         if data_target is not None:
             path = self.root / DATA_PATH.format(chunk_index=data_target[0], file_index=data_target[1])
-            if (data_needs_new_file(path.stat().st_size, data_frames, n, caps.data_files_size_in_mb)
-                    or not _same_schema(path, table, state)):
+            if data_needs_new_file(path.stat().st_size, data_frames, n, caps.data_files_size_in_mb) or not _same_schema(
+                path, table, state
+            ):
                 data_target, data_frames = next_file(*data_target, caps.chunks_size), 0
         else:
             data_target = (0, 0)
         data_path = self.root / DATA_PATH.format(chunk_index=data_target[0], file_index=data_target[1])
-        ep_meta: dict[str, Any] = {"data/chunk_index": data_target[0], "data/file_index": data_target[1],
-                                   "dataset_from_index": tail.total_frames,
-                                   "dataset_to_index": tail.total_frames + n}
+        ep_meta: dict[str, Any] = {
+            "data/chunk_index": data_target[0],
+            "data/file_index": data_target[1],
+            "dataset_from_index": tail.total_frames,
+            "dataset_to_index": tail.total_frames + n,
+        }
 
         # where each camera's video goes (dataset_writer._save_episode_video)
         video_plans = []
@@ -488,9 +504,10 @@ class DatasetStore:
             ep_meta.update(plan.episode_meta(key))
             stats = meta["video_stats"].get(name)
             if stats:  # dataset_writer.save_episode: per channel, scaled to [0, 1]
-                ep_stats[key] = {k: np.asarray(v) if k == "count"
-                                 else np.squeeze(np.asarray(v).reshape(1, -1, 1, 1) / 255.0, axis=0)
-                                 for k, v in stats.items()}
+                ep_stats[key] = {
+                    k: np.asarray(v) if k == "count" else np.squeeze(np.asarray(v).reshape(1, -1, 1, 1) / 255.0, axis=0)
+                    for k, v in stats.items()
+                }
 
         # the meta/episodes row and its file (dataset_metadata._save_episode_metadata)
         row: dict[str, Any] = {"episode_index": episode_index, "tasks": [task], "length": n}
@@ -502,10 +519,11 @@ class DatasetStore:
             path = self.root / EPISODES_PATH.format(chunk_index=ep_target[0], file_index=ep_target[1])
             previous = state.current_episodes_table(self.root, ep_target)
             row["meta/episodes/chunk_index"], row["meta/episodes/file_index"] = ep_target
-            if (tail.episodes_rows_in_file >= EPISODES_ROWS_PER_FILE
-                    or episodes_needs_new_file(path.stat().st_size, tail.episodes_rows_in_file,
-                                               caps.data_files_size_in_mb)
-                    or _cast_like(_episodes_table([row]), previous) is None):  # another writer's columns
+            if (
+                tail.episodes_rows_in_file >= EPISODES_ROWS_PER_FILE
+                or episodes_needs_new_file(path.stat().st_size, tail.episodes_rows_in_file, caps.data_files_size_in_mb)
+                or _cast_like(_episodes_table([row]), previous) is None
+            ):  # another writer's columns
                 ep_target, previous = next_file(*ep_target, caps.chunks_size), None
         else:
             ep_target = (0, 0)
@@ -567,26 +585,46 @@ class DatasetStore:
         self._fault_point(episode_index)
         return episode_index
 
-    def _plan_video(self, state: "_State", key: str, src: Path) -> "_VideoPlan":
+    def _plan_video(self, state: _State, key: str, src: Path) -> _VideoPlan:
         """Which packed file the episode's video goes into, and at which time."""
         tail, caps = state.tail, state.caps
         frag = fragment_episode(src)
         end = tail.videos.get(key)
         if end is None:
-            return _VideoPlan(key, frag, self.root / VIDEO_PATH.format(video_key=key, chunk_index=0, file_index=0),
-                              0, 0, 0, False, self.cfg.fps)
+            return _VideoPlan(
+                key,
+                frag,
+                self.root / VIDEO_PATH.format(video_key=key, chunk_index=0, file_index=0),
+                0,
+                0,
+                0,
+                False,
+                self.cfg.fps,
+            )
         path = self.root / VIDEO_PATH.format(video_key=key, chunk_index=end.chunk_index, file_index=end.file_index)
         if end.appendable is None:
             end.appendable = read_moov_key(path) == frag.moov_key
-        if (end.appendable and frag.moov_key == state.moov_keys.get(key, frag.moov_key)
-                and not video_needs_new_file(path.stat().st_size, len(frag.fragments), caps.video_files_size_in_mb)):
-            return _VideoPlan(key, frag, path, end.chunk_index, end.file_index,
-                              round(end.end_s * frag.timescale), True, self.cfg.fps)
+        if (
+            end.appendable
+            and frag.moov_key == state.moov_keys.get(key, frag.moov_key)
+            and not video_needs_new_file(path.stat().st_size, len(frag.fragments), caps.video_files_size_in_mb)
+        ):
+            return _VideoPlan(
+                key, frag, path, end.chunk_index, end.file_index, round(end.end_s * frag.timescale), True, self.cfg.fps
+            )
         chunk, file = next_file(end.chunk_index, end.file_index, caps.chunks_size)
-        return _VideoPlan(key, frag, self.root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file),
-                          chunk, file, 0, False, self.cfg.fps)
+        return _VideoPlan(
+            key,
+            frag,
+            self.root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file),
+            chunk,
+            file,
+            0,
+            False,
+            self.cfg.fps,
+        )
 
-    def _video_info(self, state: "_State") -> None:
+    def _video_info(self, state: _State) -> None:
         """info.json's per-camera video info, probed from the first file (as LeRobot does)."""
         from lerobot.configs.video import RGBEncoderConfig
         from lerobot.datasets.video_utils import get_video_info
@@ -612,8 +650,12 @@ class DatasetStore:
     def _fault_point_rollover(self, new_file: Path | None) -> None:
         """Test hook "kill_in_rollover": SIGKILL right after a commit started a new packed file
         (of an existing dataset), before the commit point."""
-        if self.cfg.fault == "kill_in_rollover" and new_file is not None and self._state is not None \
-                and self._state.tail.total_episodes > 0:
+        if (
+            self.cfg.fault == "kill_in_rollover"
+            and new_file is not None
+            and self._state is not None
+            and self._state.tail.total_episodes > 0
+        ):
             os.kill(os.getpid(), 9)
 
     def rollback_if_torn(self) -> str | None:
@@ -661,8 +703,11 @@ class _Journal:
         then rollback removes the whole folder). ``renames``: the folder's entries change (a new
         file, a rename), so it is synced before the commit point; an append in place does not."""
         if not renames:
-            return None if self.data["created"] or str(path.relative_to(self.root)) in self.data["files"] \
+            return (
+                None
+                if self.data["created"] or str(path.relative_to(self.root)) in self.data["files"]
                 else str(path.relative_to(self.root))
+            )
         self.dirs.add(path.parent)
         d = path.parent
         while not d.exists():  # folders about to be made: their parents' entries change too
@@ -703,8 +748,12 @@ class _Journal:
         dst = self.dir / (rel.replace("/", "__") + ".tail")
         dst.write_bytes(saved.tail)
         self._pending_fsync.append(dst)
-        self.data["files"][rel] = {"kind": "parquet", "length": saved.length, "data_end": saved.data_end,
-                                   "tail": dst.name}
+        self.data["files"][rel] = {
+            "kind": "parquet",
+            "length": saved.length,
+            "data_end": saved.data_end,
+            "tail": dst.name,
+        }
 
     def flush(self) -> None:
         """Make the entries durable: saved footers, the journal folder's links, the journal."""
@@ -753,7 +802,7 @@ def _rollback_v2(root: Path, marker: Path, data: dict[str, Any]) -> str:
                 undone += 1
         elif kind == "parquet":
             tail = (jdir / entry["tail"]).read_bytes()
-            if path.exists() and path.stat().st_size != entry["length"] or _tail_differs(path, tail):
+            if (path.exists() and path.stat().st_size != entry["length"]) or _tail_differs(path, tail):
                 restore_parquet_tail(path, ParquetTail(int(entry["length"]), int(entry["data_end"]), tail))
                 undone += 1
     tags_path = root / EPISODE_TAGS_FILE
@@ -809,8 +858,12 @@ class _VideoPlan:
         return (self.start_ticks + self.frag.duration_ticks) / self.frag.timescale
 
     def episode_meta(self, key: str) -> dict[str, Any]:
-        return {f"videos/{key}/chunk_index": self.chunk_index, f"videos/{key}/file_index": self.file_index,
-                f"videos/{key}/from_timestamp": self.from_s, f"videos/{key}/to_timestamp": self.to_s}
+        return {
+            f"videos/{key}/chunk_index": self.chunk_index,
+            f"videos/{key}/file_index": self.file_index,
+            f"videos/{key}/from_timestamp": self.from_s,
+            f"videos/{key}/to_timestamp": self.to_s,
+        }
 
     def write(self) -> None:
         if self.append:
@@ -843,7 +896,8 @@ class _State:
             import pyarrow.parquet as pq
 
             self.episodes_table = pq.read_table(
-                root / EPISODES_PATH.format(chunk_index=target[0], file_index=target[1]))
+                root / EPISODES_PATH.format(chunk_index=target[0], file_index=target[1])
+            )
         return self.episodes_table
 
 
@@ -890,8 +944,9 @@ def _data_table(buf: dict[str, Any], hf_features: Any) -> Any:
     for fld in schema:
         v = buf[fld.name]
         if getattr(v, "ndim", 1) == 2:
-            cols.append(pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1), type=fld.type.value_type),
-                                                          v.shape[1]))
+            cols.append(
+                pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1), type=fld.type.value_type), v.shape[1])
+            )
         else:
             cols.append(pa.array(v, type=fld.type))
     return pa.Table.from_arrays(cols, schema=schema)
@@ -899,7 +954,6 @@ def _data_table(buf: dict[str, Any], hf_features: Any) -> Any:
 
 def _episodes_table(rows: list[dict[str, Any]]) -> Any:
     """meta/episodes rows as LeRobot's _flush_metadata_buffer encodes them (pa.Table.from_pydict)."""
-    import numpy as np
     import pyarrow as pa
 
     columns: dict[str, list[Any]] = {k: [] for k in rows[0]}
@@ -915,7 +969,7 @@ def _cast_like(table: Any, like: Any) -> Any:
         return None
     try:
         return table.cast(like.schema)
-    except Exception:  # noqa: BLE001 - pyarrow raises several kinds for an impossible cast
+    except Exception:
         return None
 
 
@@ -926,13 +980,13 @@ def _write_beside_and_swap(path: Path, table: Any) -> None:
     os.replace(tmp, path)  # its folder is synced before the commit point
 
 
-def _same_schema(path: Path, table: Any, state: "_State") -> bool:
+def _same_schema(path: Path, table: Any, state: _State) -> bool:
     """May the rows be appended to ``path``? (its schema read once per file and process)"""
     import pyarrow.parquet as pq
 
     if state.data_schema_ok.get(path) is None:
         try:
             state.data_schema_ok = {path: pq.read_schema(path).equals(table.schema)}
-        except Exception:  # noqa: BLE001 - unreadable: never extend it
+        except Exception:
             state.data_schema_ok = {path: False}
     return state.data_schema_ok[path]

@@ -85,7 +85,8 @@ class CameraEncoder(threading.Thread):
         from lerobot.datasets.compute_stats import RunningQuantileStats, auto_downsample_height_width
 
         enc = RGBEncoderConfig(vcodec=self.cfg.vcodec, preset=self.cfg.preset, crf=self.cfg.crf, g=self.cfg.gop)
-        container = stream = None
+        container: Any = None
+        stream: Any = None
         tracker = RunningQuantileStats()
         try:
             while True:
@@ -95,8 +96,9 @@ class CameraEncoder(threading.Thread):
                 if container is None:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
                     container = av.open(str(self.path), "w")
-                    stream = container.add_stream(enc.vcodec, self.fps,
-                                                  options=enc.get_codec_options(self.cfg.encoder_threads, as_strings=True))
+                    stream = container.add_stream(
+                        enc.vcodec, self.fps, options=enc.get_codec_options(self.cfg.encoder_threads, as_strings=True)
+                    )
                     stream.pix_fmt = enc.pix_fmt
                     stream.height, stream.width = img.shape[:2]
                     stream.time_base = Fraction(1, self.fps)
@@ -117,12 +119,12 @@ class CameraEncoder(threading.Thread):
                 container.close()
             if self.sampled >= 2:
                 self.stats = {k: np.asarray(v).tolist() for k, v in tracker.get_statistics().items()}
-        except BaseException as exc:  # noqa: BLE001 - surfaced through feed()/finish()
+        except BaseException as exc:
             self.error = exc
             if container is not None:
                 try:
                     container.close()
-                except Exception:  # noqa: BLE001
+                except Exception:
                     pass
 
     def finish(self) -> None:
@@ -184,12 +186,13 @@ class EpisodeBuild:
                 img = ring.image_view(slot, c).copy()
                 self.last_img[c] = img
             else:
-                img = self.last_img[c]
                 missing = True
-                if img is None:
+                previous = self.last_img[c]
+                if previous is None:
                     _, h, w = ring.spec.cameras[c]
-                    img = np.zeros((h, w, 3), dtype=np.uint8)
-                    self.last_img[c] = img
+                    previous = np.zeros((h, w, 3), dtype=np.uint8)
+                    self.last_img[c] = previous
+                img = previous
             if not np.isnan(cap):
                 skew = state_s - cap
                 self.worst_skew_s = max(self.worst_skew_s, abs(skew))
@@ -221,25 +224,39 @@ class EpisodeBuild:
         for e, name in zip(self.encoders, self.cameras):
             if e.frames != n:
                 raise RuntimeError(f"camera {name}: {e.frames} video frames for {n} rows")
-        np.savez(self.dir / "rows.npz",
-                 state=np.asarray(self.rows["state"], np.float32).reshape(n, 6),
-                 action=np.asarray(self.rows["action"], np.float32).reshape(n, 6),
-                 teleop=np.asarray(self.rows["teleop"], np.float32).reshape(n, 6))
-        np.savez(self.dir / "timing.npz",
-                 grid_s=np.asarray(self.grid_s, np.float64),
-                 state_offset_s=np.asarray(self.state_offset_s, np.float64),
-                 camera_offset_s=np.asarray(self.cam_offset_s, np.float64).reshape(n, len(self.cameras)),
-                 camera_names=np.asarray(self.cameras, dtype=str))
+        np.savez(
+            self.dir / "rows.npz",
+            state=np.asarray(self.rows["state"], np.float32).reshape(n, 6),
+            action=np.asarray(self.rows["action"], np.float32).reshape(n, 6),
+            teleop=np.asarray(self.rows["teleop"], np.float32).reshape(n, 6),
+        )
+        np.savez(
+            self.dir / "timing.npz",
+            grid_s=np.asarray(self.grid_s, np.float64),
+            state_offset_s=np.asarray(self.state_offset_s, np.float64),
+            camera_offset_s=np.asarray(self.cam_offset_s, np.float64).reshape(n, len(self.cameras)),
+            camera_names=np.asarray(self.cameras, dtype=str),
+        )
         if self.no_pixels:
             self.notes.append(f"writer fell behind: {self.no_pixels} frames repeat the previous image")
-        tag = {
-            "success": success, "origin": origin, "follower_kind": follower_kind, "frames": n,
-            "late_frames": self.late, "missing_frames": self.missing,
-            "worst_camera_skew_ms": round(self.worst_skew_s * 1000, 3), "notes": self.notes,
+        tag: dict[str, Any] = {
+            "success": success,
+            "origin": origin,
+            "follower_kind": follower_kind,
+            "frames": n,
+            "late_frames": self.late,
+            "missing_frames": self.missing,
+            "worst_camera_skew_ms": round(self.worst_skew_s * 1000, 3),
+            "notes": self.notes,
             "source": {},
         }
-        meta = {"uid": self.uid, "task": self.task, "frames": n, "tag": tag,
-                "video_stats": {name: e.stats for e, name in zip(self.encoders, self.cameras)}}
+        meta = {
+            "uid": self.uid,
+            "task": self.task,
+            "frames": n,
+            "tag": tag,
+            "video_stats": {name: e.stats for e, name in zip(self.encoders, self.cameras)},
+        }
         write_json_atomic(self.dir / "episode.json", meta)
         return meta
 
@@ -249,12 +266,13 @@ class EpisodeBuild:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any, parent_pid: int,
-                follower_kind: str, origin: str) -> None:
+def writer_main(
+    store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any, parent_pid: int, follower_kind: str, origin: str
+) -> None:
     """Entry point of the spawned writer process (arguments are plain data)."""
     # Our log format and level, third-party chatter (libx264 statistics, LeRobot's codec notes,
     # datasets' progress bars) below our INFO: PyAV is imported and quieted here, before encoding.
-    from daemon.logs import setup_logging  # noqa: PLC0415 (only in the spawned process)
+    from daemon.logs import setup_logging
 
     setup_logging(libav=True)
     # Encoding and parquet writing are background work: on a 2-core machine they must yield the
@@ -293,7 +311,7 @@ def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any,
     except DatasetMismatchError as exc:
         send({"event": "fatal", "error": str(exc)})
         return
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         send({"event": "fatal", "error": f"cannot open dataset {cfg.root}: {exc}"})
         return
     # Import the heavy parts now, not inside the first episode's encoders (seconds on 2 cores).
@@ -319,23 +337,37 @@ def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any,
             try:
                 res = store.commit(stage)
                 send({"event": "saved", **res, "episode_seq": seq, "pending": commits.qsize()})
-            except Exception as exc:  # noqa: BLE001 - disk full, I/O errors: stop recording, keep data
+            except Exception as exc:
                 note = None
                 try:
                     note = store.rollback_if_torn()
-                except Exception as exc2:  # noqa: BLE001
+                except Exception as exc2:
                     note = f"rollback failed too: {exc2}"
                 state["failed"] = True
                 log.error("commit of %s failed: %s (%s)", stage.name, exc, note)
-                send({"event": "error", "error": f"saving the episode failed: {exc}",
-                      "detail": note, "staged": str(stage), "episode_seq": seq, "fatal": True})
+                send(
+                    {
+                        "event": "error",
+                        "error": f"saving the episode failed: {exc}",
+                        "detail": note,
+                        "staged": str(stage),
+                        "episode_seq": seq,
+                        "fatal": True,
+                    }
+                )
 
     for stage in store.staged_episodes():  # saved before a crash, never committed
         commits.put((stage, None))
     committer = threading.Thread(target=commit_worker, name="commit", daemon=True)
     committer.start()
-    send({"event": "ready", "total_episodes": store.total_episodes(), "repair": notes,
-          "recovered": len(store.staged_episodes())})
+    send(
+        {
+            "event": "ready",
+            "total_episodes": store.total_episodes(),
+            "repair": notes,
+            "recovered": len(store.staged_episodes()),
+        }
+    )
 
     current: EpisodeBuild | None = None
     stop_requested = False
@@ -384,26 +416,33 @@ def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any,
                         else:
                             extras = save_extras(bytes(rec["task"][0]))
                             current.notes.extend(str(n) for n in extras.get("notes", []) if n)
-                            meta = current.stage(None if s < 0 else bool(s),
-                                                 str(extras.get("follower_kind") or follower_kind),
-                                                 str(extras.get("origin") or origin))
+                            meta = current.stage(
+                                None if s < 0 else bool(s),
+                                str(extras.get("follower_kind") or follower_kind),
+                                str(extras.get("origin") or origin),
+                            )
                             stage_dir, current = current.dir, None
-                            send({"event": "staged", "episode_seq": seq, "frames": meta["frames"],
-                                  "tag": meta["tag"]})
+                            send({"event": "staged", "episode_seq": seq, "frames": meta["frames"], "tag": meta["tag"]})
                             commits.put((stage_dir, seq))
-                elif kind == KIND_DISCARD:
-                    if current is not None:
-                        current.cancel()
-                        send({"event": "discarded", "episode_seq": current.seq, "reason": "discarded"})
-                        current = None
-            except Exception as exc:  # noqa: BLE001 - e.g. disk full while encoding: this episode is lost
+                elif kind == KIND_DISCARD and current is not None:
+                    current.cancel()
+                    send({"event": "discarded", "episode_seq": current.seq, "reason": "discarded"})
+                    current = None
+            except Exception as exc:
                 log.error("episode failed: %s", exc)
                 if current is not None:
                     current.cancel()
                     current = None
                 disk_full = "No space left" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC
-                send({"event": "error", "error": f"recording the episode failed: {exc}", "fatal": disk_full,
-                      "save_lost": kind == KIND_SAVE, "episode_seq": int(rec["episode_seq"][0])})
+                send(
+                    {
+                        "event": "error",
+                        "error": f"recording the episode failed: {exc}",
+                        "fatal": disk_full,
+                        "save_lost": kind == KIND_SAVE,
+                        "episode_seq": int(rec["episode_seq"][0]),
+                    }
+                )
             ring.release_record(had_pixels)
     finally:
         if current is not None:
@@ -420,7 +459,7 @@ def writer_main(store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any,
 
 def save_extras(raw: bytes) -> dict[str, Any]:
     """The SAVE record's tag extras (origin, follower_kind, notes); {} when absent or unreadable."""
-    import json  # noqa: PLC0415
+    import json
 
     raw = raw.rstrip(b"\0")
     if not raw:

@@ -69,7 +69,14 @@ _PHYSICS: dict[str, ServoPhysics] = {
     "leader": ServoPhysics(max_speed_tps=4500.0, supply_v=5.0),
 }
 # Gravity pulls the lift and elbow one way: the hold load's sign per joint (cosmetic realism).
-_GRAVITY_SIGN = {"shoulder_pan": 1.0, "shoulder_lift": -1.0, "elbow_flex": 1.0, "wrist_flex": -1.0, "wrist_roll": 1.0, "gripper": 1.0}
+_GRAVITY_SIGN = {
+    "shoulder_pan": 1.0,
+    "shoulder_lift": -1.0,
+    "elbow_flex": 1.0,
+    "wrist_flex": -1.0,
+    "wrist_roll": 1.0,
+    "gripper": 1.0,
+}
 
 
 def reference_calibration(role: Role, gripper_reversed: bool = False) -> ArmCalibration:
@@ -349,7 +356,7 @@ class EmulatedArm:
     def refuse_writes(self, joint: str | int, register: str, refuse: bool = True) -> None:
         """Make one servo acknowledge writes to ``register`` without keeping them (a unit whose
         firmware treats it as read-only), or stop doing so."""
-        from drivers.sts3215_table import CONTROL_TABLE  # noqa: PLC0415
+        from drivers.sts3215_table import CONTROL_TABLE
 
         if register not in CONTROL_TABLE:
             raise KeyError(f"unknown register {register!r}")
@@ -420,4 +427,9 @@ class EmulatedArm:
                     "torque_limit": s.reg("Torque_Limit"),
                     "power_cycles": s.power_cycles,
                 }
-            return {"role": self.role, "preset": self.preset, "pose_units": self.pose_units().round(3).tolist(), "servos": servos}
+            return {
+                "role": self.role,
+                "preset": self.preset,
+                "pose_units": self.pose_units().round(3).tolist(),
+                "servos": servos,
+            }

@@ -152,7 +152,7 @@ class BusEmulator:
         self._plugged = False
 
     # --- lifecycle --------------------------------------------------------------------------
-    def __enter__(self) -> "BusEmulator":
+    def __enter__(self) -> BusEmulator:
         self.start()
         return self
 
@@ -172,7 +172,7 @@ class BusEmulator:
         """The /dev/pts/N path the link points at (changes on replug)."""
         return self._slave_name
 
-    def start(self) -> "BusEmulator":
+    def start(self) -> BusEmulator:
         with self._lifecycle:
             if self._plugged:
                 return self
@@ -369,7 +369,7 @@ class BusEmulator:
                 continue
             if self._stop.is_set():
                 return
-            for fd, ev in events:
+            for fd, _ev in events:
                 if fd != master:
                     continue
                 try:
@@ -520,7 +520,11 @@ class BusEmulator:
                 ready = math.ceil(chunk[0][0] / frame) * frame if frame else chunk[-1][0]
                 chunk = [c for c in chunk if c[0] <= ready] or chunk[:1]
                 ready = max(ready, chunk[-1][0])
-            when = (math.ceil(ready / frame) * frame if frame else ready) + self._rng.uniform(0.0, usb.jitter_s) + usb.latency_s
+            when = (
+                (math.ceil(ready / frame) * frame if frame else ready)
+                + self._rng.uniform(0.0, usb.jitter_s)
+                + usb.latency_s
+            )
             if transfers and when < transfers[-1][0]:
                 when = transfers[-1][0]  # transfers arrive in order
             self._usb_last_flush = when
@@ -534,7 +538,10 @@ class BusEmulator:
                     self.stats.max_lateness_s = late
                 if late > 0.0005:
                     self.stats.late_replies += 1
-                if time.perf_counter() - t_rx > STALE_REPLY_S + usb.latency_timer_s + usb.latency_s + usb.jitter_s + 0.005:
+                if (
+                    time.perf_counter() - t_rx
+                    > STALE_REPLY_S + usb.latency_timer_s + usb.latency_s + usb.jitter_s + 0.005
+                ):
                     self.stats.stale_dropped += 1
                     return
             self.stats.usb_transfers += 1

@@ -73,11 +73,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--leader-id", default="emulated_leader", help="calibration id of the leader (file name)")
     parser.add_argument("--follower-id", default="emulated_follower", help="calibration id of the follower")
-    parser.add_argument("--exit-with-parent", type=int, metavar="PID",
-                        help="exit (removing the links) when process PID, the one that started us, is gone")
-    parser.add_argument("--parent-death-signal", action="store_true",
-                        help="with --exit-with-parent: also ask the kernel for SIGTERM when the parent dies "
-                        "(PR_SET_PDEATHSIG; only valid when the parent's starting thread lives as long as it)")
+    parser.add_argument(
+        "--exit-with-parent",
+        type=int,
+        metavar="PID",
+        help="exit (removing the links) when process PID, the one that started us, is gone",
+    )
+    parser.add_argument(
+        "--parent-death-signal",
+        action="store_true",
+        help="with --exit-with-parent: also ask the kernel for SIGTERM when the parent dies "
+        "(PR_SET_PDEATHSIG; only valid when the parent's starting thread lives as long as it)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,7 +92,10 @@ def run(args: argparse.Namespace) -> int:
         print("so101d emulate: give --leader PATH and/or --follower PATH", file=sys.stderr)
         return 2
     if args.baud not in BAUD_RATE_BY_CODE.values():
-        print(f"so101d emulate: unsupported --baud {args.baud}; choose one of {sorted(BAUD_RATE_BY_CODE.values())}", file=sys.stderr)
+        print(
+            f"so101d emulate: unsupported --baud {args.baud}; choose one of {sorted(BAUD_RATE_BY_CODE.values())}",
+            file=sys.stderr,
+        )
         return 2
     try:
         motion = motion_from_spec(args.leader_motion) if args.leader else None
@@ -104,7 +114,14 @@ def run(args: argparse.Namespace) -> int:
         arm = EmulatedArm("leader", args.preset, motion=motion, baudrate=args.baud)
         host.add("leader", args.leader, arm, not args.no_wire_time, rt, realism)
     if args.follower:
-        host.add("follower", args.follower, EmulatedArm("follower", args.preset, baudrate=args.baud), not args.no_wire_time, rt, realism)
+        host.add(
+            "follower",
+            args.follower,
+            EmulatedArm("follower", args.preset, baudrate=args.baud),
+            not args.no_wire_time,
+            rt,
+            realism,
+        )
 
     if args.calibration_out:
         root = Path(args.calibration_out)
@@ -157,7 +174,7 @@ def _watch_parent(parent_pid: int | None, death_signal: bool) -> Callable[[], bo
     if parent_pid is None:
         return lambda: False
     if death_signal and sys.platform.startswith("linux"):
-        import ctypes  # noqa: PLC0415
+        import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:

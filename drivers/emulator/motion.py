@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import itertools
 import json
 import math
 from pathlib import Path
@@ -62,7 +63,7 @@ class KeyframeMotion:
         if len(keyframes) < 1:
             raise MotionError("a trajectory needs at least one sample")
         times = [float(t) for t, _ in keyframes]
-        if any(b <= a for a, b in zip(times, times[1:])):
+        if any(b <= a for a, b in itertools.pairwise(times)):
             raise MotionError("trajectory times must be strictly increasing")
         if not all(math.isfinite(t) for t in times):
             raise MotionError("trajectory times must be finite")

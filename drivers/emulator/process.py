@@ -160,14 +160,16 @@ def _cmd_realism(host: EmulatorHost, req: dict) -> dict:
             usb = req["usb"]
             if usb is not None and usb not in USB_PROFILES:
                 raise EmulatorControlError(f"unknown USB profile {usb!r}; known: {', '.join(USB_PROFILES)} or null")
-            from dataclasses import replace  # noqa: PLC0415
+            from dataclasses import replace
 
             bus.set_realism(replace(bus.realism, usb=None if usb is None else USB_PROFILES[usb]))
     return {"realism": {n: Realism(host.arms[n].realism, host.buses[n].realism).to_json() for n in names}}
 
 
 def _cmd_corrupt(host: EmulatorHost, req: dict) -> dict:
-    host.buses[host._pick(req)].corrupt(float(_need(req, "rate")), str(req.get("mode", "checksum")), int(req.get("next", 0)))
+    host.buses[host._pick(req)].corrupt(
+        float(_need(req, "rate")), str(req.get("mode", "checksum")), int(req.get("next", 0))
+    )
     return {}
 
 
@@ -179,7 +181,9 @@ def _cmd_set_motion(host: EmulatorHost, req: dict) -> dict:
 
 _COMMANDS: dict[str, Callable[[EmulatorHost, dict], dict | None]] = {
     "ping": lambda h, r: {"pid": os.getpid()},
-    "arms": lambda h, r: {"arms": {n: {"link": str(b.link_path), "pty": b.slave_name, "plugged": b.plugged} for n, b in h.buses.items()}},
+    "arms": lambda h, r: {
+        "arms": {n: {"link": str(b.link_path), "pty": b.slave_name, "plugged": b.plugged} for n, b in h.buses.items()}
+    },
     "snapshot": lambda h, r: h.arms[h._pick(r)].snapshot(),
     "stats": lambda h, r: {"stats": h.buses[h._pick(r)].stats_dict()},
     "reference_calibration": lambda h, r: _cal_json(h.arms[h._pick(r)].reference),
@@ -187,11 +191,15 @@ _COMMANDS: dict[str, Callable[[EmulatorHost, dict], dict | None]] = {
     "set_pose": lambda h, r: h.arms[h._pick(r)].set_pose_units(_need(r, "pose_units")),
     "set_joint_ticks": lambda h, r: h.arms[h._pick(r)].set_joint_ticks(_joint(r), float(_need(r, "ticks"))),
     "set_motion": _cmd_set_motion,
-    "block": lambda h, r: h.arms[h._pick(r)].block_joint(_joint(r), None if r.get("at_ticks") is None else float(r["at_ticks"])),
+    "block": lambda h, r: h.arms[h._pick(r)].block_joint(
+        _joint(r), None if r.get("at_ticks") is None else float(r["at_ticks"])
+    ),
     "drop_replies": lambda h, r: h.buses[h._pick(r)].drop_replies(int(_need(r, "n"))),
     "corrupt": _cmd_corrupt,
     "power_cycle": lambda h, r: h.arms[h._pick(r)].power_cycle(),
-    "refuse_writes": lambda h, r: h.arms[h._pick(r)].refuse_writes(_joint(r), str(_need(r, "name")), bool(r.get("refuse", True))),
+    "refuse_writes": lambda h, r: h.arms[h._pick(r)].refuse_writes(
+        _joint(r), str(_need(r, "name")), bool(r.get("refuse", True))
+    ),
     "realism": _cmd_realism,
     "latency": lambda h, r: h.buses[h._pick(r)].set_latency(float(_need(r, "seconds"))),
     "set_online": lambda h, r: h.arms[h._pick(r)].set_online(_joint(r), bool(_need(r, "online"))),
@@ -215,7 +223,7 @@ class ControlServer:
         self._thread: threading.Thread | None = None
         self._closing = False
 
-    def start(self) -> "ControlServer":
+    def start(self) -> ControlServer:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists() or self.path.is_symlink():
             # A stale socket of a dead emulator: refuse to steal a live one.
@@ -358,7 +366,7 @@ class EmulatorProcess:
         self.exit_with_parent = True
         self._client: ControlClient | None = None
 
-    def __enter__(self) -> "EmulatorProcess":
+    def __enter__(self) -> EmulatorProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -368,7 +376,7 @@ class EmulatorProcess:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def start(self, timeout_s: float = 30.0) -> "EmulatorProcess":
+    def start(self, timeout_s: float = 30.0) -> EmulatorProcess:
         self.directory.mkdir(parents=True, exist_ok=True)
         # Output goes to a file, not a pipe nobody drains (a full pipe would stall the emulator).
         self.log_path = self.directory / "emulator.log"
@@ -376,8 +384,9 @@ class EmulatorProcess:
             # Its own session: a Ctrl-C at the terminal reaches the process that owns this handle,
             # which stops its clients first and then the emulator (stop()), instead of the arms
             # vanishing under a daemon that is still shutting down.
-            self.proc = subprocess.Popen(self.args + self._parent_args(), stdout=log_file, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.args + self._parent_args(), stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + timeout_s
         links = [p for p in (self.leader_path, self.follower_path) if p]
         while time.monotonic() < deadline:

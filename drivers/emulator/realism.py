@@ -71,7 +71,13 @@ class UsbProfile:
     latency_timer_s: float = 0.0  # FTDI: a transfer short of a full chunk waits for this timer
 
     def __post_init__(self) -> None:
-        if self.chunk_bytes < 1 or self.frame_s < 0 or self.latency_s < 0 or self.jitter_s < 0 or self.latency_timer_s < 0:
+        if (
+            self.chunk_bytes < 1
+            or self.frame_s < 0
+            or self.latency_s < 0
+            or self.jitter_s < 0
+            or self.latency_timer_s < 0
+        ):
             raise ValueError(f"invalid USB profile {self}")
 
 

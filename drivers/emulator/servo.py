@@ -68,10 +68,7 @@ ADDR_RETURN_DELAY = _A["Return_Delay_Time"]
 ADDR_MAX_ACCELERATION = _A["Maximum_Acceleration"]
 
 # Addresses the host cannot change (firmware, model, the feedback block).
-_READ_ONLY = frozenset(
-    {0, 1, 2, 3, 4}
-    | set(range(_A["Present_Position"], _A["Present_Current"] + 2))
-)
+_READ_ONLY = frozenset({0, 1, 2, 3, 4} | set(range(_A["Present_Position"], _A["Present_Current"] + 2)))
 _FEEDBACK_FIRST = _A["Present_Position"]
 _FEEDBACK_END = _A["Present_Current"] + 2
 
@@ -253,7 +250,7 @@ class EmulatedServo:
 
     def _present_now(self) -> int:
         p = self.present_from_phys(self.phys)
-        r = int(round(p))
+        r = round(p)
         if not self._unwrapped_feedback() and r >= TICKS_PER_TURN:
             r -= TICKS_PER_TURN
         return r
@@ -378,7 +375,11 @@ class EmulatedServo:
                 demand = min(cap_pct, 2.0 * stall_err * max(p_gain, 1) / 32.0)
                 self.load_pct = math.copysign(demand, goal - self.present_from_phys(self.phys))
             else:
-                effort = 4.0 + 10.0 * abs(self.vel_tps) / max(vmax, 1.0) + 4.0 * abs(self.vel_tps - v_prev) / max(max_dv, 1e-9)
+                effort = (
+                    4.0
+                    + 10.0 * abs(self.vel_tps) / max(vmax, 1.0)
+                    + 4.0 * abs(self.vel_tps - v_prev) / max(max_dv, 1e-9)
+                )
                 if abs(self.vel_tps) < 1e-9 and abs(v_prev) < 1e-9:
                     self.load_pct = min(cap_pct, self.physics.hold_load_pct) * self.physics.gravity_sign
                 else:
@@ -433,7 +434,10 @@ class EmulatedServo:
     def _error_bits(self) -> int:
         bits = self.latched_errors | self.forced_errors
         v10 = round(self.voltage_v * 10)
-        if v10 > self.mem[CONTROL_TABLE["Max_Voltage_Limit"][0]] or v10 < self.mem[CONTROL_TABLE["Min_Voltage_Limit"][0]]:
+        if (
+            v10 > self.mem[CONTROL_TABLE["Max_Voltage_Limit"][0]]
+            or v10 < self.mem[CONTROL_TABLE["Min_Voltage_Limit"][0]]
+        ):
             bits |= ERR_VOLTAGE
         if self.temperature_c > self.mem[CONTROL_TABLE["Max_Temperature_Limit"][0]]:
             bits |= ERR_OVERHEAT
@@ -444,9 +448,9 @@ class EmulatedServo:
         if self._unwrapped_feedback():
             present = encode_sign_magnitude(max(-32767, min(32767, present)), 15)
         self._set_reg("Present_Position", present)
-        vel = int(round(self.vel_tps))
+        vel = round(self.vel_tps)
         self._set_reg("Present_Velocity", encode_sign_magnitude(max(-32767, min(32767, vel)), 15))
-        load = int(round(max(-100.0, min(100.0, self.load_pct)) * 10))
+        load = round(max(-100.0, min(100.0, self.load_pct)) * 10)
         self._set_reg("Present_Load", encode_sign_magnitude(load, 10))
         self._set_reg("Present_Voltage", max(0, min(255, round(self.voltage_v * 10))))
         self._set_reg("Present_Temperature", max(0, min(255, round(self.temperature_c))))
@@ -509,7 +513,7 @@ class EmulatedServo:
         self.overload_s = 0.0
         if value == 128:
             # STS "set middle": the present position becomes 2048 (written to Homing_Offset).
-            offset = int(round(self.phys)) % TICKS_PER_TURN - 2048
+            offset = round(self.phys) % TICKS_PER_TURN - 2048
             self._set_reg("Homing_Offset", encode_sign_magnitude(offset, 11))
             return
         was_on = self._torque_on()
@@ -543,7 +547,10 @@ class EmulatedServo:
         self.vel_tps = self.load_pct = 0.0
         self.pending_reg_write = None
         self.online = True  # an external source (the hand on a leader) keeps moving the horn
-        self._set_reg("Goal_Position", encode_sign_magnitude(self._present_now(), 15) if self._unwrapped_feedback() else self._present_now())
+        self._set_reg(
+            "Goal_Position",
+            encode_sign_magnitude(self._present_now(), 15) if self._unwrapped_feedback() else self._present_now(),
+        )
         self.power_cycles += 1
 
     # --- API for tests / motion sources -----------------------------------------------------

@@ -188,7 +188,9 @@ def scan_file(path: Path, step_hz: float | None = None, generated: bool | None =
                 if cam in obs:
                     ds = obs[cam]
                     if ds.ndim != 4 or ds.shape[-1] != 3:
-                        raise HDF5FormatError(f"{info_where}: key 'obs/{cam}' has shape {ds.shape}, expected (N, H, W, 3)")
+                        raise HDF5FormatError(
+                            f"{info_where}: key 'obs/{cam}' has shape {ds.shape}, expected (N, H, W, 3)"
+                        )
                     cameras[cam] = (int(ds.shape[1]), int(ds.shape[2]))
             demos.append(DemoInfo(path, name, n, success, hz, cameras, is_generated))
         return demos
@@ -261,8 +263,12 @@ def open_store(root: Path, cameras: dict[str, tuple[int, int]], fps: int, repo_i
     _offline()
     from daemon.recording.store import DatasetBusyError, DatasetStore, StoreConfig, config_differences
 
-    cfg = StoreConfig(root=str(root), repo_id=repo_id or repo_id_for(root), fps=fps,
-                      cameras=[(name, h, w) for name, (h, w) in sorted(cameras.items())])
+    cfg = StoreConfig(
+        root=str(root),
+        repo_id=repo_id or repo_id_for(root),
+        fps=fps,
+        cameras=[(name, h, w) for name, (h, w) in sorted(cameras.items())],
+    )
     diffs = config_differences(cfg)
     if diffs:
         raise HDF5FormatError(f"dataset {root} does not match the demos' schema:\n  " + "\n  ".join(diffs))
@@ -301,8 +307,12 @@ class Selection:
 
 
 def select_demos(
-    demos: Sequence[DemoInfo], successful_only: bool, skip_frames: int, max_episodes: int | None,
-    min_frames: int = LEISAAC_MIN_FRAMES, keep_unjudged: bool = False,
+    demos: Sequence[DemoInfo],
+    successful_only: bool,
+    skip_frames: int,
+    max_episodes: int | None,
+    min_frames: int = LEISAAC_MIN_FRAMES,
+    keep_unjudged: bool = False,
 ) -> Selection:
     """Which demos are imported, LeIsaac's converter's rules by default, every skip counted.
 
@@ -375,18 +385,34 @@ def _stage_demo(store, d: DemoInfo, rows: np.ndarray, fps: int, task: str, chunk
         state_arr = np.asarray(states, np.float32).reshape(n, NUM_JOINTS)
         action_arr = np.asarray(actions, np.float32).reshape(n, NUM_JOINTS)
         np.savez(stage / "rows.npz", state=state_arr, action=action_arr, teleop=action_arr)
-        np.savez(stage / "timing.npz", grid_s=np.arange(n) / fps,
-                 state_offset_s=(rows - rows[0]) / d.step_hz - np.arange(n) / fps,  # sim time vs grid
-                 camera_offset_s=np.zeros((n, len(cams))), camera_names=np.asarray(cams, dtype=str))
+        np.savez(
+            stage / "timing.npz",
+            grid_s=np.arange(n) / fps,
+            state_offset_s=(rows - rows[0]) / d.step_hz - np.arange(n) / fps,  # sim time vs grid
+            camera_offset_s=np.zeros((n, len(cams))),
+            camera_names=np.asarray(cams, dtype=str),
+        )
         tag = {
-            "success": d.success, "origin": "import", "follower_kind": "sim-leisaac", "frames": n,
-            "late_frames": 0, "missing_frames": 0, "worst_camera_skew_ms": 0.0, "notes": [],
+            "success": d.success,
+            "origin": "import",
+            "follower_kind": "sim-leisaac",
+            "frames": n,
+            "late_frames": 0,
+            "missing_frames": 0,
+            "worst_camera_skew_ms": 0.0,
+            "notes": [],
             "source": {"file": str(d.path), "demo": d.name, "generated": d.generated, "step_hz": d.step_hz},
         }
-        write_json_atomic(stage / "episode.json", {
-            "uid": uid, "task": task, "frames": n, "tag": tag,
-            "video_stats": {cam: encoders[cam].stats for cam in cams},
-        })
+        write_json_atomic(
+            stage / "episode.json",
+            {
+                "uid": uid,
+                "task": task,
+                "frames": n,
+                "tag": tag,
+                "video_stats": {cam: encoders[cam].stats for cam in cams},
+            },
+        )
     except BaseException:
         import shutil
 
@@ -525,8 +551,16 @@ def _quiet_ffmpeg() -> Iterator[None]:
             util.av_log_set_level(c_before)
 
 
-def _write_plan(store, plan: list[DemoInfo], rows_of: list[np.ndarray], summary: ImportSummary, fps: int,
-                task: str, chunk_frames: int, progress: ImportProgress | None) -> None:
+def _write_plan(
+    store,
+    plan: list[DemoInfo],
+    rows_of: list[np.ndarray],
+    summary: ImportSummary,
+    fps: int,
+    task: str,
+    chunk_frames: int,
+    progress: ImportProgress | None,
+) -> None:
     """Stage each demo, committing every ``COMMIT_BATCH`` as one transaction.
 
     Batches keep a 200-demo import from paying LeRobot's per-session cost (re-reading all episode
@@ -625,20 +659,25 @@ def _why_not_a_seed(ep: int, tag, root: Path) -> str | None:
             if g is None:
                 return f"episode {ep}: {src['file']} has no {src['demo']} any more"
             if not full_scene_state(g):
-                return (f"episode {ep}: its source {src['file']} {src['demo']} has no full initial_state "
-                        "(articulations' root pose and joint state, rigid objects' poses)")
+                return (
+                    f"episode {ep}: its source {src['file']} {src['demo']} has no full initial_state "
+                    "(articulations' root pose and joint state, rigid objects' poses)"
+                )
         return None
     if kind in ("feetech", "emulated"):
         what = "on the real arm" if kind == "feetech" else "on the emulated arm"
-        return (f"episode {ep} was recorded {what}: there are no object poses in it. Mimic's annotate step resets "
-                "the scene to each demo's initial_state (every articulation and every object, e.g. PickOrange's "
-                "three oranges and plate) and keeps only demos whose success check passes after replay, so such "
-                "a demo would fail or be dropped silently")
+        return (
+            f"episode {ep} was recorded {what}: there are no object poses in it. Mimic's annotate step resets "
+            "the scene to each demo's initial_state (every articulation and every object, e.g. PickOrange's "
+            "three oranges and plate) and keeps only demos whose success check passes after replay, so such "
+            "a demo would fail or be dropped silently"
+        )
     if kind == "sim-mujoco":
-        return (f"episode {ep} was recorded on the MuJoCo follower: its scene is not LeIsaac's and the dataset "
-                "keeps no object state")
-    return (f"episode {ep} ({kind}) has no scene state in the dataset (LeRobot datasets keep joints and "
-            "images only)")
+        return (
+            f"episode {ep} was recorded on the MuJoCo follower: its scene is not LeIsaac's and the dataset "
+            "keeps no object state"
+        )
+    return f"episode {ep} ({kind}) has no scene state in the dataset (LeRobot datasets keep joints and images only)"
 
 
 def export_hdf5(

@@ -134,8 +134,11 @@ class _ThreadedCamera:
         stalled = self.is_stalled(now)
         if stalled and not self._c.stalled:
             self._c.stall_events += 1
-            log.error("camera %s: no frame for %.1f s: stalled", self.name,
-                      now - (self._c.last_frame_monotonic_s or self._c.started_monotonic_s))
+            log.error(
+                "camera %s: no frame for %.1f s: stalled",
+                self.name,
+                now - (self._c.last_frame_monotonic_s or self._c.started_monotonic_s),
+            )
         elif not stalled and self._c.stalled:
             log.warning("camera %s: delivering frames again", self.name)
         self._c.stalled = stalled
@@ -164,7 +167,7 @@ class _ThreadedCamera:
     def _run(self) -> None:
         try:
             self._open()
-        except Exception as exc:  # noqa: BLE001 - reported through stats, the loop keeps going
+        except Exception as exc:
             self._c.error = f"open failed: {exc}"
             log.error("camera %s: %s", self.name, self._c.error)
             return
@@ -172,7 +175,7 @@ class _ThreadedCamera:
             while not self._stop.is_set():
                 try:
                     pixels = self._grab()
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     pixels = None
                     self._c.error = f"read failed: {exc}"
                 t = time.monotonic()
@@ -184,7 +187,7 @@ class _ThreadedCamera:
         finally:
             try:
                 self._close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
 
@@ -307,7 +310,9 @@ class VirtualArmCamera(_ThreadedCamera):
         for s in (-1.0, 1.0):
             j0 = tip + across * s * opening
             j1 = j0 + along * jaw
-            cv2.line(img, tuple(int(v) for v in j0), tuple(int(v) for v in j1), (30, 30, 30), max(2, h // 80), cv2.LINE_AA)
+            cv2.line(
+                img, tuple(int(v) for v in j0), tuple(int(v) for v in j1), (30, 30, 30), max(2, h // 80), cv2.LINE_AA
+            )
         # roll: a tick around the wrist
         r = np.radians(roll)
         wrist = pts[2]
@@ -328,7 +333,9 @@ class VirtualArmCamera(_ThreadedCamera):
             centre = c + across * s * opening / 2
             p0 = centre - along * 0.3 * h
             p1 = centre + along * 0.3 * h
-            cv2.line(img, tuple(int(v) for v in p0), tuple(int(v) for v in p1), (40, 40, 40), max(4, w // 30), cv2.LINE_AA)
+            cv2.line(
+                img, tuple(int(v) for v in p0), tuple(int(v) for v in p1), (40, 40, 40), max(4, w // 30), cv2.LINE_AA
+            )
         cv2.circle(img, tuple(int(v) for v in c), max(3, h // 40), (200, 60, 60), -1, cv2.LINE_AA)
         return img
 

@@ -1,7 +1,7 @@
 """The daemon's simulated follower: a ``FollowerArm`` whose servos live in a simulator over ZeroMQ.
 
 ``SimFollower`` connects a DEALER to a sim server (MuJoCo here, LeIsaac on a GPU workstation; the
-protocol and the socket choice are documented in ``sim_bridge.protocol``). One I/O thread owns the
+protocol and the socket choice are documented in ``drivers.sim_protocol``). One I/O thread owns the
 socket: it receives state, camera frames and episode events into plain attributes, forwards the
 control loop's commands (handed over through an inproc PUSH/PULL pair, because ZeroMQ sockets must
 not be shared between threads) and sends heartbeats. The control loop therefore never blocks on
@@ -28,9 +28,9 @@ import numpy as np
 import zmq
 
 from calibration.conventions import JOINT_NAMES, sim_unit_limits
-from daemon.recording.cameras import Frame
+from drivers import sim_protocol as P
 from drivers.arm_interface import ArmHealth, BusCounters, HandshakeError, PortGoneError, ServoHealth
-from sim_bridge import protocol as P
+from drivers.cameras import Frame
 
 log = logging.getLogger("so101d.sim.follower")
 
@@ -64,7 +64,7 @@ class SimCamera:
     of another size than announced are the recorder's to refuse (counted), never resized here.
     """
 
-    def __init__(self, follower: "SimFollower", name: str, width: int = 0, height: int = 0, fps: float = 30.0) -> None:
+    def __init__(self, follower: SimFollower, name: str, width: int = 0, height: int = 0, fps: float = 30.0) -> None:
         self._follower = follower
         self.name = name
         self.configured: tuple[int, int] | None = (int(width), int(height)) if width > 0 and height > 0 else None
@@ -98,17 +98,26 @@ class SimCamera:
             self._announced_by = source
             self._check_size()
         elif (width, height) != (self.width, self.height):
-            log.error("sim camera %s: the simulator now announces %dx%d (%s), it announced %dx%d before",
-                      self.name, width, height, source, self.width, self.height)
+            log.error(
+                "sim camera %s: the simulator now announces %dx%d (%s), it announced %dx%d before",
+                self.name,
+                width,
+                height,
+                source,
+                self.width,
+                self.height,
+            )
 
     def _check_size(self) -> None:
         if self.configured is None or self.width == 0:
             return
         if self.configured != (self.width, self.height):
             cw, ch = self.configured
-            self.size_error = (f"camera {self.name}: [cameras.{self.name}] asks for {cw}x{ch} but the simulator "
-                               f"renders {self.width}x{self.height}; remove width/height from [cameras.{self.name}] "
-                               f"(a sim camera takes the simulator's size) or set them to {self.width}x{self.height}")
+            self.size_error = (
+                f"camera {self.name}: [cameras.{self.name}] asks for {cw}x{ch} but the simulator "
+                f"renders {self.width}x{self.height}; remove width/height from [cameras.{self.name}] "
+                f"(a sim camera takes the simulator's size) or set them to {self.width}x{self.height}"
+            )
             log.error("%s", self.size_error)
 
     def _deliver(self, pixels: np.ndarray, sim_seq: int, sim_capture_s: float, now_s: float) -> None:
@@ -154,7 +163,7 @@ class SimCamera:
 
 
 class SimFollower:
-    """``FollowerArm`` (kind "sim") backed by a simulator speaking ``sim_bridge.protocol``."""
+    """``FollowerArm`` (kind "sim") backed by a simulator speaking ``drivers.sim_protocol``."""
 
     kind = "sim"
 
@@ -523,7 +532,9 @@ class SimFollower:
         if msg.type == "state":
             if self._pos_units is not None and now - self._state_rx_s > self.staleness_s and self._ever_connected:
                 self.counters.reconnects += 1
-                log.warning("sim at %s: state flowing again after %.0f ms", self.endpoint, (now - self._state_rx_s) * 1000)
+                log.warning(
+                    "sim at %s: state flowing again after %.0f ms", self.endpoint, (now - self._state_rx_s) * 1000
+                )
                 if self._torque_cmd is not None:  # a restarted sim starts in its default torque mode
                     self._send(dealer, P.encode("torque", enabled=self._torque_cmd))
             self._pos_units = np.asarray(h["pos"], dtype=np.float64)
@@ -547,7 +558,7 @@ class SimFollower:
             cam._deliver(pixels, h["seq"], float(h["capture_s"]), now)
         elif msg.type == "episode":
             if h["event"] == "reset_done":
-                # A sim sends the reset pose before reset_done (sim_bridge.protocol), and this thread
+                # A sim sends the reset pose before reset_done (drivers.sim_protocol), and this thread
                 # stored that pose already: a reader of the count then reads a post-reset pose.
                 self._scene_resets += 1
             with self._event_cv:

@@ -178,9 +178,18 @@ def encode_frame(name: str, seq: int, capture_s: float, pixels: np.ndarray) -> l
     )
 
 
-def encode_jpeg_frame(name: str, seq: int, capture_s: float, jpeg: bytes, shape: tuple[int, int, int]) -> list[bytes | memoryview]:
+def encode_jpeg_frame(
+    name: str, seq: int, capture_s: float, jpeg: bytes, shape: tuple[int, int, int]
+) -> list[bytes | memoryview]:
     return encode(
-        "frame", jpeg, name=name, seq=int(seq), capture_s=float(capture_s), shape=list(shape), dtype="uint8", encoding="jpeg"
+        "frame",
+        jpeg,
+        name=name,
+        seq=int(seq),
+        capture_s=float(capture_s),
+        shape=list(shape),
+        dtype="uint8",
+        encoding="jpeg",
     )
 
 

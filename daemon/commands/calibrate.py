@@ -1,4 +1,4 @@
-"""`so101d calibrate leader|follower`: the interactive calibration, on top of calibration.procedure.
+"""`so101d calibrate leader|follower`: the interactive calibration, on top of daemon.calibration_procedure.
 
 Steps shown to the operator: middle pose (ENTER), gripper fully closed (ENTER), gripper fully open
 (ENTER), then every joint but wrist_roll through its whole range with a live table (ENTER to
@@ -36,9 +36,9 @@ from calibration.calibration_file import (
     load_calibration_file,
 )
 from calibration.conventions import JOINT_NAMES, MAX_TICK
-from calibration.procedure import FULL_TURN_JOINTS, CalibrationRestoreError, CalibrationSession
-from calibration.servo_sync import verify_against_servos
+from daemon.calibration_procedure import FULL_TURN_JOINTS, CalibrationRestoreError, CalibrationSession
 from drivers.arm_interface import ArmError
+from drivers.calibration_io import verify_against_servos
 
 EXIT_OK, EXIT_MISMATCH, EXIT_REJECTED, EXIT_BUS = 0, 1, 2, 3
 SAMPLE_PERIOD_S = 0.02  # LeRobot samples ranges every 20 ms too

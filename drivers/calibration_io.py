@@ -42,7 +42,7 @@ class ServoBus(Protocol):
 class CalibrationMismatchError(CalibrationError):
     """The servos do not hold the calibration a file describes (message names file and motors)."""
 
-    def __init__(self, message: str, mismatches: list["ServoMismatch"]) -> None:
+    def __init__(self, message: str, mismatches: list[ServoMismatch]) -> None:
         super().__init__(message)
         self.mismatches = mismatches
 

@@ -1,4 +1,4 @@
-"""The SO-101 calibration procedure as a step-driven API (the CLI in ``calibration.cli`` sits on top).
+"""The SO-101 calibration procedure as a step-driven API (the CLI in ``daemon.commands.calibrate`` sits on top).
 
 Same result as LeRobot 0.6.1's ``SOFollower.calibrate()`` / ``SOLeader.calibrate()`` (so LeRobot
 connects to an arm we calibrated without asking anything), without its ``input()`` calls:
@@ -49,7 +49,7 @@ from calibration.calibration_file import (
     save_calibration_file,
 )
 from calibration.conventions import GRIPPER_INDEX, JOINT_IDS, JOINT_NAMES
-from calibration.servo_sync import ServoBus, write_servo_calibration
+from drivers.calibration_io import ServoBus, write_servo_calibration
 from drivers.sts3215_table import MAX_TICK, MODEL_NUMBER_STS3215
 
 log = logging.getLogger("calibration")
@@ -390,7 +390,7 @@ class CalibrationSession:
                     self.bus.write("Torque_Enable", sid, want["Torque_Enable"])
                 self.bus.write("Lock", sid, want["Lock"])
                 held = {reg: int(self.bus.read(reg, sid)) for reg in RESTORED_REGISTERS}
-            except Exception as exc:  # noqa: BLE001 - keep restoring the other servos
+            except Exception as exc:
                 problems.append(f"motor '{name}' (id {sid}): {type(exc).__name__}: {exc}")
                 continue
             wrong = [f"{reg} is {held[reg]}, was {want[reg]}" for reg in RESTORED_REGISTERS if held[reg] != want[reg]]
@@ -406,7 +406,7 @@ class CalibrationSession:
         log.info("%s calibration attempt undone: the servos hold their previous registers", self.role)
         return True
 
-    def __enter__(self) -> "CalibrationSession":
+    def __enter__(self) -> CalibrationSession:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -427,8 +427,7 @@ class CalibrationSession:
 
     def _read_registers(self) -> dict[str, dict[str, int]]:
         return {
-            name: {reg: int(self.bus.read(reg, JOINT_IDS[name])) for reg in RESTORED_REGISTERS}
-            for name in JOINT_NAMES
+            name: {reg: int(self.bus.read(reg, JOINT_IDS[name])) for reg in RESTORED_REGISTERS} for name in JOINT_NAMES
         }
 
     @property
