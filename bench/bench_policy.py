@@ -47,6 +47,7 @@ Ratios are printed side by side (measured in one run, interleaved where it matte
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import pickle
 import re
@@ -115,9 +116,10 @@ def bench_ours(ckpt: Path, requests: int, h: int = H, w: int = W) -> dict:
     img = synthetic_frame(state, h, w)
     qcfg = QueueConfig(refill_below=1000, max_obs_age_s=60.0)  # always wants a refill: back to back
     # all cores for the forward pass here, like LeRobot's server (the daemon's default leaves one to the loop)
-    src = PolicySource(PolicyRunnerConfig(str(ckpt), cameras={"front": (h, w)}, queue=qcfg, nice=0,
-                                          torch_threads=os.cpu_count() or 1),
-                       {"front": StillCamera(img)})
+    src = PolicySource(
+        PolicyRunnerConfig(str(ckpt), cameras={"front": (h, w)}, queue=qcfg, nice=0, torch_threads=os.cpu_count() or 1),
+        {"front": StillCamera(img)},
+    )
     src.start()
     if not src.wait_ready(300):
         raise SystemExit(f"policy worker failed: {src.error}")
@@ -135,11 +137,13 @@ def bench_ours(ckpt: Path, requests: int, h: int = H, w: int = W) -> dict:
         src.target(time.monotonic(), state)
         costs.append(time.perf_counter() - t0)
     src.stop()
-    tl = list(src.timeline)[first:first + requests]
-    out = {k: np.array([c[k] for c in tl]) for k in ("handoff", "worker", "forward", "reply", "enqueue", "total",
-                                                     "overhead")}
+    tl = list(src.timeline)[first : first + requests]
+    out = {
+        k: np.array([c[k] for c in tl])
+        for k in ("handoff", "worker", "forward", "reply", "enqueue", "total", "overhead")
+    }
     for k, n0 in sub_start.items():
-        out[k] = np.array(src.stage[k].values()[n0:n0 + requests])
+        out[k] = np.array(src.stage[k].values()[n0 : n0 + requests])
     out["target_cost"] = np.array(costs)
     out["gc_status"] = src.stats()["gc"]
     return out
@@ -162,8 +166,10 @@ def print_ours(ours: dict, what: str) -> None:
     print(row("overhead beyond forward", ours["overhead"], "goal p99 <= 1 ms"))
     print(row("PolicySource.target() per call", ours["target_cost"], "loop-side cost"))
     g = ours["gc_status"]
-    print(f"  daemon process during the run: {g['daemon_collections']} collections ({g['daemon_full_collections']} full), "
-          f"longest {g['daemon_max_pause_ms']:.2f} ms; {g['daemon_frozen_objects']} objects frozen at start")
+    print(
+        f"  daemon process during the run: {g['daemon_collections']} collections ({g['daemon_full_collections']} full), "
+        f"longest {g['daemon_max_pause_ms']:.2f} ms; {g['daemon_frozen_objects']} objects frozen at start"
+    )
 
 
 TAIL_H, TAIL_W = 240, 320
@@ -181,10 +187,11 @@ def bench_gc() -> None:
     imports (torch, LeRobot, the daemon), before and after gc.freeze(), side by side."""
     import gc
 
-    import daemon.recording.attach  # noqa: F401 - what a recording daemon has loaded
-    import daemon.service  # noqa: F401
     import lerobot.datasets.lerobot_dataset  # noqa: F401
     import torch  # noqa: F401
+
+    import daemon.recording.attach
+    import daemon.service  # noqa: F401
 
     gc.unfreeze()
     n = len(gc.get_objects())
@@ -199,9 +206,11 @@ def bench_gc() -> None:
         gc.collect(2)
         after.append(time.perf_counter() - t0)
     print(f"\ngarbage collector, this process ({n} tracked objects after importing torch, LeRobot, the daemon):")
-    print(f"  one full collection: {np.median(before) * 1e3:.1f} ms unfrozen, {np.median(after) * 1e3:.3f} ms after "
-          f"gc.freeze() (median of 3; ratio {np.median(before) / max(np.median(after), 1e-9):.0f}x): it stops every "
-          "thread of the daemon, the control loop's included")
+    print(
+        f"  one full collection: {np.median(before) * 1e3:.1f} ms unfrozen, {np.median(after) * 1e3:.3f} ms after "
+        f"gc.freeze() (median of 3; ratio {np.median(before) / max(np.median(after), 1e-9):.0f}x): it stops every "
+        "thread of the daemon, the control loop's included"
+    )
 
 
 def bench_preprocess(ckpt: Path, rounds: int) -> None:
@@ -240,16 +249,20 @@ def bench_preprocess(ckpt: Path, rounds: int) -> None:
                 times[name].append(time.perf_counter() - t0)
                 cpu[name].append(time.thread_time() - c0)
     torch.set_num_threads(threads)
-    print(f"\npreprocessing one {W}x{H} frame (to float + LeRobot's preprocessor), {rounds} interleaved rounds, "
-          f"{max(1, (os.cpu_count() or 2) - 1)} torch thread(s); results equal: {same}")
+    print(
+        f"\npreprocessing one {W}x{H} frame (to float + LeRobot's preprocessor), {rounds} interleaved rounds, "
+        f"{max(1, (os.cpu_count() or 2) - 1)} torch thread(s); results equal: {same}"
+    )
     print(HEADER)
     print(row("old: permuted float view", times["old"]))
     print(row("new: contiguous CHW copy first", times["new"]))
     print(row("old, CPU time of the thread", cpu["old"]))
     print(row("new, CPU time of the thread", cpu["new"]))
-    print(f"  ratio old / new: p50 {pct(times['old'], 50) / pct(times['new'], 50):.1f}x, "
-          f"p99 {pct(times['old'], 99) / pct(times['new'], 99):.1f}x; CPU time p50 "
-          f"{pct(cpu['old'], 50) / pct(cpu['new'], 50):.1f}x")
+    print(
+        f"  ratio old / new: p50 {pct(times['old'], 50) / pct(times['new'], 50):.1f}x, "
+        f"p99 {pct(times['old'], 99) / pct(times['new'], 99):.1f}x; CPU time p50 "
+        f"{pct(cpu['old'], 50) / pct(cpu['new'], 50):.1f}x"
+    )
 
 
 # -- ours, ZeroMQ serve path (request/response like LeRobot's, for other local programs) ---------------
@@ -258,9 +271,13 @@ def bench_serve(ckpt: Path, requests: int) -> dict:
 
     d = tempfile.mkdtemp(prefix="so101d-serve-")
     endpoint = f"ipc://{d}/policy.ipc"
-    proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "policy", "serve", str(ckpt), "--endpoint", endpoint],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daemon.cli", "policy", "serve", str(ckpt), "--endpoint", endpoint],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
     try:
         line = ""
         for _ in range(50):  # LeRobot prints its own lines while loading
@@ -275,7 +292,7 @@ def bench_serve(ckpt: Path, requests: int) -> dict:
         with PolicyClient(endpoint, timeout_s=60) as client:
             for i in range(requests + 3):
                 t0 = time.perf_counter()
-                actions, timings = client.infer(state, {"front": img})
+                _actions, timings = client.infer(state, {"front": img})
                 dt = time.perf_counter() - t0
                 if i >= 3:
                     lat.append(dt)
@@ -301,9 +318,22 @@ class LeRobotServerProc:
         env = dict(os.environ, HF_HUB_OFFLINE="1")
         logdir = tempfile.mkdtemp(prefix="so101d-lerobot-server-")  # it writes logs/ into its cwd
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lerobot.async_inference.policy_server", "--host=127.0.0.1", f"--port={self.port}",
-             "--fps=30", "--inference_latency=0", "--obs_queue_timeout=5"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=logdir, text=True)
+            [
+                sys.executable,
+                "-m",
+                "lerobot.async_inference.policy_server",
+                "--host=127.0.0.1",
+                f"--port={self.port}",
+                "--fps=30",
+                "--inference_latency=0",
+                "--obs_queue_timeout=5",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=logdir,
+            text=True,
+        )
         self.forwards: list[float] = []
         threading.Thread(target=self._read_log, daemon=True).start()
 
@@ -341,11 +371,26 @@ def bench_ours_remote(ckpt: Path, server: LeRobotServerProc, requests: int) -> d
     state = synthetic_pose(0.3)
     img = synthetic_frame(state, H, W)
     qcfg = QueueConfig(refill_below=1000, max_obs_age_s=60.0)
-    spec = ServerSpec(server=f"127.0.0.1:{server.port}", policy_type="act", checkpoint=str(ckpt),
-                      actions_per_chunk=100, cameras={"front": [H, W]}, call_timeout_s=120.0)
-    src = PolicySource(PolicyRunnerConfig(str(ckpt), cameras={"front": (H, W)}, queue=qcfg, nice=0,
-                                          backend="lerobot-server", server=spec, request_timeout_s=120.0),
-                       {"front": StillCamera(img)})
+    spec = ServerSpec(
+        server=f"127.0.0.1:{server.port}",
+        policy_type="act",
+        checkpoint=str(ckpt),
+        actions_per_chunk=100,
+        cameras={"front": [H, W]},
+        call_timeout_s=120.0,
+    )
+    src = PolicySource(
+        PolicyRunnerConfig(
+            str(ckpt),
+            cameras={"front": (H, W)},
+            queue=qcfg,
+            nice=0,
+            backend="lerobot-server",
+            server=spec,
+            request_timeout_s=120.0,
+        ),
+        {"front": StillCamera(img)},
+    )
     src.start()
     if not src.wait_ready(300) or not src.link.get("connected"):
         src.stop()
@@ -359,11 +404,11 @@ def bench_ours_remote(ckpt: Path, server: LeRobotServerProc, requests: int) -> d
     while len(src.timeline) < first + requests:
         src.wait_result(0.001)
         src.target(time.monotonic(), state)
-    lat = np.array([c["total"] for c in list(src.timeline)[first:first + requests]])  # issued -> usable
-    rt = np.array(src.remote["round_trip"].values()[-len(lat):])
+    lat = np.array([c["total"] for c in list(src.timeline)[first : first + requests]])  # issued -> usable
+    rt = np.array(src.remote["round_trip"].values()[-len(lat) :])
     src.stop()
     time.sleep(0.5)  # the log line of the last request
-    fw = np.array(server.forwards[fwd_start:fwd_start + len(lat)])
+    fw = np.array(server.forwards[fwd_start : fwd_start + len(lat)])
     return {"latency": lat, "round_trip": rt, "forward": fw}
 
 
@@ -410,7 +455,7 @@ def bench_lerobot(ckpt: Path, requests: int, server: LeRobotServerProc | None = 
             if i >= 3:
                 lat.append(dt)
         time.sleep(0.5)
-        fw = np.array(forwards[-len(lat):]) if len(forwards) >= len(lat) else np.array([])
+        fw = np.array(forwards[-len(lat) :]) if len(forwards) >= len(lat) else np.array([])
         return {"latency": np.array(lat), "empty": empty, "forward": fw}
     finally:
         if own:
@@ -432,11 +477,18 @@ def bench_loop(ckpt: Path, seconds: float) -> dict:
         la, fa = EmulatedArm("leader", initial_pose_units=pose), EmulatedArm("follower", initial_pose_units=pose)
         la.set_pose_units(pose)
         lb, fb = BusEmulator(root / "leader", la).start(), BusEmulator(root / "follower", fa).start()
-        cfg = config_from_dict({"socket": {"path": str(root / "c.sock")},
-                                "cameras": {"front": {"kind": "virtual", "width": W, "height": H}},
-                                "policy": {"max_obs_age_s": 5.0}})
-        daemon = Daemon(cfg, FeetechLeader(str(root / "leader"), reference_calibration("leader")),
-                        FeetechFollower(str(root / "follower"), reference_calibration("follower")))
+        cfg = config_from_dict(
+            {
+                "socket": {"path": str(root / "c.sock")},
+                "cameras": {"front": {"kind": "virtual", "width": W, "height": H}},
+                "policy": {"max_obs_age_s": 5.0},
+            }
+        )
+        daemon = Daemon(
+            cfg,
+            FeetechLeader(str(root / "leader"), reference_calibration("leader")),
+            FeetechFollower(str(root / "follower"), reference_calibration("follower")),
+        )
         ctl = attach_policy(daemon, cameras={"front": StillCamera(synthetic_frame(pose, H, W))})
         daemon.start()
         try:
@@ -460,7 +512,9 @@ def bench_loop(ckpt: Path, seconds: float) -> dict:
                     last = st
                     time.sleep(0.25)
                 n = loop.cycles - c0
-                out.setdefault(mode, []).append({"rate_hz": n / seconds, "period": last["period"], "jitter": last["jitter"]})
+                out.setdefault(mode, []).append(
+                    {"rate_hz": n / seconds, "period": last["period"], "jitter": last["jitter"]}
+                )
                 if mode == "policy":
                     ctl.stop()
         finally:
@@ -507,10 +561,17 @@ def bench_refill_round(ckpt: Path, rule: str, seconds: float) -> dict:
         la.set_pose_units(pose)
         fa.set_pose_units(pose)
         lb, fb = BusEmulator(root / "leader", la).start(), BusEmulator(root / "follower", fa).start()
-        cfg = config_from_dict({"socket": {"path": str(root / "c.sock")},
-                                "cameras": {"front": {"kind": "virtual", "width": REFILL_W, "height": REFILL_H}}})
-        daemon = Daemon(cfg, FeetechLeader(str(root / "leader"), reference_calibration("leader")),
-                        FeetechFollower(str(root / "follower"), reference_calibration("follower")))
+        cfg = config_from_dict(
+            {
+                "socket": {"path": str(root / "c.sock")},
+                "cameras": {"front": {"kind": "virtual", "width": REFILL_W, "height": REFILL_H}},
+            }
+        )
+        daemon = Daemon(
+            cfg,
+            FeetechLeader(str(root / "leader"), reference_calibration("leader")),
+            FeetechFollower(str(root / "follower"), reference_calibration("follower")),
+        )
         cam = VirtualArmCamera(CamCfg(name="front", width=REFILL_W, height=REFILL_H, fps=30))
         loop = daemon.loop
         cycles: list[tuple[float, str, np.ndarray]] = []
@@ -550,7 +611,7 @@ def bench_refill_round(ckpt: Path, rule: str, seconds: float) -> dict:
                     nxt += 0.05
                     time.sleep(max(0.0, nxt - time.monotonic()))
             rows = cycles[first_cycle:]
-            chunks = list(src.chunk_log)[max(0, first_chunk - 1):]
+            chunks = list(src.chunk_log)[max(0, first_chunk - 1) :]
             st = src.stats()
             loop.call(lambda: loop.set_intent("hold"))
         finally:
@@ -570,11 +631,17 @@ def bench_refill_round(ckpt: Path, rule: str, seconds: float) -> dict:
             run_start = None
     # slack when each chunk lands: time left on the chunk before it (negative: the arm held)
     period, age = qcfg.action_period_s, qcfg.max_obs_age_s
-    slack = [(o0 + min(n0 * period, age)) - r1 for (_, o0, _, n0, _), (_, _, r1, _, _) in zip(chunks[:-1], chunks[1:])]
+    slack = [(o0 + min(n0 * period, age)) - r1 for (_, o0, _, n0, _), (_, _, r1, _, _) in itertools.pairwise(chunks)]
     pol = [i for i in range(1, len(rows)) if rows[i][1] == "policy" and rows[i - 1][1] == "policy"]
     raw_step = max((float(np.abs(rows[i][2] - rows[i - 1][2]).max()) for i in pol), default=float("nan"))
-    return {"in_policy": sum(m == "policy" for m in modes) / max(1, len(modes)), "samples": len(modes),
-            "gaps": np.array(gaps), "slack": np.array(slack), "raw_step": raw_step, "stats": st}
+    return {
+        "in_policy": sum(m == "policy" for m in modes) / max(1, len(modes)),
+        "samples": len(modes),
+        "gaps": np.array(gaps),
+        "slack": np.array(slack),
+        "raw_step": raw_step,
+        "stats": st,
+    }
 
 
 def run_refill(args: argparse.Namespace) -> int:
@@ -586,37 +653,58 @@ def run_refill(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         ds = mk(Path(d) / "dataset", {"front": (REFILL_H, REFILL_W)}, episodes=2, frames_per_episode=30)
         ckpt = train_tiny_policy(ds, Path(d) / "act", policy_type="act", steps=4, chunk_size=100).checkpoint
-        print(f"checkpoint: ACT chunk 100 / n_action_steps 100 (tiny transformer, resnet18), one {REFILL_W}x{REFILL_H} "
-              f"camera, built in {time.monotonic() - t0:.1f} s; forward pass padded to {args.forward_s * 1e3:.0f} ms; "
-              f"30 fps, max_obs_age_s 1.0, {args.refill_seconds:g} s per round, status every 50 ms")
+        print(
+            f"checkpoint: ACT chunk 100 / n_action_steps 100 (tiny transformer, resnet18), one {REFILL_W}x{REFILL_H} "
+            f"camera, built in {time.monotonic() - t0:.1f} s; forward pass padded to {args.forward_s * 1e3:.0f} ms; "
+            f"30 fps, max_obs_age_s 1.0, {args.refill_seconds:g} s per round, status every 50 ms"
+        )
         results: dict[str, list[dict]] = {"before": [], "after": []}
         for _ in range(args.rounds):
             for rule in ("before", "after"):
                 results[rule].append(bench_refill_round(ckpt, rule, args.refill_seconds))
-    print(f"\n  {'rule':<7} {'policy %':>8} {'holds':>6} {'hold p50':>9} {'hold max':>9} {'slack p1':>9} {'slack p50':>9} "
-          f"{'expired':>7} {'max raw step':>12}")
+    print(
+        f"\n  {'rule':<7} {'policy %':>8} {'holds':>6} {'hold p50':>9} {'hold max':>9} {'slack p1':>9} {'slack p50':>9} "
+        f"{'expired':>7} {'max raw step':>12}"
+    )
     for rule, runs in results.items():
         for r in runs:
             g, sl, st = r["gaps"] * 1e3, r["slack"] * 1e3, r["stats"]
-            print(f"  {rule:<7} {r['in_policy'] * 100:8.1f} {len(g):6d} {pct(g, 50):9.1f} {(g.max() if g.size else 0):9.1f} "
-                  f"{pct(sl, 1):9.1f} {pct(sl, 50):9.1f} {st['chunks_expired']:7d} {r['raw_step']:12.3f}")
+            print(
+                f"  {rule:<7} {r['in_policy'] * 100:8.1f} {len(g):6d} {pct(g, 50):9.1f} {(g.max() if g.size else 0):9.1f} "
+                f"{pct(sl, 1):9.1f} {pct(sl, 50):9.1f} {st['chunks_expired']:7d} {r['raw_step']:12.3f}"
+            )
     print("  (holds and slack in ms; slack = time left on the previous chunk when the next one landed)")
     for rule, runs in results.items():
         st = runs[-1]["stats"]
         print(f"\n  {rule}: observation -> chunk usable by the loop, by stage (ms, last round; n = chunks)")
         print(f"  {'stage':<12} {'p50':>9} {'p99':>9} {'max':>9}")
-        for key in ("ask", "handoff", "publish", "worker", "read", "preprocess", "forward", "postprocess", "gc",
-                    "reply", "enqueue"):
+        for key in (
+            "ask",
+            "handoff",
+            "publish",
+            "worker",
+            "read",
+            "preprocess",
+            "forward",
+            "postprocess",
+            "gc",
+            "reply",
+            "enqueue",
+        ):
             v = st["stages_ms"].get(key)
             if v:
                 print(f"  {key:<12} {v['p50']:9.2f} {v['p99']:9.2f} {v['max']:9.2f}   n={v['n']}")
         o, lat = st["overhead_ms"], st["inference_latency_ms"]
         print(f"  {'latency':<12} {lat['p50']:9.2f} {lat['p99']:9.2f} {lat['max']:9.2f}   (observation -> usable)")
-        print(f"  {'overhead':<12} {o['p50']:9.2f} {o['p99']:9.2f} {o['max']:9.2f}   (request -> usable, minus forward)")
+        print(
+            f"  {'overhead':<12} {o['p50']:9.2f} {o['p99']:9.2f} {o['max']:9.2f}   (request -> usable, minus forward)"
+        )
     b = np.mean([r["in_policy"] for r in results["before"]])
     a = np.mean([r["in_policy"] for r in results["after"]])
-    print(f"\ntime in mode policy: before {b * 100:.1f} %, after {a * 100:.1f} % "
-          f"(held {(1 - b) * 1e3:.0f} vs {(1 - a) * 1e3:.0f} ms per second)")
+    print(
+        f"\ntime in mode policy: before {b * 100:.1f} %, after {a * 100:.1f} % "
+        f"(held {(1 - b) * 1e3:.0f} vs {(1 - a) * 1e3:.0f} ms per second)"
+    )
     return 0
 
 
@@ -643,15 +731,19 @@ def main() -> int:
             bench_preprocess(ckpt, args.preprocess_rounds)  # first: after bench_gc's imports it ran slower for both
             bench_gc()
             tail_ck = build_tail_checkpoint(Path(d))
-            print_ours(bench_ours(tail_ck, args.tail_requests, TAIL_H, TAIL_W),
-                       f"local worker, tail run (tiny ACT, one {TAIL_W}x{TAIL_H} camera)")
+            print_ours(
+                bench_ours(tail_ck, args.tail_requests, TAIL_H, TAIL_W),
+                f"local worker, tail run (tiny ACT, one {TAIL_W}x{TAIL_H} camera)",
+            )
         ours = bench_ours(ckpt, args.requests)
         print_ours(ours, f"local worker (full-size ACT, one {W}x{H} camera)")
         sv = bench_serve(ckpt, args.requests)
         if sv.get("skipped"):
             print(f"\nours, ZeroMQ serve path: {sv['skipped']}")
         else:
-            print(f"\nours, ZeroMQ serve path (so101d policy serve, ipc, msgpack + raw arrays): {len(sv['latency'])} requests")
+            print(
+                f"\nours, ZeroMQ serve path (so101d policy serve, ipc, msgpack + raw arrays): {len(sv['latency'])} requests"
+            )
             print(row("forward pass (server-reported)", sv["forward"]))
             print(row("total (client round trip)", sv["latency"]))
             print(row("overhead beyond forward", sv["latency"] - sv["forward"]))
@@ -666,7 +758,9 @@ def main() -> int:
         if remote.get("skipped"):
             print(f"\nours with LeRobot's server: {remote['skipped']}")
         elif remote:
-            print(f"\nours with LeRobot's server (daemon backend lerobot-server, gRPC on loopback): {len(remote['latency'])} requests")
+            print(
+                f"\nours with LeRobot's server (daemon backend lerobot-server, gRPC on loopback): {len(remote['latency'])} requests"
+            )
             print(row("forward pass (from its server log)", remote["forward"]))
             print(row("gRPC round trip (worker)", remote["round_trip"]))
             print(row("total", remote["latency"]))
@@ -675,7 +769,9 @@ def main() -> int:
         if lr.get("skipped"):
             print(f"\nlerobot async inference: {lr['skipped']}")
         elif lr:
-            print(f"\nlerobot async inference (gRPC on loopback): {len(lr['latency'])} requests ({lr['empty']} empty replies)")
+            print(
+                f"\nlerobot async inference (gRPC on loopback): {len(lr['latency'])} requests ({lr['empty']} empty replies)"
+            )
             print(row("forward pass (from its server log)", lr["forward"]))
             print(row("total", lr["latency"]))
             if len(lr["forward"]) == len(lr["latency"]):
@@ -683,13 +779,17 @@ def main() -> int:
                 print(row("overhead beyond forward", lr_ovh))
                 r50 = pct(lr_ovh, 50) / pct(ours["overhead"], 50)
                 r99 = pct(lr_ovh, 99) / pct(ours["overhead"], 99)
-                print(f"\nratios lerobot / ours (loop path): overhead beyond forward p50 {r50:.1f}x, p99 {r99:.1f}x; "
-                      f"total latency p50 {pct(lr['latency'], 50) / pct(ours['total'], 50):.2f}x "
-                      "(forward passes vary with machine load)")
+                print(
+                    f"\nratios lerobot / ours (loop path): overhead beyond forward p50 {r50:.1f}x, p99 {r99:.1f}x; "
+                    f"total latency p50 {pct(lr['latency'], 50) / pct(ours['total'], 50):.2f}x "
+                    "(forward passes vary with machine load)"
+                )
                 if not sv.get("skipped"):
                     so = sv["latency"] - sv["forward"]
-                    print(f"ratios lerobot / ours (serve path): overhead beyond forward p50 {pct(lr_ovh, 50) / pct(so, 50):.1f}x, "
-                          f"p99 {pct(lr_ovh, 99) / pct(so, 99):.1f}x")
+                    print(
+                        f"ratios lerobot / ours (serve path): overhead beyond forward p50 {pct(lr_ovh, 50) / pct(so, 50):.1f}x, "
+                        f"p99 {pct(lr_ovh, 99) / pct(so, 99):.1f}x"
+                    )
             else:
                 print("  (its server log did not give one forward time per request: overhead not computed)")
         three = [("ours, local worker", ours["overhead"])]
@@ -702,21 +802,29 @@ def main() -> int:
             print("three ways, same checkpoint, this run (ms; with n < 1000, p99.9 is close to the max)")
             print(f"  {'path':<30} {'p50':>8} {'p99':>8} {'p99.9':>8} {'n':>5}")
             for name, o in three:
-                print(f"  {name:<30} {pct(o, 50) * 1e3:8.2f} {pct(o, 99) * 1e3:8.2f} {pct(o, 99.9) * 1e3:8.2f} {len(o):5d}")
+                print(
+                    f"  {name:<30} {pct(o, 50) * 1e3:8.2f} {pct(o, 99) * 1e3:8.2f} {pct(o, 99.9) * 1e3:8.2f} {len(o):5d}"
+                )
             base = three[0][1]
             for name, o in three[1:]:
-                print(f"  ratio {name} / ours local: p50 {pct(o, 50) / pct(base, 50):.1f}x, p99 {pct(o, 99) / pct(base, 99):.1f}x")
+                print(
+                    f"  ratio {name} / ours local: p50 {pct(o, 50) / pct(base, 50):.1f}x, p99 {pct(o, 99) / pct(base, 99):.1f}x"
+                )
         if not args.skip_loop:
             res = bench_loop(ckpt, args.loop_seconds)
             print("\ncontrol loop on the emulated bench (100 Hz target), teleop vs policy (two rounds each)")
             for mode, runs in res.items():
                 for r in runs:
-                    print(f"  {mode:<7} rate {r['rate_hz']:6.1f} Hz   period p50 {r['period']['p50']:.3f} ms   "
-                          f"jitter p99 {r['jitter']['p99'] * 1e3:7.1f} us  max {r['jitter']['max'] * 1e3:8.1f} us")
+                    print(
+                        f"  {mode:<7} rate {r['rate_hz']:6.1f} Hz   period p50 {r['period']['p50']:.3f} ms   "
+                        f"jitter p99 {r['jitter']['p99'] * 1e3:7.1f} us  max {r['jitter']['max'] * 1e3:8.1f} us"
+                    )
             tj = np.mean([r["jitter"]["p99"] for r in res.get("teleop", [])])
             pj = np.mean([r["jitter"]["p99"] for r in res.get("policy", [])])
-            print(f"  jitter p99 policy - teleop: {(pj - tj) * 1e3:+.1f} us (the worker, on its own cores minus one, "
-                  "competes with the loop for the CPU)")
+            print(
+                f"  jitter p99 policy - teleop: {(pj - tj) * 1e3:+.1f} us (the worker, on its own cores minus one, "
+                "competes with the loop for the CPU)"
+            )
     return 0
 
 

@@ -19,7 +19,7 @@ from daemon.commands.policy import format_status
 from daemon.policy.action_queue import QueueConfig
 from daemon.policy.runner import OVERHEAD_STAGES, PolicyRunnerConfig, PolicySource
 from daemon.policy.tiny import synthetic_frame, synthetic_pose, tiny_act_checkpoint
-from daemon.recording.cameras import Frame
+from drivers.cameras import Frame
 
 H, W = 48, 64
 
@@ -43,9 +43,12 @@ def ckpt(tmp_path_factory) -> Path:
 def source(ckpt: Path):
     state = synthetic_pose(0.3)
     # refill_below above the chunk: every chunk asks for the next one (back to back)
-    src = PolicySource(PolicyRunnerConfig(str(ckpt), cameras={"front": (H, W)},
-                                          queue=QueueConfig(refill_below=1000, max_obs_age_s=60.0)),
-                       {"front": StillCamera(synthetic_frame(state, H, W))})
+    src = PolicySource(
+        PolicyRunnerConfig(
+            str(ckpt), cameras={"front": (H, W)}, queue=QueueConfig(refill_below=1000, max_obs_age_s=60.0)
+        ),
+        {"front": StillCamera(synthetic_frame(state, H, W))},
+    )
     src.start()
     try:
         assert src.wait_ready(90), src.error
@@ -82,11 +85,22 @@ def test_the_stages_add_up_to_the_overhead_chunk_by_chunk_and_status_shows_them(
     assert st["overhead_stages"] == list(OVERHEAD_STAGES)
     over = st["overhead_ms"]
     assert over["n"] == len(chunks) and over["p50"] <= over["p99"] <= over["p99.9"] <= over["max"]
-    for key in ("ask", "handoff", "publish", "worker", "read", "preprocess", "forward", "postprocess", "gc",
-                "reply", "enqueue"):
+    for key in (
+        "ask",
+        "handoff",
+        "publish",
+        "worker",
+        "read",
+        "preprocess",
+        "forward",
+        "postprocess",
+        "gc",
+        "reply",
+        "enqueue",
+    ):
         assert st["stages_ms"][key]["n"] >= len(chunks), key
     # the observation -> usable latency is the request's plus the cycle's own reads before it
-    lat = src.latency.values()[-len(chunks):]
+    lat = src.latency.values()[-len(chunks) :]
     assert lat == pytest.approx([c["ask"] + c["total"] for c in chunks], abs=1e-9)
     gc = st["gc"]
     assert gc["daemon_frozen_objects"] > 0  # what was loaded before the policy started is out of the GC's walk

@@ -16,7 +16,13 @@ import os
 import sys
 from typing import Any
 
-from daemon.control_client import CommandFailed, ControlClient, DaemonUnavailable, add_socket_arguments, socket_path_from_args
+from daemon.control_client import (
+    CommandFailed,
+    ControlClient,
+    DaemonUnavailable,
+    add_socket_arguments,
+    socket_path_from_args,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,9 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub.required = True
     p = sub.add_parser("load", help="load a checkpoint folder into the daemon's policy worker")
     # optional: the daemon falls back to [policy] path (with backend "lerobot-server", a path on the server)
-    p.add_argument("path", metavar="DIR", nargs="?", default=None,
-                   help="checkpoint folder (default: the daemon's [policy] path)")
-    p.add_argument("--wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for the worker to be ready")
+    p.add_argument(
+        "path", metavar="DIR", nargs="?", default=None, help="checkpoint folder (default: the daemon's [policy] path)"
+    )
+    p.add_argument(
+        "--wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for the worker to be ready"
+    )
     add_socket_arguments(p)
     p = sub.add_parser("start", help="let the policy drive the follower")
     p.add_argument("--no-record", action="store_true", help="do not record an evaluation episode")
@@ -37,8 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--success", dest="success", action="store_const", const=True)
     g.add_argument("--failure", dest="success", action="store_const", const=False)
     g.add_argument("--discard", action="store_true", help="discard the evaluation episode")
-    p.add_argument("--takeover", action="store_true",
-                   help="hand over to teleop without a jump: the leader is moved to the follower's pose, then released")
+    p.add_argument(
+        "--takeover",
+        action="store_true",
+        help="hand over to teleop without a jump: the leader is moved to the follower's pose, then released",
+    )
     add_socket_arguments(p)
     p = sub.add_parser("unload", help="stop the policy worker")
     add_socket_arguments(p)
@@ -48,12 +60,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("check", help="offline: check a checkpoint against a configuration (and time its inference)")
     p.add_argument("path", metavar="DIR")
     p.add_argument("--config", metavar="FILE", help="daemon configuration (cameras, [policy]) to check against")
-    p.add_argument("--no-timing", action="store_true",
-                   help="skip timing the inference (which loads the policy; a few seconds)")
+    p.add_argument(
+        "--no-timing", action="store_true", help="skip timing the inference (which loads the policy; a few seconds)"
+    )
     p.add_argument("--repeats", type=int, default=5, metavar="N", help="forward passes to time (default 5)")
     p = sub.add_parser("serve", help="serve a checkpoint over ZeroMQ to local clients")
     p.add_argument("path", metavar="DIR")
-    p.add_argument("--endpoint", default=None, help="ipc://PATH or tcp://127.0.0.1:PORT (default: ipc in the runtime dir)")
+    p.add_argument(
+        "--endpoint", default=None, help="ipc://PATH or tcp://127.0.0.1:PORT (default: ipc in the runtime dir)"
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--task", default="")
 
@@ -100,23 +115,29 @@ def format_gc(gc: dict[str, Any]) -> str:
     """Garbage-collection pauses: the daemon's (they stop the loop too) and the worker's per chunk."""
     w = gc.get("worker_ms")
     worker = f"p99 {w['p99']:.1f} ms, max {w['max']:.1f} ms" if w else "-"
-    return (f"gc         daemon {gc.get('daemon_collections', 0)} collections ({gc.get('daemon_full_collections', 0)} full), "
-            f"longest {gc.get('daemon_max_pause_ms', 0.0):.1f} ms, {gc.get('daemon_frozen_objects', 0)} objects frozen; "
-            f"worker pauses per chunk {worker}")
+    return (
+        f"gc         daemon {gc.get('daemon_collections', 0)} collections ({gc.get('daemon_full_collections', 0)} full), "
+        f"longest {gc.get('daemon_max_pause_ms', 0.0):.1f} ms, {gc.get('daemon_frozen_objects', 0)} objects frozen; "
+        f"worker pauses per chunk {worker}"
+    )
 
 
 def format_server(srv: dict[str, Any]) -> list[str]:
     """The lerobot-server backend's lines: link state, then round trip / network / server kept apart."""
     state = "connected" if srv.get("connected") else "NOT connected (the follower holds; reconnecting)"
-    lines = [f"server     {srv.get('address')} {state}, {srv.get('connects')} set-ups, {srv.get('failures')} failures; "
-             f"checkpoint on the server: {srv.get('checkpoint')}"]
+    lines = [
+        f"server     {srv.get('address')} {state}, {srv.get('connects')} set-ups, {srv.get('failures')} failures; "
+        f"checkpoint on the server: {srv.get('checkpoint')}"
+    ]
     if srv.get("error"):
         lines.append(f"  why      {srv['error']}")
     lines.append(f"  round trip     {_ms(srv.get('round_trip_ms'))}  (send observation -> chunk decoded)")
     lines.append(f"  network        {_ms(srv.get('network_ms'))}  (SendObservations: upload + server enqueue)")
     lines.append(f"  GetActions     {_ms(srv.get('get_actions_ms'))}  (server compute + reply transfer)")
     compute = srv.get("server_compute_ms")
-    lines.append(f"  server compute {_ms(compute) if isinstance(compute, dict) else srv.get('server_compute_note') or 'unknown'}")
+    lines.append(
+        f"  server compute {_ms(compute) if isinstance(compute, dict) else srv.get('server_compute_note') or 'unknown'}"
+    )
     return lines
 
 
@@ -138,16 +159,24 @@ def format_status(st: dict[str, Any]) -> str:
     ]
     srv = st.get("server")
     if st.get("backend") == "lerobot-server" and isinstance(srv, dict):
-        lines[3] = f"overhead   {_ms(st.get('overhead_ms'))}  (request -> chunk usable, minus GetActions: upload, decode, hand-offs)"
+        lines[3] = (
+            f"overhead   {_ms(st.get('overhead_ms'))}  (request -> chunk usable, minus GetActions: upload, decode, hand-offs)"
+        )
         lines.extend(format_server(srv))
     stages = st.get("stages_ms") or {}
-    lines.append(f"stages     {'p50':>7} {'p99':>7} {'p99.9':>7} ms  where the latency goes"
-                 + ("  (remote: preprocess = upload, forward = GetActions, postprocess = decode)"
-                    if st.get("backend") == "lerobot-server" else ""))
+    lines.append(
+        f"stages     {'p50':>7} {'p99':>7} {'p99.9':>7} ms  where the latency goes"
+        + (
+            "  (remote: preprocess = upload, forward = GetActions, postprocess = decode)"
+            if st.get("backend") == "lerobot-server"
+            else ""
+        )
+    )
     for key, what in STAGES:
         d = stages.get(key)
-        nums = (f"{d['p50']:7.2f} {d['p99']:7.2f} {d.get('p99.9', d['max']):7.2f}" if d
-                else f"{'-':>7} {'-':>7} {'-':>7}")
+        nums = (
+            f"{d['p50']:7.2f} {d['p99']:7.2f} {d.get('p99.9', d['max']):7.2f}" if d else f"{'-':>7} {'-':>7} {'-':>7}"
+        )
         lines.append(f"  {key:<11}{nums}     {what}")
     over = st.get("overhead_stages")
     if over:
@@ -169,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     if action == "check":
         return _check(args)
     if action == "serve":
-        from daemon.policy.serve import serve_main  # noqa: PLC0415
+        from daemon.policy.serve import serve_main
 
         return serve_main(args.path, args.endpoint, device=args.device, task=args.task)
     if action == "load":
@@ -199,8 +228,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from daemon.config import ConfigError, load_config  # noqa: PLC0415
-    from daemon.policy.checkpoint import CheckpointError, ExpectedIO, check_checkpoint  # noqa: PLC0415
+    from daemon.config import ConfigError, load_config
+    from daemon.policy.checkpoint import CheckpointError, ExpectedIO, check_checkpoint
 
     try:
         cfg = load_config(args.config)
@@ -214,8 +243,10 @@ def _check(args: argparse.Namespace) -> int:
         print(f"so101d: {exc}", file=sys.stderr)
         return 1
     cam_text = ", ".join(f"{n} {w}x{h}" for n, (c, h, w) in sorted(info.cameras.items())) or "none"
-    print(f"ok: {info.policy_type} policy, state {info.state_shape}, cameras {cam_text}, "
-          f"chunk {info.chunk_size} (uses {info.n_action_steps})")
+    print(
+        f"ok: {info.policy_type} policy, state {info.state_shape}, cameras {cam_text}, "
+        f"chunk {info.chunk_size} (uses {info.n_action_steps})"
+    )
     if args.no_timing:
         return 0
     return _check_timing(args, cfg, cams, info)
@@ -223,19 +254,20 @@ def _check(args: argparse.Namespace) -> int:
 
 def _check_timing(args: argparse.Namespace, cfg: Any, cams: dict[str, tuple[int, int]], info: Any) -> int:
     """Time the inference as the daemon's worker runs it; warn when a chunk cannot cover it."""
-    import time  # noqa: PLC0415
+    import time
 
-    import numpy as np  # noqa: PLC0415
+    import numpy as np
 
-    from daemon.policy.attach import PolicyError, queue_config_from  # noqa: PLC0415
-    from daemon.policy.checkpoint import CheckpointError, ExpectedIO  # noqa: PLC0415
-    from daemon.policy.engine import PolicyEngine  # noqa: PLC0415
-    from daemon.policy.runner import MARGIN_FRACTION, MIN_MARGIN_S, keep_up_warning  # noqa: PLC0415
+    from daemon.policy.attach import PolicyError, queue_config_from
+    from daemon.policy.checkpoint import CheckpointError, ExpectedIO
+    from daemon.policy.engine import PolicyEngine
+    from daemon.policy.runner import MARGIN_FRACTION, MIN_MARGIN_S, keep_up_warning
 
     try:
         qcfg = queue_config_from(cfg.policy)
-        engine = PolicyEngine.from_checkpoint(args.path, ExpectedIO(cameras=cams), device=cfg.policy.device or None,
-                                              task=cfg.policy.task)
+        engine = PolicyEngine.from_checkpoint(
+            args.path, ExpectedIO(cameras=cams), device=cfg.policy.device or None, task=cfg.policy.task
+        )
     except (PolicyError, CheckpointError, ValueError) as exc:
         print(f"so101d: {exc}", file=sys.stderr)
         return 1
@@ -252,14 +284,18 @@ def _check_timing(args: argparse.Namespace, cfg: Any, cams: dict[str, tuple[int,
     worst = max(took)
     n = int(info.n_action_steps or 1)
     horizon = qcfg.chunk_horizon_s(n)
-    print(f"timing: inference {float(np.median(took)) * 1e3:.0f} ms median, {worst * 1e3:.0f} ms max of {len(took)} "
-          f"on {engine.loaded.device}; one chunk drives {horizon:.2f} s ({n} actions at {1 / qcfg.action_period_s:g} fps, "
-          f"max_obs_age_s {qcfg.max_obs_age_s:g})")
+    print(
+        f"timing: inference {float(np.median(took)) * 1e3:.0f} ms median, {worst * 1e3:.0f} ms max of {len(took)} "
+        f"on {engine.loaded.device}; one chunk drives {horizon:.2f} s ({n} actions at {1 / qcfg.action_period_s:g} fps, "
+        f"max_obs_age_s {qcfg.max_obs_age_s:g})"
+    )
     warning = keep_up_warning(worst, qcfg, n)
     if warning:
         print(f"warning: {warning}; the arm would hold between chunks", file=sys.stderr)
     elif worst + max(MIN_MARGIN_S, MARGIN_FRACTION * worst) + qcfg.blend_s > horizon:
-        print(f"warning: inference {worst:.2f} s leaves little margin within the usable horizon {horizon:.2f} s "
-              "(the daemon adds the frame copy and the pipe); expect occasional holds on a busy machine",
-              file=sys.stderr)
+        print(
+            f"warning: inference {worst:.2f} s leaves little margin within the usable horizon {horizon:.2f} s "
+            "(the daemon adds the frame copy and the pipe); expect occasional holds on a busy machine",
+            file=sys.stderr,
+        )
     return 0

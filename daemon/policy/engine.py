@@ -72,7 +72,7 @@ class PolicyEngine:
     @classmethod
     def from_checkpoint(
         cls, path: str, expected: ExpectedIO | None = None, device: str | None = None, task: str = ""
-    ) -> "PolicyEngine":
+    ) -> PolicyEngine:
         return cls(load_policy(path, expected, device), task=task)
 
     def reset(self) -> None:
@@ -101,9 +101,8 @@ class PolicyEngine:
         with torch.inference_mode():
             obs: dict[str, object] = {STATE_KEY: torch.from_numpy(state).unsqueeze(0).to(self._device)}
             for name in self.camera_names:
-                # HWC -> CHW as one contiguous uint8 copy first: handing LeRobot's normaliser a
-                # permuted (strided) float view cost 3.4 ms per 640x480 frame on one core against
-                # 0.65 ms this way, same values (bench/bench_policy.py prints both)
+                # HWC -> CHW as one contiguous uint8 copy first: LeRobot's normaliser is slower on
+                # a permuted (strided) float view; same values (bench/bench_policy.py prints both)
                 chw = np.ascontiguousarray(images[name].transpose(2, 0, 1))
                 img = torch.from_numpy(chw).to(self._device)
                 obs[IMAGE_KEY_PREFIX + name] = img.unsqueeze(0).float().div_(255.0)

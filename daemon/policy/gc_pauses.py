@@ -54,7 +54,7 @@ class GcPauses:
                 t.max_pause_s = max(t.max_pause_s, pause)
                 t.full_collections += full
 
-    def install(self) -> "GcPauses":
+    def install(self) -> GcPauses:
         if not self._installed:
             gc.callbacks.append(self._callback)
             self._installed = True

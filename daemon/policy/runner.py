@@ -28,8 +28,9 @@ import multiprocessing as mp
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -46,8 +47,19 @@ log = logging.getLogger("so101d.policy")
 LATENCY_WINDOW = 64  # the refill lead follows the recent requests (a machine that got busier)
 # issued -> usable, in order; with "forward" they sum to it exactly (overhead = the four of them)
 OVERHEAD_STAGES = ("handoff", "worker", "reply", "enqueue")
-STAGE_KEYS = ("ask", "handoff", "publish", "worker", "read", "preprocess", "forward", "postprocess", "gc", "reply",
-              "enqueue")
+STAGE_KEYS = (
+    "ask",
+    "handoff",
+    "publish",
+    "worker",
+    "read",
+    "preprocess",
+    "forward",
+    "postprocess",
+    "gc",
+    "reply",
+    "enqueue",
+)
 MIN_MARGIN_S = 0.05
 MARGIN_FRACTION = 0.25
 
@@ -128,13 +140,13 @@ class PolicySource:
         # Cheap JSON-only checks in our process first: a readable error right away.
         if config.backend == "lerobot-server":
             if config.server is None:
-                raise ValueError("policy.backend = \"lerobot-server\" needs policy.server = \"HOST:PORT\"")
+                raise ValueError('policy.backend = "lerobot-server" needs policy.server = "HOST:PORT"')
             validate(config.server)
             self.info = remote_info(config.server)  # the checkpoint lives on the server
         elif config.backend == "local":
             self.info = check_checkpoint(config.checkpoint, ExpectedIO(cameras=dict(config.cameras)))
         else:
-            raise ValueError(f"policy.backend: {config.backend!r} must be \"local\" or \"lerobot-server\"")
+            raise ValueError(f'policy.backend: {config.backend!r} must be "local" or "lerobot-server"')
         missing = [n for n in self.info.cameras if n not in self.cameras]
         if missing:
             raise ValueError(f"policy needs camera(s) {', '.join(missing)} but no frame source was given for them")
@@ -152,8 +164,8 @@ class PolicySource:
         self._layout = ObsLayout.make(NUM_JOINTS, {n: (c[1], c[2]) for n, c in self.info.cameras.items()})
         self._buf: ObsBuffer | None = None
         self._proc: mp.process.BaseProcess | None = None
-        self._req_w = None  # our end of daemon -> worker
-        self._res_r = None  # our end of worker -> daemon
+        self._req_w: Any = None  # our end of daemon -> worker (a multiprocessing Connection)
+        self._res_r: Any = None  # our end of worker -> daemon
         self._req_id = 0
         self._in_flight: int | None = None
         self._in_flight_since = 0.0
@@ -205,14 +217,21 @@ class PolicySource:
         req_r, self._req_w = ctx.Pipe(duplex=False)
         self._res_r, res_w = ctx.Pipe(duplex=False)
         spec = WorkerSpec(
-            checkpoint=str(self.info.path), shm_name=self._buf.name, layout=self._layout.to_dict(),
-            cameras={n: [h, w] for n, (h, w) in self.config.cameras.items()}, device=self.config.device,
-            task=self.config.task, max_actions=self.info.n_action_steps, nice=self.config.nice,
-            torch_threads=self.config.torch_threads, backend=self.config.backend,
+            checkpoint=str(self.info.path),
+            shm_name=self._buf.name,
+            layout=self._layout.to_dict(),
+            cameras={n: [h, w] for n, (h, w) in self.config.cameras.items()},
+            device=self.config.device,
+            task=self.config.task,
+            max_actions=self.info.n_action_steps,
+            nice=self.config.nice,
+            torch_threads=self.config.torch_threads,
+            backend=self.config.backend,
             server=None if self.config.server is None else dict(self.config.server.__dict__),
         )
-        self._proc = ctx.Process(target=_worker_entry, args=(req_r, res_w, spec.__dict__),
-                                 name="so101d-policy", daemon=True)
+        self._proc = ctx.Process(
+            target=_worker_entry, args=(req_r, res_w, spec.__dict__), name="so101d-policy", daemon=True
+        )
         self._proc.start()
         # Everything the daemon has loaded so far (torch and LeRobot included when recording) out
         # of the collector's reach: a full collection would otherwise stop the loop for a whole
@@ -228,7 +247,9 @@ class PolicySource:
         self._pub_thread = threading.Thread(target=self._publisher, name="policy-publisher", daemon=True)
         self._pub_thread.start()
         self._inbox.clear()
-        self._rx_thread = threading.Thread(target=self._receiver, args=(self._res_r,), name="policy-receiver", daemon=True)
+        self._rx_thread = threading.Thread(
+            target=self._receiver, args=(self._res_r,), name="policy-receiver", daemon=True
+        )
         self._rx_thread.start()
 
     def wait_ready(self, timeout_s: float | None = None) -> bool:
@@ -334,8 +355,11 @@ class PolicySource:
         between chunks), None while it keeps up (or nothing was timed yet)."""
         if self.latency_estimate_s is None:
             return None
-        return keep_up_warning(self.latency_estimate_s, self.queue.config,
-                               int(self.worker_info.get("n_action_steps") or self.info.n_action_steps or 1))
+        return keep_up_warning(
+            self.latency_estimate_s,
+            self.queue.config,
+            int(self.worker_info.get("n_action_steps") or self.info.n_action_steps or 1),
+        )
 
     def _request(self, now_s: float, state_units: np.ndarray) -> None:
         self._req_id += 1
@@ -368,8 +392,11 @@ class PolicySource:
                         raise LookupError(name)
                     images[name] = frame.pixels
                     oldest = min(oldest, float(frame.capture_monotonic_s))
-                self._buf.write(obs_time, req, self._pub_state, images, oldest_frame_s=oldest)
-                self._req_w.send_bytes(pack({"t": "infer", "req": req}))
+                buf, req_w = self._buf, self._req_w
+                if buf is None or req_w is None:
+                    raise OSError("the policy worker is stopped")
+                buf.write(obs_time, req, self._pub_state, images, oldest_frame_s=oldest)
+                req_w.send_bytes(pack({"t": "infer", "req": req}))
             except LookupError as exc:
                 self.cameras_not_ready += 1
                 self._retry_after = time.monotonic() + 0.05
@@ -418,7 +445,7 @@ class PolicySource:
         """The worker's other messages (ready, errors, the pipe closing), in order."""
         inbox = self._inbox
         while inbox:
-            arrived, msg = inbox.popleft()
+            _arrived, msg = inbox.popleft()
             if msg is None:
                 self._pipe_closed()
                 return
@@ -451,7 +478,9 @@ class PolicySource:
             return  # a fatal error was reported before the worker exited: keep that reason
         proc = self._proc
         code = proc.exitcode if proc is not None and not proc.is_alive() else None
-        self._worker_died(f"the policy worker exited (code {code})" if code is not None else "the policy worker closed its pipe")
+        self._worker_died(
+            f"the policy worker exited (code {code})" if code is not None else "the policy worker closed its pipe"
+        )
 
     def _on_result(self, msg: dict[str, Any], arrived_s: float) -> None:
         """A chunk from the worker (receiver thread): into the queue at once, then the statistics."""
@@ -492,9 +521,15 @@ class PolicySource:
         if issued_s is None or "got_s" not in msg or "done_s" not in msg:
             return  # not a request of ours (or an old worker): no split
         got_s, done_s = float(msg["got_s"]), float(msg["done_s"])
-        split = {"ask": issued_s - obs_time, "handoff": got_s - issued_s, "worker": done_s - got_s - fwd,
-                 "forward": fwd, "reply": arrived_s - done_s, "enqueue": usable_s - arrived_s,
-                 "total": usable_s - issued_s}
+        split = {
+            "ask": issued_s - obs_time,
+            "handoff": got_s - issued_s,
+            "worker": done_s - got_s - fwd,
+            "forward": fwd,
+            "reply": arrived_s - done_s,
+            "enqueue": usable_s - arrived_s,
+            "total": usable_s - issued_s,
+        }
         split["overhead"] = split["total"] - fwd
         self.timeline.append(split)
         self.overhead.add(split["overhead"])
@@ -560,9 +595,13 @@ class PolicySource:
 
     def _gc_stats(self) -> dict[str, Any]:
         t = self.gc_pauses.total()
-        return {"daemon_collections": t.collections, "daemon_full_collections": t.full_collections,
-                "daemon_max_pause_ms": t.max_pause_s * 1e3, "daemon_frozen_objects": self.gc_frozen,
-                "worker_ms": self.stage["gc"].summary_ms()}
+        return {
+            "daemon_collections": t.collections,
+            "daemon_full_collections": t.full_collections,
+            "daemon_max_pause_ms": t.max_pause_s * 1e3,
+            "daemon_frozen_objects": self.gc_frozen,
+            "worker_ms": self.stage["gc"].summary_ms(),
+        }
 
     def _server_stats(self) -> dict[str, Any]:
         """Round trip, network and server compute, kept apart (status and `policy status`)."""
@@ -581,8 +620,7 @@ class PolicySource:
             "get_actions_ms": self.remote["get"].summary_ms(),
             "decode_ms": self.remote["decode"].summary_ms(),
             "server_compute_ms": None,
-            "server_compute_note": "unknown: LeRobot's policy server sends no compute timing "
-                                   "(at most get_actions_ms)",
+            "server_compute_note": "unknown: LeRobot's policy server sends no compute timing (at most get_actions_ms)",
         }
 
 
@@ -602,4 +640,3 @@ class _Duplex:
 
     def send_bytes(self, data: bytes) -> None:
         self._tx.send_bytes(data)
-

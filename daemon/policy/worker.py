@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
 from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import msgpack
@@ -66,12 +66,12 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
     buf = None
     try:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+
         from daemon.policy.checkpoint import ExpectedIO
         from daemon.policy.engine import PolicyEngine
         from daemon.policy.gc_pauses import GcPauses, freeze
         from daemon.policy.obs_buffer import ObsBuffer, ObsLayout
-
-        import torch
 
         # Leave one core to the control loop (and its bus I/O): a forward pass using every core
         # starves the loop on small machines (measured: 250 ms stalls on 2 cores).
@@ -99,14 +99,22 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
         # (gc_pauses.py); the per-request pauses are measured and sent with each chunk
         freeze()
         gc_pauses = GcPauses().install()
-        conn.send_bytes(pack({
-            "t": "ready",
-            "info": {
-                "policy_type": info.policy_type, "chunk_size": info.chunk_size,
-                "n_action_steps": info.n_action_steps, "cameras": list(info.camera_names),
-                "device": engine.loaded.device, "warmup_s": warmup_s, "pid": os.getpid(),
-            },
-        }))
+        conn.send_bytes(
+            pack(
+                {
+                    "t": "ready",
+                    "info": {
+                        "policy_type": info.policy_type,
+                        "chunk_size": info.chunk_size,
+                        "n_action_steps": info.n_action_steps,
+                        "cameras": list(info.camera_names),
+                        "device": engine.loaded.device,
+                        "warmup_s": warmup_s,
+                        "pid": os.getpid(),
+                    },
+                }
+            )
+        )
     except BaseException as exc:  # report, never crash silently
         try:
             conn.send_bytes(pack({"t": "error", "error": f"{type(exc).__name__}: {exc}", "fatal": True}))
@@ -125,15 +133,27 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
                 t1 = time.perf_counter()
                 actions, timings = engine.infer(state, images)
             except Exception as exc:
-                conn.send_bytes(pack({"t": "error", "error": f"inference failed: {exc}", "fatal": False,
-                                      "req": msg.get("req")}))
+                conn.send_bytes(
+                    pack({"t": "error", "error": f"inference failed: {exc}", "fatal": False, "req": msg.get("req")})
+                )
                 continue
-            conn.send_bytes(pack({
-                "t": "result", "req": req, "obs_time_s": obs_time, "n": int(actions.shape[0]),
-                "dim": int(actions.shape[1]), "actions": actions.astype(np.float32).tobytes(),
-                "read_s": t1 - t0, **{k: v for k, v in asdict(timings).items()},
-                "got_s": got_s, "done_s": time.monotonic(), **_gc_fields(gc_pauses),
-            }))
+            conn.send_bytes(
+                pack(
+                    {
+                        "t": "result",
+                        "req": req,
+                        "obs_time_s": obs_time,
+                        "n": int(actions.shape[0]),
+                        "dim": int(actions.shape[1]),
+                        "actions": actions.astype(np.float32).tobytes(),
+                        "read_s": t1 - t0,
+                        **{k: v for k, v in asdict(timings).items()},
+                        "got_s": got_s,
+                        "done_s": time.monotonic(),
+                        **_gc_fields(gc_pauses),
+                    }
+                )
+            )
     finally:
         buf.close()
 
@@ -141,7 +161,6 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
 def _gc_fields(pauses) -> dict[str, Any]:
     t = pauses.take()
     return {"gc_s": t.pause_s, "gc_n": t.collections}
-
 
 
 def _infer_requests(conn, on_reset: Callable[[], None]) -> Iterator[dict[str, Any]]:
@@ -181,8 +200,13 @@ def _serve_remote(conn, spec: WorkerSpec, buf, layout) -> None:
     images = {n: np.zeros((h, w, 3), dtype=np.uint8) for n, h, w in layout.cameras}
 
     def link() -> dict[str, Any]:
-        return {"server": engine.spec.server, "connected": engine.connected, "connects": engine.connects,
-                "failures": engine.failures, "error": engine.last_error}
+        return {
+            "server": engine.spec.server,
+            "connected": engine.connected,
+            "connects": engine.connects,
+            "failures": engine.failures,
+            "error": engine.last_error,
+        }
 
     # Set the policy up and run one warm-up inference now (the server's first forward pass
     # allocates); a server that is down is not fatal: ready, holding, reconnecting on requests.
@@ -193,14 +217,24 @@ def _serve_remote(conn, spec: WorkerSpec, buf, layout) -> None:
         pass
     except (UnsafePickleError, ValueError) as exc:
         engine.last_error = str(exc)
-    conn.send_bytes(pack({
-        "t": "ready",
-        "info": {"policy_type": engine.spec.policy_type, "chunk_size": engine.spec.actions_per_chunk,
-                 "n_action_steps": engine.spec.actions_per_chunk, "cameras": list(engine.camera_names),
-                 "device": f"{engine.spec.device} on {engine.spec.server}", "warmup_s": time.perf_counter() - t0,
-                 "pid": os.getpid(), "backend": "lerobot-server"},
-        "link": link(),
-    }))
+    conn.send_bytes(
+        pack(
+            {
+                "t": "ready",
+                "info": {
+                    "policy_type": engine.spec.policy_type,
+                    "chunk_size": engine.spec.actions_per_chunk,
+                    "n_action_steps": engine.spec.actions_per_chunk,
+                    "cameras": list(engine.camera_names),
+                    "device": f"{engine.spec.device} on {engine.spec.server}",
+                    "warmup_s": time.perf_counter() - t0,
+                    "pid": os.getpid(),
+                    "backend": "lerobot-server",
+                },
+                "link": link(),
+            }
+        )
+    )
     try:
         # reset: nothing to do, the server keeps no history for ACT-style chunks (and Ready would
         # drop the policy)
@@ -212,19 +246,51 @@ def _serve_remote(conn, spec: WorkerSpec, buf, layout) -> None:
                 t1 = time.perf_counter()
                 actions, timings = engine.infer(state, images)
             except ServerUnavailable as exc:
-                conn.send_bytes(pack({"t": "error", "error": str(exc), "fatal": False, "req": msg.get("req"),
-                                      "retry_after_s": exc.retry_after_s, "link": link()}))
+                conn.send_bytes(
+                    pack(
+                        {
+                            "t": "error",
+                            "error": str(exc),
+                            "fatal": False,
+                            "req": msg.get("req"),
+                            "retry_after_s": exc.retry_after_s,
+                            "link": link(),
+                        }
+                    )
+                )
                 continue
             except Exception as exc:  # unsafe reply, malformed chunk: hold, say why, keep serving
                 engine.last_error = str(exc)
-                conn.send_bytes(pack({"t": "error", "error": f"inference failed: {exc}", "fatal": False,
-                                      "req": msg.get("req"), "retry_after_s": 0.5, "link": link()}))
+                conn.send_bytes(
+                    pack(
+                        {
+                            "t": "error",
+                            "error": f"inference failed: {exc}",
+                            "fatal": False,
+                            "req": msg.get("req"),
+                            "retry_after_s": 0.5,
+                            "link": link(),
+                        }
+                    )
+                )
                 continue
-            conn.send_bytes(pack({
-                "t": "result", "req": req, "obs_time_s": obs_time, "n": int(actions.shape[0]),
-                "dim": int(actions.shape[1]), "actions": actions.astype(np.float32).tobytes(),
-                "read_s": t1 - t0, **{k: v for k, v in asdict(timings).items()},
-                "got_s": got_s, "done_s": time.monotonic(), "link": link(), "times": engine.last_link,
-            }))
+            conn.send_bytes(
+                pack(
+                    {
+                        "t": "result",
+                        "req": req,
+                        "obs_time_s": obs_time,
+                        "n": int(actions.shape[0]),
+                        "dim": int(actions.shape[1]),
+                        "actions": actions.astype(np.float32).tobytes(),
+                        "read_s": t1 - t0,
+                        **{k: v for k, v in asdict(timings).items()},
+                        "got_s": got_s,
+                        "done_s": time.monotonic(),
+                        "link": link(),
+                        "times": engine.last_link,
+                    }
+                )
+            )
     finally:
         engine.close()
