@@ -428,3 +428,62 @@ def test_malicious_server_reply_runs_nothing_and_the_daemon_holds(ckpt: Path) ->
         finally:
             close()
             srv.stop(0)
+
+
+# -- `so101d policy check` for a checkpoint that exists only on the server ---------------------
+
+
+def _policy_check(capsys, *args: str) -> tuple[int, str, str]:
+    """`so101d policy check ...` as the operator types it (the CLI's own main, in this process)."""
+    from daemon.cli import main
+
+    capsys.readouterr()
+    rc = main(["policy", "check", *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_policy_check_on_the_server_sets_it_up_and_runs_one_observation(ckpt: Path, tmp_path: Path, capsys) -> None:
+    """The operator's checkpoint sits on the GPU host: `policy check` asks LeRobot's server to set it
+    up (the daemon's handshake) and sends one observation of this configuration. Server down, a
+    checkpoint the server does not have, an observation the policy cannot take: a clear reason and
+    exit 1, never a traceback."""
+    port = free_port()
+    cfg = tmp_path / "so101d.toml"
+    cfg.write_text(
+        f'[socket]\npath = "{tmp_path / "c.sock"}"\n'
+        f'[cameras.front]\nkind = "virtual"\nwidth = {W}\nheight = {H}\n'
+        f'[policy]\nbackend = "lerobot-server"\nserver = "127.0.0.1:{port}"\npath = "{ckpt}"\n'
+        'server_policy_type = "act"\nactions_per_chunk = 10\n'
+    )
+    # no [policy] backend here: --server says where; the camera is one the policy was not trained on
+    wrist = tmp_path / "wrist.toml"
+    wrist.write_text(
+        f'[socket]\npath = "{tmp_path / "c.sock"}"\n[cameras.wrist]\nkind = "virtual"\nwidth = {W}\nheight = {H}\n'
+        "[policy]\nactions_per_chunk = 10\n"
+    )
+    server = LeRobotServer(port, tmp_path)
+    try:
+        rc, out, err = _policy_check(capsys, "--config", str(cfg))
+        assert rc == 1, (out, err)
+        assert f"127.0.0.1:{port}" in err and "UNAVAILABLE" in err and "Traceback" not in err, err
+
+        server.start()
+        rc, out, err = _policy_check(capsys, "--config", str(cfg))
+        assert rc == 0, (out, err)
+        assert f"act from {ckpt} on the policy server 127.0.0.1:{port}" in out, out
+        assert "6 joint positions, front 64x48" in out
+        assert "ok: the server set the policy up" in out
+        assert "an action chunk of 10 x 6" in out and "first forward pass" in out, out
+        assert "timing: round trip" in out and "GetActions" in out and "of 5" in out, out
+
+        missing = tmp_path / "not-on-the-server"
+        rc, out, err = _policy_check(capsys, str(missing), "--config", str(cfg))
+        assert rc == 1, (out, err)
+        assert f"cannot set the policy up on 127.0.0.1:{port}" in err and str(missing) in err, err
+
+        rc, out, err = _policy_check(capsys, str(ckpt), "--server", f"127.0.0.1:{port}", "--config", str(wrist))
+        assert rc == 1, (out, err)
+        assert "answered no actions for the observation (6 joint positions, wrist 64x48)" in err, err
+    finally:
+        server.kill()

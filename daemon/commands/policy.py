@@ -5,6 +5,10 @@ start         the policy drives the follower (through the safety layer; evaluati
 stop          hold the pose (the evaluation episode is saved; --success/--failure/--discard)
 status        inference latency p50/p99, chunk age, queue depth, dropped stale actions
 check DIR     offline: does this checkpoint fit this configuration? (lists every mismatch)
+check --server HOST:PORT [PATH]
+              a checkpoint on LeRobot's policy server: set it up there, send one observation of
+              this configuration, report the chunk that came back (also with [policy] backend =
+              "lerobot-server"; PATH defaults to [policy] path)
 serve DIR     serve the policy to other local programs over ZeroMQ (see daemon/policy/serve.py)
 """
 
@@ -57,8 +61,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("status", help="inference latency, chunk age, queue depth")
     p.add_argument("--json", action="store_true")
     add_socket_arguments(p)
-    p = sub.add_parser("check", help="offline: check a checkpoint against a configuration (and time its inference)")
-    p.add_argument("path", metavar="DIR")
+    p = sub.add_parser(
+        "check",
+        help="check a checkpoint against a configuration (and time its inference); with --server (or "
+        '[policy] backend = "lerobot-server"), a checkpoint on LeRobot\'s policy server',
+    )
+    p.add_argument(
+        "path",
+        metavar="DIR",
+        nargs="?",
+        default=None,
+        help="checkpoint folder (with a server: its path or hub id on the server); default: [policy] path",
+    )
+    p.add_argument(
+        "--server",
+        metavar="HOST:PORT",
+        help="check on LeRobot's policy server at HOST:PORT (default: [policy] server when backend is lerobot-server)",
+    )
+    p.add_argument(
+        "--policy-type", help="with a server: the policy type it loads (default: [policy] server_policy_type)"
+    )
     p.add_argument("--config", metavar="FILE", help="daemon configuration (cameras, [policy]) to check against")
     p.add_argument(
         "--no-timing", action="store_true", help="skip timing the inference (which loads the policy; a few seconds)"
@@ -237,8 +259,14 @@ def _check(args: argparse.Namespace) -> int:
         print(f"so101d: configuration error: {exc}", file=sys.stderr)
         return 2
     cams = {n: (c.height, c.width) for n, c in cfg.cameras.items()}
+    path = args.path or cfg.policy.path
+    if not path:
+        print("so101d: policy check: give the checkpoint (DIR) or set [policy] path", file=sys.stderr)
+        return 2
+    if args.server or cfg.policy.backend == "lerobot-server":
+        return _check_on_server(args, cfg, path, cams)
     try:
-        info = check_checkpoint(args.path, ExpectedIO(cameras=cams))
+        info = check_checkpoint(path, ExpectedIO(cameras=cams))
     except CheckpointError as exc:
         print(f"so101d: {exc}", file=sys.stderr)
         return 1
@@ -249,10 +277,66 @@ def _check(args: argparse.Namespace) -> int:
     )
     if args.no_timing:
         return 0
-    return _check_timing(args, cfg, cams, info)
+    return _check_timing(args, cfg, path, cams, info)
 
 
-def _check_timing(args: argparse.Namespace, cfg: Any, cams: dict[str, tuple[int, int]], info: Any) -> int:
+def _check_on_server(args: argparse.Namespace, cfg: Any, path: str, cams: dict[str, tuple[int, int]]) -> int:
+    """The daemon's handshake with LeRobot's policy server and one observation (server_check.py)."""
+    import dataclasses
+    import statistics
+
+    from daemon.policy.attach import PolicyError, queue_config_from, server_spec_from
+    from daemon.policy.runner import keep_up_warning
+    from daemon.policy.server_check import ServerCheckError, check_server_policy, describe_observation
+
+    overrides: dict[str, Any] = {"backend": "lerobot-server"}
+    if args.server:
+        overrides["server"] = args.server
+    if args.policy_type:
+        overrides["server_policy_type"] = args.policy_type
+    policy_cfg = dataclasses.replace(cfg.policy, **overrides)
+    try:
+        spec = server_spec_from(policy_cfg, path, cams)
+        qcfg = queue_config_from(policy_cfg)
+    except PolicyError as exc:
+        print(f"so101d: {exc}", file=sys.stderr)
+        return 2
+    assert spec is not None  # backend is lerobot-server
+    print(
+        f"checking {spec.policy_type} from {spec.checkpoint} on the policy server {spec.server} "
+        f"(device {spec.device}, {spec.actions_per_chunk} actions per chunk; observation: {describe_observation(spec)})"
+    )
+    try:
+        r = check_server_policy(spec, repeats=0 if args.no_timing else max(1, args.repeats))
+    except ServerCheckError as exc:
+        print(f"so101d: {exc}", file=sys.stderr)
+        return 1
+    print(f"ok: the server set the policy up in {r.setup_s:.1f} s (Ready + SendPolicyInstructions)")
+    print(
+        f"ok: one observation -> an action chunk of {r.n_actions} x {r.action_dim} "
+        f"({r.first_round_trip_s * 1e3:.0f} ms round trip, the server's first forward pass)"
+    )
+    if r.round_trips_s:
+        print(
+            f"timing: round trip {statistics.median(r.round_trips_s) * 1e3:.0f} ms median, "
+            f"{max(r.round_trips_s) * 1e3:.0f} ms max of {len(r.round_trips_s)}; the last: upload "
+            f"{r.send_s * 1e3:.0f} ms, GetActions {r.get_s * 1e3:.0f} ms (server compute + reply), "
+            f"decode {r.decode_s * 1e3:.1f} ms"
+        )
+    if r.n_actions < spec.actions_per_chunk:
+        print(
+            f"warning: asked for {spec.actions_per_chunk} actions per chunk, the server sent {r.n_actions} "
+            "(the policy's chunk is shorter): lower [policy] actions_per_chunk",
+            file=sys.stderr,
+        )
+    worst = max(r.round_trips_s) if r.round_trips_s else None
+    warning = None if worst is None else keep_up_warning(worst, qcfg, r.n_actions)
+    if warning:
+        print(f"warning: {warning}; the arm would hold between chunks", file=sys.stderr)
+    return 0
+
+
+def _check_timing(args: argparse.Namespace, cfg: Any, path: str, cams: dict[str, tuple[int, int]], info: Any) -> int:
     """Time the inference as the daemon's worker runs it; warn when a chunk cannot cover it."""
     import time
 
@@ -266,7 +350,7 @@ def _check_timing(args: argparse.Namespace, cfg: Any, cams: dict[str, tuple[int,
     try:
         qcfg = queue_config_from(cfg.policy)
         engine = PolicyEngine.from_checkpoint(
-            args.path, ExpectedIO(cameras=cams), device=cfg.policy.device or None, task=cfg.policy.task
+            path, ExpectedIO(cameras=cams), device=cfg.policy.device or None, task=cfg.policy.task
         )
     except (PolicyError, CheckpointError, ValueError) as exc:
         print(f"so101d: {exc}", file=sys.stderr)

@@ -29,7 +29,7 @@ import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -52,6 +52,10 @@ class ServerUnavailable(RuntimeError):
     def __init__(self, message: str, retry_after_s: float):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class EmptyReply(ServerUnavailable):
+    """GetActions answered nothing: inference failed on the server, or it lost the policy."""
 
 
 @dataclass
@@ -187,14 +191,14 @@ class ServerEngine:
         self._backoff_s = BACKOFF_START_S
         self.last_error = None
 
-    def _fail(self, why: str) -> None:
+    def _fail(self, why: str, kind: type[ServerUnavailable] = ServerUnavailable) -> NoReturn:
         self._close_channel()
         self.failures += 1
         self.last_error = why
         wait = self._backoff_s
         self._backoff_s = min(BACKOFF_MAX_S, self._backoff_s * 2)
         self._next_try_s = time.monotonic() + wait
-        raise ServerUnavailable(why, wait)
+        raise kind(why, wait)
 
     def close(self) -> None:
         self._close_channel()
@@ -238,7 +242,8 @@ class ServerEngine:
             # e.g. the server restarted): set it up again on the next request
             self._fail(
                 f"policy server {self.spec.server} answered no actions (it logs why; "
-                "a restarted server has lost the policy: setting it up again)"
+                "a restarted server has lost the policy: setting it up again)",
+                EmptyReply,
             )
         try:
             chunk = loads_actions(reply.data)
