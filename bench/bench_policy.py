@@ -8,7 +8,7 @@
    as the loop drives it, waking as each chunk lands; a new request as soon as each chunk lands.
    Overhead beyond the forward pass = request issued -> actions usable by the loop, minus the
    forward pass the worker measured (goal: <= 1 ms p99), split per chunk into handoff / worker /
-   reply / enqueue (they add up). Before it: one full garbage collection with and without
+   reply / prepare (they add up; the loop's pickup beside them). Before it: one full garbage collection with and without
    gc.freeze(), the image hand-over to LeRobot's preprocessor old vs new, and a tail run of
    ``--tail-requests`` (1000) on a tiny ACT so p99.9 means something. Also: what
    `PolicySource.target()` costs the loop.
@@ -38,16 +38,10 @@
    negative = the arm held that long), the largest per-cycle step of the policy's target, and the
    overhead beyond the forward pass by stage.
 
-7. Chunk pickup, ``--pickup``: the same daemon, a tiny ACT asked back to back; rounds alternate the
-   pickup before this change (a chunk became usable when the loop's next cycle took it from the
-   receiver: up to one loop period) and now (the receiver thread puts it into the queue on
-   arrival); overhead beyond the forward pass by stage, p50/p99/p99.9.
-
 Ratios are printed side by side (measured in one run, interleaved where it matters).
 
     .venv/bin/python bench/bench_policy.py [--requests 30] [--tail-requests 1000] [--skip-tail] [--skip-lerobot] [--skip-loop]
     .venv/bin/python bench/bench_policy.py --refill [--refill-seconds 10] [--rounds 2] [--forward-s 0.15]
-    .venv/bin/python bench/bench_policy.py --pickup [--pickup-seconds 10] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -117,7 +111,7 @@ def build_checkpoint(work: Path) -> Path:
 def bench_ours(ckpt: Path, requests: int, h: int = H, w: int = W) -> dict:
     """Our local path, polled the way the loop polls it but waking as each chunk lands (the chunk
     is usable on arrival; no loop period hides in the figures). Per chunk the runner's timeline:
-    request issued -> usable, split into handoff / worker / forward / reply / enqueue."""
+    request issued -> usable, split into handoff / worker / forward / reply / prepare (+ the loop's pickup)."""
     state = synthetic_pose(0.3)
     img = synthetic_frame(state, h, w)
     qcfg = QueueConfig(refill_below=1000, max_obs_age_s=60.0)  # always wants a refill: back to back
@@ -146,7 +140,7 @@ def bench_ours(ckpt: Path, requests: int, h: int = H, w: int = W) -> dict:
     tl = list(src.timeline)[first : first + requests]
     out = {
         k: np.array([c[k] for c in tl])
-        for k in ("handoff", "worker", "forward", "reply", "enqueue", "total", "overhead")
+        for k in ("handoff", "worker", "forward", "reply", "prepare", "total", "overhead")
     }
     for k, n0 in sub_start.items():
         out[k] = np.array(src.stage[k].values()[n0 : n0 + requests])
@@ -167,7 +161,7 @@ def print_ours(ours: dict, what: str) -> None:
     print(row("  garbage-collection pauses", ours["gc"]))
     print(row("forward pass", ours["forward"]))
     print(row("reply (pipe, receiver thread)", ours["reply"]))
-    print(row("enqueue (into the action queue)", ours["enqueue"]))
+    print(row("prepare (decode, checks): usable", ours["prepare"]))
     print(row("total", ours["total"]))
     print(row("overhead beyond forward", ours["overhead"], "goal p99 <= 1 ms"))
     print(row("PolicySource.target() per call", ours["target_cost"], "loop-side cost"))
@@ -550,31 +544,7 @@ def _old_rule_source():
     return OldRule
 
 
-def _loop_pickup_source():
-    """PolicySource as it was before the receiver thread queued chunks itself: a chunk waited in
-    the inbox until the loop's next target() call took it (to measure that beside the new path)."""
-    from collections import deque
-
-    class LoopPickup(PolicySource):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            self._parked: deque = deque()
-
-        def _on_result(self, msg, arrived_s):  # receiver thread: park it for the loop
-            self._parked.append((msg, arrived_s))
-
-        def target(self, now_s, state_units):
-            while self._parked:  # the loop's next cycle takes it: usable from here
-                msg, arrived = self._parked.popleft()
-                PolicySource._on_result(self, msg, arrived)
-            return super().target(now_s, state_units)
-
-    return LoopPickup
-
-
-def bench_refill_round(
-    ckpt: Path, rule: str, seconds: float, source_cls: type | None = None, back_to_back: bool = False
-) -> dict:
+def bench_refill_round(ckpt: Path, rule: str, seconds: float) -> dict:
     from daemon.config import config_from_dict
     from daemon.control_client import ControlClient
     from daemon.policy.attach import queue_config_from
@@ -615,9 +585,7 @@ def bench_refill_round(
         qcfg = queue_config_from(cfg.policy)
         if rule == "before":
             qcfg.blend_s = 0.0
-        if back_to_back:  # a request as soon as a chunk lands: the most samples per second
-            qcfg.refill_below = 1000
-        cls = source_cls or (_old_rule_source() if rule == "before" else PolicySource)
+        cls = _old_rule_source() if rule == "before" else PolicySource
         src = cls(PolicyRunnerConfig(str(ckpt), cameras={"front": (REFILL_H, REFILL_W)}, queue=qcfg), {"front": cam})
         cam.start()
         daemon.start()
@@ -645,7 +613,6 @@ def bench_refill_round(
             rows = cycles[first_cycle:]
             chunks = list(src.chunk_log)[max(0, first_chunk - 1) :]
             st = src.stats()
-            timeline = list(src.timeline)[1:]  # the first chunk was asked before the loop ran in policy mode
             loop.call(lambda: loop.set_intent("hold"))
         finally:
             loop.policy_source = None
@@ -670,7 +637,6 @@ def bench_refill_round(
     return {
         "in_policy": sum(m == "policy" for m in modes) / max(1, len(modes)),
         "samples": len(modes),
-        "timeline": timeline,
         "gaps": np.array(gaps),
         "slack": np.array(slack),
         "raw_step": raw_step,
@@ -723,7 +689,8 @@ def run_refill(args: argparse.Namespace) -> int:
             "postprocess",
             "gc",
             "reply",
-            "enqueue",
+            "prepare",
+            "pickup",
         ):
             v = st["stages_ms"].get(key)
             if v:
@@ -742,51 +709,9 @@ def run_refill(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_pickup(args: argparse.Namespace) -> int:
-    """The chunk pickup in the daemon on the emulated bench (100 Hz loop): usable when the loop's
-    next cycle takes it (before) vs on arrival (now), interleaved rounds, back-to-back requests."""
-    from daemon.policy.tiny import make_synthetic_dataset as mk
-
-    with tempfile.TemporaryDirectory(prefix="so101d-bench-pickup-") as d:
-        ds = mk(Path(d) / "dataset", {"front": (REFILL_H, REFILL_W)}, episodes=1, frames_per_episode=12)
-        ckpt = train_tiny_policy(ds, Path(d) / "act", policy_type="act", steps=1, batch_size=2).checkpoint
-        print(
-            f"pickup: tiny ACT, one {REFILL_W}x{REFILL_H} camera, the daemon's 100 Hz loop on the emulated bench, "
-            f"{args.pickup_seconds:g} s per round, {args.rounds} rounds each, interleaved"
-        )
-        runs: dict[str, list[dict]] = {"loop takes it": [], "on arrival": []}
-        for _ in range(args.rounds):
-            runs["loop takes it"].append(
-                bench_refill_round(ckpt, "after", args.pickup_seconds, _loop_pickup_source(), back_to_back=True)
-            )
-            runs["on arrival"].append(bench_refill_round(ckpt, "after", args.pickup_seconds, None, back_to_back=True))
-    print("\n  request issued -> chunk usable by the loop, minus the forward pass (ms)")
-    print(f"  {'pickup':<16} {'stage':<10} {'p50':>8} {'p99':>8} {'p99.9':>8} {'max':>8} {'n':>5}")
-    res = {}
-    for name, rs in runs.items():
-        tl = [c for r in rs for c in r["timeline"]]
-        for key in ("handoff", "worker", "reply", "enqueue", "overhead"):
-            v = np.array([c[key] for c in tl]) * 1e3
-            print(
-                f"  {name:<16} {key:<10} {pct(v, 50):8.3f} {pct(v, 99):8.3f} {pct(v, 99.9):8.3f} "
-                f"{(v.max() if v.size else float('nan')):8.3f} {v.size:5d}"
-            )
-        res[name] = np.array([c["overhead"] for c in tl])
-        a = np.array([c["ask"] for c in tl]) * 1e3
-        print(f"  {name:<16} {'(ask)':<10} {pct(a, 50):8.3f} {pct(a, 99):8.3f}   cycle start -> request, not overhead")
-    b, n = res["loop takes it"], res["on arrival"]
-    print(
-        f"  ratio before / now: overhead p50 {pct(b, 50) / pct(n, 50):.1f}x, p99 {pct(b, 99) / pct(n, 99):.1f}x, "
-        f"p99.9 {pct(b, 99.9) / pct(n, 99.9):.1f}x"
-    )
-    return 0
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--refill", action="store_true", help="only the refill-rule comparison (issue 16)")
-    ap.add_argument("--pickup", action="store_true", help="only the chunk pickup in the daemon: loop vs on arrival")
-    ap.add_argument("--pickup-seconds", type=float, default=10.0)
     ap.add_argument("--refill-seconds", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--forward-s", type=float, default=0.15)
@@ -801,8 +726,6 @@ def main() -> int:
     args = ap.parse_args()
     if args.refill:
         return run_refill(args)
-    if args.pickup:
-        return run_pickup(args)
     with tempfile.TemporaryDirectory(prefix="so101d-bench-policy-") as d:
         ckpt = args.checkpoint or build_checkpoint(Path(d))
         if not args.skip_tail:

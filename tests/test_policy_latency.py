@@ -1,10 +1,11 @@
 """Where a local policy's latency goes, as `so101d policy status` tells the operator.
 
 Overhead beyond the forward pass = request issued -> chunk usable by the loop, minus the forward
-pass the worker measured. The stages (handoff, worker, reply, enqueue, plus the forward pass) add
-up to that exactly, chunk by chunk; a chunk is in the action queue as soon as it arrives (the loop
-does not have to pick it up); garbage-collection pauses are counted on both sides. No timing is
-asserted: a loaded machine changes the numbers, not their bookkeeping.
+pass the worker measured. The stages (handoff, worker, reply, prepare, plus the forward pass) add
+up to that exactly, chunk by chunk. A chunk is usable once the receiver thread has decoded and
+checked it; the wait for the loop's next cycle ("pickup", the loop's sampling) is shown beside the
+overhead, not in it. Garbage-collection pauses are counted on both sides. No timing is asserted: a
+loaded machine changes the numbers, not their bookkeeping.
 """
 
 from __future__ import annotations
@@ -57,15 +58,21 @@ def source(ckpt: Path):
         src.stop()
 
 
-def test_a_chunk_is_usable_the_moment_it_arrives_without_the_loop_picking_it_up(source) -> None:
+def test_a_chunk_is_usable_on_arrival_and_the_loops_pickup_is_not_counted_as_overhead(source) -> None:
     src, state = source
     assert src.target(time.monotonic(), state) is None  # empty queue: hold, and the first request goes out
     deadline = time.monotonic() + 30
     while src.results == 0 and time.monotonic() < deadline:
         src.wait_result(0.05)  # no target() call: nothing on the loop's side runs
     assert src.results == 1, src.stats()
-    assert len(src.queue) == 1  # already in the queue, before the loop's next cycle
-    assert src.target(time.monotonic(), state) is not None
+    arrived_by = time.monotonic()
+    time.sleep(0.2)  # the loop's next cycle comes late
+    assert src.target(time.monotonic(), state) is not None  # it takes the chunk and drives from it
+    (chunk,) = list(src.timeline)
+    assert chunk["usable_s"] <= arrived_by  # usable before the loop came back
+    assert chunk["pickup"] >= 0.2  # the wait for the loop, beside the overhead
+    assert chunk["total"] == pytest.approx(chunk["usable_s"] - chunk["issued_s"], abs=1e-9)
+    assert src.stats()["stages_ms"]["pickup"]["n"] == 1
 
 
 def test_the_stages_add_up_to_the_overhead_chunk_by_chunk_and_status_shows_them(source) -> None:
@@ -96,9 +103,12 @@ def test_the_stages_add_up_to_the_overhead_chunk_by_chunk_and_status_shows_them(
         "postprocess",
         "gc",
         "reply",
-        "enqueue",
+        "prepare",
     ):
         assert st["stages_ms"][key]["n"] >= len(chunks), key
+    picked = [c for c in chunks if "pickup" in c]  # the newest may still wait for the loop's next call
+    assert len(picked) >= len(chunks) - 1 and all(c["pickup"] >= 0 for c in picked)
+    assert st["stages_ms"]["pickup"]["n"] >= len(picked)
     # the observation -> usable latency is the request's plus the cycle's own reads before it
     lat = src.latency.values()[-len(chunks) :]
     assert lat == pytest.approx([c["ask"] + c["total"] for c in chunks], abs=1e-9)
@@ -108,7 +118,7 @@ def test_the_stages_add_up_to_the_overhead_chunk_by_chunk_and_status_shows_them(
     text = format_status({**st, "driving": False})
     assert "request -> chunk usable, minus the forward pass" in text
     assert "p99.9" in text
-    assert "overhead = handoff + worker + reply + enqueue" in text
-    for key in ("handoff", "worker", "reply", "enqueue", "gc"):
+    assert "overhead = handoff + worker + reply + prepare" in text
+    for key in ("handoff", "worker", "reply", "prepare", "pickup", "gc"):
         assert f"\n  {key:<11}" in text, key
     assert "gc         daemon" in text and "objects frozen" in text

@@ -128,8 +128,9 @@ STAGES = (  # (key, what it covers), in the order a request goes through them
     ("postprocess", "  unnormalisation, to cpu"),
     ("gc", "  garbage-collection pauses"),
     ("forward", "the forward pass (not overhead)"),
-    ("reply", "chunk ready -> decoded in the daemon (pipe, receiver thread)"),
-    ("enqueue", "-> in the action queue: usable from the loop's next cycle on"),
+    ("reply", "chunk ready -> in the daemon (pipe, receiver thread)"),
+    ("prepare", "-> decoded and checked: usable (the overhead ends here)"),
+    ("pickup", "-> the loop's next cycle takes it (its sampling period; not overhead)"),
 )
 
 

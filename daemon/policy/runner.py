@@ -1,24 +1,25 @@
 """PolicySource: the control loop's side of local inference.
 
 The loop calls ``target(now_monotonic_s, state_units)`` every cycle; it costs microseconds and
-never blocks: it drains finished chunks from the worker (non-blocking pipe poll), answers from the
-ActionQueue, and, when the queue runs low, hands the observation to a publisher thread which copies
-the cameras' latest frames and the state into shared memory and wakes the worker. ``None`` means
-nothing fresh: the loop holds (safety layer's job).
+never blocks (no pipe, no msgpack, no lock): it moves chunks the receiver thread has made ready
+into the ActionQueue, answers from the queue, and, when the queue runs low, hands the observation
+to a publisher thread which copies the cameras' latest frames and the state into shared memory
+and wakes the worker. ``None`` means nothing fresh: the loop holds (safety layer's job).
 
-A receiver thread reads and decodes the worker's messages as they arrive and puts a chunk into
-the ActionQueue itself (under a lock the loop holds only for its microseconds of queue work): the
-chunk is usable by the loop's very next cycle, the loop never waits on a pipe or on msgpack. The
-rest of the bookkeeping (request in flight, statistics) is popped from a deque on the loop thread.
+A receiver thread reads, decodes and checks the worker's chunks as they arrive and hands them to
+the loop through a deque, ready to use: a chunk counts as usable from then on (its stale slots
+and its cross-fade are timed from its arrival), and the loop's next cycle takes it.
 
 Timeline of one request (all times ``time.monotonic()``, shared by both processes):
   obs_time (cycle start) -> [ask: the cycle's bus reads] -> issued (target() asks) ->
   [handoff: publisher thread, frame copy into shared memory, pipe, worker wake] -> worker has it ->
   [worker: shared-memory read, preprocess, forward, postprocess] -> chunk ready ->
-  [reply: pipe, receiver thread wake, decode] -> arrived -> [enqueue: lock, queue insert] -> usable.
+  [reply: pipe, receiver thread wake] -> arrived -> [prepare: decode, checks] -> usable ->
+  [pickup: until the loop's next cycle takes it].
 Overhead beyond the forward pass = (usable - issued) - forward: the stages handoff + worker (less
-the forward pass) + reply + enqueue, which sum to it exactly (``timeline`` keeps them per chunk).
-"ask" happens before the request exists and is reported beside it, not in it.
+the forward pass) + reply + prepare, which sum to it exactly (``timeline`` keeps them per chunk).
+"ask" (before the request exists) and "pickup" (the loop's sampling: a chunk landing mid-period
+is first used at the next cycle, whoever inserts it) are reported beside it, not in it.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ log = logging.getLogger("so101d.policy")
 
 LATENCY_WINDOW = 64  # the refill lead follows the recent requests (a machine that got busier)
 # issued -> usable, in order; with "forward" they sum to it exactly (overhead = the four of them)
-OVERHEAD_STAGES = ("handoff", "worker", "reply", "enqueue")
+OVERHEAD_STAGES = ("handoff", "worker", "reply", "prepare")
 STAGE_KEYS = (
     "ask",
     "handoff",
@@ -58,7 +59,8 @@ STAGE_KEYS = (
     "postprocess",
     "gc",
     "reply",
-    "enqueue",
+    "prepare",
+    "pickup",
 )
 MIN_MARGIN_S = 0.05
 MARGIN_FRACTION = 0.25
@@ -186,9 +188,10 @@ class PolicySource:
         # per chunk: the stage split in seconds (tests check it adds up; the bench reads it)
         self.timeline: deque[dict[str, float]] = deque(maxlen=4096)
         self._issued: dict[int, float] = {}  # request id -> when target() issued it (monotonic s)
-        # The queue and the request in flight are shared by the loop (target) and the receiver
-        # thread (a chunk goes into the queue the moment it arrives); each holds this for microseconds.
-        self._qlock = threading.Lock()
+        # Chunks decoded and checked by the receiver thread, ready for the loop: (request id,
+        # obs_time_s, actions float64, usable_s, timeline entry or None). A deque, not a lock: the
+        # loop never waits on a thread that a busy machine may have descheduled mid-insert.
+        self._ready: deque[tuple[int, float, np.ndarray, float, dict[str, float] | None]] = deque()
         self.gc_pauses = GcPauses()  # this (the daemon's) process, from start() on
         self.gc_frozen = 0
         # worker -> daemon messages, decoded by the receiver thread: (arrived monotonic s, msg or None = closed)
@@ -296,35 +299,54 @@ class PolicySource:
             self._buf.close()
             self._buf = None
         self._proc = None
-        with self._qlock:
-            self.queue.clear()
-            self._in_flight = None
+        self._ready.clear()
+        self.queue.clear()
+        self._in_flight = None
         if self.state != "error":
             self.state = "stopped"
 
     def reset(self) -> None:
         """Episode start: forget queued actions and the policy's observation history."""
-        with self._qlock:
-            self.queue.clear()
-            self._in_flight = None
+        self._ready.clear()
+        self.queue.clear()
+        self._in_flight = None
         if self._req_w is not None and self.state == "ready":
             self._req_w.send_bytes(pack({"t": "reset"}))
 
     # -- hot path ------------------------------------------------------------------------------
     def target(self, now_s: float, state_units: np.ndarray) -> np.ndarray | None:
         """Target joint positions for now (LeRobot units), or None (hold). Never blocks."""
-        if self._inbox:  # ready / errors / a closed pipe (chunks go straight into the queue)
+        if self._ready:  # chunks the receiver thread decoded and checked: into the queue
+            self._take_ready()
+        if self._inbox:  # ready / errors / a closed pipe
             self._drain(now_s)
         if self.state != "ready":
             return None
-        with self._qlock:
-            if self._in_flight is not None and now_s - self._in_flight_since > self._timeout_s:
-                self.timeouts += 1
-                self.last_error = f"inference request {self._in_flight} timed out"
+        if self._in_flight is not None and now_s - self._in_flight_since > self._timeout_s:
+            self.timeouts += 1
+            self.last_error = f"inference request {self._in_flight} timed out"
+            self._in_flight = None
+        if self._in_flight is None and now_s >= self._retry_after and self.wants_chunk(now_s):
+            self._request(now_s, state_units)
+        return self.queue.target(now_s)
+
+    def _take_ready(self) -> None:
+        """Loop thread: ready chunks join the queue as of their arrival (stale slots and the
+        cross-fade count from then: the loop's sampling period is not the policy's latency)."""
+        taken_s = time.monotonic()
+        while self._ready:
+            req, obs_time, actions, usable_s, split = self._ready.popleft()
+            try:
+                kept = self.queue.add_chunk(obs_time, actions, usable_s)
+            except ValueError as exc:
+                kept = 0
+                self.last_error = f"chunk rejected: {exc}"
+            self.chunk_log.append((req, obs_time, usable_s, int(actions.shape[0]), kept))
+            if req == self._in_flight:
                 self._in_flight = None
-            if self._in_flight is None and now_s >= self._retry_after and self.wants_chunk(now_s):
-                self._request(now_s, state_units)
-            return self.queue.target(now_s)
+            self.stage["pickup"].add(taken_s - usable_s)
+            if split is not None:
+                split["pickup"] = taken_s - usable_s
 
     def wants_chunk(self, now_s: float) -> bool:
         """The refill rule: what is left of the queue lasts no longer than the measured latency
@@ -413,9 +435,8 @@ class PolicySource:
 
     def _abandon(self, req: int) -> None:
         """A request that never reached the worker: the loop may ask again."""
-        with self._qlock:
-            if self._in_flight == req:
-                self._in_flight = None
+        if self._in_flight == req:
+            self._in_flight = None
         self._issued.pop(req, None)
 
     def _receiver(self, conn) -> None:
@@ -465,10 +486,8 @@ class PolicySource:
                     self.state = "error"
                     self.error = self.last_error
                     log.error("policy worker failed: %s", self.error)
-                else:
-                    with self._qlock:
-                        if msg.get("req") == self._in_flight:
-                            self._in_flight = None
+                elif msg.get("req") == self._in_flight:
+                    self._in_flight = None
                 retry = msg.get("retry_after_s")
                 if isinstance(retry, (int, float)) and retry > 0:  # the server's back-off: no request storm
                     self._retry_after = time.monotonic() + min(float(retry), 10.0)
@@ -483,28 +502,39 @@ class PolicySource:
         )
 
     def _on_result(self, msg: dict[str, Any], arrived_s: float) -> None:
-        """A chunk from the worker (receiver thread): into the queue at once, then the statistics."""
+        """A chunk from the worker (receiver thread): decoded and checked here, then handed to the
+        loop ready to use (``_take_ready``), then the statistics."""
         req = int(msg["req"])
         n, dim = int(msg["n"]), int(msg["dim"])
         raw = msg["actions"]
         if dim != NUM_JOINTS or len(raw) != n * dim * 4:
             self.last_error = f"malformed chunk from the worker ({n}x{dim}, {len(raw)} bytes)"
             return
-        actions = np.frombuffer(raw, dtype=np.float32).reshape(n, dim)
+        actions = np.frombuffer(raw, dtype=np.float32).reshape(n, dim).astype(np.float64)
+        if not np.all(np.isfinite(actions)):
+            self.last_error = "chunk rejected: action chunk contains NaN or inf"
+            return
         obs_time = float(msg["obs_time_s"])
-        with self._qlock:
-            recv_s = time.monotonic()
-            try:
-                kept = self.queue.add_chunk(obs_time, actions, recv_s)
-            except ValueError as exc:
-                kept = 0
-                self.last_error = f"chunk rejected: {exc}"
-            if req == self._in_flight:
-                self._in_flight = None
-            usable_s = time.monotonic()
-        self.chunk_log.append((req, obs_time, recv_s, n, kept))
-        self.results += 1
+        usable_s = time.monotonic()
+        issued_s = self._issued.pop(req, None)
+        split = None
         fwd = float(msg.get("forward_s", 0.0))
+        if issued_s is not None and "got_s" in msg and "done_s" in msg:
+            got_s, done_s = float(msg["got_s"]), float(msg["done_s"])
+            split = {
+                "ask": issued_s - obs_time,
+                "handoff": got_s - issued_s,
+                "worker": done_s - got_s - fwd,
+                "forward": fwd,
+                "reply": arrived_s - done_s,
+                "prepare": usable_s - arrived_s,
+                "total": usable_s - issued_s,
+                "issued_s": issued_s,
+                "usable_s": usable_s,
+            }
+            split["overhead"] = split["total"] - fwd
+        self._ready.append((req, obs_time, actions, usable_s, split))
+        self.results += 1
         self.latency.add(usable_s - obs_time)
         self._update_refill_lead()
         for k in ("read", "preprocess", "forward", "postprocess", "gc"):
@@ -517,20 +547,8 @@ class PolicySource:
                 v = times.get(f"{k}_s")
                 if isinstance(v, (int, float)):
                     self.remote[k].add(float(v))
-        issued_s = self._issued.pop(req, None)
-        if issued_s is None or "got_s" not in msg or "done_s" not in msg:
+        if split is None:
             return  # not a request of ours (or an old worker): no split
-        got_s, done_s = float(msg["got_s"]), float(msg["done_s"])
-        split = {
-            "ask": issued_s - obs_time,
-            "handoff": got_s - issued_s,
-            "worker": done_s - got_s - fwd,
-            "forward": fwd,
-            "reply": arrived_s - done_s,
-            "enqueue": usable_s - arrived_s,
-            "total": usable_s - issued_s,
-        }
-        split["overhead"] = split["total"] - fwd
         self.timeline.append(split)
         self.overhead.add(split["overhead"])
         for k in ("ask", *OVERHEAD_STAGES):
@@ -557,9 +575,8 @@ class PolicySource:
         now_s = time.monotonic() if now_s is None else now_s
         self._check_worker_alive()
         q = self.queue
-        with self._qlock:  # the loop and the receiver change it
-            newest = q.newest_obs_time()
-            depth, horizon_s, live = q.depth(now_s), q.usable_horizon_s(now_s), len(q)
+        newest = q.newest_obs_time()
+        depth, horizon_s, live = q.depth(now_s), q.usable_horizon_s(now_s), len(q)
         return {
             "state": self.state,
             "error": self.error,
