@@ -128,7 +128,7 @@ STAGES = (  # (key, what it covers), in the order a request goes through them
     ("postprocess", "  unnormalisation, to cpu"),
     ("gc", "  garbage-collection pauses"),
     ("forward", "the forward pass (not overhead)"),
-    ("reply", "chunk ready -> in the daemon (pipe, receiver thread)"),
+    ("reply", "chunk ready -> in the daemon (pipe, receiver thread, msgpack)"),
     ("prepare", "-> decoded and checked: usable (the overhead ends here)"),
     ("pickup", "-> the loop's next cycle takes it (its sampling period; not overhead)"),
 )

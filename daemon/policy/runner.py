@@ -14,7 +14,7 @@ Timeline of one request (all times ``time.monotonic()``, shared by both processe
   obs_time (cycle start) -> [ask: the cycle's bus reads] -> issued (target() asks) ->
   [handoff: publisher thread, frame copy into shared memory, pipe, worker wake] -> worker has it ->
   [worker: shared-memory read, preprocess, forward, postprocess] -> chunk ready ->
-  [reply: pipe, receiver thread wake] -> arrived -> [prepare: decode, checks] -> usable ->
+  [reply: pipe, receiver thread wake, msgpack] -> arrived -> [prepare: to float64, checks] -> usable ->
   [pickup: until the loop's next cycle takes it].
 Overhead beyond the forward pass = (usable - issued) - forward: the stages handoff + worker (less
 the forward pass) + reply + prepare, which sum to it exactly (``timeline`` keeps them per chunk).
@@ -452,7 +452,7 @@ class PolicySource:
                 msg: dict[str, Any] = unpack(data)
             except ValueError as exc:
                 msg = {"t": "_bad", "error": str(exc)}
-            arrived = time.monotonic()  # decoded: what is left is the queue insert
+            arrived = time.monotonic()  # read and msgpack-decoded ("reply" ends here)
             if msg["t"] == "result":
                 self._on_result(msg, arrived)
                 if isinstance(msg.get("link"), dict):
