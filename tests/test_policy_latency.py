@@ -62,9 +62,9 @@ def test_a_chunk_is_usable_on_arrival_and_the_loops_pickup_is_not_counted_as_ove
     src, state = source
     assert src.target(time.monotonic(), state) is None  # empty queue: hold, and the first request goes out
     deadline = time.monotonic() + 30
-    while src.results == 0 and time.monotonic() < deadline:
+    while not src.timeline and time.monotonic() < deadline:
         src.wait_result(0.05)  # no target() call: nothing on the loop's side runs
-    assert src.results == 1, src.stats()
+    assert len(src.timeline) == 1 and src.results == 0, src.stats()  # arrived, not yet in the queue
     arrived_by = time.monotonic()
     time.sleep(0.2)  # the loop's next cycle comes late
     assert src.target(time.monotonic(), state) is not None  # it takes the chunk and drives from it
@@ -72,7 +72,7 @@ def test_a_chunk_is_usable_on_arrival_and_the_loops_pickup_is_not_counted_as_ove
     assert chunk["usable_s"] <= arrived_by  # usable before the loop came back
     assert chunk["pickup"] >= 0.2  # the wait for the loop, beside the overhead
     assert chunk["total"] == pytest.approx(chunk["usable_s"] - chunk["issued_s"], abs=1e-9)
-    assert src.stats()["stages_ms"]["pickup"]["n"] == 1
+    assert src.stats()["stages_ms"]["pickup"]["n"] == 1 and src.results == 1
 
 
 def test_the_stages_add_up_to_the_overhead_chunk_by_chunk_and_status_shows_them(source) -> None:

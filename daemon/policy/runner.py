@@ -342,6 +342,7 @@ class PolicySource:
                 kept = 0
                 self.last_error = f"chunk rejected: {exc}"
             self.chunk_log.append((req, obs_time, usable_s, int(actions.shape[0]), kept))
+            self.results += 1  # counted with the queue's own counters: status never sees one without the other
             if req == self._in_flight:
                 self._in_flight = None
             self.stage["pickup"].add(taken_s - usable_s)
@@ -534,7 +535,6 @@ class PolicySource:
             }
             split["overhead"] = split["total"] - fwd
         self._ready.append((req, obs_time, actions, usable_s, split))
-        self.results += 1
         self.latency.add(usable_s - obs_time)
         self._update_refill_lead()
         for k in ("read", "preprocess", "forward", "postprocess", "gc"):
