@@ -109,9 +109,9 @@ def test_the_stages_add_up_to_the_overhead_chunk_by_chunk_and_status_shows_them(
     picked = [c for c in chunks if "pickup" in c]  # the newest may still wait for the loop's next call
     assert len(picked) >= len(chunks) - 1 and all(c["pickup"] >= 0 for c in picked)
     assert st["stages_ms"]["pickup"]["n"] >= len(picked)
-    # the observation -> usable latency is the request's plus the cycle's own reads before it
-    lat = src.latency.values()[-len(chunks) :]
-    assert lat == pytest.approx([c["ask"] + c["total"] for c in chunks], abs=1e-9)
+    # observation -> in the loop's queue (the refill lead's figure) = the cycle's reads + the request + pickup
+    lat = src.latency.values()[-len(picked) :]
+    assert lat == pytest.approx([c["ask"] + c["total"] + c["pickup"] for c in picked], abs=1e-9)
     gc = st["gc"]
     assert gc["daemon_frozen_objects"] > 0  # what was loaded before the policy started is out of the GC's walk
     assert gc["worker_ms"]["n"] >= len(chunks)

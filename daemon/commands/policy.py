@@ -172,7 +172,7 @@ def format_status(st: dict[str, Any]) -> str:
         f"policy     {st.get('policy_type')} from {st.get('checkpoint')}",
         f"state      {st.get('state')}{' (driving the follower)' if st.get('driving') else ''}"
         + (f"  error: {st['error']}" if st.get("error") else ""),
-        f"latency    {_ms(st.get('inference_latency_ms'))}  (observation -> chunk usable by the loop)",
+        f"latency    {_ms(st.get('inference_latency_ms'))}  (observation -> chunk in the loop's queue)",
         f"overhead   {_ms(st.get('overhead_ms'))}  (request -> chunk usable, minus the forward pass)",
         f"queue      {st.get('queue_depth')} actions ahead, chunk age {'-' if age is None else f'{age:.0f} ms'}, merge {st.get('merge')}",
         f"horizon    {_num(st.get('usable_horizon_ms'))} ms left of {_num(st.get('chunk_horizon_ms'))} ms per chunk; "

@@ -182,7 +182,7 @@ class PolicySource:
         self._stopping = False
         self._publish_failed: str | None = None
         # stats
-        self.latency = _Samples()  # obs_time -> chunk usable in the queue (what the refill lead needs)
+        self.latency = _Samples()  # obs_time -> chunk in the loop's queue (what the refill lead needs)
         self.overhead = _Samples()  # request issued -> chunk usable, minus the forward pass
         self.stage = {k: _Samples() for k in STAGE_KEYS}
         # per chunk: the stage split in seconds (tests check it adds up; the bench reads it)
@@ -345,9 +345,12 @@ class PolicySource:
             self.results += 1  # counted with the queue's own counters: status never sees one without the other
             if req == self._in_flight:
                 self._in_flight = None
+            # the refill lead needs what the loop lives with: observation -> in its queue
+            self.latency.add(taken_s - obs_time)
             self.stage["pickup"].add(taken_s - usable_s)
             if split is not None:
                 split["pickup"] = taken_s - usable_s
+        self._update_refill_lead()
 
     def wants_chunk(self, now_s: float) -> bool:
         """The refill rule: what is left of the queue lasts no longer than the measured latency
@@ -535,8 +538,6 @@ class PolicySource:
             }
             split["overhead"] = split["total"] - fwd
         self._ready.append((req, obs_time, actions, usable_s, split))
-        self.latency.add(usable_s - obs_time)
-        self._update_refill_lead()
         for k in ("read", "preprocess", "forward", "postprocess", "gc"):
             v = msg.get(f"{k}_s")
             if v is not None:
