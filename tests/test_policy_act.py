@@ -74,9 +74,14 @@ def test_actions_are_in_lerobot_units_through_the_processors(act_ckpt: Path, dat
     pol = engine.loaded.policy
     stats = dataset.meta.stats
     obs = {
-        "observation.state": torch.from_numpy((state - stats["observation.state"]["mean"]) / stats["observation.state"]["std"]).float()[None],
+        "observation.state": torch.from_numpy(
+            (state - stats["observation.state"]["mean"]) / stats["observation.state"]["std"]
+        ).float()[None],
         "observation.images.front": (
-            (torch.from_numpy(img).permute(2, 0, 1).float() / 255.0 - torch.as_tensor(stats["observation.images.front"]["mean"]).float())
+            (
+                torch.from_numpy(img).permute(2, 0, 1).float() / 255.0
+                - torch.as_tensor(stats["observation.images.front"]["mean"]).float()
+            )
             / (torch.as_tensor(stats["observation.images.front"]["std"]).float() + 1e-8)
         )[None],
     }
@@ -85,7 +90,9 @@ def test_actions_are_in_lerobot_units_through_the_processors(act_ckpt: Path, dat
     by_hand = norm * stats[ACTION_KEY]["std"] + stats[ACTION_KEY]["mean"]
     np.testing.assert_allclose(actions, by_hand, rtol=1e-3, atol=1e-2)
     # and they are joint units, not normalised values: the gripper sits around its data mean (~50)
-    assert abs(float(np.mean(actions[:, 5])) - float(stats[ACTION_KEY]["mean"][5])) < 3 * float(stats[ACTION_KEY]["std"][5])
+    assert abs(float(np.mean(actions[:, 5])) - float(stats[ACTION_KEY]["mean"][5])) < 3 * float(
+        stats[ACTION_KEY]["std"][5]
+    )
 
 
 def test_pickle_checkpoints_are_refused_before_loading(act_ckpt: Path, tmp_path: Path) -> None:

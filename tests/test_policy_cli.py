@@ -26,8 +26,9 @@ H, W = 48, 64
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*SO101D, *args], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    return subprocess.run(
+        [*SO101D, *args], capture_output=True, text=True, timeout=timeout, env=dict(os.environ, HF_HUB_OFFLINE="1")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +62,24 @@ def test_policy_cli_against_so101d_run(ckpt: Path) -> None:
         r = cli("policy", "check", str(ckpt), "--config", str(bare))
         assert r.returncode == 1 and "camera 'front' (64x48) expected by the policy is not configured" in r.stderr
         with BusEmulator(run_dir / "leader", la), BusEmulator(run_dir / "follower", fa):
-            proc = subprocess.Popen([*SO101D, "run", "--config", str(cfg)], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+            proc = subprocess.Popen(
+                [*SO101D, "run", "--config", str(cfg)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=dict(os.environ, HF_HUB_OFFLINE="1"),
+            )
             try:
-                wait_status(sock, lambda s: s["mode"] == "teleop" and s.get("recording", {}).get("phase") == "idle"
-                            and s.get("policy", {}).get("state") == "none", timeout_s=180, proc=proc)
+                wait_status(
+                    sock,
+                    lambda s: (
+                        s["mode"] == "teleop"
+                        and s.get("recording", {}).get("phase") == "idle"
+                        and s.get("policy", {}).get("state") == "none"
+                    ),
+                    timeout_s=180,
+                    proc=proc,
+                )
                 s = ["--socket", str(sock)]
                 r = cli("policy", "start", *s)
                 assert r.returncode == 1 and "no policy loaded" in r.stderr
@@ -74,16 +88,27 @@ def test_policy_cli_against_so101d_run(ckpt: Path) -> None:
                 r = cli("policy", "start", *s)
                 # the answer says what the arm does: it holds while the first chunk is computed
                 assert r.returncode == 0 and r.stdout.startswith(
-                    ("policy started: the follower holds until the first chunk", "policy driving the follower")), r.stdout
-                wait_status(sock, lambda st: st["mode"] == "policy" and st["policy"]["results"] >= 2, timeout_s=60, proc=proc)
+                    ("policy started: the follower holds until the first chunk", "policy driving the follower")
+                ), r.stdout
+                wait_status(
+                    sock, lambda st: st["mode"] == "policy" and st["policy"]["results"] >= 2, timeout_s=60, proc=proc
+                )
                 time.sleep(1.0)
                 r = cli("policy", "status", *s)
                 assert r.returncode == 0, r.stderr
                 assert "(driving the follower)" in r.stdout and "latency    p50" in r.stdout and "queue " in r.stdout
                 r = cli("policy", "stop", "--success", *s)
                 assert r.returncode == 0 and "holding" in r.stdout, r.stderr
-                st = wait_status(sock, lambda st: st["mode"] == "hold" and st["recording"]["saves_pending"] == 0
-                                 and st["recording"]["episodes_in_dataset"] == 1, timeout_s=120, proc=proc)
+                st = wait_status(
+                    sock,
+                    lambda st: (
+                        st["mode"] == "hold"
+                        and st["recording"]["saves_pending"] == 0
+                        and st["recording"]["episodes_in_dataset"] == 1
+                    ),
+                    timeout_s=120,
+                    proc=proc,
+                )
                 assert not st["policy"]["driving"]
             finally:
                 proc.send_signal(signal.SIGTERM)

@@ -52,15 +52,20 @@ def bench():
     root = Path(d.name)
     la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
     _fa, fb = still_arm_on_pty(root / "follower", "follower", POSE)
-    cfg = config_from_dict({
-        "socket": {"path": str(root / "c.sock")},
-        "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 100.0, "max_step_deg": 1.0},
-        "cameras": {"front": {"kind": "virtual", "width": W, "height": H, "fps": 30}},
-        "policy": {"action_fps": 30.0, "refill_below": 4, "max_obs_age_s": 5.0},
-    })
+    cfg = config_from_dict(
+        {
+            "socket": {"path": str(root / "c.sock")},
+            "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 100.0, "max_step_deg": 1.0},
+            "cameras": {"front": {"kind": "virtual", "width": W, "height": H, "fps": 30}},
+            "policy": {"action_fps": 30.0, "refill_below": 4, "max_obs_age_s": 5.0},
+        }
+    )
     cam = VirtualArmCamera(CamCfg(name="front", width=W, height=H, fps=30))
-    daemon = Daemon(cfg, FeetechLeader(str(root / "leader"), reference_calibration("leader")),
-                    FeetechFollower(str(root / "follower"), reference_calibration("follower")))
+    daemon = Daemon(
+        cfg,
+        FeetechLeader(str(root / "leader"), reference_calibration("leader")),
+        FeetechFollower(str(root / "follower"), reference_calibration("follower")),
+    )
     rows = Rows()
     rows.loop = daemon.loop
     daemon.loop.add_hook(rows)
@@ -84,7 +89,11 @@ def bench():
 def test_policy_mode_drives_the_follower_through_safety(bench, ckpt: Path) -> None:
     daemon, _ctl, rows, _la_emu, root = bench
     loop = daemon.loop
-    wait_for(lambda: loop.state.mode == "idle" or loop.state.mode == "teleop" or loop.state.mode == "hold", 15, "follower connected")
+    wait_for(
+        lambda: loop.state.mode == "idle" or loop.state.mode == "teleop" or loop.state.mode == "hold",
+        15,
+        "follower connected",
+    )
     with ControlClient(str(root / "c.sock"), timeout_s=30) as c:
         r = c.call("policy.start")
         assert r["ok"] is False and "no policy loaded" in r["error"]
@@ -171,7 +180,6 @@ def test_takeover_hands_over_to_teleop_without_a_jump(bench, ckpt: Path) -> None
     assert not any(bool(s.torque_enabled) for s in emu_leader.servos)  # released for the hand
 
 
-
 def so101d(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "daemon.cli", *args], capture_output=True, text=True, timeout=60)
 
@@ -198,7 +206,9 @@ def test_policy_verbs_say_what_the_arm_does(bench, ckpt: Path) -> None:
     with ControlClient(sock, timeout_s=100) as c:
         assert c.request("policy.load", path=str(ckpt), wait_s=90)["state"] == "ready"
     r = so101d("policy", "stop", "--socket", sock)
-    assert r.returncode != 0 and "no policy is driving; nothing to stop (mode teleop, policy ready)" in r.stderr, r.stderr
+    assert r.returncode != 0 and "no policy is driving; nothing to stop (mode teleop, policy ready)" in r.stderr, (
+        r.stderr
+    )
     r = so101d("policy", "stop", "--takeover", "--socket", sock)
     assert r.returncode != 0 and "already follows the leader (teleop); nothing to take over" in r.stderr, r.stderr
     assert loop.state.mode == "teleop"
@@ -206,8 +216,10 @@ def test_policy_verbs_say_what_the_arm_does(bench, ckpt: Path) -> None:
     r = so101d("policy", "start", "--no-record", "--socket", sock)
     assert r.returncode == 0, r.stderr
     # the first chunk may still be computing: the answer says so rather than "driving"
-    assert r.stdout.strip() in ("policy started: the follower holds until the first chunk, then aligns to it",
-                                "policy driving the follower (aligning first)"), r.stdout
+    assert r.stdout.strip() in (
+        "policy started: the follower holds until the first chunk, then aligns to it",
+        "policy driving the follower (aligning first)",
+    ), r.stdout
     wait_for(lambda: loop.intent == "policy", 10, "policy intent")
     r = so101d("policy", "start", "--no-record", "--socket", sock)
     assert r.returncode != 0 and "already driving" in r.stderr, r.stderr
@@ -232,4 +244,7 @@ def test_a_sim_camera_without_a_size_is_checked_at_the_simulators_size() -> None
     assert ctl._camera_size("wrist", cfg.cameras["wrist"]) == (48, 64)
     # before the simulator's hello the live camera has no size yet: the configured default stands
     unknown = PolicyController(SimpleNamespace(cfg=cfg), cameras={"front": SimpleNamespace(width=0, height=0)})
-    assert unknown._camera_size("front", cfg.cameras["front"]) == (cfg.cameras["front"].height, cfg.cameras["front"].width)
+    assert unknown._camera_size("front", cfg.cameras["front"]) == (
+        cfg.cameras["front"].height,
+        cfg.cameras["front"].width,
+    )

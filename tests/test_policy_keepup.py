@@ -46,7 +46,9 @@ class Cycles:
         self.rows: list[tuple[float, str, np.ndarray, np.ndarray]] = []
 
     def on_cycle(self, now, state, action, raw):
-        self.rows.append((now, self.loop.state.mode, np.array(raw, dtype=np.float64), np.array(action, dtype=np.float64)))
+        self.rows.append(
+            (now, self.loop.state.mode, np.array(raw, dtype=np.float64), np.array(action, dtype=np.float64))
+        )
 
 
 @pytest.fixture(scope="module")
@@ -59,14 +61,19 @@ def make_bench(root: Path, policy: dict) -> tuple[Daemon, Cycles, list]:
     _la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
     _fa, fb = still_arm_on_pty(root / "follower", "follower", POSE)
     # safety and policy at their defaults (max_step_deg 10, refill_below 10, merge latest) unless given
-    cfg = config_from_dict({
-        "socket": {"path": str(root / "c.sock")},
-        "cameras": {"front": {"kind": "virtual", "width": W, "height": H, "fps": 30}},
-        "policy": policy,
-    })
+    cfg = config_from_dict(
+        {
+            "socket": {"path": str(root / "c.sock")},
+            "cameras": {"front": {"kind": "virtual", "width": W, "height": H, "fps": 30}},
+            "policy": policy,
+        }
+    )
     cam = VirtualArmCamera(CamCfg(name="front", width=W, height=H, fps=30))
-    daemon = Daemon(cfg, FeetechLeader(str(root / "leader"), reference_calibration("leader")),
-                    FeetechFollower(str(root / "follower"), reference_calibration("follower")))
+    daemon = Daemon(
+        cfg,
+        FeetechLeader(str(root / "leader"), reference_calibration("leader")),
+        FeetechFollower(str(root / "follower"), reference_calibration("follower")),
+    )
     cycles = Cycles(daemon.loop)
     daemon.loop.add_hook(cycles)
 
@@ -108,7 +115,9 @@ def test_default_chunk_with_slow_inference_drives_without_gaps(ckpt: Path, monke
                 assert c.request("policy.load", path=str(ckpt), wait_s=90)["state"] == "ready"
                 assert c.request("policy.start", record=False)["ok"]
                 wait_for(lambda: c.request("policy.status")["results"] >= 1, 30, "the first chunk")
-                wait_for(lambda: loop.state.mode == "policy", 30, f"policy mode (now {loop.state.mode}: {loop.state.reason})")
+                wait_for(
+                    lambda: loop.state.mode == "policy", 30, f"policy mode (now {loop.state.mode}: {loop.state.reason})"
+                )
                 before = c.request("policy.status")
                 first = len(cycles.rows)
             modes = sample_modes(sock, 10.0)
@@ -124,10 +133,22 @@ def test_default_chunk_with_slow_inference_drives_without_gaps(ckpt: Path, monke
     assert in_policy >= 0.99, (in_policy, [m for m in modes if m != "policy"])
     # forward ~150 ms measured as such; chunks came back again and again, the newest never ran out
     assert st["stages_ms"]["forward"]["p50"] >= 150.0
-    # the overhead beyond the forward pass, split by stage (issue 16: where did 15 ms go?)
-    for stage in ("ask", "handoff", "publish", "read", "preprocess", "postprocess", "pipe", "poll"):
+    # the overhead beyond the forward pass, split by stage (issue 16: where did 15 ms go?); the
+    # stages add up chunk by chunk (tests/test_policy_latency.py), the medians roughly
+    for stage in (
+        "ask",
+        "handoff",
+        "publish",
+        "worker",
+        "read",
+        "preprocess",
+        "postprocess",
+        "reply",
+        "prepare",
+        "pickup",
+    ):
         assert st["stages_ms"][stage]["n"] >= 8, stage
-    parts = sum(st["stages_ms"][k]["p50"] for k in ("ask", "handoff", "read", "preprocess", "postprocess", "pipe", "poll"))
+    parts = sum(st["stages_ms"][k]["p50"] for k in st["overhead_stages"])
     assert abs(parts - st["overhead_ms"]["p50"]) < 0.5 * st["overhead_ms"]["p50"] + 2.0, (parts, st["overhead_ms"])
     assert st["results"] - before["results"] >= 8
     assert st["chunks_expired"] == before["chunks_expired"] == 0
@@ -164,11 +185,20 @@ def test_policy_slower_than_its_usable_horizon_is_explained_and_holds(ckpt: Path
                 held_at = np.array(loop.measured)
                 wait_for(lambda: c.request("policy.status")["results"] >= 2, 30, "two (too late) chunks")
                 st = c.request("status")
-            r = subprocess.run([sys.executable, "-m", "daemon.cli", "policy", "status", "--socket", sock],
-                               capture_output=True, text=True, timeout=60)
+            r = subprocess.run(
+                [sys.executable, "-m", "daemon.cli", "policy", "status", "--socket", sock],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             wide = dict(os.environ, COLUMNS="200")  # the status table's width, not a terminal's
-            r_all = subprocess.run([sys.executable, "-m", "daemon.cli", "status", "--socket", sock],
-                                   capture_output=True, text=True, timeout=60, env=wide)
+            r_all = subprocess.run(
+                [sys.executable, "-m", "daemon.cli", "status", "--socket", sock],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=wide,
+            )
             end = len(cycles.rows)
             measured_end = np.array(loop.measured)
         finally:
@@ -192,14 +222,21 @@ def test_policy_check_warns_about_a_configuration_that_cannot_keep_up(ckpt: Path
 
     def check(delay_s: str) -> subprocess.CompletedProcess:
         env = dict(os.environ, HF_HUB_OFFLINE="1", **{FORWARD_DELAY_ENV: delay_s})
-        return subprocess.run([sys.executable, "-m", "daemon.cli", "policy", "check", str(ckpt), "--config", str(cfg),
-                               "--repeats", "2"], capture_output=True, text=True, timeout=120, env=env)
+        return subprocess.run(
+            [sys.executable, "-m", "daemon.cli", "policy", "check", str(ckpt), "--config", str(cfg), "--repeats", "2"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
 
     r = check("0.6")
     assert r.returncode == 0 and "ok: act policy" in r.stdout, r.stderr
     assert "one chunk drives 0.50 s (100 actions at 30 fps, max_obs_age_s 0.5)" in r.stdout, r.stdout
     # the forward pass lasts at least the 0.6 s asked (more on a loaded machine)
-    warned = re.search(r"warning: policy: inference (\d+\.\d+) s > usable horizon 0\.50 s: raise max_obs_age_s", r.stderr)
+    warned = re.search(
+        r"warning: policy: inference (\d+\.\d+) s > usable horizon 0\.50 s: raise max_obs_age_s", r.stderr
+    )
     assert warned and float(warned.group(1)) >= 0.6, r.stderr
     r = check("0")
     assert r.returncode == 0 and "warning" not in r.stderr, r.stderr

@@ -34,7 +34,7 @@ def server(engine, tmp_path: Path):
     srv.stop()
     t.join(5)
     assert not t.is_alive()
-    assert not Path(endpoint[len("ipc://"):]).exists()
+    assert not Path(endpoint[len("ipc://") :]).exists()
 
 
 def test_endpoint_must_be_local() -> None:
@@ -67,10 +67,26 @@ def test_bad_requests_get_error_replies_and_the_server_keeps_serving(server) -> 
             ([msgpack.packb({"v": 99, "cmd": "ping"})], "protocol version 99"),
             ([msgpack.packb({"v": 1, "cmd": "fly"})], "unknown cmd"),
             ([msgpack.packb({"v": 1, "cmd": "infer"})], "needs 'observation.state'"),
-            ([msgpack.packb({"v": 1, "cmd": "infer", "arrays": [{"name": "observation.state", "dtype": "float32", "shape": [6]}]}),
-              b"\x00" * 7], "7 bytes"),
-            ([msgpack.packb({"v": 1, "cmd": "infer", "arrays": [{"name": "x", "dtype": "object", "shape": [1]}]}), b"\x00"],
-             "dtype"),
+            (
+                [
+                    msgpack.packb(
+                        {
+                            "v": 1,
+                            "cmd": "infer",
+                            "arrays": [{"name": "observation.state", "dtype": "float32", "shape": [6]}],
+                        }
+                    ),
+                    b"\x00" * 7,
+                ],
+                "7 bytes",
+            ),
+            (
+                [
+                    msgpack.packb({"v": 1, "cmd": "infer", "arrays": [{"name": "x", "dtype": "object", "shape": [1]}]}),
+                    b"\x00",
+                ],
+                "dtype",
+            ),
             ([msgpack.packb({"v": 1, "cmd": "infer", "arrays": []}), b"extra"], "0 arrays but 1 data frames"),
             ([msgpack.packb({"v": 1, "cmd": "ping", "pad": "x" * 70000})], "header larger"),
         ]

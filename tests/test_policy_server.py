@@ -47,10 +47,20 @@ def wait_mode(loop, c: ControlClient, mode: str, timeout_s: float, what: str) ->
         wait_for(lambda: loop.state.mode == mode, timeout_s, what)
     except AssertionError:
         st = c.request("policy.status")
-        keys = ("state", "results", "requests", "chunks_rejected", "chunks_expired", "inference_latency_ms",
-                "last_error", "server")
-        raise AssertionError(f"{what}: mode {loop.state.mode} ({loop.state.reason}) after {timeout_s} s; "
-                             f"policy {({k: st.get(k) for k in keys})}") from None
+        keys = (
+            "state",
+            "results",
+            "requests",
+            "chunks_rejected",
+            "chunks_expired",
+            "inference_latency_ms",
+            "last_error",
+            "server",
+        )
+        raise AssertionError(
+            f"{what}: mode {loop.state.mode} ({loop.state.reason}) after {timeout_s} s; "
+            f"policy { ({k: st.get(k) for k in keys}) }"
+        ) from None
 
 
 def free_port() -> int:
@@ -69,9 +79,18 @@ class LeRobotServer:
     def start(self) -> None:
         # --inference_latency=0: no artificial sleep in GetActions (its default pads to 1/fps)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lerobot.async_inference.policy_server", "--host=127.0.0.1",
-             f"--port={self.port}", "--fps=30", f"--inference_latency={self.inference_latency_s}"],
-            cwd=self.workdir, stdout=subprocess.DEVNULL, stderr=open(self.workdir / "server.err", "ab"),
+            [
+                sys.executable,
+                "-m",
+                "lerobot.async_inference.policy_server",
+                "--host=127.0.0.1",
+                f"--port={self.port}",
+                "--fps=30",
+                f"--inference_latency={self.inference_latency_s}",
+            ],
+            cwd=self.workdir,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.workdir / "server.err", "ab"),
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
         )
 
@@ -97,24 +116,45 @@ def ckpt(tmp_path_factory) -> Path:
     return tiny_act_checkpoint(tmp_path_factory.mktemp("server_policy"), {"front": (H, W)})
 
 
-def make_bench(root: Path, server: str, checkpoint: str, actions_per_chunk: int = 10, record: bool = False,
-               max_obs_age_s: float = 3.0):
+def make_bench(
+    root: Path,
+    server: str,
+    checkpoint: str,
+    actions_per_chunk: int = 10,
+    record: bool = False,
+    max_obs_age_s: float = 3.0,
+):
     _la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
     fa, fb = still_arm_on_pty(root / "follower", "follower", POSE)
-    cfg = config_from_dict({
-        "socket": {"path": str(root / "c.sock")},
-        "control": {"rate_hz": RATE_HZ},
-        "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 100.0, "max_step_deg": 1.0},
-        "cameras": {"front": {"kind": "virtual", "width": W, "height": H, "fps": 30}},
-        "policy": {"action_fps": 30.0, "refill_below": 4, "max_obs_age_s": max_obs_age_s, "path": checkpoint,
-                   "backend": "lerobot-server", "server": server, "server_policy_type": "act",
-                   "actions_per_chunk": actions_per_chunk},
-        **({"recording": {"enabled": True, "dataset_root": str(root / "datasets"), "repo_id": "eval/remote"}}
-           if record else {}),
-    })
+    cfg = config_from_dict(
+        {
+            "socket": {"path": str(root / "c.sock")},
+            "control": {"rate_hz": RATE_HZ},
+            "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 100.0, "max_step_deg": 1.0},
+            "cameras": {"front": {"kind": "virtual", "width": W, "height": H, "fps": 30}},
+            "policy": {
+                "action_fps": 30.0,
+                "refill_below": 4,
+                "max_obs_age_s": max_obs_age_s,
+                "path": checkpoint,
+                "backend": "lerobot-server",
+                "server": server,
+                "server_policy_type": "act",
+                "actions_per_chunk": actions_per_chunk,
+            },
+            **(
+                {"recording": {"enabled": True, "dataset_root": str(root / "datasets"), "repo_id": "eval/remote"}}
+                if record
+                else {}
+            ),
+        }
+    )
     cam = VirtualArmCamera(CamCfg(name="front", width=W, height=H, fps=30))
-    daemon = Daemon(cfg, FeetechLeader(str(root / "leader"), reference_calibration("leader")),
-                    FeetechFollower(str(root / "follower"), reference_calibration("follower")))
+    daemon = Daemon(
+        cfg,
+        FeetechLeader(str(root / "leader"), reference_calibration("leader")),
+        FeetechFollower(str(root / "follower"), reference_calibration("follower")),
+    )
 
     class CamFeed:  # the virtual camera draws the follower's measured pose
         def on_cycle(self, now, state, action, raw):
@@ -196,7 +236,9 @@ def test_remote_policy_holds_without_server_drives_with_it_and_survives_a_restar
                 # 4. restarted: it resumes without an operator command
                 server.start()
                 wait_mode(loop, c, "policy", 90, "policy mode again after the restart")
-                wait_for(lambda: c.request("policy.status")["results"] > results_before + 2, 30, "chunks after the restart")
+                wait_for(
+                    lambda: c.request("policy.status")["results"] > results_before + 2, 30, "chunks after the restart"
+                )
                 assert c.request("policy.status")["server"]["connects"] >= 2
                 assert c.request("policy.stop")["ok"]
         finally:
@@ -242,7 +284,9 @@ def test_follower_moves_under_the_remote_policy_and_the_episode_is_tagged(ckpt: 
 
             tags = read_episode_tags(root / "datasets" / "eval" / "remote")
             assert len(tags) == 1 and tags[0].origin == "policy", tags
-            assert any(f"policy backend lerobot-server, server 127.0.0.1:{port}" in n for n in tags[0].notes), tags[0].notes
+            assert any(f"policy backend lerobot-server, server 127.0.0.1:{port}" in n for n in tags[0].notes), tags[
+                0
+            ].notes
             seg = [r for r in rows[n0:n1] if r[0] == "policy"]
             assert len(seg) > 30
             acts = np.array([r[2] for r in seg])
@@ -292,6 +336,7 @@ def test_a_server_slower_than_max_obs_age_leaves_the_follower_holding(ckpt: Path
 
 
 # -- the server's replies are never blindly unpickled -----------------------------------------
+
 
 class Boom:
     """Unpickling this calls os.system: a file appears if anything ran it."""
@@ -383,3 +428,62 @@ def test_malicious_server_reply_runs_nothing_and_the_daemon_holds(ckpt: Path) ->
         finally:
             close()
             srv.stop(0)
+
+
+# -- `so101d policy check` for a checkpoint that exists only on the server ---------------------
+
+
+def _policy_check(capsys, *args: str) -> tuple[int, str, str]:
+    """`so101d policy check ...` as the operator types it (the CLI's own main, in this process)."""
+    from daemon.cli import main
+
+    capsys.readouterr()
+    rc = main(["policy", "check", *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_policy_check_on_the_server_sets_it_up_and_runs_one_observation(ckpt: Path, tmp_path: Path, capsys) -> None:
+    """The operator's checkpoint sits on the GPU host: `policy check` asks LeRobot's server to set it
+    up (the daemon's handshake) and sends one observation of this configuration. Server down, a
+    checkpoint the server does not have, an observation the policy cannot take: a clear reason and
+    exit 1, never a traceback."""
+    port = free_port()
+    cfg = tmp_path / "so101d.toml"
+    cfg.write_text(
+        f'[socket]\npath = "{tmp_path / "c.sock"}"\n'
+        f'[cameras.front]\nkind = "virtual"\nwidth = {W}\nheight = {H}\n'
+        f'[policy]\nbackend = "lerobot-server"\nserver = "127.0.0.1:{port}"\npath = "{ckpt}"\n'
+        'server_policy_type = "act"\nactions_per_chunk = 10\n'
+    )
+    # no [policy] backend here: --server says where; the camera is one the policy was not trained on
+    wrist = tmp_path / "wrist.toml"
+    wrist.write_text(
+        f'[socket]\npath = "{tmp_path / "c.sock"}"\n[cameras.wrist]\nkind = "virtual"\nwidth = {W}\nheight = {H}\n'
+        "[policy]\nactions_per_chunk = 10\n"
+    )
+    server = LeRobotServer(port, tmp_path)
+    try:
+        rc, out, err = _policy_check(capsys, "--config", str(cfg))
+        assert rc == 1, (out, err)
+        assert f"127.0.0.1:{port}" in err and "UNAVAILABLE" in err and "Traceback" not in err, err
+
+        server.start()
+        rc, out, err = _policy_check(capsys, "--config", str(cfg))
+        assert rc == 0, (out, err)
+        assert f"act from {ckpt} on the policy server 127.0.0.1:{port}" in out, out
+        assert "6 joint positions, front 64x48" in out
+        assert "ok: the server set the policy up" in out
+        assert "an action chunk of 10 x 6" in out and "first forward pass" in out, out
+        assert "timing: round trip" in out and "GetActions" in out and "of 5" in out, out
+
+        missing = tmp_path / "not-on-the-server"
+        rc, out, err = _policy_check(capsys, str(missing), "--config", str(cfg))
+        assert rc == 1, (out, err)
+        assert f"cannot set the policy up on 127.0.0.1:{port}" in err and str(missing) in err, err
+
+        rc, out, err = _policy_check(capsys, str(ckpt), "--server", f"127.0.0.1:{port}", "--config", str(wrist))
+        assert rc == 1, (out, err)
+        assert "answered no actions for the observation (6 joint positions, wrist 64x48)" in err, err
+    finally:
+        server.kill()

@@ -49,17 +49,22 @@ def test_policy_drives_the_mujoco_follower(ckpt: Path) -> None:
         endpoint = f"tcp://127.0.0.1:{free_port()}"
         sim_thread = MujocoSimThread(endpoint, cameras=())
         sim = sim_thread.sim
-        cfg = config_from_dict({
-            "socket": {"path": str(root / "c.sock")},
-            "follower": {"kind": "sim", "endpoint": endpoint, "stale_timeout_s": 0.3},
-            "control": {"rate_hz": 60.0},
-            "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 100.0, "max_step_deg": 1.5},
-            "cameras": {"front": {"kind": "virtual", "width": W, "height": H}},
-            "policy": {"max_obs_age_s": 5.0, "refill_below": 4},
-        })
+        cfg = config_from_dict(
+            {
+                "socket": {"path": str(root / "c.sock")},
+                "follower": {"kind": "sim", "endpoint": endpoint, "stale_timeout_s": 0.3},
+                "control": {"rate_hz": 60.0},
+                "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 100.0, "max_step_deg": 1.5},
+                "cameras": {"front": {"kind": "virtual", "width": W, "height": H}},
+                "policy": {"max_obs_age_s": 5.0, "refill_below": 4},
+            }
+        )
         cam = VirtualArmCamera(CamCfg(name="front", width=W, height=H, fps=30))
-        daemon = Daemon(cfg, FeetechLeader(str(root / "leader"), reference_calibration("leader")),
-                        SimFollower(endpoint, staleness_s=0.3))
+        daemon = Daemon(
+            cfg,
+            FeetechLeader(str(root / "leader"), reference_calibration("leader")),
+            SimFollower(endpoint, staleness_s=0.3),
+        )
         rows = Rows(daemon.loop)
 
         class Feed:
@@ -78,7 +83,9 @@ def test_policy_drives_the_mujoco_follower(ckpt: Path) -> None:
             r = ctl.load(str(ckpt), wait_s=90)
             assert r["state"] == "ready", r
             ctl.start(record=False)
-            wait_for(lambda: loop.state.mode == "policy", 30, f"policy mode (now {loop.state.mode}: {loop.state.reason})")
+            wait_for(
+                lambda: loop.state.mode == "policy", 30, f"policy mode (now {loop.state.mode}: {loop.state.reason})"
+            )
             start = len(rows.rows)
             sim_before = sim.joint_units().copy()
             time.sleep(2.0)

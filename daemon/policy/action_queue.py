@@ -65,7 +65,7 @@ class QueueConfig:
     def usable_actions(self) -> int:
         """How many actions of a chunk can be used at most: slot k is usable while its start is no
         later than ``max_obs_age_s`` after the observation."""
-        return int(math.floor(self.max_obs_age_s / self.action_period_s + 1e-9)) + 1
+        return math.floor(self.max_obs_age_s / self.action_period_s + 1e-9) + 1
 
     def chunk_horizon_s(self, n_actions: int) -> float:
         """How long a fresh chunk of n actions can drive the arm, from its observation."""
@@ -73,7 +73,7 @@ class QueueConfig:
 
 
 class _Chunk:
-    __slots__ = ("obs_time_s", "actions", "n", "seq", "arrived_s", "end_s")
+    __slots__ = ("actions", "arrived_s", "end_s", "n", "obs_time_s", "seq")
 
     def __init__(self, obs_time_s: float, actions: np.ndarray, seq: int, arrived_s: float, end_s: float):
         self.obs_time_s = obs_time_s

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -50,8 +51,10 @@ def queue_config_from(policy_cfg: Any) -> QueueConfig:
         if not policy_cfg.max_obs_age_s > 0:
             raise ValueError(f"policy.max_obs_age_s: {policy_cfg.max_obs_age_s!r} must be > 0")
         return QueueConfig(
-            action_period_s=1.0 / float(policy_cfg.action_fps), merge=policy_cfg.merge,
-            ensemble_coeff=float(policy_cfg.ensemble_coeff), max_obs_age_s=float(policy_cfg.max_obs_age_s),
+            action_period_s=1.0 / float(policy_cfg.action_fps),
+            merge=policy_cfg.merge,
+            ensemble_coeff=float(policy_cfg.ensemble_coeff),
+            max_obs_age_s=float(policy_cfg.max_obs_age_s),
             refill_below=int(policy_cfg.refill_below),
         )
     except ValueError as exc:
@@ -65,9 +68,13 @@ def server_spec_from(policy_cfg: Any, path: str, cameras: Mapping[str, tuple[int
     if not policy_cfg.server:
         raise PolicyError('policy.backend = "lerobot-server" needs policy.server = "HOST:PORT"')
     return ServerSpec(
-        server=policy_cfg.server, policy_type=policy_cfg.server_policy_type, checkpoint=path,
-        device=policy_cfg.device or "cpu", actions_per_chunk=int(policy_cfg.actions_per_chunk),
-        action_fps=float(policy_cfg.action_fps), cameras={n: [h, w] for n, (h, w) in cameras.items()},
+        server=policy_cfg.server,
+        policy_type=policy_cfg.server_policy_type,
+        checkpoint=path,
+        device=policy_cfg.device or "cpu",
+        actions_per_chunk=int(policy_cfg.actions_per_chunk),
+        action_fps=float(policy_cfg.action_fps),
+        cameras={n: [h, w] for n, (h, w) in cameras.items()},
         task=policy_cfg.task,
     )
 
@@ -75,8 +82,12 @@ def server_spec_from(policy_cfg: Any, path: str, cameras: Mapping[str, tuple[int
 class PolicyController:
     """Owns the PolicySource of a daemon and implements the policy verbs."""
 
-    def __init__(self, daemon: DaemonContext, cameras: Mapping[str, FrameSource] | None = None,
-                 recorder: EpisodeRecorder | None = None):
+    def __init__(
+        self,
+        daemon: DaemonContext,
+        cameras: Mapping[str, FrameSource] | None = None,
+        recorder: EpisodeRecorder | None = None,
+    ):
         self.daemon = daemon
         self.cfg = daemon.cfg.policy
         self.cameras = dict(cameras or {})
@@ -94,8 +105,14 @@ class PolicyController:
         time): then the live camera's, once known."""
         given = keys_given(cfg)
         live = self.cameras.get(name)
-        if (given is not None and "width" not in given and "height" not in given
-                and live is not None and live.width > 0 and live.height > 0):
+        if (
+            given is not None
+            and "width" not in given
+            and "height" not in given
+            and live is not None
+            and live.width > 0
+            and live.height > 0
+        ):
             return (live.height, live.width)
         return (cfg.height, cfg.width)
 
@@ -110,10 +127,15 @@ class PolicyController:
             configured = {n: self._camera_size(n, c) for n, c in self.daemon.cfg.cameras.items()}
             try:
                 src = PolicySource(
-                    PolicyRunnerConfig(checkpoint=path, cameras=configured, queue=queue_config_from(self.cfg),
-                                       device=self.cfg.device or None, task=self.cfg.task,
-                                       backend=getattr(self.cfg, "backend", "local"),
-                                       server=server_spec_from(self.cfg, path, configured)),
+                    PolicyRunnerConfig(
+                        checkpoint=path,
+                        cameras=configured,
+                        queue=queue_config_from(self.cfg),
+                        device=self.cfg.device or None,
+                        task=self.cfg.task,
+                        backend=getattr(self.cfg, "backend", "local"),
+                        server=server_spec_from(self.cfg, path, configured),
+                    ),
                     self.cameras,
                 )
             except (CheckpointError, ValueError) as exc:
@@ -126,14 +148,16 @@ class PolicyController:
             self.daemon.loop.policy_source = src
         if wait_s > 0:
             src.wait_ready(wait_s)
-        where = (f"on LeRobot's policy server {self.cfg.server}" if src.config.backend == "lerobot-server"
-                 else "")
+        where = f"on LeRobot's policy server {self.cfg.server}" if src.config.backend == "lerobot-server" else ""
         link = src.link if src.config.backend == "lerobot-server" else {}
         if link and not link.get("connected"):
             where += f" (not reachable now: {link.get('error')}; the follower holds and the daemon keeps retrying)"
-        return {"message": f"loading {src.info.policy_type} policy from {src.info.path}" + (f" {where}" if where else ""),
-                "state": src.state,
-                "error": src.error, "cameras": list(src.info.camera_names)}
+        return {
+            "message": f"loading {src.info.policy_type} policy from {src.info.path}" + (f" {where}" if where else ""),
+            "state": src.state,
+            "error": src.error,
+            "cameras": list(src.info.camera_names),
+        }
 
     def _require_ready(self) -> PolicySource:
         src = self.source
@@ -184,10 +208,15 @@ class PolicyController:
         if loop.intent != "policy":
             if self.episode_open:
                 saved = self._end_episode(discard=discard, success=success)
-                return {"message": f"no policy was driving (mode {self._mode()}); evaluation episode closed",
-                        "episode": saved, "mode": self._mode()}
-            raise PolicyError(f"no policy is driving; nothing to stop (mode {self._mode()}, "
-                              f"policy {self.source.state if self.source is not None else 'not loaded'})")
+                return {
+                    "message": f"no policy was driving (mode {self._mode()}); evaluation episode closed",
+                    "episode": saved,
+                    "mode": self._mode(),
+                }
+            raise PolicyError(
+                f"no policy is driving; nothing to stop (mode {self._mode()}, "
+                f"policy {self.source.state if self.source is not None else 'not loaded'})"
+            )
         return self._hold(success, discard)
 
     def _hold(self, success: bool | None = None, discard: bool = False) -> dict[str, Any]:
@@ -207,7 +236,7 @@ class PolicyController:
         loop = self.daemon.loop
         try:  # read at the start of the next cycle: the mode the change led to
             return loop.call(lambda: loop.state.mode, timeout_s=3.0)
-        except Exception:  # noqa: BLE001 - status detail only
+        except Exception:
             return None
 
     def takeover(self, config: TakeoverConfig | None = None) -> dict[str, Any]:
@@ -217,7 +246,8 @@ class PolicyController:
         if leader is None:
             raise PolicyError("no leader arm: nothing to take over with")
         if self._takeover_thread is not None and self._takeover_thread.is_alive():
-            raise PolicyError(f"take-over already running ({self.takeover_state.phase})")
+            state = self.takeover_state
+            raise PolicyError(f"take-over already running ({state.phase if state is not None else '?'})")
         if loop.leader_link is not None and not loop.leader_link.connected:
             raise PolicyError("the leader is not connected")
         if loop.intent == "teleop":
@@ -234,13 +264,16 @@ class PolicyController:
             if t.phase == "done":
                 try:
                     loop.call(lambda: loop.set_intent("teleop"), timeout_s=3.0)
-                except Exception as exc:  # noqa: BLE001 - reported in status
+                except Exception as exc:
                     t.error = f"leader released, but teleop did not start: {exc}"
 
         self._takeover_thread = threading.Thread(target=run, name="so101d-takeover", daemon=True)
         self._takeover_thread.start()
-        return {"message": "taking over: the leader moves to the follower's pose, then teleop resumes",
-                "episode": stopped.get("episode"), "phase": t.phase}
+        return {
+            "message": "taking over: the leader moves to the follower's pose, then teleop resumes",
+            "episode": stopped.get("episode"),
+            "phase": t.phase,
+        }
 
     def unload(self) -> dict[str, Any]:
         if self.source is None:
@@ -324,8 +357,11 @@ def _opt_bool(req: dict[str, Any], key: str) -> bool | None:
     raise PolicyError(f'"{key}" must be true, false or null, got {v!r}')
 
 
-def attach_policy(daemon: DaemonContext | HasContext, cameras: Mapping[str, FrameSource] | None = None,
-                  recorder: EpisodeRecorder | None = None) -> PolicyController:
+def attach_policy(
+    daemon: DaemonContext | HasContext,
+    cameras: Mapping[str, FrameSource] | None = None,
+    recorder: EpisodeRecorder | None = None,
+) -> PolicyController:
     """Register the policy verbs and status on the daemon (its context); load [policy] path if enabled."""
     ctx = context_of(daemon)
     if recorder is None:

@@ -87,9 +87,7 @@ class CheckpointInfo:
 
 def _refuse_unsafe_files(path: Path) -> None:
     unsafe = sorted(
-        str(p.relative_to(path))
-        for p in path.rglob("*")
-        if p.is_file() and p.name.lower().endswith(UNSAFE_SUFFIXES)
+        str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(UNSAFE_SUFFIXES)
     )
     if unsafe:
         raise CheckpointError(
@@ -148,8 +146,10 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
     if missing:
         hint = ""
         if PREPROCESSOR_FILE in missing or POSTPROCESSOR_FILE in missing:
-            hint = (" (LeRobot 0.6 saves normalisation in processor files: save them with "
-                    "preprocessor.save_pretrained(dir) and postprocessor.save_pretrained(dir))")
+            hint = (
+                " (LeRobot 0.6 saves normalisation in processor files: save them with "
+                "preprocessor.save_pretrained(dir) and postprocessor.save_pretrained(dir))"
+            )
         raise CheckpointError(f"checkpoint {path} is missing {', '.join(missing)}{hint}")
     with open(path / MODEL_FILE, "rb") as fh:
         head = fh.read(8)
@@ -182,7 +182,7 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
             if not key.startswith(IMAGE_KEY_PREFIX) or len(shape) != 3:
                 other[key] = shape
             else:
-                cameras[key[len(IMAGE_KEY_PREFIX):]] = (shape[0], shape[1], shape[2])
+                cameras[key[len(IMAGE_KEY_PREFIX) :]] = (shape[0], shape[1], shape[2])
         else:
             other[key] = shape
     action_shape = _shape(outputs[ACTION_KEY], ACTION_KEY, path) if ACTION_KEY in outputs else None
@@ -207,13 +207,19 @@ def check_inputs(info: CheckpointInfo, expected: ExpectedIO) -> list[str]:
     """Readable list of every way the policy's inputs/outputs differ from what the daemon has."""
     problems: list[str] = []
     if info.state_shape is None:
-        problems.append(f"the policy takes no {STATE_KEY!r}; the daemon provides ({expected.state_dim},) joint positions")
+        problems.append(
+            f"the policy takes no {STATE_KEY!r}; the daemon provides ({expected.state_dim},) joint positions"
+        )
     elif info.state_shape != (expected.state_dim,):
-        problems.append(f"{STATE_KEY}: policy expects shape {info.state_shape}, the daemon provides ({expected.state_dim},)")
+        problems.append(
+            f"{STATE_KEY}: policy expects shape {info.state_shape}, the daemon provides ({expected.state_dim},)"
+        )
     if info.action_shape is None:
         problems.append(f"the policy outputs no {ACTION_KEY!r}")
     elif info.action_shape != (expected.action_dim,):
-        problems.append(f"{ACTION_KEY}: policy outputs shape {info.action_shape}, the follower takes ({expected.action_dim},)")
+        problems.append(
+            f"{ACTION_KEY}: policy outputs shape {info.action_shape}, the follower takes ({expected.action_dim},)"
+        )
     for name in sorted(set(info.cameras) - set(expected.cameras)):
         c, h, w = info.cameras[name]
         have = ", ".join(sorted(expected.cameras)) or "none"

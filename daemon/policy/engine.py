@@ -72,7 +72,7 @@ class PolicyEngine:
     @classmethod
     def from_checkpoint(
         cls, path: str, expected: ExpectedIO | None = None, device: str | None = None, task: str = ""
-    ) -> "PolicyEngine":
+    ) -> PolicyEngine:
         return cls(load_policy(path, expected, device), task=task)
 
     def reset(self) -> None:
@@ -101,8 +101,13 @@ class PolicyEngine:
         with torch.inference_mode():
             obs: dict[str, object] = {STATE_KEY: torch.from_numpy(state).unsqueeze(0).to(self._device)}
             for name in self.camera_names:
-                img = torch.from_numpy(images[name]).to(self._device)
-                obs[IMAGE_KEY_PREFIX + name] = img.permute(2, 0, 1).unsqueeze(0).float().div_(255.0)
+                if self._device.type == "cpu":
+                    # HWC -> CHW as one contiguous uint8 copy first: LeRobot's normaliser is slower
+                    # on a permuted (strided) float view; same values (bench/bench_policy.py prints both)
+                    img = torch.from_numpy(np.ascontiguousarray(images[name].transpose(2, 0, 1)))
+                else:  # an accelerator: the uint8 frame goes up as it is, the permute happens there
+                    img = torch.from_numpy(images[name]).to(self._device).permute(2, 0, 1)
+                obs[IMAGE_KEY_PREFIX + name] = img.unsqueeze(0).float().div_(255.0)
             obs["task"] = self.task
             obs["robot_type"] = "so101_follower"
             batch = self.loaded.preprocessor(obs)

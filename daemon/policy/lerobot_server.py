@@ -29,7 +29,7 @@ import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -52,6 +52,10 @@ class ServerUnavailable(RuntimeError):
     def __init__(self, message: str, retry_after_s: float):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class EmptyReply(ServerUnavailable):
+    """GetActions answered nothing: inference failed on the server, or it lost the policy."""
 
 
 @dataclass
@@ -84,17 +88,25 @@ def remote_info(spec: ServerSpec) -> CheckpointInfo:
     The checkpoint is on the server (often not on this machine), so cameras are the configured
     ones and the chunk length is ``actions_per_chunk``; the server checks the rest when it loads."""
     return CheckpointInfo(
-        path=Path(spec.checkpoint), policy_type=spec.policy_type, state_shape=(NUM_JOINTS,),
-        cameras={n: (3, int(h), int(w)) for n, (h, w) in spec.cameras.items()}, other_inputs={},
-        action_shape=(NUM_JOINTS,), chunk_size=spec.actions_per_chunk, n_action_steps=spec.actions_per_chunk,
-        n_obs_steps=1, device=spec.device,
+        path=Path(spec.checkpoint),
+        policy_type=spec.policy_type,
+        state_shape=(NUM_JOINTS,),
+        cameras={n: (3, int(h), int(w)) for n, (h, w) in spec.cameras.items()},
+        other_inputs={},
+        action_shape=(NUM_JOINTS,),
+        chunk_size=spec.actions_per_chunk,
+        n_action_steps=spec.actions_per_chunk,
+        n_obs_steps=1,
+        device=spec.device,
     )
 
 
 def validate(spec: ServerSpec) -> None:
     parse_server_address(spec.server)
     if spec.policy_type not in SERVER_POLICY_TYPES:
-        raise ValueError(f"policy.server_policy_type: {spec.policy_type!r}; LeRobot's server runs {', '.join(SERVER_POLICY_TYPES)}")
+        raise ValueError(
+            f"policy.server_policy_type: {spec.policy_type!r}; LeRobot's server runs {', '.join(SERVER_POLICY_TYPES)}"
+        )
     if not spec.checkpoint:
         raise ValueError("policy.path: the checkpoint (path or hub repo id on the server) is empty")
     if spec.actions_per_chunk < 1:
@@ -126,11 +138,14 @@ class ServerEngine:
         hw.update({n: (int(h), int(w), 3) for n, (h, w) in spec.cameras.items()})
         self._features = hw_to_dataset_features(hw, "observation", use_video=False)
         self._policy_config = RemotePolicyConfig(
-            policy_type=spec.policy_type, pretrained_name_or_path=spec.checkpoint,
-            lerobot_features=self._features, actions_per_chunk=spec.actions_per_chunk, device=spec.device,
+            policy_type=spec.policy_type,
+            pretrained_name_or_path=spec.checkpoint,
+            lerobot_features=self._features,
+            actions_per_chunk=spec.actions_per_chunk,
+            device=spec.device,
         )
-        self._channel = None
-        self._stub = None
+        self._channel: Any = None
+        self._stub: Any = None
         self.connected = False
         self.connects = 0
         self.failures = 0
@@ -154,13 +169,16 @@ class ServerEngine:
         grpc = self._grpc
         # A fresh channel per attempt, no gRPC-level retries: we do our own back-off, and a
         # channel stuck in gRPC's reconnect back-off would keep failing after the server is back.
-        self._channel = grpc.insecure_channel(self.spec.server, options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.enable_retries", 0),
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 1000),
-        ])
+        self._channel = grpc.insecure_channel(
+            self.spec.server,
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.enable_retries", 0),
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+            ],
+        )
         self._stub = self._pb2_grpc.AsyncInferenceStub(self._channel)
         try:
             self._stub.Ready(self._pb2.Empty(), timeout=self.spec.call_timeout_s)
@@ -173,14 +191,14 @@ class ServerEngine:
         self._backoff_s = BACKOFF_START_S
         self.last_error = None
 
-    def _fail(self, why: str) -> None:
+    def _fail(self, why: str, kind: type[ServerUnavailable] = ServerUnavailable) -> NoReturn:
         self._close_channel()
         self.failures += 1
         self.last_error = why
         wait = self._backoff_s
         self._backoff_s = min(BACKOFF_MAX_S, self._backoff_s * 2)
         self._next_try_s = time.monotonic() + wait
-        raise ServerUnavailable(why, wait)
+        raise kind(why, wait)
 
     def close(self) -> None:
         self._close_channel()
@@ -211,7 +229,9 @@ class ServerEngine:
         t0 = time.perf_counter()
         try:
             data = pickle.dumps(obs)
-            self._stub.SendObservations(self._send_chunks(data, self._pb2.Observation), timeout=self.spec.call_timeout_s)
+            self._stub.SendObservations(
+                self._send_chunks(data, self._pb2.Observation), timeout=self.spec.call_timeout_s
+            )
             t1 = time.perf_counter()
             reply = self._stub.GetActions(self._pb2.Empty(), timeout=self.spec.call_timeout_s)
             t2 = time.perf_counter()
@@ -220,8 +240,11 @@ class ServerEngine:
         if not reply.data:
             # policy_server.py answers Empty when inference failed (or the policy is not set up,
             # e.g. the server restarted): set it up again on the next request
-            self._fail(f"policy server {self.spec.server} answered no actions (it logs why; "
-                       "a restarted server has lost the policy: setting it up again)")
+            self._fail(
+                f"policy server {self.spec.server} answered no actions (it logs why; "
+                "a restarted server has lost the policy: setting it up again)",
+                EmptyReply,
+            )
         try:
             chunk = loads_actions(reply.data)
         except UnsafePickleError as exc:
@@ -229,8 +252,13 @@ class ServerEngine:
             raise UnsafePickleError(f"policy server {self.spec.server}: {exc}") from None
         actions = self._to_array(chunk, step)
         t3 = time.perf_counter()
-        self.last_link = {"send_s": t1 - t0, "get_s": t2 - t1, "decode_s": t3 - t2, "round_trip_s": t3 - t0,
-                          "server_compute_s": None}
+        self.last_link = {
+            "send_s": t1 - t0,
+            "get_s": t2 - t1,
+            "decode_s": t3 - t2,
+            "round_trip_s": t3 - t0,
+            "server_compute_s": None,
+        }
         if self.max_actions is not None:
             actions = actions[: self.max_actions]
         # preprocess = the upload, forward = GetActions (server work + reply), postprocess = decode
@@ -248,8 +276,10 @@ class ServerEngine:
             dt = float(chunk[1].timestamp) - float(chunk[0].timestamp)
             want = 1.0 / self.spec.action_fps
             if abs(dt - want) > 1e-3:
-                raise ValueError(f"policy server spaces actions {dt * 1e3:.1f} ms apart but [policy] action_fps "
-                                 f"= {self.spec.action_fps:g} ({want * 1e3:.1f} ms): start it with --fps={self.spec.action_fps:g}")
+                raise ValueError(
+                    f"policy server spaces actions {dt * 1e3:.1f} ms apart but [policy] action_fps "
+                    f"= {self.spec.action_fps:g} ({want * 1e3:.1f} ms): start it with --fps={self.spec.action_fps:g}"
+                )
         rows = []
         for a in chunk:
             v = a.action
@@ -257,12 +287,14 @@ class ServerEngine:
             rows.append(np.asarray(v, dtype=np.float32).reshape(-1))
         out = np.stack(rows)
         if out.shape[1] != NUM_JOINTS or not np.all(np.isfinite(out)):
-            raise ValueError(f"policy server actions have shape {out.shape} or non-finite values; need (n, {NUM_JOINTS})")
+            raise ValueError(
+                f"policy server actions have shape {out.shape} or non-finite values; need (n, {NUM_JOINTS})"
+            )
         return np.ascontiguousarray(out)
 
 
 def _rpc_reason(exc: Any) -> str:
     try:
         return f"{exc.code().name}: {exc.details()}"
-    except Exception:  # noqa: BLE001 - a non-call RpcError
+    except Exception:
         return str(exc)

@@ -32,7 +32,7 @@ class ObsLayout:
     cameras: tuple[tuple[str, int, int], ...]  # (name, height, width), sorted by name
 
     @classmethod
-    def make(cls, state_dim: int, cameras: dict[str, tuple[int, int]]) -> "ObsLayout":
+    def make(cls, state_dim: int, cameras: dict[str, tuple[int, int]]) -> ObsLayout:
         return cls(state_dim, tuple((n, int(h), int(w)) for n, (h, w) in sorted(cameras.items())))
 
     def offsets(self) -> tuple[int, int, int, list[int], int]:
@@ -50,7 +50,7 @@ class ObsLayout:
         return {"state_dim": self.state_dim, "cameras": [list(c) for c in self.cameras]}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ObsLayout":
+    def from_dict(cls, d: dict) -> ObsLayout:
         return cls(int(d["state_dim"]), tuple((str(n), int(h), int(w)) for n, h, w in d["cameras"]))
 
 
@@ -65,10 +65,10 @@ class ObsBuffer:
         if not create and self.shm.size < size:
             raise ValueError(f"shared observation segment {name} is {self.shm.size} bytes, layout needs {size}")
         buf = self.shm.buf
-        self._seq = np.ndarray((1,), dtype=np.uint64, buffer=buf, offset=seq_off)
-        self._meta = np.ndarray((4,), dtype=np.float64, buffer=buf, offset=meta_off)
-        self._state = np.ndarray((layout.state_dim,), dtype=np.float64, buffer=buf, offset=state_off)
-        self._images = {
+        self._seq: np.ndarray = np.ndarray((1,), dtype=np.uint64, buffer=buf, offset=seq_off)
+        self._meta: np.ndarray = np.ndarray((4,), dtype=np.float64, buffer=buf, offset=meta_off)
+        self._state: np.ndarray = np.ndarray((layout.state_dim,), dtype=np.float64, buffer=buf, offset=state_off)
+        self._images: dict[str, np.ndarray] = {
             n: np.ndarray((h, w, 3), dtype=np.uint8, buffer=buf, offset=o)
             for (n, h, w), o in zip(layout.cameras, img_offs)
         }

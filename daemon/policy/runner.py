@@ -1,18 +1,25 @@
 """PolicySource: the control loop's side of local inference.
 
 The loop calls ``target(now_monotonic_s, state_units)`` every cycle; it costs microseconds and
-never blocks: it drains finished chunks from the worker (non-blocking pipe poll), answers from the
-ActionQueue, and, when the queue runs low, hands the observation to a publisher thread which copies
-the cameras' latest frames and the state into shared memory and wakes the worker. ``None`` means
-nothing fresh: the loop holds (safety layer's job).
+never blocks (no pipe, no msgpack, no lock): it moves chunks the receiver thread has made ready
+into the ActionQueue, answers from the queue, and, when the queue runs low, hands the observation
+to a publisher thread which copies the cameras' latest frames and the state into shared memory
+and wakes the worker. ``None`` means nothing fresh: the loop holds (safety layer's job).
 
-A receiver thread reads and decodes the worker's messages as they arrive; the loop only pops
-them from a deque (no pipe read, no msgpack on the loop thread).
+A receiver thread reads, decodes and checks the worker's chunks as they arrive and hands them to
+the loop through a deque, ready to use: a chunk counts as usable from then on (its stale slots
+and its cross-fade are timed from its arrival), and the loop's next cycle takes it.
 
 Timeline of one request (all times ``time.monotonic()``, shared by both processes):
-  obs_time (loop asks) -> published (frames copied) -> worker read -> preprocess -> forward ->
-  postprocess -> done -> arrived (receiver thread: "pipe") -> taken by the loop (its next cycle:
-  "poll"; up to one loop period, during which the arm could not have used the chunk anyway).
+  obs_time (cycle start) -> [ask: the cycle's bus reads] -> issued (target() asks) ->
+  [handoff: publisher thread, frame copy into shared memory, pipe, worker wake] -> worker has it ->
+  [worker: shared-memory read, preprocess, forward, postprocess] -> chunk ready ->
+  [reply: pipe, receiver thread wake, msgpack] -> arrived -> [prepare: to float64, checks] -> usable ->
+  [pickup: until the loop's next cycle takes it].
+Overhead beyond the forward pass = (usable - issued) - forward: the stages handoff + worker (less
+the forward pass) + reply + prepare, which sum to it exactly (``timeline`` keeps them per chunk).
+"ask" (before the request exists) and "pickup" (the loop's sampling: a chunk landing mid-period
+is first used at the next cycle, whoever inserts it) are reported beside it, not in it.
 """
 
 from __future__ import annotations
@@ -22,14 +29,16 @@ import multiprocessing as mp
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from calibration.conventions import NUM_JOINTS
 from daemon.policy.action_queue import ActionQueue, QueueConfig
 from daemon.policy.checkpoint import ExpectedIO, check_checkpoint
+from daemon.policy.gc_pauses import GcPauses, freeze
 from daemon.policy.lerobot_server import ServerSpec, remote_info, validate
 from daemon.policy.obs_buffer import ObsBuffer, ObsLayout
 from daemon.policy.worker import MAX_MESSAGE_BYTES, WorkerSpec, pack, unpack, worker_main
@@ -37,6 +46,22 @@ from daemon.policy.worker import MAX_MESSAGE_BYTES, WorkerSpec, pack, unpack, wo
 log = logging.getLogger("so101d.policy")
 
 LATENCY_WINDOW = 64  # the refill lead follows the recent requests (a machine that got busier)
+# issued -> usable, in order; with "forward" they sum to it exactly (overhead = the four of them)
+OVERHEAD_STAGES = ("handoff", "worker", "reply", "prepare")
+STAGE_KEYS = (
+    "ask",
+    "handoff",
+    "publish",
+    "worker",
+    "read",
+    "preprocess",
+    "forward",
+    "postprocess",
+    "gc",
+    "reply",
+    "prepare",
+    "pickup",
+)
 MIN_MARGIN_S = 0.05
 MARGIN_FRACTION = 0.25
 
@@ -78,27 +103,34 @@ class PolicyRunnerConfig:
 
 
 class _Samples:
-    """Last N samples; percentiles computed only when status asks (never on the hot path)."""
+    """Last N samples; percentiles computed only when status asks (never on the hot path).
 
-    def __init__(self, n: int = 512):
+    Appends come from one thread, reads from another (status): a deque append is atomic under the
+    GIL and ``list(deque)`` copies it in one C call, so a reader never sees it change mid-way."""
+
+    def __init__(self, n: int = 2048):  # p99.9 needs ~1000 samples to mean more than the max
         self._d: deque[float] = deque(maxlen=n)
 
     def add(self, v: float) -> None:
         self._d.append(v)
 
+    def values(self) -> list[float]:
+        return list(self._d)
+
     def recent_percentile(self, q: float, last: int) -> float | None:
         """Percentile q of the newest ``last`` samples, in seconds (None when empty)."""
-        if not self._d:
+        v = self.values()
+        if not v:
             return None
-        a = np.fromiter(self._d, dtype=np.float64)[-last:]
-        return float(np.percentile(a, q))
+        return float(np.percentile(np.asarray(v[-last:], dtype=np.float64), q))
 
     def summary_ms(self) -> dict[str, float] | None:
-        if not self._d:
+        v = self.values()
+        if not v:
             return None
-        a = np.fromiter(self._d, dtype=np.float64) * 1e3
-        return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
-                "max": float(a.max()), "n": int(a.size)}
+        a = np.asarray(v, dtype=np.float64) * 1e3
+        p50, p99, p999 = np.percentile(a, [50, 99, 99.9])
+        return {"p50": float(p50), "p99": float(p99), "p99.9": float(p999), "max": float(a.max()), "n": int(a.size)}
 
 
 class PolicySource:
@@ -110,13 +142,13 @@ class PolicySource:
         # Cheap JSON-only checks in our process first: a readable error right away.
         if config.backend == "lerobot-server":
             if config.server is None:
-                raise ValueError("policy.backend = \"lerobot-server\" needs policy.server = \"HOST:PORT\"")
+                raise ValueError('policy.backend = "lerobot-server" needs policy.server = "HOST:PORT"')
             validate(config.server)
             self.info = remote_info(config.server)  # the checkpoint lives on the server
         elif config.backend == "local":
             self.info = check_checkpoint(config.checkpoint, ExpectedIO(cameras=dict(config.cameras)))
         else:
-            raise ValueError(f"policy.backend: {config.backend!r} must be \"local\" or \"lerobot-server\"")
+            raise ValueError(f'policy.backend: {config.backend!r} must be "local" or "lerobot-server"')
         missing = [n for n in self.info.cameras if n not in self.cameras]
         if missing:
             raise ValueError(f"policy needs camera(s) {', '.join(missing)} but no frame source was given for them")
@@ -134,8 +166,8 @@ class PolicySource:
         self._layout = ObsLayout.make(NUM_JOINTS, {n: (c[1], c[2]) for n, c in self.info.cameras.items()})
         self._buf: ObsBuffer | None = None
         self._proc: mp.process.BaseProcess | None = None
-        self._req_w = None  # our end of daemon -> worker
-        self._res_r = None  # our end of worker -> daemon
+        self._req_w: Any = None  # our end of daemon -> worker (a multiprocessing Connection)
+        self._res_r: Any = None  # our end of worker -> daemon
         self._req_id = 0
         self._in_flight: int | None = None
         self._in_flight_since = 0.0
@@ -150,11 +182,18 @@ class PolicySource:
         self._stopping = False
         self._publish_failed: str | None = None
         # stats
-        self.latency = _Samples()  # obs_time -> chunk received by the loop
-        self.overhead = _Samples()  # latency minus forward pass
-        self.stage = {k: _Samples() for k in ("request", "ask", "handoff", "publish", "read", "preprocess", "forward",
-                                              "postprocess", "pipe", "poll", "deliver")}
-        self._asked_s = 0.0  # when target() asked for the in-flight request (after the cycle's bus reads)
+        self.latency = _Samples()  # obs_time -> chunk in the loop's queue (what the refill lead needs)
+        self.overhead = _Samples()  # request issued -> chunk usable, minus the forward pass
+        self.stage = {k: _Samples() for k in STAGE_KEYS}
+        # per chunk: the stage split in seconds (tests check it adds up; the bench reads it)
+        self.timeline: deque[dict[str, float]] = deque(maxlen=4096)
+        self._issued: dict[int, float] = {}  # request id -> when target() issued it (monotonic s)
+        # Chunks decoded and checked by the receiver thread, ready for the loop: (request id,
+        # obs_time_s, actions float64, usable_s, timeline entry or None). A deque, not a lock: the
+        # loop never waits on a thread that a busy machine may have descheduled mid-insert.
+        self._ready: deque[tuple[int, float, np.ndarray, float, dict[str, float] | None]] = deque()
+        self.gc_pauses = GcPauses()  # this (the daemon's) process, from start() on
+        self.gc_frozen = 0
         # worker -> daemon messages, decoded by the receiver thread: (arrived monotonic s, msg or None = closed)
         self._inbox: deque[tuple[float, dict[str, Any] | None]] = deque()
         self._inbox_event = threading.Event()
@@ -181,15 +220,27 @@ class PolicySource:
         req_r, self._req_w = ctx.Pipe(duplex=False)
         self._res_r, res_w = ctx.Pipe(duplex=False)
         spec = WorkerSpec(
-            checkpoint=str(self.info.path), shm_name=self._buf.name, layout=self._layout.to_dict(),
-            cameras={n: [h, w] for n, (h, w) in self.config.cameras.items()}, device=self.config.device,
-            task=self.config.task, max_actions=self.info.n_action_steps, nice=self.config.nice,
-            torch_threads=self.config.torch_threads, backend=self.config.backend,
+            checkpoint=str(self.info.path),
+            shm_name=self._buf.name,
+            layout=self._layout.to_dict(),
+            cameras={n: [h, w] for n, (h, w) in self.config.cameras.items()},
+            device=self.config.device,
+            task=self.config.task,
+            max_actions=self.info.n_action_steps,
+            nice=self.config.nice,
+            torch_threads=self.config.torch_threads,
+            backend=self.config.backend,
             server=None if self.config.server is None else dict(self.config.server.__dict__),
         )
-        self._proc = ctx.Process(target=_worker_entry, args=(req_r, res_w, spec.__dict__),
-                                 name="so101d-policy", daemon=True)
+        self._proc = ctx.Process(
+            target=_worker_entry, args=(req_r, res_w, spec.__dict__), name="so101d-policy", daemon=True
+        )
         self._proc.start()
+        # Everything the daemon has loaded so far (torch and LeRobot included when recording) out
+        # of the collector's reach: a full collection would otherwise stop the loop for a whole
+        # walk over it (gc_pauses.py); instant, frees nothing.
+        self.gc_frozen = freeze()
+        self.gc_pauses.install()
         req_r.close()
         res_w.close()
         self.state = "loading"
@@ -199,7 +250,9 @@ class PolicySource:
         self._pub_thread = threading.Thread(target=self._publisher, name="policy-publisher", daemon=True)
         self._pub_thread.start()
         self._inbox.clear()
-        self._rx_thread = threading.Thread(target=self._receiver, args=(self._res_r,), name="policy-receiver", daemon=True)
+        self._rx_thread = threading.Thread(
+            target=self._receiver, args=(self._res_r,), name="policy-receiver", daemon=True
+        )
         self._rx_thread.start()
 
     def wait_ready(self, timeout_s: float | None = None) -> bool:
@@ -220,6 +273,7 @@ class PolicySource:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stopping = True
+        self.gc_pauses.uninstall()  # a load/unload cycle must not pile callbacks up
         self._pub_event.set()
         if self._req_w is not None:
             try:
@@ -245,6 +299,7 @@ class PolicySource:
             self._buf.close()
             self._buf = None
         self._proc = None
+        self._ready.clear()
         self.queue.clear()
         self._in_flight = None
         if self.state != "error":
@@ -252,6 +307,7 @@ class PolicySource:
 
     def reset(self) -> None:
         """Episode start: forget queued actions and the policy's observation history."""
+        self._ready.clear()
         self.queue.clear()
         self._in_flight = None
         if self._req_w is not None and self.state == "ready":
@@ -260,7 +316,9 @@ class PolicySource:
     # -- hot path ------------------------------------------------------------------------------
     def target(self, now_s: float, state_units: np.ndarray) -> np.ndarray | None:
         """Target joint positions for now (LeRobot units), or None (hold). Never blocks."""
-        if self._inbox:
+        if self._ready:  # chunks the receiver thread decoded and checked: into the queue
+            self._take_ready()
+        if self._inbox:  # ready / errors / a closed pipe
             self._drain(now_s)
         if self.state != "ready":
             return None
@@ -271,6 +329,28 @@ class PolicySource:
         if self._in_flight is None and now_s >= self._retry_after and self.wants_chunk(now_s):
             self._request(now_s, state_units)
         return self.queue.target(now_s)
+
+    def _take_ready(self) -> None:
+        """Loop thread: ready chunks join the queue as of their arrival (stale slots and the
+        cross-fade count from then: the loop's sampling period is not the policy's latency)."""
+        taken_s = time.monotonic()
+        while self._ready:
+            req, obs_time, actions, usable_s, split = self._ready.popleft()
+            try:
+                kept = self.queue.add_chunk(obs_time, actions, usable_s)
+            except ValueError as exc:
+                kept = 0
+                self.last_error = f"chunk rejected: {exc}"
+            self.chunk_log.append((req, obs_time, usable_s, int(actions.shape[0]), kept))
+            self.results += 1  # counted with the queue's own counters: status never sees one without the other
+            if req == self._in_flight:
+                self._in_flight = None
+            # the refill lead needs what the loop lives with: observation -> in its queue
+            self.latency.add(taken_s - obs_time)
+            self.stage["pickup"].add(taken_s - usable_s)
+            if split is not None:
+                split["pickup"] = taken_s - usable_s
+        self._update_refill_lead()
 
     def wants_chunk(self, now_s: float) -> bool:
         """The refill rule: what is left of the queue lasts no longer than the measured latency
@@ -301,8 +381,11 @@ class PolicySource:
         between chunks), None while it keeps up (or nothing was timed yet)."""
         if self.latency_estimate_s is None:
             return None
-        return keep_up_warning(self.latency_estimate_s, self.queue.config,
-                               int(self.worker_info.get("n_action_steps") or self.info.n_action_steps or 1))
+        return keep_up_warning(
+            self.latency_estimate_s,
+            self.queue.config,
+            int(self.worker_info.get("n_action_steps") or self.info.n_action_steps or 1),
+        )
 
     def _request(self, now_s: float, state_units: np.ndarray) -> None:
         self._req_id += 1
@@ -311,7 +394,9 @@ class PolicySource:
         self._pub_req = self._req_id
         self._in_flight = self._req_id
         self._in_flight_since = now_s
-        self._asked_s = time.monotonic()
+        if len(self._issued) > 64:  # timed-out requests whose chunk never came
+            self._issued.clear()
+        self._issued[self._req_id] = time.monotonic()
         self.requests += 1
         self._pub_event.set()
 
@@ -333,23 +418,30 @@ class PolicySource:
                         raise LookupError(name)
                     images[name] = frame.pixels
                     oldest = min(oldest, float(frame.capture_monotonic_s))
-                self._buf.write(obs_time, req, self._pub_state, images, oldest_frame_s=oldest)
-                self._req_w.send_bytes(pack({"t": "infer", "req": req}))
+                buf, req_w = self._buf, self._req_w
+                if buf is None or req_w is None:
+                    raise OSError("the policy worker is stopped")
+                buf.write(obs_time, req, self._pub_state, images, oldest_frame_s=oldest)
+                req_w.send_bytes(pack({"t": "infer", "req": req}))
             except LookupError as exc:
                 self.cameras_not_ready += 1
                 self._retry_after = time.monotonic() + 0.05
-                if self._in_flight == req:
-                    self._in_flight = None
+                self._abandon(req)
                 if self.cameras_not_ready == 1:
                     log.warning("policy: camera %s has no frame yet; holding", exc)
                 continue
             except (ValueError, KeyError, OSError, AttributeError) as exc:
                 self.last_error = f"publishing the observation failed: {exc}"
                 self._retry_after = time.monotonic() + 0.5
-                if self._in_flight == req:
-                    self._in_flight = None
+                self._abandon(req)
                 continue
             self.stage["publish"].add(time.perf_counter() - t0)
+
+    def _abandon(self, req: int) -> None:
+        """A request that never reached the worker: the loop may ask again."""
+        if self._in_flight == req:
+            self._in_flight = None
+        self._issued.pop(req, None)
 
     def _receiver(self, conn) -> None:
         """Reads the worker's messages as they arrive (off the loop thread); ends at EOF."""
@@ -360,18 +452,25 @@ class PolicySource:
                 self._inbox.append((time.monotonic(), None))
                 self._inbox_event.set()
                 return
-            arrived = time.monotonic()
             try:
                 msg: dict[str, Any] = unpack(data)
             except ValueError as exc:
                 msg = {"t": "_bad", "error": str(exc)}
+            arrived = time.monotonic()  # read and msgpack-decoded ("reply" ends here)
+            if msg["t"] == "result":
+                self._on_result(msg, arrived)
+                if isinstance(msg.get("link"), dict):
+                    self.link = msg["link"]
+                self._inbox_event.set()  # wait_result(): something arrived
+                continue
             self._inbox.append((arrived, msg))
             self._inbox_event.set()
 
     def _drain(self, now_s: float) -> None:
+        """The worker's other messages (ready, errors, the pipe closing), in order."""
         inbox = self._inbox
         while inbox:
-            arrived, msg = inbox.popleft()
+            _arrived, msg = inbox.popleft()
             if msg is None:
                 self._pipe_closed()
                 return
@@ -380,8 +479,6 @@ class PolicySource:
                 self.link = msg["link"]
             if kind == "_bad":
                 self.last_error = f"bad message from the worker: {msg['error']}"
-            elif kind == "result":
-                self._on_result(msg, time.monotonic(), arrived)
             elif kind == "ready":
                 self.worker_info = dict(msg.get("info") or {})
                 self.state = "ready"
@@ -404,32 +501,44 @@ class PolicySource:
             return  # a fatal error was reported before the worker exited: keep that reason
         proc = self._proc
         code = proc.exitcode if proc is not None and not proc.is_alive() else None
-        self._worker_died(f"the policy worker exited (code {code})" if code is not None else "the policy worker closed its pipe")
+        self._worker_died(
+            f"the policy worker exited (code {code})" if code is not None else "the policy worker closed its pipe"
+        )
 
-    def _on_result(self, msg: dict[str, Any], recv_s: float, arrived_s: float | None = None) -> None:
+    def _on_result(self, msg: dict[str, Any], arrived_s: float) -> None:
+        """A chunk from the worker (receiver thread): decoded and checked here, then handed to the
+        loop ready to use (``_take_ready``), then the statistics."""
         req = int(msg["req"])
         n, dim = int(msg["n"]), int(msg["dim"])
         raw = msg["actions"]
         if dim != NUM_JOINTS or len(raw) != n * dim * 4:
             self.last_error = f"malformed chunk from the worker ({n}x{dim}, {len(raw)} bytes)"
             return
-        actions = np.frombuffer(raw, dtype=np.float32).reshape(n, dim)
+        actions = np.frombuffer(raw, dtype=np.float32).reshape(n, dim).astype(np.float64)
+        if not np.all(np.isfinite(actions)):
+            self.last_error = "chunk rejected: action chunk contains NaN or inf"
+            return
         obs_time = float(msg["obs_time_s"])
-        try:
-            kept = self.queue.add_chunk(obs_time, actions, recv_s)
-        except ValueError as exc:
-            kept = 0
-            self.last_error = f"chunk rejected: {exc}"
-        self.chunk_log.append((req, obs_time, recv_s, n, kept))
-        if req == self._in_flight:
-            self._in_flight = None
-        self.results += 1
-        total = recv_s - obs_time
+        usable_s = time.monotonic()
+        issued_s = self._issued.pop(req, None)
+        split = None
         fwd = float(msg.get("forward_s", 0.0))
-        self.latency.add(total)
-        self.overhead.add(total - fwd)
-        self._update_refill_lead()
-        for k in ("read", "preprocess", "forward", "postprocess"):
+        if issued_s is not None and "got_s" in msg and "done_s" in msg:
+            got_s, done_s = float(msg["got_s"]), float(msg["done_s"])
+            split = {
+                "ask": issued_s - obs_time,
+                "handoff": got_s - issued_s,
+                "worker": done_s - got_s - fwd,
+                "forward": fwd,
+                "reply": arrived_s - done_s,
+                "prepare": usable_s - arrived_s,
+                "total": usable_s - issued_s,
+                "issued_s": issued_s,
+                "usable_s": usable_s,
+            }
+            split["overhead"] = split["total"] - fwd
+        self._ready.append((req, obs_time, actions, usable_s, split))
+        for k in ("read", "preprocess", "forward", "postprocess", "gc"):
             v = msg.get(f"{k}_s")
             if v is not None:
                 self.stage[k].add(float(v))
@@ -439,18 +548,12 @@ class PolicySource:
                 v = times.get(f"{k}_s")
                 if isinstance(v, (int, float)):
                     self.remote[k].add(float(v))
-        done_s = float(msg.get("done_s", recv_s))
-        self.stage["deliver"].add(max(0.0, recv_s - done_s))
-        if arrived_s is not None:  # split: the pipe, then waiting for the loop's next cycle
-            self.stage["pipe"].add(max(0.0, arrived_s - done_s))
-            self.stage["poll"].add(max(0.0, recv_s - arrived_s))
-        if "got_s" in msg:  # loop asked -> worker has the request (publisher thread, frame copy, pipe)
-            got_s = float(msg["got_s"])
-            self.stage["request"].add(max(0.0, got_s - obs_time))
-            if req == self._pub_req and self._asked_s >= obs_time:
-                # split: the cycle's own bus reads before target() asks, then the hand-off to the worker
-                self.stage["ask"].add(self._asked_s - obs_time)
-                self.stage["handoff"].add(max(0.0, got_s - self._asked_s))
+        if split is None:
+            return  # not a request of ours (or an old worker): no split
+        self.timeline.append(split)
+        self.overhead.add(split["overhead"])
+        for k in ("ask", *OVERHEAD_STAGES):
+            self.stage[k].add(split[k])
 
     def _check_worker_alive(self) -> None:
         if self._proc is not None and not self._proc.is_alive() and self.state in ("loading", "ready"):
@@ -472,8 +575,9 @@ class PolicySource:
     def stats(self, now_s: float | None = None) -> dict[str, Any]:
         now_s = time.monotonic() if now_s is None else now_s
         self._check_worker_alive()
-        newest = self.queue.newest_obs_time()
         q = self.queue
+        newest = q.newest_obs_time()
+        depth, horizon_s, live = q.depth(now_s), q.usable_horizon_s(now_s), len(q)
         return {
             "state": self.state,
             "error": self.error,
@@ -482,16 +586,18 @@ class PolicySource:
             "cameras": list(self.info.camera_names),
             "worker": self.worker_info,
             "merge": q.config.merge,
-            "queue_depth": q.depth(now_s),
-            "usable_horizon_ms": q.usable_horizon_s(now_s) * 1e3,
+            "queue_depth": depth,
+            "usable_horizon_ms": horizon_s * 1e3,
             "chunk_horizon_ms": self.chunk_horizon_s() * 1e3,
             "refill_lead_ms": self.refill_lead_s * 1e3,
             "warning": self.keep_up_warning(),
-            "chunks_live": len(q),
+            "chunks_live": live,
             "chunk_age_ms": None if newest is None else (now_s - newest) * 1e3,
             "inference_latency_ms": self.latency.summary_ms(),
             "overhead_ms": self.overhead.summary_ms(),
             "stages_ms": {k: s.summary_ms() for k, s in self.stage.items()},
+            "overhead_stages": list(OVERHEAD_STAGES),
+            "gc": self._gc_stats(),
             "requests": self.requests,
             "results": self.results,
             "timeouts": self.timeouts,
@@ -503,6 +609,16 @@ class PolicySource:
             "last_error": self.last_error,
             "backend": self.config.backend,
             "server": self._server_stats() if self.config.backend == "lerobot-server" else None,
+        }
+
+    def _gc_stats(self) -> dict[str, Any]:
+        t = self.gc_pauses.total()
+        return {
+            "daemon_collections": t.collections,
+            "daemon_full_collections": t.full_collections,
+            "daemon_max_pause_ms": t.max_pause_s * 1e3,
+            "daemon_frozen_objects": self.gc_frozen,
+            "worker_ms": self.stage["gc"].summary_ms(),
         }
 
     def _server_stats(self) -> dict[str, Any]:
@@ -522,8 +638,7 @@ class PolicySource:
             "get_actions_ms": self.remote["get"].summary_ms(),
             "decode_ms": self.remote["decode"].summary_ms(),
             "server_compute_ms": None,
-            "server_compute_note": "unknown: LeRobot's policy server sends no compute timing "
-                                   "(at most get_actions_ms)",
+            "server_compute_note": "unknown: LeRobot's policy server sends no compute timing (at most get_actions_ms)",
         }
 
 
@@ -543,4 +658,3 @@ class _Duplex:
 
     def send_bytes(self, data: bytes) -> None:
         self._tx.send_bytes(data)
-

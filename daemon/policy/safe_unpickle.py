@@ -39,9 +39,15 @@ def _storage_dtypes() -> dict[tuple[str, str], Any]:
     import torch
 
     names = {
-        "FloatStorage": torch.float32, "DoubleStorage": torch.float64, "HalfStorage": torch.float16,
-        "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
-        "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
+        "FloatStorage": torch.float32,
+        "DoubleStorage": torch.float64,
+        "HalfStorage": torch.float16,
+        "BFloat16Storage": torch.bfloat16,
+        "LongStorage": torch.int64,
+        "IntStorage": torch.int32,
+        "ShortStorage": torch.int16,
+        "CharStorage": torch.int8,
+        "ByteStorage": torch.uint8,
         "BoolStorage": torch.bool,
     }
     out: dict[tuple[str, str], Any] = {("torch", n): d for n, d in names.items()}
@@ -77,9 +83,16 @@ class _LegacyStorageUnpickler(pickle.Unpickler):
         return _StorageType(dtype)
 
     def persistent_load(self, pid: Any) -> Any:
-        if (not isinstance(pid, tuple) or len(pid) != 6 or pid[0] != "storage"
-                or not isinstance(pid[1], _StorageType) or not isinstance(pid[2], str)
-                or pid[3] != "cpu" or not isinstance(pid[4], int) or pid[5] is not None):
+        if (
+            not isinstance(pid, tuple)
+            or len(pid) != 6
+            or pid[0] != "storage"
+            or not isinstance(pid[1], _StorageType)
+            or not isinstance(pid[2], str)
+            or pid[3] != "cpu"
+            or not isinstance(pid[4], int)
+            or pid[5] is not None
+        ):
             raise UnsafePickleError(f"tensor storage reference {pid!r:.120} is not a plain CPU storage; refused")
         _, st, key, _loc, numel, _view = pid
         self.storages[key] = (st.dtype, numel)
@@ -153,7 +166,8 @@ class _ReplyUnpickler(pickle.Unpickler):
         if obj is None:
             raise UnsafePickleError(
                 f"the policy server's reply asks to load {module}.{name}, which is not part of an action "
-                "chunk; refused (nothing from it was run)")
+                "chunk; refused (nothing from it was run)"
+            )
         return obj
 
     def persistent_load(self, pid: Any) -> Any:
@@ -175,4 +189,6 @@ def loads_actions(data: bytes) -> Any:
     except UnsafePickleError:
         raise
     except Exception as exc:  # truncated / malformed: say so, never guess
-        raise UnsafePickleError(f"the policy server's reply is not a readable pickle: {type(exc).__name__}: {exc}") from None
+        raise UnsafePickleError(
+            f"the policy server's reply is not a readable pickle: {type(exc).__name__}: {exc}"
+        ) from None

@@ -60,7 +60,7 @@ def check_endpoint(endpoint: str) -> str:
     if endpoint.startswith("ipc://") and len(endpoint) > len("ipc://"):
         return endpoint
     if endpoint.startswith("tcp://"):
-        host = endpoint[len("tcp://"):].rsplit(":", 1)[0]
+        host = endpoint[len("tcp://") :].rsplit(":", 1)[0]
         if host in LOOPBACK_HOSTS:
             return endpoint
     raise ValueError(f"endpoint {endpoint!r}: use ipc://PATH or tcp://127.0.0.1:PORT (loopback only)")
@@ -90,14 +90,17 @@ def decode(frames: list[Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     if len(head) > MAX_HEADER_BYTES:
         raise ProtocolError(f"header larger than {MAX_HEADER_BYTES} bytes")
     try:
-        header = msgpack.unpackb(bytes(head), raw=False, max_bin_len=MAX_HEADER_BYTES,
-                                 max_str_len=MAX_HEADER_BYTES, strict_map_key=True)
+        header = msgpack.unpackb(
+            bytes(head), raw=False, max_bin_len=MAX_HEADER_BYTES, max_str_len=MAX_HEADER_BYTES, strict_map_key=True
+        )
     except Exception as exc:  # msgpack raises several types
         raise ProtocolError(f"header is not msgpack: {exc}") from None
     if not isinstance(header, dict):
         raise ProtocolError("header must be a msgpack map")
     if header.get("v") != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {header.get('v')!r} not supported (this server speaks {PROTOCOL_VERSION})")
+        raise ProtocolError(
+            f"protocol version {header.get('v')!r} not supported (this server speaks {PROTOCOL_VERSION})"
+        )
     specs = header.get("arrays", [])
     if not isinstance(specs, list) or len(specs) > MAX_ARRAYS:
         raise ProtocolError(f"'arrays' must be a list of at most {MAX_ARRAYS} specs")
@@ -110,7 +113,11 @@ def decode(frames: list[Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         name, dtype, shape = spec.get("name"), spec.get("dtype"), spec.get("shape")
         if not isinstance(name, str) or dtype not in DTYPES:
             raise ProtocolError(f"array spec {spec!r}: needs a name and a dtype in {', '.join(DTYPES)}")
-        if not isinstance(shape, list) or len(shape) > 4 or not all(isinstance(d, int) and 0 <= d <= 1 << 16 for d in shape):
+        if (
+            not isinstance(shape, list)
+            or len(shape) > 4
+            or not all(isinstance(d, int) and 0 <= d <= 1 << 16 for d in shape)
+        ):
             raise ProtocolError(f"array {name!r}: bad shape {shape!r}")
         buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
         expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(DTYPES[dtype]).itemsize
@@ -133,16 +140,16 @@ class PolicyServer:
         self.requests = 0
         self.errors = 0
 
-    def bind(self) -> "PolicyServer":
+    def bind(self) -> PolicyServer:
         if self.endpoint.startswith("ipc://"):
-            path = Path(self.endpoint[len("ipc://"):])
+            path = Path(self.endpoint[len("ipc://") :])
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind(self.endpoint)
         if self.endpoint.startswith("ipc://"):
-            os.chmod(self.endpoint[len("ipc://"):], 0o600)  # only our user may ask
+            os.chmod(self.endpoint[len("ipc://") :], 0o600)  # only our user may ask
         self._sock = sock
         return self
 
@@ -171,7 +178,7 @@ class PolicyServer:
             self._sock = None
             if self.endpoint.startswith("ipc://"):
                 try:
-                    os.unlink(self.endpoint[len("ipc://"):])
+                    os.unlink(self.endpoint[len("ipc://") :])
                 except OSError:
                     pass
 
@@ -186,10 +193,16 @@ class PolicyServer:
                 return encode({"ok": True, "pong": True})
             if cmd == "info":
                 info = self.engine.info
-                return encode({"ok": True, "policy_type": info.policy_type, "chunk_size": info.chunk_size,
-                               "n_action_steps": info.n_action_steps,
-                               "cameras": {n: [h, w] for n, (c, h, w) in info.cameras.items()},
-                               "state_shape": list(info.state_shape or ())})
+                return encode(
+                    {
+                        "ok": True,
+                        "policy_type": info.policy_type,
+                        "chunk_size": info.chunk_size,
+                        "n_action_steps": info.n_action_steps,
+                        "cameras": {n: [h, w] for n, (c, h, w) in info.cameras.items()},
+                        "state_shape": list(info.state_shape or ()),
+                    }
+                )
             if cmd == "reset":
                 self.engine.reset()
                 return encode({"ok": True})
@@ -198,20 +211,27 @@ class PolicyServer:
             state = arrays.get(STATE_KEY)
             if state is None:
                 raise ProtocolError(f"infer needs {STATE_KEY!r}")
-            images = {k[len(IMAGE_KEY_PREFIX):]: v for k, v in arrays.items() if k.startswith(IMAGE_KEY_PREFIX)}
+            images = {k[len(IMAGE_KEY_PREFIX) :]: v for k, v in arrays.items() if k.startswith(IMAGE_KEY_PREFIX)}
             t1 = time.perf_counter()
             actions, timings = self.engine.infer(state, images)
             t2 = time.perf_counter()
             return encode(
-                {"ok": True, "timings_ms": {"decode": (t1 - t0) * 1e3, "preprocess": timings.preprocess_s * 1e3,
-                                            "forward": timings.forward_s * 1e3, "postprocess": timings.postprocess_s * 1e3,
-                                            "server_total": (t2 - t0) * 1e3}},
+                {
+                    "ok": True,
+                    "timings_ms": {
+                        "decode": (t1 - t0) * 1e3,
+                        "preprocess": timings.preprocess_s * 1e3,
+                        "forward": timings.forward_s * 1e3,
+                        "postprocess": timings.postprocess_s * 1e3,
+                        "server_total": (t2 - t0) * 1e3,
+                    },
+                },
                 {"action": actions},
             )
         except (ProtocolError, ValueError) as exc:
             self.errors += 1
             return encode({"ok": False, "error": str(exc)})
-        except Exception as exc:  # noqa: BLE001 - a bad request must never kill the server
+        except Exception as exc:
             self.errors += 1
             log.exception("policy server: request failed")
             return encode({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
@@ -247,13 +267,15 @@ class PolicyClient:
             self._sock.close(0)
             self._sock = None
 
-    def __enter__(self) -> "PolicyClient":
+    def __enter__(self) -> PolicyClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def request(self, header: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    def request(
+        self, header: dict[str, Any], arrays: dict[str, np.ndarray] | None = None
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         sock = self._socket()
         try:
             sock.send_multipart(encode(header, arrays), copy=False)
@@ -286,7 +308,9 @@ class PolicyClient:
     def reset(self) -> None:
         self.request({"cmd": "reset"})
 
-    def infer(self, state: np.ndarray, images: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, dict[str, float]]:
+    def infer(
+        self, state: np.ndarray, images: dict[str, np.ndarray] | None = None
+    ) -> tuple[np.ndarray, dict[str, float]]:
         arrays = {STATE_KEY: np.asarray(state, dtype=np.float32)}
         for name, img in (images or {}).items():
             arrays[IMAGE_KEY_PREFIX + name] = np.asarray(img, dtype=np.uint8)
@@ -298,10 +322,10 @@ class PolicyClient:
 
 def serve_main(path: str, endpoint: str | None, device: str = "cpu", task: str = "") -> int:
     """`so101d policy serve DIR`: load, bind, serve until SIGINT/SIGTERM."""
-    import sys  # noqa: PLC0415
+    import sys
 
-    from daemon.policy.checkpoint import CheckpointError  # noqa: PLC0415
-    from daemon.policy.engine import PolicyEngine  # noqa: PLC0415
+    from daemon.policy.checkpoint import CheckpointError
+    from daemon.policy.engine import PolicyEngine
 
     endpoint = endpoint or default_endpoint()
     try:

@@ -121,15 +121,17 @@ class Takeover:
             if self.phase == "releasing":
                 self.leader.set_torque(False)
                 self.phase = "done"
-                log.info("take-over done: leader released at the follower's pose (max error %.2f)", self.max_error or 0.0)
+                log.info(
+                    "take-over done: leader released at the follower's pose (max error %.2f)", self.max_error or 0.0
+                )
                 return self.phase
-        except Exception as exc:  # noqa: BLE001 - never leave the leader stiff
+        except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
             self.phase = "failed"
             log.error("take-over failed: %s", self.error)
             try:
                 self.leader.set_torque(False)
-            except Exception as exc2:  # noqa: BLE001
+            except Exception as exc2:
                 self.error += f"; releasing the leader failed too: {exc2}"
         return self.phase
 

@@ -94,13 +94,24 @@ def _policy_config(policy_type: str, input_features, output_features, size: str,
 
         if size == "tiny":
             return ACTConfig(
-                input_features=input_features, output_features=output_features, chunk_size=chunk_size,
-                n_action_steps=chunk_size, dim_model=32, dim_feedforward=64, n_heads=2, n_encoder_layers=1,
-                n_decoder_layers=1, n_vae_encoder_layers=1, latent_dim=8, pretrained_backbone_weights=None,
+                input_features=input_features,
+                output_features=output_features,
+                chunk_size=chunk_size,
+                n_action_steps=chunk_size,
+                dim_model=32,
+                dim_feedforward=64,
+                n_heads=2,
+                n_encoder_layers=1,
+                n_decoder_layers=1,
+                n_vae_encoder_layers=1,
+                latent_dim=8,
+                pretrained_backbone_weights=None,
                 device=device,
             )
         return ACTConfig(  # LeRobot's defaults (resnet18, dim 512, chunk 100), offline backbone
-            input_features=input_features, output_features=output_features, pretrained_backbone_weights=None,
+            input_features=input_features,
+            output_features=output_features,
+            pretrained_backbone_weights=None,
             device=device,
         )
     if policy_type == "diffusion":
@@ -110,10 +121,20 @@ def _policy_config(policy_type: str, input_features, output_features, size: str,
         first_cam = next((f.shape for k, f in input_features.items() if k.startswith(IMAGE_KEY_PREFIX)), (3, 96, 96))
         crop = (min(84, first_cam[1]), min(84, first_cam[2]))
         return DiffusionConfig(
-            input_features=input_features, output_features=output_features, n_obs_steps=2, horizon=16,
-            n_action_steps=8, down_dims=(32, 64), diffusion_step_embed_dim=32, num_train_timesteps=10,
-            num_inference_steps=4 if size == "tiny" else None, crop_shape=crop, pretrained_backbone_weights=None,
-            use_group_norm=True, spatial_softmax_num_keypoints=8, device=device,
+            input_features=input_features,
+            output_features=output_features,
+            n_obs_steps=2,
+            horizon=16,
+            n_action_steps=8,
+            down_dims=(32, 64),
+            diffusion_step_embed_dim=32,
+            num_train_timesteps=10,
+            num_inference_steps=4 if size == "tiny" else None,
+            crop_shape=crop,
+            pretrained_backbone_weights=None,
+            use_group_norm=True,
+            spatial_softmax_num_keypoints=8,
+            device=device,
         )
     raise ValueError(f"unsupported policy type {policy_type!r}")
 
@@ -179,11 +200,15 @@ def train_tiny_policy(
 
 
 def tiny_act_checkpoint(
-    work_dir: Path, cameras: dict[str, tuple[int, int]], steps: int = 5, frames_per_episode: int = 30,
+    work_dir: Path,
+    cameras: dict[str, tuple[int, int]],
+    steps: int = 5,
+    frames_per_episode: int = 30,
     chunk_size: int = 10,
 ) -> Path:
     """Dataset + a few training steps of a tiny ACT -> checkpoint folder (work_dir/checkpoint)."""
     work_dir = Path(work_dir)
     ds = make_synthetic_dataset(work_dir / "dataset", cameras, frames_per_episode=frames_per_episode)
-    return train_tiny_policy(ds, work_dir / "checkpoint", policy_type="act", steps=steps,
-                             chunk_size=chunk_size).checkpoint
+    return train_tiny_policy(
+        ds, work_dir / "checkpoint", policy_type="act", steps=steps, chunk_size=chunk_size
+    ).checkpoint

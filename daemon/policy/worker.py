@@ -9,15 +9,16 @@ daemon -> worker: {"t": "infer", "req": id}, {"t": "reset"}, {"t": "stop"}
 worker -> daemon: {"t": "ready", "info": {...}}, {"t": "error", "error": str, "fatal": bool},
                   {"t": "result", "req": id, "obs_time_s": f, "n": n, "dim": d, "actions": bytes,
                    "read_s": f, "preprocess_s": f, "forward_s": f, "postprocess_s": f,
-                   "got_s": monotonic time the request arrived, "done_s": ... the chunk was ready}
+                   "got_s": monotonic time the request arrived, "done_s": ... the chunk was ready,
+                   "gc_s"/"gc_n": the worker's garbage-collection pauses while it computed this chunk}
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
 from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import msgpack
@@ -65,11 +66,12 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
     buf = None
     try:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+
         from daemon.policy.checkpoint import ExpectedIO
         from daemon.policy.engine import PolicyEngine
+        from daemon.policy.gc_pauses import GcPauses, freeze
         from daemon.policy.obs_buffer import ObsBuffer, ObsLayout
-
-        import torch
 
         # Leave one core to the control loop (and its bus I/O): a forward pass using every core
         # starves the loop on small machines (measured: 250 ms stalls on 2 cores).
@@ -93,14 +95,26 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
         engine.infer(state, {n: img for n, img in images.items()})
         engine.reset()
         warmup_s = time.perf_counter() - t0
-        conn.send_bytes(pack({
-            "t": "ready",
-            "info": {
-                "policy_type": info.policy_type, "chunk_size": info.chunk_size,
-                "n_action_steps": info.n_action_steps, "cameras": list(info.camera_names),
-                "device": engine.loaded.device, "warmup_s": warmup_s, "pid": os.getpid(),
-            },
-        }))
+        # torch, LeRobot and the policy are loaded: out of the collector's reach from now on
+        # (gc_pauses.py); the per-request pauses are measured and sent with each chunk
+        freeze()
+        gc_pauses = GcPauses().install()
+        conn.send_bytes(
+            pack(
+                {
+                    "t": "ready",
+                    "info": {
+                        "policy_type": info.policy_type,
+                        "chunk_size": info.chunk_size,
+                        "n_action_steps": info.n_action_steps,
+                        "cameras": list(info.camera_names),
+                        "device": engine.loaded.device,
+                        "warmup_s": warmup_s,
+                        "pid": os.getpid(),
+                    },
+                }
+            )
+        )
     except BaseException as exc:  # report, never crash silently
         try:
             conn.send_bytes(pack({"t": "error", "error": f"{type(exc).__name__}: {exc}", "fatal": True}))
@@ -112,24 +126,41 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
     try:
         for msg in _infer_requests(conn, on_reset=engine.reset):
             got_s = time.monotonic()
+            gc_pauses.take()  # only the pauses while this chunk is computed count for it
             t0 = time.perf_counter()
             try:
                 obs_time, req, _oldest = buf.read_into(state, images)
                 t1 = time.perf_counter()
                 actions, timings = engine.infer(state, images)
             except Exception as exc:
-                conn.send_bytes(pack({"t": "error", "error": f"inference failed: {exc}", "fatal": False,
-                                      "req": msg.get("req")}))
+                conn.send_bytes(
+                    pack({"t": "error", "error": f"inference failed: {exc}", "fatal": False, "req": msg.get("req")})
+                )
                 continue
-            conn.send_bytes(pack({
-                "t": "result", "req": req, "obs_time_s": obs_time, "n": int(actions.shape[0]),
-                "dim": int(actions.shape[1]), "actions": actions.astype(np.float32).tobytes(),
-                "read_s": t1 - t0, **{k: v for k, v in asdict(timings).items()},
-                "got_s": got_s, "done_s": time.monotonic(),
-            }))
+            conn.send_bytes(
+                pack(
+                    {
+                        "t": "result",
+                        "req": req,
+                        "obs_time_s": obs_time,
+                        "n": int(actions.shape[0]),
+                        "dim": int(actions.shape[1]),
+                        "actions": actions.astype(np.float32).tobytes(),
+                        "read_s": t1 - t0,
+                        **{k: v for k, v in asdict(timings).items()},
+                        "got_s": got_s,
+                        "done_s": time.monotonic(),
+                        **_gc_fields(gc_pauses),
+                    }
+                )
+            )
     finally:
         buf.close()
 
+
+def _gc_fields(pauses) -> dict[str, Any]:
+    t = pauses.take()
+    return {"gc_s": t.pause_s, "gc_n": t.collections}
 
 
 def _infer_requests(conn, on_reset: Callable[[], None]) -> Iterator[dict[str, Any]]:
@@ -169,8 +200,13 @@ def _serve_remote(conn, spec: WorkerSpec, buf, layout) -> None:
     images = {n: np.zeros((h, w, 3), dtype=np.uint8) for n, h, w in layout.cameras}
 
     def link() -> dict[str, Any]:
-        return {"server": engine.spec.server, "connected": engine.connected, "connects": engine.connects,
-                "failures": engine.failures, "error": engine.last_error}
+        return {
+            "server": engine.spec.server,
+            "connected": engine.connected,
+            "connects": engine.connects,
+            "failures": engine.failures,
+            "error": engine.last_error,
+        }
 
     # Set the policy up and run one warm-up inference now (the server's first forward pass
     # allocates); a server that is down is not fatal: ready, holding, reconnecting on requests.
@@ -181,14 +217,24 @@ def _serve_remote(conn, spec: WorkerSpec, buf, layout) -> None:
         pass
     except (UnsafePickleError, ValueError) as exc:
         engine.last_error = str(exc)
-    conn.send_bytes(pack({
-        "t": "ready",
-        "info": {"policy_type": engine.spec.policy_type, "chunk_size": engine.spec.actions_per_chunk,
-                 "n_action_steps": engine.spec.actions_per_chunk, "cameras": list(engine.camera_names),
-                 "device": f"{engine.spec.device} on {engine.spec.server}", "warmup_s": time.perf_counter() - t0,
-                 "pid": os.getpid(), "backend": "lerobot-server"},
-        "link": link(),
-    }))
+    conn.send_bytes(
+        pack(
+            {
+                "t": "ready",
+                "info": {
+                    "policy_type": engine.spec.policy_type,
+                    "chunk_size": engine.spec.actions_per_chunk,
+                    "n_action_steps": engine.spec.actions_per_chunk,
+                    "cameras": list(engine.camera_names),
+                    "device": f"{engine.spec.device} on {engine.spec.server}",
+                    "warmup_s": time.perf_counter() - t0,
+                    "pid": os.getpid(),
+                    "backend": "lerobot-server",
+                },
+                "link": link(),
+            }
+        )
+    )
     try:
         # reset: nothing to do, the server keeps no history for ACT-style chunks (and Ready would
         # drop the policy)
@@ -200,19 +246,51 @@ def _serve_remote(conn, spec: WorkerSpec, buf, layout) -> None:
                 t1 = time.perf_counter()
                 actions, timings = engine.infer(state, images)
             except ServerUnavailable as exc:
-                conn.send_bytes(pack({"t": "error", "error": str(exc), "fatal": False, "req": msg.get("req"),
-                                      "retry_after_s": exc.retry_after_s, "link": link()}))
+                conn.send_bytes(
+                    pack(
+                        {
+                            "t": "error",
+                            "error": str(exc),
+                            "fatal": False,
+                            "req": msg.get("req"),
+                            "retry_after_s": exc.retry_after_s,
+                            "link": link(),
+                        }
+                    )
+                )
                 continue
             except Exception as exc:  # unsafe reply, malformed chunk: hold, say why, keep serving
                 engine.last_error = str(exc)
-                conn.send_bytes(pack({"t": "error", "error": f"inference failed: {exc}", "fatal": False,
-                                      "req": msg.get("req"), "retry_after_s": 0.5, "link": link()}))
+                conn.send_bytes(
+                    pack(
+                        {
+                            "t": "error",
+                            "error": f"inference failed: {exc}",
+                            "fatal": False,
+                            "req": msg.get("req"),
+                            "retry_after_s": 0.5,
+                            "link": link(),
+                        }
+                    )
+                )
                 continue
-            conn.send_bytes(pack({
-                "t": "result", "req": req, "obs_time_s": obs_time, "n": int(actions.shape[0]),
-                "dim": int(actions.shape[1]), "actions": actions.astype(np.float32).tobytes(),
-                "read_s": t1 - t0, **{k: v for k, v in asdict(timings).items()},
-                "got_s": got_s, "done_s": time.monotonic(), "link": link(), "times": engine.last_link,
-            }))
+            conn.send_bytes(
+                pack(
+                    {
+                        "t": "result",
+                        "req": req,
+                        "obs_time_s": obs_time,
+                        "n": int(actions.shape[0]),
+                        "dim": int(actions.shape[1]),
+                        "actions": actions.astype(np.float32).tobytes(),
+                        "read_s": t1 - t0,
+                        **{k: v for k, v in asdict(timings).items()},
+                        "got_s": got_s,
+                        "done_s": time.monotonic(),
+                        "link": link(),
+                        "times": engine.last_link,
+                    }
+                )
+            )
     finally:
         engine.close()
