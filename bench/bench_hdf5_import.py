@@ -71,7 +71,7 @@ def run_naive(src: str, root: str) -> dict:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     from calibration.conventions import sim_rad_to_units
-    from daemon.dataset_schema import ROBOT_TYPE, dataset_features
+    from daemon.dataset_schema import ROBOT_TYPE, TAG_KEY, EpisodeTag, dataset_features, tag_to_cell
 
     t0 = time.monotonic()
     frames = 0
@@ -95,6 +95,7 @@ def run_naive(src: str, root: str) -> dict:
             wrist = np.array(g["obs/wrist"])
             a_u = sim_rad_to_units(actions.astype(np.float64)).astype(np.float32)
             j_u = sim_rad_to_units(joint.astype(np.float64)).astype(np.float32)
+            tag = tag_to_cell(EpisodeTag(ds.num_episodes, origin="import", follower_kind="hdf5", frames=len(actions)))
             for k in range(len(actions)):
                 ds.add_frame(
                     {
@@ -103,6 +104,7 @@ def run_naive(src: str, root: str) -> dict:
                         "teleop.action": a_u[k],
                         "observation.images.front": front[k],
                         "observation.images.wrist": wrist[k],
+                        TAG_KEY: tag,
                         "task": "bench",
                     }
                 )

@@ -240,10 +240,11 @@ def run_lerobot(a, root: Path, streaming: bool) -> dict:
     from lerobot.configs.video import RGBEncoderConfig
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    from daemon.dataset_schema import dataset_features
+    from daemon.dataset_schema import TAG_KEY, EpisodeTag, dataset_features, tag_to_cell
 
     cams = make_cameras(a.width, a.height)
     feats = dataset_features({c.name: (c.height, c.width) for c in cams})
+    tag_cell = tag_to_cell(EpisodeTag(0, follower_kind="emulated"))  # the same column our store writes
     enc = RGBEncoderConfig(vcodec=a.lerobot_vcodec) if a.lerobot_vcodec else None
     mem = TreeMemory()
     ds = LeRobotDataset.create(
@@ -274,6 +275,7 @@ def run_lerobot(a, root: Path, streaming: bool) -> dict:
             "observation.state": s.astype(np.float32),
             "action": s.astype(np.float32),
             "teleop.action": s.astype(np.float32),
+            TAG_KEY: tag_cell,
             "task": "bench",
         }
         for c in cams:

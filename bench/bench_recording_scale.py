@@ -35,6 +35,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from daemon.dataset_schema import EpisodeTag, tag_to_cell  # noqa: E402
+
+# LeRobot's writer gets the same per-frame tag column our store writes (same columns, fair race)
+TAG_CELL = tag_to_cell(EpisodeTag(0, follower_kind="emulated"))
+
 
 def rss_mb() -> float:
     with open("/proc/self/statm") as fh:
@@ -46,7 +51,7 @@ import json, resource, sys, time
 import numpy as np
 from lerobot.configs.video import RGBEncoderConfig
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
-root, frames, h, w = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+root, frames, h, w, tag = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 t0 = time.perf_counter()
 enc = RGBEncoderConfig(vcodec="h264", preset="ultrafast", crf=23, g=2)  # the codec so101d uses
 ds = LeRobotDataset.resume("local/so101d", root=root, video_backend="pyav", rgb_encoder=enc, encoder_threads=1)
@@ -55,7 +60,7 @@ for i in range(frames):
     img = np.full((h, w, 3), i % 255, np.uint8)
     ds.add_frame({"observation.state": np.zeros(6, np.float32), "action": np.zeros(6, np.float32),
                   "teleop.action": np.zeros(6, np.float32), "observation.images.front": img,
-                  "observation.images.wrist": img, "task": "pick the cube"})
+                  "observation.images.wrist": img, "so101d.episode": tag, "task": "pick the cube"})
 t2 = time.perf_counter()
 ds.save_episode()
 ds.finalize()
@@ -70,7 +75,7 @@ def lerobot_append(root: Path, frames: int, h: int, w: int) -> dict:
         copy = Path(tmp) / "ds"
         shutil.copytree(root, copy)
         r = subprocess.run(
-            [sys.executable, "-c", LEROBOT_CHILD, str(copy), str(frames), str(h), str(w)],
+            [sys.executable, "-c", LEROBOT_CHILD, str(copy), str(frames), str(h), str(w), TAG_CELL],
             capture_output=True,
             text=True,
             env=dict(os.environ, HF_HUB_OFFLINE="1"),

@@ -3,6 +3,8 @@
 usage: recording_crash_child.py ROOT MODE
   mid_episode: two episodes saved and committed, a third recording -> "KILL-ME"
   mid_save:    two episodes committed, a third saved (queued) -> "KILL-ME" at once
+  save_then_die: two episodes committed, a third saved; the child SIGKILLs itself (not its
+               writer) the instant save_episode answers, before any other line of it runs
   mid_rollover: the writer SIGKILLs itself right after a commit opened a new packed file (the
                test made the dataset with tiny size targets); one episode saved -> "KILL-ME"
 Prints "WRITER <pid>" once the writer process runs.
@@ -10,6 +12,8 @@ Prints "WRITER <pid>" once the writer process runs.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -45,6 +49,10 @@ def main() -> None:
         assert rec.wait_saved(90)
         rec.start_episode("the victim")
         record_frames(rec, 20)
+        if mode == "save_then_die":
+            reply = rec.save_episode(True)
+            os.kill(os.getpid(), signal.SIGKILL)  # the answer was given: the writer must keep it
+            print(reply)  # never runs
         if mode == "mid_save":
             rec.save_episode(True)
         print("KILL-ME", flush=True)

@@ -4,6 +4,7 @@ follower through the same safety layer, over the control socket verbs, with a vi
 from __future__ import annotations
 
 import itertools
+import json
 import subprocess
 import sys
 import tempfile
@@ -109,7 +110,9 @@ def test_policy_mode_drives_the_follower_through_safety(bench, ckpt: Path) -> No
         st = c.request("status")
         pol = st["policy"]
         assert pol["driving"] and pol["results"] >= 2 and pol["inference_latency_ms"]["p50"] > 0
-        assert pol["queue_depth"] >= 0 and pol["chunk_age_ms"] is not None
+        chunk_size = json.loads((ckpt / "config.json").read_text())["chunk_size"]
+        assert pol["chunks_live"] >= 1 and pol["queue_depth"] <= chunk_size, pol
+        assert pol["chunk_age_ms"] is not None and pol["chunk_age_ms"] >= 0
         # the loop keeps cycling while the policy runs (its rate is bench_policy's business)
         wait_for(lambda: c.request("status")["cycles"] > st["cycles"] + 10, 10, "loop cycles during the policy")
         end = len(rows.rows)  # the policy's cycles only (a hold commands the measured pose)

@@ -120,6 +120,26 @@ def test_kill_9_daemon_only_lets_the_writer_finish_saved_episodes(tmp_path):
     restart_and_append(root, {3})
 
 
+def test_an_answered_save_survives_the_daemon_dying_the_same_instant(tmp_path):
+    """save_episode answers only once the save is in the writer's hands: a daemon SIGKILLed right
+    after the answer (before its own feeder thread ran again) still gets the episode committed."""
+    root = tmp_path / "ds"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), str(root), "save_then_die"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == -signal.SIGKILL, out
+    writer = int(next(line for line in out.splitlines() if line.startswith("WRITER")).split()[1])
+    assert wait_until(lambda: not pid_alive(writer), 90), "writer did not exit after its parent died"
+    assert load_dataset(root).num_episodes == 3
+    assert read_episode_tags(root)[2].success is True
+
+
 def test_kill_9_writer_mid_rollover_keeps_every_committed_episode(tmp_path):
     """A dataset made with tiny size targets (info.json, as LeRobot's update_chunk_settings
     leaves them) rolls over to new files at every episode; the writer dies right after creating

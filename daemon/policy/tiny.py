@@ -27,8 +27,11 @@ from daemon.dataset_schema import (
     IMAGE_KEY_PREFIX,
     ROBOT_TYPE,
     STATE_KEY,
+    TAG_KEY,
     TELEOP_ACTION_KEY,
+    EpisodeTag,
     dataset_features,
+    tag_to_cell,
 )
 
 
@@ -69,11 +72,22 @@ def make_synthetic_dataset(
         repo_id, fps=fps, features=dataset_features(cameras), root=root, robot_type=ROBOT_TYPE, use_videos=True
     )
     for ep in range(episodes):
+        tag = tag_to_cell(
+            EpisodeTag(
+                ep, success=True, follower_kind="emulated", frames=frames_per_episode, source={"generated": True}
+            )
+        )
         for i in range(frames_per_episode):
             t = i / fps
             state = synthetic_pose(t, phase=0.1 * ep)
             action = synthetic_pose(t + lead_frames / fps, phase=0.1 * ep)
-            frame = {STATE_KEY: state, ACTION_KEY: action, TELEOP_ACTION_KEY: action, "task": "synthetic"}
+            frame = {
+                STATE_KEY: state,
+                ACTION_KEY: action,
+                TELEOP_ACTION_KEY: action,
+                TAG_KEY: tag,
+                "task": "synthetic",
+            }
             for name, (h, w) in cameras.items():
                 frame[IMAGE_KEY_PREFIX + name] = synthetic_frame(state, h, w)
             ds.add_frame(frame)

@@ -43,6 +43,9 @@ class RecordingError(RuntimeError):
 
 SHUTDOWN_CHOICES = ("save", "discard")
 _MAX_NOTE_CHARS = 200
+# How long save_episode waits for its record to reach the writer's ring (normally < 1 ms; a
+# feeder stuck behind a full ring answers "handed_to_writer": false instead of blocking the verb).
+SAVE_HANDOVER_TIMEOUT_S = 2.0
 DEFAULT_STOP_TIMEOUT_S = 120.0  # [recording] stop_timeout_s: how long shutdown waits for the writer
 
 
@@ -145,6 +148,11 @@ class Recorder:
         self._lock = threading.Lock()
         self._q: collections.deque[tuple] = collections.deque()
         self._wake = threading.Event()
+        # The newest episode whose save record the feeder has published into the shared ring: from
+        # then on the writer process commits it even if this process is SIGKILLed (save_episode
+        # waits for it before it answers "queued").
+        self._handed_over = threading.Condition()
+        self._handed_over_seq = -1
         self._phase = CLOSED
         self._error = ""
         self._seq = 0
@@ -580,11 +588,25 @@ class Recorder:
                     "notes": refused + self._notes + hook_notes + list(notes or []),
                 }
             )
-            self._q.append((KIND_SAVE, self._seq, -1 if success is None else int(bool(success)), extras))
-            self._pending[self._seq] = PendingSave(self._seq, number, self._task, frames)
+            seq = self._seq
+            self._q.append((KIND_SAVE, seq, -1 if success is None else int(bool(success)), extras))
+            self._pending[seq] = PendingSave(seq, number, self._task, frames)
             self._phase = IDLE
         self._wake.set()
-        return {"episode": number, "frames": frames, "success": success, "queued": True}
+        # Answer only once the save is in the writer's hands (the shared ring): an answer given
+        # while the save still sat in this process's queue was a promise a SIGKILL could break.
+        handed = self._wait_handed_over(seq, SAVE_HANDOVER_TIMEOUT_S)
+        if not handed:
+            self._check_health()  # the feeder or the writer died meanwhile: say so, not "queued"
+            log.warning("recording: episode %d is queued but not yet handed to the writer", number)
+        return {"episode": number, "frames": frames, "success": success, "queued": True, "handed_to_writer": handed}
+
+    def _wait_handed_over(self, seq: int, timeout_s: float) -> bool:
+        with self._handed_over:
+            return (
+                self._handed_over.wait_for(lambda: self._handed_over_seq >= seq or self._phase == ERROR, timeout_s)
+                and self._handed_over_seq >= seq
+            )
 
     def _check_can_end(self, what: str) -> None:
         """Under the lock: raises RecordingError unless an episode is recording."""
@@ -683,6 +705,8 @@ class Recorder:
             if self._phase != CLOSED:
                 self._phase = ERROR
             self._error = message
+        with self._handed_over:  # a save waiting for its hand-over hears of the failure at once
+            self._handed_over.notify_all()
         log.error("recording stopped: %s%s (teleoperation continues)", message, f"; LOST {lost}" if lost else "")
 
     def _check_health(self) -> None:
@@ -737,6 +761,10 @@ class Recorder:
                 ):
                     raise RuntimeError(f"injected fault (RecorderConfig.fault = {self._fault!r})")
                 ring.publish_record()
+                if kind == KIND_SAVE:
+                    with self._handed_over:
+                        self._handed_over_seq = item[1]
+                        self._handed_over.notify_all()
 
     def _fill_frame(self, ring: Ring, rec: np.ndarray, item: tuple) -> None:
         _, _, k, grid, now, state, action, teleop, frames = item
