@@ -39,11 +39,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from calibration.conventions import JOINT_IDS, JOINT_NAMES  # noqa: E402
-from drivers.arm_interface import ArmError  # noqa: E402
-from drivers.feetech_arm import FeetechFollower, FollowerBusConfig  # noqa: E402
-from drivers.feetech_bus import FeetechBus  # noqa: E402
-from drivers.protocol import encode_instruction, wire_time_s  # noqa: E402
+from calibration.conventions import JOINT_IDS, JOINT_NAMES
+from drivers.arm_interface import ArmError
+from drivers.feetech_arm import FeetechFollower, FollowerBusConfig
+from drivers.feetech_bus import FeetechBus
+from drivers.protocol import encode_instruction, wire_time_s
 
 BAUD = 1_000_000
 IDS = [JOINT_IDS[n] for n in JOINT_NAMES]

@@ -38,9 +38,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from daemon.commands.demo import prepare_bench  # noqa: E402
-from daemon.control_client import ControlClient, DaemonUnavailable  # noqa: E402
-from drivers.emulator.process import EmulatorProcess  # noqa: E402
+from daemon.commands.demo import prepare_bench
+from daemon.control_client import ControlClient, DaemonUnavailable
+from drivers.emulator.process import EmulatorProcess
 
 STATS_WINDOW_CYCLES = 2048  # daemon/stats.py RollingStats' capacity
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -41,11 +41,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from calibration.calibration_file import save_calibration  # noqa: E402
-from daemon.control_client import ControlClient, DaemonUnavailable  # noqa: E402
-from daemon.control_socket import MAX_CONNECTIONS  # noqa: E402
-from drivers.emulator import reference_calibration  # noqa: E402
-from drivers.emulator.process import EmulatorProcess  # noqa: E402
+from calibration.calibration_file import save_calibration
+from daemon.control_client import ControlClient, DaemonUnavailable
+from daemon.control_socket import MAX_CONNECTIONS
+from drivers.emulator import reference_calibration
+from drivers.emulator.process import EmulatorProcess
 
 
 def start_daemon(d: Path) -> tuple[subprocess.Popen, Path]:

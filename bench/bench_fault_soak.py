@@ -41,12 +41,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from calibration.conventions import JOINT_NAMES  # noqa: E402
-from daemon.config import config_from_dict  # noqa: E402
-from daemon.service import Daemon  # noqa: E402
-from drivers.emulator import reference_calibration  # noqa: E402
-from drivers.emulator.process import EmulatorProcess  # noqa: E402
-from drivers.feetech_arm import FeetechFollower, FeetechLeader  # noqa: E402
+from calibration.conventions import JOINT_NAMES
+from daemon.config import config_from_dict
+from daemon.service import Daemon
+from drivers.emulator import reference_calibration
+from drivers.emulator.process import EmulatorProcess
+from drivers.feetech_arm import FeetechFollower, FeetechLeader
 
 CORRUPT_MODES = ("checksum", "any", "len", "drop", "insert")
 REPO_ID = "soak/bench"

@@ -29,11 +29,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from daemon.config import config_from_dict  # noqa: E402
-from daemon.control_loop import ControlLoop  # noqa: E402
-from drivers.emulator import reference_calibration  # noqa: E402
-from drivers.emulator.process import EmulatorProcess  # noqa: E402
-from drivers.feetech_arm import FeetechFollower, FeetechLeader  # noqa: E402
+from daemon.config import config_from_dict
+from daemon.control_loop import ControlLoop
+from drivers.emulator import reference_calibration
+from drivers.emulator.process import EmulatorProcess
+from drivers.feetech_arm import FeetechFollower, FeetechLeader
 
 MODES = ("checksum", "any", "len", "drop", "insert")
 SLICES = 6  # clean/noisy alternations per mode

@@ -66,11 +66,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from calibration.conventions import FEATURE_NAMES  # noqa: E402
-from daemon.policy.action_queue import QueueConfig  # noqa: E402
-from daemon.policy.runner import PolicyRunnerConfig, PolicySource  # noqa: E402
-from daemon.policy.tiny import make_synthetic_dataset, synthetic_frame, synthetic_pose, train_tiny_policy  # noqa: E402
-from drivers.cameras import Frame  # noqa: E402
+from calibration.conventions import FEATURE_NAMES
+from daemon.policy.action_queue import QueueConfig
+from daemon.policy.runner import PolicyRunnerConfig, PolicySource
+from daemon.policy.tiny import make_synthetic_dataset, synthetic_frame, synthetic_pose, train_tiny_policy
+from drivers.cameras import Frame
 
 H, W = 480, 640
 

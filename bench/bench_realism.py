@@ -30,12 +30,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from daemon.config import config_from_dict  # noqa: E402
-from daemon.control_loop import ControlLoop  # noqa: E402
-from drivers.emulator import reference_calibration  # noqa: E402
-from drivers.emulator.process import EmulatorProcess  # noqa: E402
-from drivers.feetech_arm import FeetechFollower, FeetechLeader  # noqa: E402
-from drivers.feetech_bus import FeetechBus  # noqa: E402
+from daemon.config import config_from_dict
+from daemon.control_loop import ControlLoop
+from drivers.emulator import reference_calibration
+from drivers.emulator.process import EmulatorProcess
+from drivers.feetech_arm import FeetechFollower, FeetechLeader
+from drivers.feetech_bus import FeetechBus
 
 PRE_ISSUE_19 = "6584b0f"  # main before issue 19's driver changes
 IDS = [1, 2, 3, 4, 5, 6]

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from daemon.dataset_schema import EpisodeTag, tag_to_cell  # noqa: E402
+from daemon.dataset_schema import EpisodeTag, tag_to_cell
 
 # LeRobot's writer gets the same per-frame tag column our store writes (same columns, fair race)
 TAG_CELL = tag_to_cell(EpisodeTag(0, follower_kind="emulated"))

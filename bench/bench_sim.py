@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from drivers.sim_follower import SimFollower  # noqa: E402
-from sim_bridge.server import SimServerEndpoint  # noqa: E402
+from drivers.sim_follower import SimFollower
+from sim_bridge.server import SimServerEndpoint
 
 
 def pct(samples: list[float], q: float) -> float:

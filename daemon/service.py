@@ -34,6 +34,7 @@ from daemon.sd_notify import Notifier, ServiceStatus, StatusReporter, WatchdogGa
 from daemon.terminal import TerminalWatch, helpers_shielded
 from drivers.arm_interface import FollowerArm, LeaderArm
 from drivers.feetech_arm import FollowerBusConfig
+from drivers.signal_wake import SignalWake
 
 log = logging.getLogger("so101d.daemon")
 
@@ -146,6 +147,7 @@ class Daemon:
         self.notifier = notifier
         self.remote_leader: LeisaacRemoteLeaderPublisher | None = None  # when [leisaac_remote_leader] enabled
         self._stop = threading.Event()
+        self._wake: SignalWake | None = None  # while run_forever runs: wakes its wait at once
         # the terminal as it is now, before run_forever takes SIGHUP over (nohup's SIG_IGN is seen):
         # a later SIGHUP is a reload, or the terminal gone
         self._terminal: TerminalWatch | None = TerminalWatch.at_start()
@@ -301,7 +303,10 @@ class Daemon:
                 log.exception("shutdown hook failed")
 
     def request_stop(self) -> None:
+        """Any thread: the running ``run_forever`` stops (never called from a signal handler)."""
         self._stop.set()
+        if self._wake is not None:
+            self._wake.wake()
 
     def stop(self) -> None:
         if not self._started:
@@ -453,16 +458,25 @@ class Daemon:
         return rc
 
     def _run_until_stopped(self, duration_s: float | None, on_tick: Callable[[], None] | None) -> int:
-        old: dict[signal.Signals, Any] = {}
+        # Signals reach this loop through a self-pipe (drivers/signal_wake.py): a handler that set
+        # the stop Event itself could interrupt this very thread inside Event.wait(), holding the
+        # Event's lock, and wait for it forever (a closed terminal once left the daemon hanging).
+        wake = SignalWake()
+        self._wake = wake
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                old[sig] = signal.signal(sig, lambda signum, frame: self.request_stop())
-            old[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda signum, frame: self._on_hangup())
+            wake.install((signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
         try:
             with helpers_shielded():  # writer, policy worker, resource tracker: not the terminal's to kill
                 self.start()
             end = None if duration_s is None else time.monotonic() + duration_s
-            while not self._stop.wait(0.2):
+            while not self._stop.is_set():
+                for sig in wake.wait(0.2):
+                    if sig == signal.SIGHUP:
+                        self._on_hangup()
+                    else:
+                        self.request_stop()
+                if self._stop.is_set():
+                    break
                 if not self.loop.is_running():
                     log.error("control loop stopped unexpectedly")
                     return 1
@@ -480,5 +494,5 @@ class Daemon:
             return 0
         finally:
             self.stop()
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
+            self._wake = None
+            wake.close()

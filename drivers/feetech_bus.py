@@ -465,47 +465,58 @@ class FeetechBus:
             ask: list[int] = list(expected_ids)
             silent_left, noise_left = tries, NOISE_RETRIES
             attempt = 0
-            while True:
-                if attempt:
-                    self.counters.retries += 1
-                attempt += 1
-                request = build(ask)
-                reply_bytes = len(ask) * reply_size
-                budget_s = wire_time_s(len(request) + reply_bytes, self.baudrate) + self.reply_margin_s
-                self._drain_input(what)
-                self._send(request, what)
-                if not expected_ids:
-                    return {}
-                asked_bytes += reply_bytes
-                try:
-                    got.update(self._receive(ask, data_len, time.monotonic() + budget_s, what))
-                except _Incomplete as inc:
-                    last = inc
-                    got.update(inc.got)
-                    if not inc.quiet:
-                        # only an attempt that met its deadline may still deliver late; the next
-                        # transaction's settle wait stays within ``tries`` reply budgets (as before
-                        # issue 12), however many quick noise attempts there were
-                        in_flight = True
-                        window_s = max(window_s, tries * budget_s)
-                    log.debug("%s: %s: no reply from %s (try %d)", self.port, what, inc.missing, attempt)
-                    if inc.quiet and inc.corrupt and noise_left > 0:
-                        noise_left -= 1
-                        ask = list(inc.missing)  # only the damaged ones: fewer bytes to be hit again
-                    else:
-                        silent_left -= 1
-                        if silent_left <= 0:
-                            break
-                        # A servo that stayed silent: ask everyone again, so the others' replies
-                        # mark when the bus went quiet (asked alone, a silent servo costs the
-                        # whole deadline) and a servo silenced by an earlier one gets its turn.
-                        ask = [i for i in expected_ids] if inc.quiet and inc.got else list(inc.missing)
-                    continue
-                for sid, (err, _) in got.items():
-                    self.last_error_bits[sid] = err
-                if attempt > 1 and in_flight:
-                    self._owe(asked_bytes, rx_start, window_s)
-                return {i: got[i] for i in expected_ids}
+            budget_s = 0.0
+            try:
+                while True:
+                    if attempt:
+                        self.counters.retries += 1
+                    attempt += 1
+                    request = build(ask)
+                    reply_bytes = len(ask) * reply_size
+                    budget_s = wire_time_s(len(request) + reply_bytes, self.baudrate) + self.reply_margin_s
+                    self._drain_input(what)
+                    self._send(request, what)
+                    if not expected_ids:
+                        return {}
+                    asked_bytes += reply_bytes
+                    try:
+                        got.update(self._receive(ask, data_len, time.monotonic() + budget_s, what))
+                    except _Incomplete as inc:
+                        last = inc
+                        got.update(inc.got)
+                        if not inc.quiet:
+                            # only an attempt that met its deadline may still deliver late; the next
+                            # transaction's settle wait stays within ``tries`` reply budgets (as before
+                            # issue 12), however many quick noise attempts there were
+                            in_flight = True
+                            window_s = max(window_s, tries * budget_s)
+                        log.debug("%s: %s: no reply from %s (try %d)", self.port, what, inc.missing, attempt)
+                        if inc.quiet and inc.corrupt and noise_left > 0:
+                            noise_left -= 1
+                            ask = list(inc.missing)  # only the damaged ones: fewer bytes to be hit again
+                        else:
+                            silent_left -= 1
+                            if silent_left <= 0:
+                                break
+                            # A servo that stayed silent: ask everyone again, so the others' replies
+                            # mark when the bus went quiet (asked alone, a silent servo costs the
+                            # whole deadline) and a servo silenced by an earlier one gets its turn.
+                            ask = [i for i in expected_ids] if inc.quiet and inc.got else list(inc.missing)
+                        continue
+                    for sid, (err, _) in got.items():
+                        self.last_error_bits[sid] = err
+                    if attempt > 1 and in_flight:
+                        self._owe(asked_bytes, rx_start, window_s)
+                    return {i: got[i] for i in expected_ids}
+            except (ServoNoReplyError, PortGoneError):
+                raise
+            except BaseException:
+                # Interrupted mid-transaction (Ctrl-C, a signal handler's exception): replies may
+                # still be on their way. Owed, they are swallowed before the next request instead
+                # of being taken as its answer (a stale Present_Position has the same length as
+                # a Min_Position_Limit read).
+                self._owe(asked_bytes, rx_start, max(window_s, budget_s))
+                raise
             assert last is not None
             # servos that stayed silent through every attempt are not expected to answer late
             silent_bytes = len(last.missing) * reply_size * attempt

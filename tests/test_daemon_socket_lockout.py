@@ -20,7 +20,8 @@ from pathlib import Path
 
 from support import wait_for
 from test_daemon_loop import make_bench  # noqa: F401  (fixture)
-from test_policy_daemon import bench as policy_bench  # noqa: F401  (fixtures)
+from test_policy_daemon import bench as policy_bench  # noqa: F401  (fixture)
+from test_policy_daemon import ckpt  # noqa: F401  (fixture)
 
 from daemon.cli import main as so101d
 from daemon.control_client import ControlClient

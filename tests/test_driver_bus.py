@@ -210,3 +210,22 @@ def test_wire_time_is_respected(tmp_path):
         finally:
             b.close()
     assert min(samples) >= 0.62e-3 * 0.95
+
+
+def test_a_read_interrupted_by_ctrl_c_leaves_no_stale_reply_for_the_next_one(emu, bus, monkeypatch):
+    """Ctrl-C lands while a sync read's replies are still on the wire (here: 20 ms of latency).
+    The next request must not take those late Present_Position replies (2 bytes, like
+    Min_Position_Limit) as its own answer: `so101d calibrate` restores the servos after Ctrl-C by
+    writing and reading back exactly such registers."""
+    emu.arm.set_pose_units([10.0, -20.0, 30.0, -5.0, 45.0, 40.0])
+    emu.set_latency(0.02)
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt  # the signal arrives right after the request went out
+
+    with monkeypatch.context() as m:
+        m.setattr(bus, "_receive", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            bus.sync_read("Present_Position", IDS)
+    assert bus.read("Min_Position_Limit", 1) == emu.arm.servo(1).reg("Min_Position_Limit")
+    assert bus.read("Max_Position_Limit", 1) == emu.arm.servo(1).reg("Max_Position_Limit")

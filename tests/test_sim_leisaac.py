@@ -18,9 +18,21 @@ import numpy as np
 import pytest
 from fixtures.isaaclab_scene import REST_POSE_RAD
 from fixtures.leisaac_env import SUCCESS_PAN_RAD, FakeDirectRLEnv, FakeManagerBasedRLEnv, H, W
+from fixtures.leisaac_mapping import leisaac_leader_to_sim_rad
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import poll_until
 
-from calibration.conventions import normalized_to_sim_rad, units_to_sim_rad
+from calibration.calibration_file import ArmCalibration
+from calibration.conventions import (
+    JOINT_NAMES,
+    leader_units_to_leisaac_sim_units,
+    map_leader_to_sim,
+    normalized_to_sim_rad,
+    ticks_to_units,
+    units_to_sim_rad,
+    units_to_ticks,
+)
 from drivers.arm_interface import FollowerArm
 from drivers.sim_follower import SimFollower
 from sim_bridge.leisaac_follower import (
@@ -248,18 +260,6 @@ def test_prepare_env_cfg_matches_leisaac_teleop():
 # ---------------------------------------------------------------------------------------------
 # [follower] sim_mapping = "leisaac": LeIsaac's own leader map
 # ---------------------------------------------------------------------------------------------
-from fixtures.leisaac_mapping import leisaac_leader_to_sim_rad  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from calibration.calibration_file import ArmCalibration  # noqa: E402
-from calibration.conventions import (  # noqa: E402
-    JOINT_NAMES,
-    leader_units_to_leisaac_sim_units,
-    map_leader_to_sim,
-    ticks_to_units,
-    units_to_ticks,
-)
 
 
 @st.composite

@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from drivers.emulator.arm import EmulatedArm
 from drivers.emulator.motion import MotionError, motion_from_spec
 from drivers.emulator.process import ControlServer, EmulatorHost
 from drivers.emulator.realism import PRESETS, realism_from_spec
+from drivers.signal_wake import SignalWake
 from drivers.sts3215_table import BAUD_RATE_BY_CODE
 
 log = logging.getLogger("so101d.emulate")
@@ -130,14 +130,10 @@ def run(args: argparse.Namespace) -> int:
             path = save_calibration(arm.reference, arm.role, arm_id, root=root)
             log.info("reference calibration of the %s: %s", name, path)
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("signal %d: stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # a self-pipe, not an Event set from the handler: the handler would interrupt this thread
+    # inside Event.wait() holding the Event's lock and wait for itself (drivers/signal_wake.py)
+    wake = SignalWake()
+    wake.install((signal.SIGTERM, signal.SIGINT))
     parent_gone = _watch_parent(args.exit_with_parent, args.parent_death_signal)
 
     control: ControlServer | None = None
@@ -149,8 +145,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}: {bus.link_path} -> {bus.slave_name}", flush=True)
         if control:
             print(f"control: {control.path}", flush=True)
-        while not stop.is_set():
-            stop.wait(0.5)
+        while True:
+            got = wake.wait(0.5)
+            if got:
+                log.info("signal %d: stopping", got[0])
+                break
             if parent_gone():
                 log.info("parent process %d is gone: stopping", args.exit_with_parent)
                 break
@@ -161,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         if control:
             control.stop()
         host.stop()
+        wake.close()
     return 0
 
 
