@@ -425,3 +425,35 @@ def test_episode_and_record_against_a_daemon_without_recording_say_how_to_enable
             assert "unknown command" in c.call("no.such.verb")["error"]  # other verbs unchanged
     finally:
         daemon.stop()
+
+
+def test_status_while_a_late_sized_camera_opens_the_writer_is_not_a_dead_writer(tmp_path, monkeypatch):
+    """A sim camera announces its size after the daemon started, so the recorder opens its writer
+    on a thread of its own. `so101d status` asked while that writer process is being spawned must
+    not take the not-yet-started process for a dead writer (it once stopped recording for good
+    with "writer process exited (code None)")."""
+    import multiprocessing.context
+
+    spawning = threading.Event()
+    original_start = multiprocessing.context.SpawnProcess.start
+
+    def slow_start(self):  # spawning a process takes a while on a loaded machine: widen the window
+        spawning.set()
+        time.sleep(0.5)
+        original_start(self)
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", slow_start)
+    cam = VirtualArmCamera(CameraConfig("front", width=160, height=120))
+    cam.width = cam.height = 0  # not announced yet
+    rec = Recorder(RecorderConfig(root=str(tmp_path / "ds")), [cam])
+    rec.open()
+    try:
+        assert rec.phase == "starting"
+        cam.width, cam.height = 160, 120  # the simulator announced its size
+        assert spawning.wait(30)
+        while not rec._ready.is_set() and rec.phase == "starting":
+            rec.status()  # what `so101d status` asks while the writer spawns
+        rec.wait_ready(120)
+        assert rec.phase == "idle", rec.status()
+    finally:
+        rec.close()

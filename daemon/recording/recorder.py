@@ -268,7 +268,7 @@ class Recorder:
         spec = self._ring.spec
         import os
 
-        self._proc = ctx.Process(
+        proc = ctx.Process(
             target=writer_main,
             name="so101d-writer",
             args=(
@@ -287,7 +287,11 @@ class Recorder:
                 self.cfg.origin,
             ),
         )
-        self._proc.start()
+        proc.start()
+        # Published only once started: a health check meanwhile (a sim camera opens the recorder on
+        # its own thread, while `status` and `episode start` run) took an unstarted process for a
+        # dead writer ("writer process exited (code None)") and stopped recording for good.
+        self._proc = proc
         child.close()
         self._running = True
         with self._lock:
