@@ -68,7 +68,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from calibration.conventions import FEATURE_NAMES
 from daemon.policy.action_queue import QueueConfig
-from daemon.policy.runner import PolicyRunnerConfig, PolicySource
+from daemon.policy.runner import STAGE_KEYS, PolicyRunnerConfig, PolicySource
 from daemon.policy.tiny import make_synthetic_dataset, synthetic_frame, synthetic_pose, train_tiny_policy
 from drivers.cameras import Frame
 
@@ -678,20 +678,7 @@ def run_refill(args: argparse.Namespace) -> int:
         st = runs[-1]["stats"]
         print(f"\n  {rule}: observation -> chunk usable by the loop, by stage (ms, last round; n = chunks)")
         print(f"  {'stage':<12} {'p50':>9} {'p99':>9} {'max':>9}")
-        for key in (
-            "ask",
-            "handoff",
-            "publish",
-            "worker",
-            "read",
-            "preprocess",
-            "forward",
-            "postprocess",
-            "gc",
-            "reply",
-            "prepare",
-            "pickup",
-        ):
+        for key in STAGE_KEYS:
             v = st["stages_ms"].get(key)
             if v:
                 print(f"  {key:<12} {v['p50']:9.2f} {v['p99']:9.2f} {v['max']:9.2f}   n={v['n']}")

@@ -18,7 +18,7 @@ import pytest
 
 from daemon.commands.policy import format_status
 from daemon.policy.action_queue import QueueConfig
-from daemon.policy.runner import OVERHEAD_STAGES, PolicyRunnerConfig, PolicySource
+from daemon.policy.runner import OVERHEAD_STAGES, STAGE_KEYS, PolicyRunnerConfig, PolicySource
 from daemon.policy.tiny import synthetic_frame, synthetic_pose, tiny_act_checkpoint
 from drivers.cameras import Frame
 
@@ -92,20 +92,9 @@ def test_the_stages_add_up_to_the_overhead_chunk_by_chunk_and_status_shows_them(
     assert st["overhead_stages"] == list(OVERHEAD_STAGES)
     over = st["overhead_ms"]
     assert over["n"] == len(chunks) and over["p50"] <= over["p99"] <= over["p99.9"] <= over["max"]
-    for key in (
-        "ask",
-        "handoff",
-        "publish",
-        "worker",
-        "read",
-        "preprocess",
-        "forward",
-        "postprocess",
-        "gc",
-        "reply",
-        "prepare",
-    ):
-        assert st["stages_ms"][key]["n"] >= len(chunks), key
+    for key in STAGE_KEYS:
+        if key != "pickup":  # the loop's sampling, reported beside the overhead (runner docstring)
+            assert st["stages_ms"][key]["n"] >= len(chunks), key
     picked = [c for c in chunks if "pickup" in c]  # the newest may still wait for the loop's next call
     assert len(picked) >= len(chunks) - 1 and all(c["pickup"] >= 0 for c in picked)
     assert st["stages_ms"]["pickup"]["n"] >= len(picked)

@@ -137,25 +137,28 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
                     pack({"t": "error", "error": f"inference failed: {exc}", "fatal": False, "req": msg.get("req")})
                 )
                 continue
-            conn.send_bytes(
-                pack(
-                    {
-                        "t": "result",
-                        "req": req,
-                        "obs_time_s": obs_time,
-                        "n": int(actions.shape[0]),
-                        "dim": int(actions.shape[1]),
-                        "actions": actions.astype(np.float32).tobytes(),
-                        "read_s": t1 - t0,
-                        **{k: v for k, v in asdict(timings).items()},
-                        "got_s": got_s,
-                        "done_s": time.monotonic(),
-                        **_gc_fields(gc_pauses),
-                    }
-                )
-            )
+            conn.send_bytes(pack(_result(req, obs_time, actions, t1 - t0, timings, got_s, _gc_fields(gc_pauses))))
     finally:
         buf.close()
+
+
+def _result(
+    req: Any, obs_time: float, actions: np.ndarray, read_s: float, timings: Any, got_s: float, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """The "result" message both workers (local and LeRobot-server) send for one chunk."""
+    return {
+        "t": "result",
+        "req": req,
+        "obs_time_s": obs_time,
+        "n": int(actions.shape[0]),
+        "dim": int(actions.shape[1]),
+        "actions": actions.astype(np.float32).tobytes(),
+        "read_s": read_s,
+        **asdict(timings),
+        "got_s": got_s,
+        "done_s": time.monotonic(),
+        **extra,
+    }
 
 
 def _gc_fields(pauses) -> dict[str, Any]:
@@ -274,23 +277,7 @@ def _serve_remote(conn, spec: WorkerSpec, buf, layout) -> None:
                     )
                 )
                 continue
-            conn.send_bytes(
-                pack(
-                    {
-                        "t": "result",
-                        "req": req,
-                        "obs_time_s": obs_time,
-                        "n": int(actions.shape[0]),
-                        "dim": int(actions.shape[1]),
-                        "actions": actions.astype(np.float32).tobytes(),
-                        "read_s": t1 - t0,
-                        **{k: v for k, v in asdict(timings).items()},
-                        "got_s": got_s,
-                        "done_s": time.monotonic(),
-                        "link": link(),
-                        "times": engine.last_link,
-                    }
-                )
-            )
+            extra = {"link": link(), "times": engine.last_link}
+            conn.send_bytes(pack(_result(req, obs_time, actions, t1 - t0, timings, got_s, extra)))
     finally:
         engine.close()
