@@ -17,7 +17,7 @@ import collections
 import os
 import select
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from types import FrameType
 from typing import Any
 
@@ -76,12 +76,3 @@ class SignalWake:
                 os.close(fd)
             except OSError:
                 pass
-
-
-def wait_for_stop(wake: SignalWake, stopped: Callable[[], bool], period_s: float = 0.5) -> int | None:
-    """Block until a signal arrives or ``stopped()`` is true; returns the signal (None: stopped)."""
-    while not stopped():
-        got = wake.wait(period_s)
-        if got:
-            return got[0]
-    return None

@@ -178,18 +178,21 @@ def test_a_recorder_thread_that_raises_stops_recording_and_nothing_answers_saved
 
 
 def test_an_episode_saved_before_the_feeder_died_is_named_lost_not_saved(tmp_path):
-    """The reported sequence: a save is answered "queued", then the feeder dies (here: on the SAVE
-    record itself) before the writer ever saw it. The episode must come back from close() and the
-    status as lost, never silently dropped."""
+    """The reported sequence: a save is asked for, and the feeder dies (here: on the SAVE record
+    itself) before the writer ever saw it. The save is refused with the reason (it once answered
+    "queued"), and the episode comes back from close() and the status as lost, never silently
+    dropped."""
     rec = Recorder(RecorderConfig(root=str(tmp_path / "ds"), fault="feeder_raise_at_save"), virtual_cams())
     rec.open()
     rec.wait_ready(120)
     with SyntheticLoop(rec):
         rec.start_episode("stack blocks")
         assert wait_until(lambda: rec.frames_recorded >= 12, 30), rec.status()
-        r = rec.save_episode(True)
-        assert r["queued"] and r["episode"] == 0
-        assert wait_until(lambda: rec.phase == "error", 30), rec.status()
+        # the save never reaches the writer: the answer says so instead of "queued"
+        with pytest.raises(RecordingError, match=r"episode 0 not saved: recording stopped") as refused:
+            rec.save_episode(True)
+        r = str(refused.value)
+        assert rec.phase == "error", rec.status()
         assert rec.status()["saves_pending"] == 1  # not committed, and status says so
         assert not rec.wait_saved(5)
     lost = rec.close(timeout_s=30)

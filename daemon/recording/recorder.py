@@ -602,6 +602,10 @@ class Recorder:
         handed = self._wait_handed_over(seq, SAVE_HANDOVER_TIMEOUT_S)
         if not handed:
             self._check_health()  # the feeder or the writer died meanwhile: say so, not "queued"
+            if self._phase == ERROR:
+                raise RecordingError(
+                    f"episode {number} not saved: recording stopped before the writer got it: {self._error}"
+                )
             log.warning("recording: episode %d is queued but not yet handed to the writer", number)
         return {"episode": number, "frames": frames, "success": success, "queued": True, "handed_to_writer": handed}
 
