@@ -415,8 +415,11 @@ def test_status_shows_the_daemon_and_json_is_the_raw_data(machine: Machine, daem
     m = machine
     text = ok(so101d(m, readme("so101d status")))
     assert "teleop" in text and "follower" in text.lower()
-    raw = json.loads(ok(so101d(m, readme("so101d status [--json] [--watch]") + ["--json"])))
-    assert raw["mode"] == "teleop"
+    json_argv = readme("so101d status [--json] [--watch]") + ["--json"]
+    raw = json.loads(ok(so101d(m, json_argv)))
+    # on a loaded machine the shared daemon may be in a moment of hold/re-alignment: it follows again
+    assert poll_until(lambda: json.loads(ok(so101d(m, json_argv)))["mode"] == "teleop", 30, 0.3), raw
+    assert {"mode", "follower", "leader", "cycles"} <= set(raw), sorted(raw)
 
 
 def test_status_watch_in_a_pipe_prints_a_line_per_refresh(machine: Machine, daemon: subprocess.Popen) -> None:
