@@ -100,3 +100,47 @@ def wait_until(pred, timeout_s: float, step_s: float = 0.05) -> bool:
             return True
         time.sleep(step_s)
     return pred()
+
+
+def train_tiny_act(repo_id: str, root: Path, out: Path, steps: int, episodes: int, *extra: str) -> str:
+    """`lerobot-train` (LeRobot's own script, its defaults but a tiny ACT) on a recorded dataset for
+    a few CPU steps; asserts it trained on ``episodes`` episodes with finite losses, returns its log."""
+    import math
+    import re
+    import subprocess
+    import sys
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "lerobot.scripts.lerobot_train",
+        f"--dataset.repo_id={repo_id}",
+        f"--dataset.root={root}",
+        *extra,
+        "--policy.type=act",
+        "--policy.device=cpu",
+        "--policy.push_to_hub=false",
+        "--policy.pretrained_backbone_weights=null",
+        "--policy.dim_model=32",
+        "--policy.dim_feedforward=64",
+        "--policy.n_heads=2",
+        "--policy.n_encoder_layers=1",
+        "--policy.n_decoder_layers=1",
+        "--policy.latent_dim=8",
+        "--policy.chunk_size=5",
+        "--policy.n_action_steps=5",
+        f"--steps={steps}",
+        "--batch_size=2",
+        "--num_workers=0",
+        "--log_freq=1",
+        f"--output_dir={out}",
+        "--wandb.enable=false",
+        "--save_checkpoint=false",
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=600)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-3000:]
+    assert f"dataset.num_episodes={episodes}" in log and "End of training" in log
+    losses = [float(m) for m in re.findall(r"loss:\s*([0-9.eE+-]+)", log)]
+    assert losses and all(math.isfinite(v) for v in losses), log[-2000:]
+    return log

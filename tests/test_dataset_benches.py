@@ -5,9 +5,7 @@ and LeRobot's own `lerobot-train` trains a few steps on the result."""
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -16,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from dataset_support import so101d
+from recording_support import train_tiny_act
 
 from daemon.dataset_schema import read_episode_tags
 
@@ -71,38 +70,6 @@ def test_two_benches_record_merge_and_train(tmp_path: Path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Traceback" not in r.stderr and "observation.images.front" in r.stdout, r.stderr[-3000:]
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "lerobot.scripts.lerobot_train",
-        "--dataset.repo_id=local/pick",
-        f"--dataset.root={merged}",
-        "--dataset.video_backend=pyav",
-        "--policy.type=act",
-        "--policy.device=cpu",
-        "--policy.push_to_hub=false",
-        "--policy.pretrained_backbone_weights=null",
-        "--policy.dim_model=32",
-        "--policy.dim_feedforward=64",
-        "--policy.n_heads=2",
-        "--policy.n_encoder_layers=1",
-        "--policy.n_decoder_layers=1",
-        "--policy.latent_dim=8",
-        "--policy.chunk_size=5",
-        "--policy.n_action_steps=5",
-        "--steps=2",
-        "--batch_size=2",
-        "--num_workers=0",
-        "--log_freq=1",
-        f"--output_dir={tmp_path / 'train'}",
-        "--wandb.enable=false",
-        "--save_checkpoint=false",
-    ]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=600)
-    log = r.stdout + r.stderr
-    assert r.returncode == 0, log[-3000:]
-    assert "dataset.num_episodes=2" in log and "End of training" in log
+    train_tiny_act("local/pick", merged, tmp_path / "train", 2, 2, "--dataset.video_backend=pyav")
     # (lerobot-train itself still probes torchcodec while building its config, whatever
     # --dataset.video_backend says: LeRobot's DatasetConfig default_factory, not ours to change)
-    losses = [float(m) for m in re.findall(r"loss:\s*([0-9.eE+-]+)", log)]
-    assert losses and all(math.isfinite(v) for v in losses), log[-2000:]
