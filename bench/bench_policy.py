@@ -108,19 +108,34 @@ def build_checkpoint(work: Path) -> Path:
 
 
 # -- ours ------------------------------------------------------------------------------------------
-def bench_ours(ckpt: Path, requests: int, h: int = H, w: int = W) -> dict:
+def bench_ours(
+    ckpt: Path, requests: int, h: int = H, w: int = W, all_cores: bool = True, omp_wait_policy: str | None = None
+) -> dict:
     """Our local path, polled the way the loop polls it but waking as each chunk lands (the chunk
     is usable on arrival; no loop period hides in the figures). Per chunk the runner's timeline:
-    request issued -> usable, split into handoff / worker / forward / reply / prepare (+ the loop's pickup)."""
+    request issued -> usable, split into handoff / worker / forward / reply / prepare (+ the loop's pickup).
+
+    ``all_cores``: the forward pass on every core, like LeRobot's server (the daemon's default
+    leaves one core to the loop and runs the worker at nice 5: ``all_cores=False``).
+    ``omp_wait_policy``: the worker's OMP_WAIT_POLICY ("" = libgomp's own default, spinning);
+    None = what the worker chooses (worker.torch_threads)."""
     state = synthetic_pose(0.3)
     img = synthetic_frame(state, h, w)
     qcfg = QueueConfig(refill_below=1000, max_obs_age_s=60.0)  # always wants a refill: back to back
-    # all cores for the forward pass here, like LeRobot's server (the daemon's default leaves one to the loop)
-    src = PolicySource(
-        PolicyRunnerConfig(str(ckpt), cameras={"front": (h, w)}, queue=qcfg, nice=0, torch_threads=os.cpu_count() or 1),
-        {"front": StillCamera(img)},
-    )
-    src.start()
+    cfg = PolicyRunnerConfig(str(ckpt), cameras={"front": (h, w)}, queue=qcfg)
+    if all_cores:
+        cfg.nice, cfg.torch_threads = 0, os.cpu_count() or 1
+    src = PolicySource(cfg, {"front": StillCamera(img)})
+    saved = os.environ.get("OMP_WAIT_POLICY")
+    if omp_wait_policy is not None:  # the spawned worker takes the environment at start()
+        os.environ["OMP_WAIT_POLICY"] = omp_wait_policy
+    try:
+        src.start()
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_WAIT_POLICY", None)
+        else:
+            os.environ["OMP_WAIT_POLICY"] = saved
     if not src.wait_ready(300):
         raise SystemExit(f"policy worker failed: {src.error}")
     print(f"ours: worker ready ({src.worker_info})")
@@ -146,6 +161,7 @@ def bench_ours(ckpt: Path, requests: int, h: int = H, w: int = W) -> dict:
         out[k] = np.array(src.stage[k].values()[n0 : n0 + requests])
     out["target_cost"] = np.array(costs)
     out["gc_status"] = src.stats()["gc"]
+    out["worker_info"] = dict(src.worker_info)
     return out
 
 
@@ -156,8 +172,8 @@ def print_ours(ours: dict, what: str) -> None:
     print(row("  of which the frame copy", ours["publish"]))
     print(row("worker beyond the forward pass", ours["worker"], "of which:"))
     print(row("  shared memory -> worker", ours["read"]))
-    print(row("  preprocessing (LeRobot pipeline)", ours["preprocess"]))
-    print(row("  postprocessing (unnormalise)", ours["postprocess"]))
+    print(row("  preprocessing", ours["preprocess"]))
+    print(row("  postprocessing", ours["postprocess"]))
     print(row("  garbage-collection pauses", ours["gc"]))
     print(row("forward pass", ours["forward"]))
     print(row("reply (pipe, receiver thread)", ours["reply"]))
@@ -169,6 +185,11 @@ def print_ours(ours: dict, what: str) -> None:
     print(
         f"  daemon process during the run: {g['daemon_collections']} collections ({g['daemon_full_collections']} full), "
         f"longest {g['daemon_max_pause_ms']:.2f} ms; {g['daemon_frozen_objects']} objects frozen at start"
+    )
+    info, faults = ours["worker_info"], g.get("worker_page_faults") or {}
+    print(
+        f"  worker: {info.get('torch_threads')} torch thread(s), OpenMP wait {info.get('omp_wait_policy')}; "
+        f"{info.get('io')}; {info.get('heap')}; page faults per chunk p50 {faults.get('p50')}, max {faults.get('max')}"
     )
 
 
@@ -213,55 +234,47 @@ def bench_gc() -> None:
     )
 
 
-def bench_preprocess(ckpt: Path, rounds: int) -> None:
-    """The image hand-over to LeRobot's preprocessor, old (a permuted HWC->CHW float view) vs new
-    (one contiguous CHW uint8 copy, then float), interleaved, one torch thread (the daemon's
-    worker default on a 2-core machine); the preprocessed tensors are checked equal."""
+def bench_preprocess(ckpt: Path, rounds: int, h: int, w: int) -> None:
+    """LeRobot's pre/post-processing pipelines vs the fused form the engine measured from them
+    (daemon/policy/fused_io.py), each timed inside a whole inference as the worker runs it: right
+    after a forward pass, caches cold. Two engines on the same checkpoint, interleaved, one torch
+    thread (the worker's default on a 2-core machine); their action chunks are checked equal."""
     import torch
 
-    from daemon.dataset_schema import IMAGE_KEY_PREFIX, STATE_KEY
     from daemon.policy.engine import PolicyEngine
 
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
-    eng = PolicyEngine.from_checkpoint(str(ckpt), None, "cpu")
-    state = torch.from_numpy(synthetic_pose(0.3)).unsqueeze(0)
-    img = synthetic_frame(synthetic_pose(0.3), H, W)
-    key = IMAGE_KEY_PREFIX + "front"
-
-    def old():
-        return torch.from_numpy(img).permute(2, 0, 1).unsqueeze(0).float().div_(255.0)
-
-    def new():
-        return torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1))).unsqueeze(0).float().div_(255.0)
-
-    times: dict[str, list[float]] = {"old": [], "new": []}
-    cpu: dict[str, list[float]] = {"old": [], "new": []}  # this thread's CPU time: other load does not count
-    with torch.inference_mode():
-        outs = {}
-        for name, conv in (("old", old), ("new", new)):
-            outs[name] = eng.loaded.preprocessor({STATE_KEY: state, key: conv(), "task": "", "robot_type": "x"})[key]
-        same = torch.equal(outs["old"], outs["new"])
-        for _ in range(rounds):
-            for name, conv in (("old", old), ("new", new)):
-                t0, c0 = time.perf_counter(), time.thread_time()
-                eng.loaded.preprocessor({STATE_KEY: state, key: conv(), "task": "", "robot_type": "x"})
-                times[name].append(time.perf_counter() - t0)
-                cpu[name].append(time.thread_time() - c0)
+    engines = {
+        "pipeline": PolicyEngine.from_checkpoint(str(ckpt), None, "cpu", fused_io=False),
+        "fused": PolicyEngine.from_checkpoint(str(ckpt), None, "cpu"),
+    }
+    state = synthetic_pose(0.3)
+    img = synthetic_frame(state, h, w)
+    pre: dict[str, list[float]] = {k: [] for k in engines}
+    post: dict[str, list[float]] = {k: [] for k in engines}
+    chunks = {k: e.infer(state, {"front": img})[0] for k, e in engines.items()}
+    diff = float(np.abs(chunks["fused"] - chunks["pipeline"]).max())
+    for _ in range(rounds):
+        for name, eng in engines.items():
+            _, t = eng.infer(state, {"front": img})
+            pre[name].append(t.preprocess_s)
+            post[name].append(t.postprocess_s)
     torch.set_num_threads(threads)
     print(
-        f"\npreprocessing one {W}x{H} frame (to float + LeRobot's preprocessor), {rounds} interleaved rounds, "
-        f"{max(1, (os.cpu_count() or 2) - 1)} torch thread(s); results equal: {same}"
+        f"\npre/post-processing one {w}x{h} frame inside an inference (after its forward pass), {rounds} "
+        f"interleaved rounds, {max(1, (os.cpu_count() or 2) - 1)} torch thread(s)"
     )
+    print(f"  fused engine: {engines['fused'].io}; chunks differ by at most {diff:.2g} (LeRobot units)")
     print(HEADER)
-    print(row("old: permuted float view", times["old"]))
-    print(row("new: contiguous CHW copy first", times["new"]))
-    print(row("old, CPU time of the thread", cpu["old"]))
-    print(row("new, CPU time of the thread", cpu["new"]))
+    print(row("LeRobot's preprocessor", pre["pipeline"]))
+    print(row("fused preprocessing", pre["fused"]))
+    print(row("LeRobot's postprocessor", post["pipeline"]))
+    print(row("fused postprocessing", post["fused"]))
     print(
-        f"  ratio old / new: p50 {pct(times['old'], 50) / pct(times['new'], 50):.1f}x, "
-        f"p99 {pct(times['old'], 99) / pct(times['new'], 99):.1f}x; CPU time p50 "
-        f"{pct(cpu['old'], 50) / pct(cpu['new'], 50):.1f}x"
+        f"  ratio pipeline / fused: preprocessing p50 {pct(pre['pipeline'], 50) / pct(pre['fused'], 50):.1f}x, "
+        f"p99 {pct(pre['pipeline'], 99) / pct(pre['fused'], 99):.1f}x; postprocessing p50 "
+        f"{pct(post['pipeline'], 50) / pct(post['fused'], 50):.1f}x"
     )
 
 
@@ -716,13 +729,21 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="so101d-bench-policy-") as d:
         ckpt = args.checkpoint or build_checkpoint(Path(d))
         if not args.skip_tail:
-            bench_preprocess(ckpt, args.preprocess_rounds)  # first: after bench_gc's imports it ran slower for both
-            bench_gc()
             tail_ck = build_tail_checkpoint(Path(d))
+            bench_preprocess(tail_ck, args.preprocess_rounds, TAIL_H, TAIL_W)
+            bench_gc()
             print_ours(
-                bench_ours(tail_ck, args.tail_requests, TAIL_H, TAIL_W),
-                f"local worker, tail run (tiny ACT, one {TAIL_W}x{TAIL_H} camera)",
+                bench_ours(tail_ck, args.tail_requests, TAIL_H, TAIL_W, all_cores=False),
+                f"local worker, tail run, the daemon's defaults (tiny ACT, one {TAIL_W}x{TAIL_H} camera)",
             )
+            tails = {}
+            for what, policy in (("libgomp's default spin", ""), ("as the worker sets it", None)):
+                tails[what] = bench_ours(tail_ck, args.tail_requests, TAIL_H, TAIL_W, omp_wait_policy=policy)
+                print_ours(tails[what], f"local worker, tail run, every core, OpenMP wait {what}")
+            print("\ntail runs on every core, overhead beyond forward (ms): OpenMP wait policy")
+            print(HEADER)
+            for what, out in tails.items():
+                print(row(f"{what} ({out['worker_info'].get('omp_wait_policy')})", out["overhead"]))
         ours = bench_ours(ckpt, args.requests)
         print_ours(ours, f"local worker (full-size ACT, one {W}x{H} camera)")
         sv = bench_serve(ckpt, args.requests)

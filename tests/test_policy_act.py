@@ -140,9 +140,15 @@ def test_mismatched_cameras_are_listed(act_ckpt: Path) -> None:
     assert check_checkpoint(act_ckpt, ExpectedIO(cameras={"front": (H, W), "wrist": (H, W)})).policy_type == "act"
 
 
-def test_diffusion_loads_and_predicts_a_chunk(dataset, tmp_path: Path) -> None:
-    result = train_tiny_policy(dataset, tmp_path / "diffusion", policy_type="diffusion", steps=2)
-    engine = PolicyEngine.from_checkpoint(str(result.checkpoint), ExpectedIO(cameras=CAMS))
+@pytest.fixture(scope="module")
+def diffusion_ckpt(dataset, tmp_path_factory) -> Path:
+    return train_tiny_policy(
+        dataset, tmp_path_factory.mktemp("diffusion") / "ckpt", policy_type="diffusion", steps=2
+    ).checkpoint
+
+
+def test_diffusion_loads_and_predicts_a_chunk(diffusion_ckpt: Path) -> None:
+    engine = PolicyEngine.from_checkpoint(str(diffusion_ckpt), ExpectedIO(cameras=CAMS))
     assert engine.info.policy_type == "diffusion" and engine.info.n_obs_steps == 2
     state = synthetic_pose(0.2)
     actions, _ = engine.infer(state, {"front": synthetic_frame(state, H, W)})

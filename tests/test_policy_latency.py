@@ -101,7 +101,14 @@ def test_the_stages_add_up_to_the_overhead_chunk_by_chunk_and_status_shows_them(
     # observation -> in the loop's queue (the refill lead's figure) = the cycle's reads + the request + pickup
     lat = src.latency.values()[-len(picked) :]
     assert lat == pytest.approx([c["ask"] + c["total"] + c["pickup"] for c in picked], abs=1e-9)
+    # the worker says how it runs: its heap kept (heap.py), LeRobot's pipelines fused (fused_io.py),
+    # and the page faults each chunk took (0 once the heap has grown to its high-water mark)
+    worker = st["worker"]
+    assert worker["heap"].startswith("heap kept"), worker
+    assert worker["io"].startswith("fused pre- and postprocessing"), worker
+    assert worker["torch_threads"] >= 1 and worker["omp_wait_policy"]
     gc = st["gc"]
+    assert gc["worker_page_faults"]["n"] >= len(chunks)
     assert gc["daemon_frozen_objects"] > 0  # what was loaded before the policy started is out of the GC's walk
     assert gc["worker_ms"]["n"] >= len(chunks)
     text = format_status({**st, "driving": False})
@@ -110,4 +117,5 @@ def test_the_stages_add_up_to_the_overhead_chunk_by_chunk_and_status_shows_them(
     assert "overhead = handoff + worker + reply + prepare" in text
     for key in ("handoff", "worker", "reply", "prepare", "pickup", "gc"):
         assert f"\n  {key:<11}" in text, key
-    assert "gc         daemon" in text and "objects frozen" in text
+    assert "gc         daemon" in text and "objects frozen" in text and "worker page faults per chunk p50" in text
+    assert "torch thread(s), OpenMP wait" in text and "fused pre- and postprocessing" in text

@@ -138,10 +138,12 @@ def format_gc(gc: dict[str, Any]) -> str:
     """Garbage-collection pauses: the daemon's (they stop the loop too) and the worker's per chunk."""
     w = gc.get("worker_ms")
     worker = f"p99 {w['p99']:.1f} ms, max {w['max']:.1f} ms" if w else "-"
+    f = gc.get("worker_page_faults")
+    faults = f"; worker page faults per chunk p50 {f['p50']}, max {f['max']}" if f else ""
     return (
         f"gc         daemon {gc.get('daemon_collections', 0)} collections ({gc.get('daemon_full_collections', 0)} full), "
         f"longest {gc.get('daemon_max_pause_ms', 0.0):.1f} ms, {gc.get('daemon_frozen_objects', 0)} objects frozen; "
-        f"worker pauses per chunk {worker}"
+        f"worker pauses per chunk {worker}{faults}"
     )
 
 
@@ -206,6 +208,12 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append(f"  overhead = {' + '.join(over)}, chunk by chunk (percentiles do not add up)")
     if isinstance(st.get("gc"), dict):
         lines.append(format_gc(st["gc"]))
+    worker = st.get("worker") or {}
+    if worker.get("io"):  # the local worker: how it runs (engine.py, heap.py, worker.torch_threads)
+        lines.append(
+            f"worker     {worker.get('torch_threads')} torch thread(s), OpenMP wait {worker.get('omp_wait_policy')}; "
+            f"{worker['io']}; {worker.get('heap')}"
+        )
     if st.get("warning"):
         lines.append(f"WARNING    {st['warning']}")
     if st.get("takeover"):

@@ -193,6 +193,8 @@ class PolicySource:
         # loop never waits on a thread that a busy machine may have descheduled mid-insert.
         self._ready: deque[tuple[int, float, np.ndarray, float, dict[str, float] | None]] = deque()
         self.gc_pauses = GcPauses()  # this (the daemon's) process, from start() on
+        # minor page faults the worker took per chunk (heap.py: near 0 once its heap is kept)
+        self.worker_faults: deque[int] = deque(maxlen=2048)
         self.gc_frozen = 0
         # worker -> daemon messages, decoded by the receiver thread: (arrived monotonic s, msg or None = closed)
         self._inbox: deque[tuple[float, dict[str, Any] | None]] = deque()
@@ -542,6 +544,9 @@ class PolicySource:
             v = msg.get(f"{k}_s")
             if v is not None:
                 self.stage[k].add(float(v))
+        faults = msg.get("faults_n")
+        if isinstance(faults, int):
+            self.worker_faults.append(faults)
         times = msg.get("times")
         if isinstance(times, dict):
             for k in ("round_trip", "send", "get", "decode"):
@@ -619,6 +624,7 @@ class PolicySource:
             "daemon_max_pause_ms": t.max_pause_s * 1e3,
             "daemon_frozen_objects": self.gc_frozen,
             "worker_ms": self.stage["gc"].summary_ms(),
+            "worker_page_faults": _count_summary(self.worker_faults),
         }
 
     def _server_stats(self) -> dict[str, Any]:
@@ -640,6 +646,15 @@ class PolicySource:
             "server_compute_ms": None,
             "server_compute_note": "unknown: LeRobot's policy server sends no compute timing (at most get_actions_ms)",
         }
+
+
+def _count_summary(counts: deque[int]) -> dict[str, int] | None:
+    """p50 / p99 / max of a per-chunk count (None before the first chunk)."""
+    v = list(counts)
+    if not v:
+        return None
+    p50, p99 = np.percentile(np.asarray(v, dtype=np.float64), [50, 99])
+    return {"p50": int(p50), "p99": int(p99), "max": int(max(v)), "n": len(v)}
 
 
 def _worker_entry(req_conn, res_conn, spec_dict: dict[str, Any]) -> None:

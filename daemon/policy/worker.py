@@ -10,7 +10,8 @@ worker -> daemon: {"t": "ready", "info": {...}}, {"t": "error", "error": str, "f
                   {"t": "result", "req": id, "obs_time_s": f, "n": n, "dim": d, "actions": bytes,
                    "read_s": f, "preprocess_s": f, "forward_s": f, "postprocess_s": f,
                    "got_s": monotonic time the request arrived, "done_s": ... the chunk was ready,
-                   "gc_s"/"gc_n": the worker's garbage-collection pauses while it computed this chunk}
+                   "gc_s"/"gc_n": the worker's garbage-collection pauses while it computed this chunk,
+                   "faults_n": minor page faults the worker took while it computed this chunk}
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
         pass
     buf = None
     try:
+        from daemon.policy.heap import keep_heap, minor_faults
+
+        # before torch allocates anything: its buffers are then reused from request to request
+        # instead of being page-faulted in anew each time (heap.py)
+        heap = keep_heap()
+        threads, omp_wait = torch_threads(spec.torch_threads)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
 
@@ -73,9 +80,7 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
         from daemon.policy.gc_pauses import GcPauses, freeze
         from daemon.policy.obs_buffer import ObsBuffer, ObsLayout
 
-        # Leave one core to the control loop (and its bus I/O): a forward pass using every core
-        # starves the loop on small machines (measured: 250 ms stalls on 2 cores).
-        torch.set_num_threads(spec.torch_threads or max(1, (os.cpu_count() or 2) - 1))
+        torch.set_num_threads(threads)
         layout = ObsLayout.from_dict(spec.layout)
         # Spawned children share the daemon's resource tracker, so attaching registers the same
         # name again (a no-op) and the daemon's unlink at stop unregisters it once: no leak warning.
@@ -111,6 +116,10 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
                         "device": engine.loaded.device,
                         "warmup_s": warmup_s,
                         "pid": os.getpid(),
+                        "heap": heap,
+                        "io": engine.io,
+                        "torch_threads": threads,
+                        "omp_wait_policy": omp_wait,
                     },
                 }
             )
@@ -127,6 +136,7 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
         for msg in _infer_requests(conn, on_reset=engine.reset):
             got_s = time.monotonic()
             gc_pauses.take()  # only the pauses while this chunk is computed count for it
+            faults0 = minor_faults()
             t0 = time.perf_counter()
             try:
                 obs_time, req, _oldest = buf.read_into(state, images)
@@ -137,9 +147,29 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
                     pack({"t": "error", "error": f"inference failed: {exc}", "fatal": False, "req": msg.get("req")})
                 )
                 continue
-            conn.send_bytes(pack(_result(req, obs_time, actions, t1 - t0, timings, got_s, _gc_fields(gc_pauses))))
+            extra = _gc_fields(gc_pauses)
+            extra["faults_n"] = minor_faults() - faults0
+            conn.send_bytes(pack(_result(req, obs_time, actions, t1 - t0, timings, got_s, extra)))
     finally:
         buf.close()
+
+
+def torch_threads(configured: int | None) -> tuple[int, str]:
+    """How many threads the forward pass gets, and OpenMP's wait policy for them (call before
+    torch is imported: libgomp reads its environment when it loads).
+
+    By default one core is left to the control loop and its bus I/O: a forward pass on every core
+    starved the loop on small machines (measured: 250 ms stalls on 2 cores). When the forward
+    pass is given every core anyway, its OpenMP threads must not spin after each parallel region
+    (libgomp's default): spinning on every core kept the daemon's receiver thread off the CPU
+    for ~50 ms about once per 300 chunks (bench/bench_policy.py tail run, 2 threads on 2 cores:
+    overhead p99.9 52.9 ms spinning, 2.3 ms passive). An OMP_WAIT_POLICY set by the operator
+    is kept."""
+    cores = len(os.sched_getaffinity(0))  # the cores this process may use (a cpuset, taskset)
+    threads = configured or max(1, cores - 1)
+    if threads >= cores and threads > 1:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return threads, os.environ.get("OMP_WAIT_POLICY", "libgomp default")
 
 
 def _result(
