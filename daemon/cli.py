@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     # the daemon and its control socket
     "console": ("daemon.commands.console", "the operator's console in the browser (live view, recording, episodes)"),
     "demo": ("daemon.commands.demo", "run the daemon on the virtual bench (emulated leader and follower)"),
+    "rerun": ("daemon.commands.rerun", "stream the daemon's joints and cameras to a Rerun viewer"),
     "run": ("daemon.commands.run", "run the daemon in the foreground (what systemd runs)"),
     "status": ("daemon.commands.status", "show the running daemon's status"),
     "teleop": ("daemon.commands.teleop", "start or stop teleoperation (stop = hold)"),

@@ -7,7 +7,7 @@ names the key, never a silently ignored setting: on a robot arm a misspelt safet
 fall back to a default unnoticed.
 
 Sections: [leader] [follower] [calibration] [control] [safety] [socket] [recording]
-[cameras.<name>] [leisaac_remote_leader] [policy] [service].
+[cameras.<name>] [leisaac_remote_leader] [policy] [service] [display].
 """
 
 from __future__ import annotations
@@ -176,6 +176,13 @@ class ServiceConfig:
 
 
 @dataclass
+class DisplayConfig:
+    # "HOST:PORT" of a Rerun viewer (its gRPC port, 9876 by default): the daemon starts
+    # `so101d rerun` beside it, a client of the control socket in its own process. Empty: off.
+    rerun: str = ""
+
+
+@dataclass
 class Config:
     leader: LeaderConfig = field(default_factory=LeaderConfig)
     follower: FollowerConfig = field(default_factory=FollowerConfig)
@@ -188,6 +195,7 @@ class Config:
     leisaac_remote_leader: LeisaacRemoteLeaderConfig = field(default_factory=LeisaacRemoteLeaderConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     service: ServiceConfig = field(default_factory=ServiceConfig)
+    display: DisplayConfig = field(default_factory=DisplayConfig)
 
     def calibration_root(self) -> Path | None:
         return Path(self.calibration.root).expanduser() if self.calibration.root else None
@@ -308,6 +316,17 @@ def keys_given(section: Any) -> frozenset[str] | None:
     return section.__dict__.get("_keys_given")
 
 
+def parse_host_port(text: str) -> tuple[str, int]:
+    """ "HOST:PORT" (IPv6 as "[::1]:9876") -> (host, port 1..65535); ValueError with the reason."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or any(c.isspace() or c in "/[]" for c in host):
+        raise ValueError(f"{text!r} must be HOST:PORT (e.g. 127.0.0.1:9876)")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{text!r}: the port must be a number 1..65535")
+    return host, int(port)
+
+
 def validate(cfg: Config) -> Config:
     """Range checks that types cannot express; raises ConfigError naming the key."""
     for key, ok, what in _CHECKS:
@@ -328,6 +347,11 @@ def validate(cfg: Config) -> Config:
         arm_id = getattr(cfg, name).id
         if not arm_id or "/" in arm_id:
             raise ConfigError(f"{name}.id: {arm_id!r} must be a non-empty name without '/'")
+    if cfg.display.rerun:
+        try:
+            parse_host_port(cfg.display.rerun)
+        except ValueError as exc:
+            raise ConfigError(f"display.rerun: {exc} (a Rerun viewer's address; empty: off)") from None
     return cfg
 
 
@@ -409,6 +433,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "ControlConfig",
+    "DisplayConfig",
     "FollowerConfig",
     "LeaderConfig",
     "LeisaacRemoteLeaderConfig",
@@ -421,5 +446,6 @@ __all__ = [
     "default_socket_path",
     "dump_toml",
     "load_config",
+    "parse_host_port",
     "validate",
 ]

@@ -161,6 +161,13 @@ class ControlClient:
         return reply
 
 
+def next_poll_s(due_s: float, period_s: float, now_s: float) -> float:
+    """When a client polling every ``period_s`` polls next: one period after the last deadline
+    (so the rate holds whatever one reply took), or ``now_s`` when it fell behind (a slow daemon
+    is not answered with a burst of catch-up requests)."""
+    return max(due_s + period_s, now_s)
+
+
 def _not_accepting(path: str, exc: OSError, waited_s: float) -> str:
     if isinstance(exc, BlockingIOError):
         return (

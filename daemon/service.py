@@ -30,6 +30,7 @@ from daemon.control_loop import ControlLoop
 from daemon.control_socket import ControlServer, RequestError
 from daemon.leisaac_remote_leader import LeisaacRemoteLeaderPublisher, RemoteLeaderHook
 from daemon.realtime import lock_memory
+from daemon.rerun_child import RerunChild
 from daemon.sd_notify import Notifier, ServiceStatus, StatusReporter, WatchdogGate
 from daemon.terminal import TerminalWatch, helpers_shielded
 from drivers.arm_interface import FollowerArm, LeaderArm
@@ -125,8 +126,12 @@ class Daemon:
         notifier: Notifier | None = None,
         socket_path: str | None = None,
         config_path: str | None = None,
+        rerun: str | None = None,
     ) -> None:
         self.config_path = config_path  # re-read on SIGHUP
+        # a Rerun viewer's HOST:PORT from --rerun, kept apart from cfg so a reload of the file does
+        # not report it as a change; else [display] rerun (daemon/rerun_child.py)
+        self.rerun_address = rerun
         self.reloads = 0
         self._reload_requested = threading.Event()
         the_leader = leader if leader is not None else make_leader(cfg)
@@ -146,6 +151,7 @@ class Daemon:
         self.context.after_stop.append(self.context.cameras.stop)
         self.notifier = notifier
         self.remote_leader: LeisaacRemoteLeaderPublisher | None = None  # when [leisaac_remote_leader] enabled
+        self.rerun: RerunChild | None = None  # the Rerun streamer process, when one is asked for
         self._stop = threading.Event()
         self._wake: SignalWake | None = None  # while run_forever runs: wakes its wait at once
         # the terminal as it is now, before run_forever takes SIGHUP over (nohup's SIG_IGN is seen):
@@ -285,6 +291,7 @@ class Daemon:
             self._run_hooks(self.on_stop + self.after_stop)
             raise
         self._started = True
+        self._start_rerun()
         log.info(
             "daemon started: leader %s, follower %s (%s), %.0f Hz, socket %s",
             getattr(self.leader, "port", "?"),
@@ -293,6 +300,16 @@ class Daemon:
             self.cfg.control.rate_hz,
             self.socket_path,
         )
+
+    def _start_rerun(self) -> None:
+        """The Rerun streamer, once the socket it reads answers: its own process, stopped
+        before the socket closes; whatever becomes of it, the daemon runs on."""
+        address = self.rerun_address or self.cfg.display.rerun
+        if not address:
+            return
+        self.rerun = RerunChild(address, self.socket_path)
+        self.on_stop.append(self.rerun.stop)
+        self.rerun.start()
 
     @staticmethod
     def _run_hooks(hooks: list[Callable[[], None]]) -> None:

@@ -650,13 +650,14 @@ def test_install_service_writes_the_unit_the_drop_in_and_the_rules_under_a_root(
     ok(so101d(m, find + ["--leader-serial", "5A7A016371", "--follower-serial", "5A7A016372"]))
     target = m.root / "sysroot"
     install = readme(
-        "sudo so101d install-service --udev-rules /tmp/99-so101.rules [--realtime] [--dry-run]",
+        "sudo so101d install-service --udev-rules /tmp/99-so101.rules [--realtime] [--console] [--dry-run]",
         **{"/tmp/99-so101.rules": str(rules)},
     )
     dry = ok(so101d(m, install + ["--realtime", "--dry-run", "--root", str(target)]))
     assert "would write" in dry and not target.exists()
-    ok(so101d(m, install + ["--realtime", "--root", str(target)]))
+    ok(so101d(m, install + ["--realtime", "--console", "--root", str(target)]))
     unit = target / "etc/systemd/system/so101d.service"
+    assert "PartOf=so101d.service" in (target / "etc/systemd/system/so101d-console.service").read_text()
     dropin = target / "etc/systemd/system/so101d.service.d/realtime.conf"
     assert "Type=notify" in unit.read_text()
     assert "LimitRTPRIO=40" in dropin.read_text()

@@ -58,6 +58,22 @@ def test_install_writes_the_expected_files(tmp_path: Path) -> None:
     assert all(not p.name.endswith("so101d-tmp") for p in root.rglob("*"))
 
 
+def test_the_console_unit_is_installed_only_when_asked(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    r = _install("--root", str(plain))
+    assert r.returncode == 0, r.stderr
+    assert not (plain / "etc/systemd/system/so101d-console.service").exists()
+    assert "so101d-console" not in r.stdout
+    root = tmp_path / "root"
+    r = _install("--root", str(root), "--console")
+    assert r.returncode == 0, r.stderr
+    assert _tree(root) == sorted([*EXPECTED, "etc/systemd/system/so101d-console.service"])
+    unit = (root / "etc/systemd/system/so101d-console.service").read_text()
+    assert f"ExecStart={SO101D} console --bind 127.0.0.1:8101 --config /etc/so101d/so101d.toml" in unit
+    assert "@" not in unit.replace("@resources", "").replace("@system-service", "").replace("@privileged", "")
+    assert "systemctl enable --now so101d-console" in r.stdout
+
+
 def test_dry_run_writes_nothing(tmp_path: Path) -> None:
     root = tmp_path / "root"
     r = _install("--root", str(root), "--dry-run", "--realtime")

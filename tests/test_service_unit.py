@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.commands.install_service import InstallError, render_unit
+from daemon.commands.install_service import CONSOLE_TEMPLATE, InstallError, render_unit
 
 REPO = Path(__file__).resolve().parents[1]
 SO101D = Path(sys.executable).with_name("so101d")
@@ -210,3 +210,59 @@ def test_unit_variants_and_refusals(open_dir: Path) -> None:
         render_unit(Path("/opt/my venv/bin/so101d"))
     with pytest.raises(InstallError, match="user"):
         render_unit(SO101D, user="Robot; rm")
+
+
+# ---------------------------------------------------------------------------------------------
+# the optional console unit (so101d install-service --console)
+# ---------------------------------------------------------------------------------------------
+def _render_console(directory: Path, exe: Path = SO101D, **kw) -> Path:
+    text, _ = render_unit(exe, template=CONSOLE_TEMPLATE, **kw)
+    unit = directory / "so101d-console.service"
+    unit.write_text(text)
+    return unit
+
+
+@needs_analyze
+def test_console_unit_verifies_cleanly_and_its_exposure_is_low(open_dir: Path) -> None:
+    unit = _render_console(open_dir)
+    r = _verify(unit)
+    assert r.returncode == 0, r.stderr
+    assert "so101d-console.service" not in r.stderr, r.stderr
+    unit = _render_console(open_dir, _fake_so101d(open_dir), package_dir=open_dir / "opt")
+    r = subprocess.run(
+        [ANALYZE, "security", "--offline=yes", "--threshold=25", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    line = next(l for l in r.stdout.splitlines() if "Overall exposure level" in l)
+    score = float(line.split(":")[1].split()[0])
+    print(f"systemd-analyze security (console): {score}")
+    assert score <= 2.0, line
+    rj = subprocess.run(
+        [ANALYZE, "security", "--offline=yes", "--json=short", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    checks = {c["name"]: c for c in json.loads(rj.stdout)}
+    for name in ("PrivateDevices=", "NoNewPrivileges=", "ProtectSystem=", "User=/DynamicUser="):
+        assert checks[name]["set"], name
+
+
+def test_console_unit_contents(open_dir: Path) -> None:
+    exe = _fake_so101d(open_dir)
+    unit = _render_console(open_dir, exe, package_dir=open_dir / "opt")
+    s = _service_section(unit)
+    # `so101d console` on loopback, talking to the socket the installed configuration names
+    assert s["ExecStart"] == [f"{exe} console --bind 127.0.0.1:8101 --config /etc/so101d/so101d.toml"]
+    assert s["User"] == ["so101d"] and s["Group"] == ["so101d"]
+    # no device access at all, and no serial/video groups
+    assert s["PrivateDevices"] == ["yes"] and s["DevicePolicy"] == ["closed"]
+    assert "DeviceAllow" not in s and "SupplementaryGroups" not in s
+    # /run/so101d is the daemon's: declaring it here would remove the socket's directory at stop
+    assert "RuntimeDirectory" not in s
+    assert s["StateDirectory"] == ["so101d/console"]
+    assert s["ProtectSystem"] == ["strict"] and s["ProtectHome"] == ["yes"]
+    assert s["CapabilityBoundingSet"] == [""] and s["NoNewPrivileges"] == ["yes"]
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.read_string(unit.read_text())
+    assert parser["Unit"]["After"] == "so101d.service" and parser["Unit"]["PartOf"] == "so101d.service"
+    assert "BindsTo" not in parser["Unit"]  # the page must outlive a daemon crash to say so
+    assert parser["Install"]["WantedBy"] == "so101d.service"
+    text, _ = render_unit(exe, user="robot", template=CONSOLE_TEMPLATE, package_dir=open_dir / "opt")
+    assert "User=robot" in text and "Group=robot" in text

@@ -26,6 +26,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from daemon.commands.run import add_rerun_argument, rerun_argument_error
+
 log = logging.getLogger("so101d.demo")
 
 
@@ -58,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--episode-time", type=float, default=5.0, metavar="S", help="length of a demo episode (default 5 s)"
     )
+    add_rerun_argument(parser)
 
 
 def bench_config_data(base_file: str | None) -> dict[str, Any]:
@@ -111,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.episode_time > 0:
         print(f"so101d demo: --episode-time must be positive, got {args.episode_time}", file=sys.stderr)
         return 2
+    bad = rerun_argument_error(args)
+    if bad:
+        print(f"so101d demo: {bad}", file=sys.stderr)
+        return 2
     if args.quiet:  # errors, warnings and the final summary only (the recording writer too)
         from daemon.logs import set_log_level
 
@@ -137,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             run_dir / "so101d.toml",
         )
         try:
-            daemon = Daemon(cfg)
+            daemon = Daemon(cfg, rerun=args.rerun)
         except StartupError as exc:
             print(f"so101d demo: cannot start: {exc}", file=sys.stderr)
             return 2

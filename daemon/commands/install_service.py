@@ -8,6 +8,8 @@ robot arm's controller on its own is a surprise nobody wants.
 Files (under --root):
   etc/systemd/system/so101d.service                 the unit, ExecStart = this venv's so101d
   etc/systemd/system/so101d.service.d/realtime.conf (only with --realtime)
+  etc/systemd/system/so101d-console.service         (only with --console) `so101d console` on
+                                                     127.0.0.1:8101, started with so101d
   etc/udev/rules.d/99-so101.rules                    from --udev-rules FILE (find-ports --write),
                                                      or --leader-serial/--follower-serial, or the
                                                      template with commented examples
@@ -30,6 +32,7 @@ from daemon.udev_rules import ArmMatch, RuleError, render_rules
 REPO = Path(__file__).resolve().parents[2]
 SYSTEMD_DIR = REPO / "systemd"
 UNIT_TEMPLATE = SYSTEMD_DIR / "so101d.service"
+CONSOLE_TEMPLATE = SYSTEMD_DIR / "so101d-console.service"
 REALTIME_DROPIN = SYSTEMD_DIR / "so101d.service.d" / "realtime.conf"
 SYSUSERS_TEMPLATE = SYSTEMD_DIR / "so101d.sysusers"
 EXAMPLE_CONFIG = REPO / "daemon" / "configs" / "so101d.example.toml"
@@ -75,6 +78,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--leader-serial", metavar="SERIAL", help="leader adapter's USB serial (instead of --udev-rules)")
     p.add_argument("--follower-serial", metavar="SERIAL", help="follower adapter's USB serial")
     p.add_argument("--realtime", action="store_true", help="also install the real-time drop-in (SCHED_FIFO, memlock)")
+    p.add_argument(
+        "--console",
+        action="store_true",
+        help="also install so101d-console.service: the browser console on 127.0.0.1:8101, started with so101d",
+    )
     p.add_argument("--force-config", action="store_true", help="overwrite an existing /etc/so101d/so101d.toml")
     p.add_argument(
         "--exec", dest="exec_path", metavar="PATH", help="so101d executable for ExecStart (default: this venv's)"
@@ -216,8 +224,9 @@ def render_unit(
     user: str = "so101d",
     read_write_paths: list[str] | None = None,
     package_dir: Path = REPO,
+    template: Path = UNIT_TEMPLATE,
 ) -> tuple[str, list[str]]:
-    """The unit text and warnings for the operator."""
+    """The unit text (the daemon's, or ``CONSOLE_TEMPLATE``'s) and warnings for the operator."""
     if not exec_path.is_absolute():
         raise InstallError(f"ExecStart needs an absolute path, got {exec_path}")
     for label, value in (("executable", str(exec_path)), ("configuration", config_path)):
@@ -247,7 +256,7 @@ def render_unit(
             warnings.append(
                 f"{what} ({p}) is behind {blocked} (mode {blocked.stat().st_mode & 0o777:o}): user {user} cannot reach it"
             )
-    text = UNIT_TEMPLATE.read_text()
+    text = template.read_text()
     rw = "\n".join(f"ReadWritePaths={p}" for p in (read_write_paths or []))
     if rw:
         rw = "# dataset / calibration roots outside /var/lib/so101d (from the configuration)\n" + rw
@@ -319,6 +328,9 @@ def plan(args: argparse.Namespace) -> tuple[list[PlannedFile], list[str]]:
         PlannedFile(root / "etc/sysusers.d/so101d.conf", sysusers),
         PlannedFile(root / CONFIG_PATH.lstrip("/"), config_text, mode=0o644, keep_existing=not args.force_config),
     ]
+    if args.console:
+        console_unit, _ = render_unit(exec_path, CONFIG_PATH, args.user, template=CONSOLE_TEMPLATE)
+        files.insert(1, PlannedFile(root / "etc/systemd/system/so101d-console.service", console_unit))
     if args.realtime:
         files.insert(
             1, PlannedFile(root / "etc/systemd/system/so101d.service.d/realtime.conf", REALTIME_DROPIN.read_text())
@@ -345,11 +357,17 @@ def write_files(files: list[PlannedFile]) -> list[tuple[Path, str]]:
 
 
 def operator_commands(args: argparse.Namespace) -> list[str]:
+    console = (
+        ["systemctl enable --now so101d-console      # the browser console: http://127.0.0.1:8101/"]
+        if args.console
+        else []
+    )
     return [
         "systemd-sysusers                      # create the so101d user (dialout, video)",
         "udevadm control --reload && udevadm trigger",
         "systemctl daemon-reload",
         "systemctl enable --now so101d",
+        *console,
         "journalctl -u so101d -f               # follow its log",
         "systemctl status so101d               # STATUS: mode, loop rate, episodes",
         f"usermod -aG {args.user} $USER            # operators: reach {SOCKET_PATH} (log in again)",

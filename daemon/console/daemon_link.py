@@ -16,11 +16,11 @@ import asyncio
 import base64
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from daemon.control_client import ControlClient, DaemonUnavailable
+from daemon.control_client import ControlClient, DaemonUnavailable, next_poll_s
 
 log = logging.getLogger("so101d.console")
 
@@ -115,67 +115,77 @@ class DaemonLink:
             log.info("waiting for the daemon: %s", error)
         self.on_link(self.state)
 
-    # ------------------------------------------------------------------ status
-    async def _status_loop(self) -> None:
+    # ------------------------------------------------------------------ polling
+    async def _paced(
+        self,
+        period_s: float,
+        poll: Callable[[ControlClient], Awaitable[float | None]],
+        on_unavailable: Callable[[DaemonUnavailable], None] | None = None,
+    ) -> None:
+        """``poll`` every ``period_s`` on a connection of its own, until cancelled.
+
+        Deadline paced (``next_poll_s``: the rate holds whatever a reply took, and a slow daemon
+        gets no catch-up burst). A daemon that is unavailable closes the connection, is told to
+        ``on_unavailable`` and is tried again every ``RETRY_S``. ``poll`` returns None to keep the
+        pace, or a pause in seconds after an error reply (retried off the pace)."""
         client = ControlClient(self.socket_path, timeout_s=3.0, connect_retry_s=0.5)
         next_s = time.monotonic()
         try:
             while True:
                 try:
-                    st = await asyncio.to_thread(client.request, "status")
+                    pause_s = await poll(client)
                 except DaemonUnavailable as exc:
                     client.close()
-                    self._last_uptime_s = None if not self.state.connected else self._last_uptime_s
-                    self._set_link(False, str(exc))
+                    if on_unavailable is not None:
+                        on_unavailable(exc)
                     await asyncio.sleep(RETRY_S)
                     next_s = time.monotonic()
                     continue
-                except Exception as exc:  # an error reply to `status` is a daemon in trouble: say so
-                    self._set_link(False, f"status failed: {exc}")
-                    await asyncio.sleep(RETRY_S)
+                if pause_s is not None:
+                    await asyncio.sleep(pause_s)
                     continue
-                st.pop("ok", None)
-                uptime = st.get("uptime_s")
-                restarted = (
-                    isinstance(uptime, (int, float))
-                    and self._last_uptime_s is not None
-                    and uptime + 0.5 < self._last_uptime_s
-                )
-                self._last_uptime_s = float(uptime) if isinstance(uptime, (int, float)) else None
-                if restarted or not self.state.connected:
-                    await self._refresh_cameras()
-                self._set_link(True, None, restarted=bool(restarted))
-                self.last_status = st
-                self.on_status(st)
-                next_s += self.status_period_s
-                delay_s = next_s - time.monotonic()
-                if delay_s < 0:  # fell behind (daemon slow): do not burst to catch up
-                    next_s, delay_s = time.monotonic(), 0.0
-                await asyncio.sleep(delay_s)
+                now_s = time.monotonic()
+                next_s = next_poll_s(next_s, period_s, now_s)
+                await asyncio.sleep(next_s - now_s)
         finally:
             client.close()
 
-    async def _live_loop(self) -> None:
-        client = ControlClient(self.socket_path, timeout_s=3.0, connect_retry_s=0.5)
-        next_s = time.monotonic()
+    # ------------------------------------------------------------------ status
+    async def _status_loop(self) -> None:
+        def unavailable(exc: DaemonUnavailable) -> None:
+            self._last_uptime_s = None if not self.state.connected else self._last_uptime_s
+            self._set_link(False, str(exc))
+
+        await self._paced(self.status_period_s, self._poll_status, unavailable)
+
+    async def _poll_status(self, client: ControlClient) -> float | None:
         try:
-            while True:
-                try:
-                    reply = await asyncio.to_thread(client.call, "status.live")
-                except DaemonUnavailable:  # the status poller tells the page
-                    client.close()
-                    await asyncio.sleep(RETRY_S)
-                    next_s = time.monotonic()
-                    continue
-                if reply.pop("ok", False):
-                    self.on_live(reply)
-                next_s += self.live_period_s
-                delay_s = next_s - time.monotonic()
-                if delay_s < 0:
-                    next_s, delay_s = time.monotonic(), 0.0
-                await asyncio.sleep(delay_s)
-        finally:
-            client.close()
+            st = await asyncio.to_thread(client.request, "status")
+        except DaemonUnavailable:
+            raise
+        except Exception as exc:  # an error reply to `status` is a daemon in trouble: say so
+            self._set_link(False, f"status failed: {exc}")
+            return RETRY_S
+        st.pop("ok", None)
+        uptime = st.get("uptime_s")
+        restarted = (
+            isinstance(uptime, (int, float)) and self._last_uptime_s is not None and uptime + 0.5 < self._last_uptime_s
+        )
+        self._last_uptime_s = float(uptime) if isinstance(uptime, (int, float)) else None
+        if restarted or not self.state.connected:
+            await self._refresh_cameras()
+        self._set_link(True, None, restarted=bool(restarted))
+        self.last_status = st
+        self.on_status(st)
+        return None
+
+    async def _live_loop(self) -> None:
+        async def poll(client: ControlClient) -> None:
+            reply = await asyncio.to_thread(client.call, "status.live")
+            if reply.pop("ok", False):
+                self.on_live(reply)
+
+        await self._paced(self.live_period_s, poll)  # the status poller tells the page of a lost daemon
 
     async def _refresh_cameras(self) -> None:
         try:
@@ -209,49 +219,40 @@ class DaemonLink:
                 )
 
     async def _preview_loop(self, camera: str) -> None:
-        client = ControlClient(self.socket_path, timeout_s=3.0, connect_retry_s=0.5)
-        after: int | None = None
-        next_s = time.monotonic()
+        after: int | None = None  # the newest frame shown: the daemon answers "unchanged" until a newer one
         w, h = PREVIEW_SIZE_PX
-        try:
-            while True:
-                try:
-                    reply = await asyncio.to_thread(
-                        client.call, "camera.preview", camera=camera, max_width=w, max_height=h, after_seq=after
+
+        def unavailable(exc: DaemonUnavailable) -> None:
+            nonlocal after
+            after = None  # a restarted daemon counts its frames from 0 again
+
+        async def poll(client: ControlClient) -> float | None:
+            nonlocal after
+            reply = await asyncio.to_thread(
+                client.call, "camera.preview", camera=camera, max_width=w, max_height=h, after_seq=after
+            )
+            if not reply.get("ok"):
+                # e.g. the camera went away with a restarted daemon's new configuration
+                log.warning("preview of %s: %s", camera, reply.get("error"))
+                return RETRY_S * 4
+            b64 = reply.get("jpeg_b64")
+            if b64:
+                after = int(reply["seq"])
+                self.on_preview(
+                    Preview(
+                        camera=camera,
+                        seq=after,
+                        width=int(reply["width"]),
+                        height=int(reply["height"]),
+                        age_ms=float(reply["age_ms"]),
+                        capture_monotonic_s=float(reply["capture_monotonic_s"]),
+                        jpeg=base64.b64decode(b64),
+                        received_monotonic_s=time.monotonic(),
                     )
-                except DaemonUnavailable:
-                    client.close()
-                    after = None
-                    await asyncio.sleep(RETRY_S)
-                    next_s = time.monotonic()
-                    continue
-                if not reply.get("ok"):
-                    # e.g. the camera went away with a restarted daemon's new configuration
-                    log.warning("preview of %s: %s", camera, reply.get("error"))
-                    await asyncio.sleep(RETRY_S * 4)
-                    continue
-                b64 = reply.get("jpeg_b64")
-                if b64:
-                    after = int(reply["seq"])
-                    self.on_preview(
-                        Preview(
-                            camera=camera,
-                            seq=after,
-                            width=int(reply["width"]),
-                            height=int(reply["height"]),
-                            age_ms=float(reply["age_ms"]),
-                            capture_monotonic_s=float(reply["capture_monotonic_s"]),
-                            jpeg=base64.b64decode(b64),
-                            received_monotonic_s=time.monotonic(),
-                        )
-                    )
-                next_s += self.preview_period_s
-                delay_s = next_s - time.monotonic()
-                if delay_s < 0:
-                    next_s, delay_s = time.monotonic(), 0.0
-                await asyncio.sleep(delay_s)
-        finally:
-            client.close()
+                )
+            return None
+
+        await self._paced(self.preview_period_s, poll, unavailable)
 
     # ------------------------------------------------------------------ verbs from the page
     async def verb(self, cmd: str, **args: Any) -> dict[str, Any]:

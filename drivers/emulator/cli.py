@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from calibration.calibration_file import save_calibration
@@ -22,6 +20,7 @@ from drivers.emulator.arm import EmulatedArm
 from drivers.emulator.motion import MotionError, motion_from_spec
 from drivers.emulator.process import ControlServer, EmulatorHost
 from drivers.emulator.realism import PRESETS, realism_from_spec
+from drivers.parent_watch import add_exit_with_parent_arguments, watch_parent
 from drivers.signal_wake import SignalWake
 from drivers.sts3215_table import BAUD_RATE_BY_CODE
 
@@ -73,18 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--leader-id", default="emulated_leader", help="calibration id of the leader (file name)")
     parser.add_argument("--follower-id", default="emulated_follower", help="calibration id of the follower")
-    parser.add_argument(
-        "--exit-with-parent",
-        type=int,
-        metavar="PID",
-        help="exit (removing the links) when process PID, the one that started us, is gone",
-    )
-    parser.add_argument(
-        "--parent-death-signal",
-        action="store_true",
-        help="with --exit-with-parent: also ask the kernel for SIGTERM when the parent dies "
-        "(PR_SET_PDEATHSIG; only valid when the parent's starting thread lives as long as it)",
-    )
+    add_exit_with_parent_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     # inside Event.wait() holding the Event's lock and wait for itself (drivers/signal_wake.py)
     wake = SignalWake()
     wake.install((signal.SIGTERM, signal.SIGINT))
-    parent_gone = _watch_parent(args.exit_with_parent, args.parent_death_signal)
+    parent_gone = watch_parent(args.exit_with_parent, args.parent_death_signal)
 
     control: ControlServer | None = None
     try:
@@ -162,22 +150,3 @@ def run(args: argparse.Namespace) -> int:
         host.stop()
         wake.close()
     return 0
-
-
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def _watch_parent(parent_pid: int | None, death_signal: bool) -> Callable[[], bool]:
-    """``parent_gone()`` for --exit-with-parent: our parent is no longer ``parent_pid`` (we were
-    re-parented to init or a subreaper). With ``death_signal`` the kernel also sends SIGTERM at
-    once when it dies (Linux prctl); the poll covers other systems and a missed signal."""
-    if parent_pid is None:
-        return lambda: False
-    if death_signal and sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
-            log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d); polling the parent instead", ctypes.get_errno())
-    # it may have died before the prctl above: the poll sees that on its first call
-    return lambda: os.getppid() != parent_pid

@@ -41,6 +41,7 @@ from drivers.emulator.arm import EmulatedArm
 from drivers.emulator.bus_server import BusEmulator
 from drivers.emulator.motion import motion_from_spec
 from drivers.emulator.realism import USB_PROFILES, Realism, realism_from_spec, servo_realism_from_json
+from drivers.parent_watch import exit_with_parent_args
 from drivers.sts3215_table import CONTROL_TABLE
 
 log = logging.getLogger("so101d.emulator")
@@ -405,14 +406,7 @@ class EmulatorProcess:
         raise TimeoutError(f"so101d emulate did not come up within {timeout_s} s")
 
     def _parent_args(self) -> list[str]:
-        if not self.exit_with_parent:
-            return []
-        args = ["--exit-with-parent", str(os.getpid())]
-        # PR_SET_PDEATHSIG fires when the *thread* that started the child ends, not the process:
-        # ask for it only from the main thread; the emulator's getppid() poll covers the rest.
-        if threading.current_thread() is threading.main_thread():
-            args.append("--parent-death-signal")
-        return args
+        return exit_with_parent_args() if self.exit_with_parent else []
 
     def control(self, req: dict) -> dict:
         if self._client is None:
