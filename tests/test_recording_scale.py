@@ -342,6 +342,30 @@ def test_a_one_file_per_episode_dataset_keeps_appending_and_packs(tmp_path):
     assert_frames_match(ds, 4, 4)
 
 
+def test_a_dataset_without_cameras_packs(tmp_path):
+    """Joints only (a camera-less bench): pack used to crash on the episode's missing staging folder."""
+    root = tmp_path / "joints"
+    store = DatasetStore(StoreConfig(root=str(root), fps=FPS, cameras=[]))
+    store.repair()
+    for e in range(3):
+        store.commit(stage_episode(store, e, 5))
+    store.release_ownership()
+    before = load(root)
+    states = [before[i]["observation.state"].numpy() for i in range(len(before))]
+    r = subprocess.run(
+        [sys.executable, "-m", "daemon.cli", "dataset", "pack", str(root)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "packed 3 episodes" in r.stdout
+    after = load(root)
+    assert after.num_episodes == 3 and after.meta.total_frames == 15
+    assert all(np.array_equal(a, after[i]["observation.state"].numpy()) for i, a in enumerate(states))
+
+
 def test_pack_refuses_a_folder_that_is_no_dataset(tmp_path):
     (tmp_path / "empty").mkdir()
     r = subprocess.run(

@@ -147,6 +147,7 @@ def pack(root: Path, repo_id: str = "local/so101d", log=print) -> dict[str, Any]
             index = int(ep["episode_index"])
             stage = store.staging / f"ep-repack-{index:06d}"
             shutil.rmtree(stage, ignore_errors=True)
+            stage.mkdir(parents=True)  # a dataset without cameras has no video to create it
             data_path = root / info["data_path"].format(
                 chunk_index=ep["data/chunk_index"], file_index=ep["data/file_index"]
             )
