@@ -161,6 +161,9 @@ class PolicyConfig:
     )
     max_obs_age_s: float = 1.0  # actions computed from an older observation are dropped
     record: bool = True  # with [recording] enabled, `policy start` records an evaluation episode
+    # local worker: threads for the forward pass; 0 = every core but one (left to the control
+    # loop). Every core: its OpenMP threads then wait passively (policy/worker.py torch_threads)
+    torch_threads: int = 0
     # Where the forward pass runs: "local" (a worker process here) or "lerobot-server" (LeRobot's
     # async policy server at `server`; `path` is then the checkpoint path or hub id ON the server)
     backend: Literal["local", "lerobot-server"] = "local"
@@ -217,6 +220,7 @@ _CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
     ("control.reconnect_backoff_min_s", lambda v: v > 0, _POSITIVE),
     ("control.reconnect_backoff_max_s", lambda v: v > 0, _POSITIVE),
     ("control.realtime_priority", lambda v: 0 <= v <= 99, "must be 0 (off) or 1..99"),
+    ("policy.torch_threads", lambda v: 0 <= v <= 1024, "must be 0 (every core but one) or a thread count"),
     ("safety.align_speed_deg_s", lambda v: 0 < v <= 360, "must be in (0, 360]"),
     ("safety.align_gripper_speed_pct_s", lambda v: 0 < v <= 1000, "must be in (0, 1000]"),
     ("safety.align_tolerance_deg", lambda v: v > 0, _POSITIVE),

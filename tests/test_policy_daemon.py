@@ -58,7 +58,8 @@ def bench():
             "socket": {"path": str(root / "c.sock")},
             "safety": {"align_speed_deg_s": 90.0, "align_gripper_speed_pct_s": 100.0, "max_step_deg": 1.0},
             "cameras": {"front": {"kind": "virtual", "width": W, "height": H, "fps": 30}},
-            "policy": {"action_fps": 30.0, "refill_below": 4, "max_obs_age_s": 5.0},
+            # torch_threads: the configured count reaches the worker (0, the default, leaves a core)
+            "policy": {"action_fps": 30.0, "refill_below": 4, "max_obs_age_s": 5.0, "torch_threads": 2},
         }
     )
     cam = VirtualArmCamera(CamCfg(name="front", width=W, height=H, fps=30))
@@ -100,7 +101,8 @@ def test_policy_mode_drives_the_follower_through_safety(bench, ckpt: Path) -> No
         assert r["ok"] is False and "no policy loaded" in r["error"]
         r = c.call("policy.load", path=str(ckpt), wait_s=90)
         assert r["ok"] and r["state"] == "ready", r
-        assert c.request("policy.status")["state"] == "ready"
+        st = c.request("policy.status")
+        assert st["state"] == "ready" and st["worker"]["torch_threads"] == 2, st["worker"]
         n0 = len(rows.rows)
         assert c.request("policy.start", record=False)["ok"]
         wait_for(lambda: loop.state.mode == "policy", 20, f"policy mode (now {loop.state.mode}: {loop.state.reason})")

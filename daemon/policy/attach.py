@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from daemon.config import keys_given
+from daemon.config import PolicyConfig, keys_given
 from daemon.context import DaemonContext, EpisodeRecorder, HasContext, context_of
 from daemon.control_socket import RequestError
 from daemon.policy.action_queue import QueueConfig
@@ -61,9 +61,9 @@ def queue_config_from(policy_cfg: Any) -> QueueConfig:
         raise PolicyError(str(exc)) from None
 
 
-def server_spec_from(policy_cfg: Any, path: str, cameras: Mapping[str, tuple[int, int]]) -> ServerSpec | None:
+def server_spec_from(policy_cfg: PolicyConfig, path: str, cameras: Mapping[str, tuple[int, int]]) -> ServerSpec | None:
     """[policy] keys -> the lerobot-server backend's ServerSpec (None for the local backend)."""
-    if getattr(policy_cfg, "backend", "local") != "lerobot-server":
+    if policy_cfg.backend != "lerobot-server":
         return None
     if not policy_cfg.server:
         raise PolicyError('policy.backend = "lerobot-server" needs policy.server = "HOST:PORT"')
@@ -133,7 +133,8 @@ class PolicyController:
                         queue=queue_config_from(self.cfg),
                         device=self.cfg.device or None,
                         task=self.cfg.task,
-                        backend=getattr(self.cfg, "backend", "local"),
+                        backend=self.cfg.backend,
+                        torch_threads=self.cfg.torch_threads or None,
                         server=server_spec_from(self.cfg, path, configured),
                     ),
                     self.cameras,
@@ -319,7 +320,7 @@ class PolicyController:
     def _episode_notes(self) -> list[str]:
         """The evaluation episode's tag notes: which backend (and server) computed its actions."""
         src = self.source
-        backend = getattr(self.cfg, "backend", "local")
+        backend = self.cfg.backend
         where = f"policy backend {backend}"
         if backend == "lerobot-server":
             where += f", server {self.cfg.server}"

@@ -326,7 +326,14 @@ def serve_main(path: str, endpoint: str | None, device: str = "cpu", task: str =
 
     from daemon.policy.checkpoint import CheckpointError
     from daemon.policy.engine import PolicyEngine
+    from daemon.policy.worker import torch_threads
 
+    # like the daemon's worker: one core left to the control loop on the same machine, OpenMP
+    # passive if that is every core (before torch is imported: libgomp reads it when it loads)
+    threads, _ = torch_threads(None)
+    import torch
+
+    torch.set_num_threads(threads)
     endpoint = endpoint or default_endpoint()
     try:
         check_endpoint(endpoint)
