@@ -17,6 +17,7 @@ per mode: jitter p99 (ms, as `so101d status` shows it), then the difference on -
     .venv/bin/python bench/bench_console.py                  # 3 on windows between 4 off, 21 s each (~2.5 min)
     .venv/bin/python bench/bench_console.py --pairs 5 --window-s 25
     .venv/bin/python bench/bench_console.py --realtime-priority 40   # the loop as under systemd's realtime drop-in
+    .venv/bin/python bench/bench_console.py --client rerun  # on windows: `so101d rerun` to a headless Rerun sink
 
 On a 2-core machine with a normal-priority loop the video encoder preempts the loop thread and
 the off windows alone spread more than the 0.2 ms budget (the bench says NOT RESOLVED then). With
@@ -78,6 +79,53 @@ def wait_ready(sock: Path, proc: subprocess.Popen, timeout_s: float = 120.0) -> 
     raise SystemExit("daemon never became ready")
 
 
+def rerun_window(sock: Path, rrd: Path, env: dict, window_s: float) -> dict:
+    """One on window of ``--client rerun``: a headless Rerun sink saving to ``rrd`` and `so101d
+    rerun` streaming the daemon's joints and both cameras to it; their CPU and what was saved."""
+    import rerun_cli
+
+    from daemon.rerun_stream import viewer_reachable
+
+    port = 9877
+    sink = subprocess.Popen(
+        [
+            str(Path(rerun_cli.__file__).with_name("rerun")),
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            str(rrd),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(env, CI="1"),  # no usage analytics from a bench
+    )
+    end = time.monotonic() + 30
+    while viewer_reachable("127.0.0.1", port) is not None and time.monotonic() < end:
+        time.sleep(0.1)
+    streamer = subprocess.Popen(
+        [sys.executable, "-m", "daemon.cli", "rerun", "--connect", f"127.0.0.1:{port}", "--socket", str(sock)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        c0, k0, t0 = cpu_s(streamer.pid), cpu_s(sink.pid), time.monotonic()
+        time.sleep(window_s)
+        c1, k1, dt = cpu_s(streamer.pid), cpu_s(sink.pid), time.monotonic() - t0
+        size = rrd.stat().st_size if rrd.exists() else 0
+    finally:
+        for p in (streamer, sink):
+            p.terminate()
+            p.wait(20)
+    return {
+        "streamer_cpu_pct": 100.0 * (c1 - c0) / dt,
+        "sink_cpu_pct": 100.0 * (k1 - k0) / dt,
+        "rrd_kb_s": size / 1024.0 / dt,
+    }
+
+
 async def page(url: str, duration_s: float) -> dict:
     """One page's websocket for ``duration_s``: counts previews per camera and their latency."""
     import aiohttp
@@ -119,6 +167,13 @@ def main() -> int:
         help="[control] realtime_priority for the daemon's loop thread (40: as under systemd with the "
         "realtime drop-in; needs the right to SCHED_FIFO); default 0, the example configuration's",
     )
+    ap.add_argument(
+        "--client",
+        choices=("console", "rerun"),
+        default="console",
+        help="what runs in the on windows: the console with a page open (default), or `so101d rerun` "
+        "streaming to a headless Rerun sink (`rerun --save`, the viewer binary rerun-sdk ships)",
+    )
     args = ap.parse_args()
     if args.window_s * 100.0 < STATS_WINDOW_CYCLES:
         ap.error(f"--window-s must cover the daemon's {STATS_WINDOW_CYCLES}-cycle statistics window (>= 20.5 s)")
@@ -159,7 +214,9 @@ def main() -> int:
         for i in range(args.pairs * 2 + 1):  # off, on, off, ..., off: every on between two offs
             mode = "off" if i % 2 == 0 else "on"
             row: dict = {"mode": mode}
-            if mode == "on":
+            if mode == "on" and args.client == "rerun":
+                row.update(rerun_window(sock, tmp / f"window-{i + 1}.rrd", env, args.window_s))
+            elif mode == "on":
                 console = subprocess.Popen(
                     [
                         sys.executable,
@@ -198,7 +255,10 @@ def main() -> int:
                 console = None
             rows.append(row)
             extra = (
-                f"  previews {', '.join(f'{k} {v:.1f} fps' for k, v in row['fps'].items())}"
+                f"  streamer CPU {row['streamer_cpu_pct']:.1f}%  sink CPU {row['sink_cpu_pct']:.1f}%  "
+                f"recording {row['rrd_kb_s']:.0f} kB/s"
+                if mode == "on" and args.client == "rerun"
+                else f"  previews {', '.join(f'{k} {v:.1f} fps' for k, v in row['fps'].items())}"
                 f"  latency p50/p99 {row['latency_p50_ms']:.1f}/{row['latency_p99_ms']:.1f} ms"
                 f"  live {row['live_hz']:.1f} Hz  status {row['status_hz']:.1f} Hz  console CPU {row['console_cpu_pct']:.1f}%"
                 if mode == "on"
@@ -242,6 +302,13 @@ def main() -> int:
             pairs.append(r["jitter_p99_ms"] - sum(around) / len(around))
     print("on - neighbouring off, per on window: " + ", ".join(f"{d:+.4f} ms" for d in pairs))
     ons = [r for r in rows if r["mode"] == "on"]
+    if args.client == "rerun":
+        print(
+            f"rerun on: streamer CPU {statistics.median(r['streamer_cpu_pct'] for r in ons):.1f}% of one core, "
+            f"sink CPU {statistics.median(r['sink_cpu_pct'] for r in ons):.1f}%, "
+            f"recording {statistics.median(r['rrd_kb_s'] for r in ons):.0f} kB/s (medians)"
+        )
+        return 0
     print(
         "console on: preview fps per camera (median) "
         + ", ".join(f"{k} {statistics.median(r['fps'].get(k, 0) for r in ons):.1f}" for k in sorted(ons[0]["fps"]))

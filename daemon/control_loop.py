@@ -155,6 +155,11 @@ class ControlLoop:
         self.intent: str = cfg.control.start_mode
         self.torque_wanted = True
         self._clear_fault = False
+        # A fault that only a failed connect raised (some servos did not answer the handshake,
+        # e.g. still powering up, or one unplugged): once a connect succeeds every servo has
+        # answered and the arm has never moved since, so that latch clears by itself (alignment
+        # still comes first). A fault seen while the arm was running stays for the operator.
+        self._connect_fault = ""
         self.policy_source: TargetSource | None = None
         # latest readings
         self.measured: np.ndarray | None = None
@@ -561,8 +566,14 @@ class ControlLoop:
         if params is None or not follower_ok:
             # a fault seen just before the link went (a servo dropping off the bus) stays latched
             fault = self.state.fault or self.fault_now or link.handshake_fault
+            if fault and fault in (link.handshake_fault, self._connect_fault) and not self.state.fault:
+                self._connect_fault = fault
             out = disconnected(fault, "follower not connected" if not link.connected else "no follower pose")
         else:
+            if self._connect_fault and self.state.fault == self._connect_fault and not self.fault_now:
+                log.info("follower: every servo answered the handshake now; cleared: %s", self._connect_fault)
+                self._clear_fault = True
+            self._connect_fault = ""
             inputs = CycleInputs(
                 intent=self.intent,
                 torque_wanted=self.torque_wanted,

@@ -110,11 +110,13 @@ def make_bench():
     benches: list[Bench] = []
     dirs: list[tempfile.TemporaryDirectory] = []
 
-    def make(leader_pose=POSE_A, follower_pose=POSE_A, **overrides) -> Bench:
+    def make(leader_pose=POSE_A, follower_pose=POSE_A, before_start=None, **overrides) -> Bench:
         d = tempfile.TemporaryDirectory(prefix="so101d-")
         dirs.append(d)
         b = Bench(Path(d.name), np.asarray(leader_pose, float), np.asarray(follower_pose, float), **overrides)
         benches.append(b)
+        if before_start is not None:  # the bench as the operator finds it when the daemon starts
+            before_start(b)
         b.daemon.start()
         return b
 
@@ -311,6 +313,21 @@ def test_missing_follower_servo_is_a_fault_then_operator_resumes(make_bench):
         c.request("teleop.start")
     bench.wait_mode("teleop")
     wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "following after the servo came back")
+
+
+def test_a_servo_silent_when_the_daemon_starts_is_a_fault_that_clears_once_it_answers(make_bench):
+    """Powering up: one servo does not answer the first handshake (not powered yet, or slow to
+    boot). The operator sees which one; once every servo answers, the arm has never moved, so
+    the daemon aligns and follows with no verb. Once running, a silent servo stays latched
+    (the test above)."""
+    bench = make_bench(before_start=lambda b: b.fa.set_online("shoulder_pan", False))
+    wait_for(lambda: "shoulder_pan" in (bench.daemon.status()["fault"] or ""), 15, "the silent servo named at connect")
+    assert not bench.daemon.status()["follower"]["connected"]
+    bench.fa.set_online("shoulder_pan", True)
+    bench.wait_mode("teleop")
+    st = bench.daemon.status()
+    assert st["fault"] in ("", None) and st["follower"]["connected"], st["fault"]
+    wait_for(lambda: np.all(bench.error() <= TOL_DEG), 10, "following")
 
 
 def test_leisaac_remote_leader_published_from_the_loop(make_bench):

@@ -303,6 +303,17 @@ def lerobot_sessions(root: Path, episodes: int, frames: int) -> None:
         ds.finalize()
 
 
+def run_pack(root: Path) -> subprocess.CompletedProcess[str]:
+    """`so101d dataset pack ROOT` as the operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "daemon.cli", "dataset", "pack", str(root)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        timeout=600,
+    )
+
+
 def test_a_one_file_per_episode_dataset_keeps_appending_and_packs(tmp_path):
     root = tmp_path / "ds"
     lerobot_sessions(root, 3, 4)
@@ -317,13 +328,7 @@ def test_a_one_file_per_episode_dataset_keeps_appending_and_packs(tmp_path):
         assert_frames_match(ds, e, 4)
     before = [ds[i]["observation.images.wrist"] for i in range(len(ds))]
 
-    r = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "dataset", "pack", str(root)],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, HF_HUB_OFFLINE="1"),
-        timeout=600,
-    )
+    r = run_pack(root)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "packed 4 episodes" in r.stdout
     assert [p.name for p in files(root, "videos/observation.images.front/*/*.mp4")] == ["file-000.mp4"]
@@ -352,13 +357,7 @@ def test_a_dataset_without_cameras_packs(tmp_path):
     store.release_ownership()
     before = load(root)
     states = [before[i]["observation.state"].numpy() for i in range(len(before))]
-    r = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "dataset", "pack", str(root)],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, HF_HUB_OFFLINE="1"),
-        timeout=600,
-    )
+    r = run_pack(root)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "packed 3 episodes" in r.stdout
     after = load(root)
@@ -368,12 +367,7 @@ def test_a_dataset_without_cameras_packs(tmp_path):
 
 def test_pack_refuses_a_folder_that_is_no_dataset(tmp_path):
     (tmp_path / "empty").mkdir()
-    r = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "dataset", "pack", str(tmp_path / "empty")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = run_pack(tmp_path / "empty")
     assert r.returncode == 1 and "not a LeRobot dataset" in r.stderr
 
 
@@ -425,13 +419,7 @@ def test_pack_finishes_a_swap_cut_short_by_a_crash(tmp_path):
     new, old = pack_dirs(root)
     shutil.copytree(root, new)  # the complete packed copy
     root.rename(old)  # ... and the crash came before new -> root
-    r = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "dataset", "pack", str(root)],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, HF_HUB_OFFLINE="1"),
-        timeout=600,
-    )
+    r = run_pack(root)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "finished an interrupted repack" in r.stderr
     assert not new.exists() and not old.exists()

@@ -21,7 +21,7 @@ import numpy as np
 
 from daemon.dataset_schema import IMAGE_KEY_PREFIX, STATE_KEY
 from daemon.policy.checkpoint import CheckpointError, ExpectedIO, LoadedPolicy, load_policy
-from daemon.policy.fused_io import FusedIO, fuse
+from daemon.policy.fused_io import FusedIO, device_not_fusable, fuse
 
 # Test and benchmark knob: every forward pass lasts at least this many seconds (the real one runs,
 # then sleeps out the rest, inside its timing), so a tiny checkpoint behaves like a big one on a
@@ -93,6 +93,9 @@ class PolicyEngine:
         """One zero observation through LeRobot's preprocessor and the policy gives a chunk of the
         policy's own shape; fuse() then measures both pipelines against it."""
         torch = self._torch
+        why = device_not_fusable(self.loaded.device)
+        if why:  # no probe forward pass on an accelerator
+            return None, why
         dim = int((self.info.state_shape or (0,))[0])
         cams = {name: (h, w) for name, (_c, h, w) in self.info.cameras.items()}
         zeros = np.zeros(dim, dtype=np.float32), {n: np.zeros((h, w, 3), np.uint8) for n, (h, w) in cams.items()}

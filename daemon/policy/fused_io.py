@@ -107,8 +107,9 @@ def fuse(
     predict_action_chunk (its shape and dtype are what the postprocessor is measured on)."""
     import torch
 
-    if torch.device(device).type != "cpu":
-        return None, f"LeRobot's pipelines (the fused form is measured on the CPU only; device {device})"
+    why = device_not_fusable(device)
+    if why:
+        return None, why
     rng = np.random.default_rng(0)
     zeros = np.zeros(state_dim, dtype=np.float32), {n: np.zeros((h, w, 3), np.uint8) for n, (h, w) in cameras.items()}
     ones = np.ones(state_dim, dtype=np.float32), {n: np.full((h, w, 3), 255, np.uint8) for n, (h, w) in cameras.items()}
@@ -163,6 +164,13 @@ def fuse(
             fused.action, fused.action_shape = None, None
             return fused, f"fused preprocessing (checked against LeRobot's at load); LeRobot's postprocessor ({why})"
     return fused, "fused pre- and postprocessing (checked against LeRobot's pipelines at load)"
+
+
+def device_not_fusable(device: str) -> str | None:
+    """Why the pipelines stay LeRobot's on ``device`` (None on the CPU, where fusing is measured)."""
+    if device.split(":")[0] != "cpu":
+        return f"LeRobot's pipelines (the fused form is measured on the CPU only; device {device})"
+    return None
 
 
 def _differs(a: Any, b: Any) -> bool:
