@@ -169,7 +169,7 @@ def torch_threads(configured: int | None) -> tuple[int, str]:
     threads = configured or max(1, cores - 1)
     if threads >= cores and threads > 1:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return threads, os.environ.get("OMP_WAIT_POLICY", "libgomp default")
+    return threads, os.environ.get("OMP_WAIT_POLICY") or "libgomp default"
 
 
 def _result(
