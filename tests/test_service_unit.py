@@ -23,9 +23,9 @@ needs_analyze = pytest.mark.skipif(
 )
 
 
-def _render(tmp_path: Path, **kw) -> Path:
-    text, _ = render_unit(SO101D, **kw)
-    unit = tmp_path / "so101d.service"
+def _render(directory: Path, exe: Path = SO101D, name: str = "so101d.service", **kw) -> Path:
+    text, _ = render_unit(exe, **kw)
+    unit = directory / name
     unit.write_text(text)
     return unit
 
@@ -33,6 +33,19 @@ def _render(tmp_path: Path, **kw) -> Path:
 def _verify(unit: Path) -> subprocess.CompletedProcess:
     # --man=no: Documentation= is not looked up; verify still parses every key and checks ExecStart.
     return subprocess.run([ANALYZE, "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=60)
+
+
+def _security(unit: Path) -> tuple[float, str, dict[str, dict]]:
+    """systemd-analyze security of a unit file: the overall exposure, its line, and each check by name."""
+    r = subprocess.run(
+        [ANALYZE, "security", "--offline=yes", "--threshold=25", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = next(l for l in r.stdout.splitlines() if "Overall exposure level" in l)
+    rj = subprocess.run(
+        [ANALYZE, "security", "--offline=yes", "--json=short", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    return float(line.split(":")[1].split()[0]), line, {c["name"]: c for c in json.loads(rj.stdout)}
 
 
 def _service_section(unit: Path) -> dict[str, list[str]]:
@@ -102,23 +115,12 @@ def test_realtime_dropin_verifies_with_the_unit(tmp_path: Path) -> None:
 @needs_analyze
 def test_security_exposure_is_low(open_dir: Path) -> None:
     exe = _fake_so101d(open_dir)
-    text, _ = render_unit(exe, package_dir=open_dir / "opt")
-    unit = open_dir / "so101d.service"
-    unit.write_text(text)
-    r = subprocess.run(
-        [ANALYZE, "security", "--offline=yes", "--threshold=25", str(unit)], capture_output=True, text=True, timeout=60
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    line = next(l for l in r.stdout.splitlines() if "Overall exposure level" in l)
-    score = float(line.split(":")[1].split()[0])
+    unit = _render(open_dir, exe, package_dir=open_dir / "opt")
+    score, line, checks = _security(unit)
     print(f"systemd-analyze security: {score}")
     # 10 = unconfined; systemd calls < 2.0 "OK". Serial/camera devices, the network (a remote
     # simulator) and W+X memory (torch JIT) are allowed on purpose.
     assert score <= 2.0, line
-    rj = subprocess.run(
-        [ANALYZE, "security", "--offline=yes", "--json=short", str(unit)], capture_output=True, text=True, timeout=60
-    )
-    checks = {c["name"]: c for c in json.loads(rj.stdout)}
     for name in (
         "NoNewPrivileges=",
         "ProtectSystem=",
@@ -216,10 +218,7 @@ def test_unit_variants_and_refusals(open_dir: Path) -> None:
 # the optional console unit (so101d install-service --console)
 # ---------------------------------------------------------------------------------------------
 def _render_console(directory: Path, exe: Path = SO101D, **kw) -> Path:
-    text, _ = render_unit(exe, template=CONSOLE_TEMPLATE, **kw)
-    unit = directory / "so101d-console.service"
-    unit.write_text(text)
-    return unit
+    return _render(directory, exe, "so101d-console.service", template=CONSOLE_TEMPLATE, **kw)
 
 
 @needs_analyze
@@ -229,17 +228,9 @@ def test_console_unit_verifies_cleanly_and_its_exposure_is_low(open_dir: Path) -
     assert r.returncode == 0, r.stderr
     assert "so101d-console.service" not in r.stderr, r.stderr
     unit = _render_console(open_dir, _fake_so101d(open_dir), package_dir=open_dir / "opt")
-    r = subprocess.run(
-        [ANALYZE, "security", "--offline=yes", "--threshold=25", str(unit)], capture_output=True, text=True, timeout=60
-    )
-    line = next(l for l in r.stdout.splitlines() if "Overall exposure level" in l)
-    score = float(line.split(":")[1].split()[0])
+    score, line, checks = _security(unit)
     print(f"systemd-analyze security (console): {score}")
     assert score <= 2.0, line
-    rj = subprocess.run(
-        [ANALYZE, "security", "--offline=yes", "--json=short", str(unit)], capture_output=True, text=True, timeout=60
-    )
-    checks = {c["name"]: c for c in json.loads(rj.stdout)}
     for name in ("PrivateDevices=", "NoNewPrivileges=", "ProtectSystem=", "User=/DynamicUser="):
         assert checks[name]["set"], name
 
