@@ -566,8 +566,8 @@ class ControlLoop:
         if params is None or not follower_ok:
             # a fault seen just before the link went (a servo dropping off the bus) stays latched
             fault = self.state.fault or self.fault_now or link.handshake_fault
-            if fault and fault in (link.handshake_fault, self._connect_fault) and not self.state.fault:
-                self._connect_fault = fault
+            if link.handshake_fault and not self.state.fault and not self.fault_now:
+                self._connect_fault = link.handshake_fault  # the latch comes from the handshake alone
             out = disconnected(fault, "follower not connected" if not link.connected else "no follower pose")
         else:
             if self._connect_fault and self.state.fault == self._connect_fault and not self.fault_now:
