@@ -320,14 +320,17 @@ def keys_given(section: Any) -> frozenset[str] | None:
     return section.__dict__.get("_keys_given")
 
 
-def parse_host_port(text: str) -> tuple[str, int]:
-    """ "HOST:PORT" (IPv6 as "[::1]:9876") -> (host, port 1..65535); ValueError with the reason."""
+def parse_host_port(text: str, *, min_port: int = 1) -> tuple[str, int]:
+    """ "HOST:PORT" (IPv6 as "[::1]:9876") -> (host, port min_port..65535); ValueError with the reason.
+
+    One parser for every address an operator types (a Rerun viewer, LeRobot's policy server, the
+    console's --bind, where port 0 means "any free port"); callers prefix the key or flag."""
     host, sep, port = text.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not sep or not host or any(c.isspace() or c in "/[]" for c in host):
         raise ValueError(f"{text!r} must be HOST:PORT (e.g. 127.0.0.1:9876)")
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError(f"{text!r}: the port must be a number 1..65535")
+    if not port.isdigit() or not min_port <= int(port) <= 65535:
+        raise ValueError(f"{text!r}: the port must be a number {min_port}..65535")
     return host, int(port)
 
 
@@ -356,6 +359,11 @@ def validate(cfg: Config) -> Config:
             parse_host_port(cfg.display.rerun)
         except ValueError as exc:
             raise ConfigError(f"display.rerun: {exc} (a Rerun viewer's address; empty: off)") from None
+    if cfg.policy.server:
+        try:
+            parse_host_port(cfg.policy.server)
+        except ValueError as exc:
+            raise ConfigError(f"policy.server: {exc} (LeRobot's policy server)") from None
     return cfg
 
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import queue
 import sys
 import threading
@@ -68,6 +67,7 @@ from daemon.leader_source import LeaderSource
 from daemon.logs import RateLimitedLogger
 from daemon.loop_protocols import CycleHook, LeaderHook, TargetSource, Watchdog
 from daemon.loop_status import BUS_COUNTER_KEYS, SAFETY_CONFIG_KEYS, LinkSnapshot, LoopSnapshot, render_status
+from daemon.realtime import current_policy, make_current_thread_realtime
 from daemon.safety import ControllerState, CycleInputs, CycleOutput, SafetyParams, disconnected, update
 from daemon.stats import LoopStats
 from drivers.arm_interface import (
@@ -177,6 +177,7 @@ class ControlLoop:
         self._reconfigure = False
         self._follower_ok = False  # this cycle's pose is the connected arm's and recent (step 3 -> 5)
         self.rate_warning = ""  # set when the adapters make the configured rate impossible
+        self.scheduling = "not started"  # the loop thread's own policy, read by that thread
         self._next_rate_check_s = 0.0
         self._next_health_s = 0.0
         self._health_cost_s = 0.005
@@ -672,21 +673,19 @@ class ControlLoop:
     # ------------------------------------------------------------------ thread body
     def _set_realtime(self) -> None:
         prio = self.cfg.control.realtime_priority
-        if prio <= 0:
-            return
-        try:
-            # pid 0 = the calling thread on Linux: only the loop thread becomes real-time
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(prio))
+        if prio > 0 and make_current_thread_realtime(prio):
             log.info("control loop thread: SCHED_FIFO priority %d", prio)
-        except (OSError, AttributeError) as exc:
-            log.warning(
-                "control.realtime_priority = %d: cannot switch to SCHED_FIFO (%s); running with normal priority",
-                prio,
-                exc,
-            )
+
+    def _note_scheduling(self) -> None:
+        """What the loop thread really runs under, for status: an asked-for priority that the
+        system refused shows as refused, not as granted."""
+        prio = self.cfg.control.realtime_priority
+        now = current_policy()
+        self.scheduling = now if prio <= 0 or now == f"fifo:{prio}" else f"{now} (fifo:{prio} refused)"
 
     def _run(self) -> None:
         self._set_realtime()
+        self._note_scheduling()
         period = self.period_s
         deadline = _MONO()
         last_start: float | None = None
@@ -834,6 +833,7 @@ class ControlLoop:
             hook_errors=self.hook_errors,
             overlap_io=leader is not None and leader.overlapped,
             rate_warning=self.rate_warning,
+            scheduling=self.scheduling,
             power_cycle_required=self.power_cycle_required,
             safety_config={k: getattr(self.cfg.safety, k) for k in SAFETY_CONFIG_KEYS},
             timing_ms=stages,

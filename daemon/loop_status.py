@@ -60,6 +60,7 @@ class LoopSnapshot:
     hook_errors: int
     overlap_io: bool
     rate_warning: str
+    scheduling: str  # the loop thread's: "other", "fifo:50", "other (fifo:50 refused)"
     power_cycle_required: str
     safety_config: dict[str, Any]
     timing_ms: dict[str, dict[str, float | int]]
@@ -133,6 +134,7 @@ def render_status(s: LoopSnapshot) -> dict[str, Any]:
         "hook_errors": s.hook_errors,
         "overlap_io": s.overlap_io,
         "rate_warning": s.rate_warning,
+        "scheduling": s.scheduling,
         "power_cycle_required": s.power_cycle_required,
         "safety": {
             **s.safety_config,

@@ -109,7 +109,7 @@ def test_a_page_from_another_site_cannot_open_the_websocket(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("bind", "why"),
     [
-        ("8101", "--bind must be HOST:PORT"),
+        ("8101", "--bind: '8101' must be HOST:PORT"),
         ("127.0.0.1:http", "port must be a number"),
         ("127.0.0.1:70000", "0..65535"),
     ],

@@ -48,6 +48,8 @@ def test_example_documents_every_key_with_its_default():
         ({"cameras": {"front": {"width": 0}}}, "cameras.front.width"),
         ({"socket": {"mode": 0o7777}}, "socket.mode"),
         ({"control": 3}, "control"),
+        ({"policy": {"backend": "lerobot-server", "server": "gpu-box"}}, "policy.server"),
+        ({"policy": {"server": "gpu-box:grpc"}}, "policy.server"),
     ],
 )
 def test_bad_keys_and_values_name_the_key(data, key):

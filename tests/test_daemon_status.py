@@ -8,8 +8,10 @@ status dicts shaped like those the policy and recording extras return.
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ from support import still_arm_on_pty, wait_for
 
 from daemon.commands.status import render
 from daemon.config import config_from_dict
+from daemon.realtime import current_policy
 from daemon.service import Daemon
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
@@ -193,7 +196,7 @@ def test_a_remote_policy_server_line_keeps_round_trip_network_and_server_time_ap
 LOOP_KEYS = {
     "mode", "intent", "reason", "fault", "torque_wanted", "follower_kind", "uptime_s", "rate_hz_target", "rate_hz",
     "cycles", "overruns", "missed_cycles", "limited_cycles", "leader_errors", "follower_errors", "hook_errors",
-    "overlap_io", "rate_warning", "power_cycle_required", "safety", "timing_ms", "leader", "follower",
+    "overlap_io", "rate_warning", "scheduling", "power_cycle_required", "safety", "timing_ms", "leader", "follower",
     "leader_age_s", "joints", "servos", "missing_servos", "health_age_s",
 }  # fmt: skip
 SAFETY_KEYS = {
@@ -231,3 +234,52 @@ def test_the_status_shape_is_the_one_its_readers_know(limit_bench) -> None:
     assert set(st["timing_ms"]) == {
         "leader_read", "follower_read", "update", "follower_write", "hooks", "cycle", "period", "jitter",
     }  # fmt: skip
+
+
+def _fifo_allowed(priority: int) -> bool:
+    """Whether this machine lets a thread of ours take SCHED_FIFO (root, CAP_SYS_NICE or RLIMIT_RTPRIO)."""
+    result: list[bool] = []
+
+    def attempt() -> None:
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    t = threading.Thread(target=attempt)
+    t.start()
+    t.join()
+    return result[0]
+
+
+def test_status_says_which_scheduling_the_loop_thread_really_got(tmp_path: Path) -> None:
+    pose = np.array([0.0, -40.0, 45.0, 30.0, 0.0, 50.0])
+    _la, lb = still_arm_on_pty(tmp_path / "leader", "leader", pose)
+    _fa, fb = still_arm_on_pty(tmp_path / "follower", "follower", pose)
+    cfg = config_from_dict({"socket": {"path": str(tmp_path / "c.sock")}, "control": {"realtime_priority": 7}})
+    daemon = Daemon(
+        cfg,
+        FeetechLeader(str(tmp_path / "leader"), reference_calibration("leader")),
+        FeetechFollower(str(tmp_path / "follower"), reference_calibration("follower")),
+    )
+    daemon.start()
+    try:
+        wait_for(lambda: daemon.loop.status()["cycles"] > 0, 30, "the loop running")
+        expected = "fifo:7" if _fifo_allowed(7) else "(fifo:7 refused)"
+        assert expected in daemon.loop.status()["scheduling"]
+        assert threading.current_thread() is threading.main_thread() and "fifo" not in current_policy()
+        r = subprocess.run(
+            [*SO101D, "status", "--socket", str(tmp_path / "c.sock")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
+        assert r.returncode == 0, r.stderr
+        assert f"sched {daemon.loop.status()['scheduling']}" in r.stdout, r.stdout
+    finally:
+        daemon.stop()
+        lb.stop()
+        fb.stop()

@@ -32,13 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from daemon.config import parse_host_port
     from daemon.console import access
     from daemon.console.app import Console, ConsoleConfig
 
     try:
-        host, port = access.parse_bind(args.bind)
+        host, port = parse_host_port(args.bind, min_port=0)  # 0: any free port
     except ValueError as exc:
-        print(f"so101d console: {exc}", file=sys.stderr)
+        print(f"so101d console: --bind: {exc}", file=sys.stderr)
         return 2
     token = None
     if not access.is_loopback(host):

@@ -72,7 +72,8 @@ def render(st: dict[str, Any], full: bool = False) -> Any:
     _period, jitter, cycle = t.get("period", {}), t.get("jitter", {}), t.get("cycle", {})
     head.append(
         f"loop {_fmt(st.get('rate_hz'), '.1f')}/{_fmt(st.get('rate_hz_target'), '.0f')} Hz  "
-        f"overruns {st.get('overruns', 0)} (skipped {st.get('missed_cycles', 0)})\n"
+        f"overruns {st.get('overruns', 0)} (skipped {st.get('missed_cycles', 0)})  "
+        f"sched {st.get('scheduling', '?')}\n"
         f"period jitter p50/p99/max {_fmt(jitter.get('p50'), '.3f')}/{_fmt(jitter.get('p99'), '.3f')}/{_fmt(jitter.get('max'), '.3f')} ms  "
         f"cycle p50/p99 {_fmt(cycle.get('p50'), '.3f')}/{_fmt(cycle.get('p99'), '.3f')} ms\n"
     )

@@ -39,20 +39,6 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to anything
 
 
-def parse_bind(bind: str) -> tuple[str, int]:
-    """ "HOST:PORT" (IPv6 as "[::1]:8101") -> (host, port); ValueError with the reason."""
-    host, sep, port = bind.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"--bind must be HOST:PORT (e.g. 127.0.0.1:8101), got {bind!r}")
-    try:
-        port_n = int(port)
-    except ValueError:
-        raise ValueError(f"--bind: port must be a number, got {port!r}") from None
-    if not 0 <= port_n <= 65535:
-        raise ValueError(f"--bind: port must be 0..65535, got {port_n}")
-    return host.strip("[]"), port_n
-
-
 def load_or_create_token(directory: Path) -> tuple[str, bool]:
     """(token, created): the one kept in ``directory``, made (0600) if there is none."""
     path = directory / TOKEN_FILE

@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from calibration.conventions import JOINT_NAMES, NUM_JOINTS
+from daemon.config import parse_host_port
 from daemon.policy.checkpoint import CheckpointInfo
 from daemon.policy.engine import InferenceTimings
 from daemon.policy.safe_unpickle import UnsafePickleError, loads_actions
@@ -74,14 +75,6 @@ class ServerSpec:
     call_timeout_s: float = 10.0  # SendObservations / GetActions
 
 
-def parse_server_address(server: str) -> tuple[str, int]:
-    """'HOST:PORT' -> (host, port); ValueError naming the key otherwise."""
-    host, sep, port = server.rpartition(":")
-    if not sep or not host or not port.isdigit() or not (1 <= int(port) <= 65535):
-        raise ValueError(f"policy.server: {server!r} must be HOST:PORT (e.g. 127.0.0.1:8080)")
-    return host, int(port)
-
-
 def remote_info(spec: ServerSpec) -> CheckpointInfo:
     """What the daemon knows of a policy that lives on the server: what we send and ask for.
 
@@ -102,7 +95,10 @@ def remote_info(spec: ServerSpec) -> CheckpointInfo:
 
 
 def validate(spec: ServerSpec) -> None:
-    parse_server_address(spec.server)
+    try:
+        parse_host_port(spec.server)
+    except ValueError as exc:
+        raise ValueError(f"policy.server: {exc} (LeRobot's policy server)") from None
     if spec.policy_type not in SERVER_POLICY_TYPES:
         raise ValueError(
             f"policy.server_policy_type: {spec.policy_type!r}; LeRobot's server runs {', '.join(SERVER_POLICY_TYPES)}"

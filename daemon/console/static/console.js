@@ -126,6 +126,7 @@ function onStatus(st) {
   const t = st.timing_ms || {};
   $("jitter").textContent = t.jitter ? `${fmt(t.jitter.p50, 2)} / ${fmt(t.jitter.p99, 2)} ms` : "–";
   $("overruns").textContent = `${st.overruns} (missed ${st.missed_cycles})`;
+  $("scheduling").textContent = st.scheduling || "–";
   const bus = (l) => (l && l.bus ? `${l.bus.retries} retries, ${l.bus.failures} errors${l.connected ? "" : " DISCONNECTED"}` : "–");
   $("bus").textContent = `${bus(st.leader)} / ${bus(st.follower)}`;
   $("stages").innerHTML = ["leader_read", "update", "follower_write", "follower_read", "hooks", "cycle"]
