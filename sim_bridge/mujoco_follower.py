@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -35,6 +38,8 @@ if TYPE_CHECKING:  # types only: the module itself is imported above, after the 
 from calibration.conventions import JOINT_NAMES, sim_rad_to_units, units_to_sim_rad  # noqa: E402
 from sim_bridge import mujoco_scene as scene  # noqa: E402
 from sim_bridge.server import SimServerEndpoint  # noqa: E402
+
+T = TypeVar("T")
 
 log = logging.getLogger("so101d.sim.mujoco")
 
@@ -173,6 +178,9 @@ class MujocoFollower:
         self._renderer: MultiCameraRenderer | None = None
         self._frame_seq = 0
         self._stop = threading.Event()
+        # Work handed to the serving thread (call_in_sim_thread): MjData is not thread-safe.
+        self._calls: queue.SimpleQueue[tuple[Callable[[MujocoFollower], object], Future[object]]] = queue.SimpleQueue()
+        self._serving = False
         self.endpoint: SimServerEndpoint | None = None
         self.ticks = 0
         self.overruns = 0
@@ -280,6 +288,43 @@ class MujocoFollower:
     def stop(self) -> None:
         self._stop.set()
 
+    def call_in_sim_thread(self, fn: Callable[[MujocoFollower], T], timeout_s: float = 5.0) -> T:
+        """``fn(self)`` between two physics steps, on the thread that serves the sim; its result.
+
+        MuJoCo's MjData is not thread-safe: an mj_forward from another thread while run() steps
+        shares the data's scratch stack and corrupts memory (a segfault later, elsewhere). Anything
+        that moves the scene while the sim serves (a cube placed by hand, a scripted push) goes
+        through here. Not serving: ``fn`` runs on the caller's thread."""
+        if not self._serving:
+            return fn(self)
+        done: Future[object] = Future()
+        self._calls.put((fn, done))
+        if not self._serving:  # it stopped in between: nobody else will answer
+            self._fail_calls()
+        return done.result(timeout_s)  # type: ignore[return-value]
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                fn, done = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if not done.set_running_or_notify_cancel():
+                continue
+            try:
+                done.set_result(fn(self))
+            except BaseException as exc:  # handed back to the caller, the sim serves on
+                done.set_exception(exc)
+
+    def _fail_calls(self) -> None:
+        while True:
+            try:
+                _fn, done = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if done.set_running_or_notify_cancel():
+                done.set_exception(RuntimeError("the MuJoCo follower stopped before running the call"))
+
     def run(self, ready: threading.Event | None = None) -> None:
         """Serve until ``stop()``. Binds (unless ``open()`` was called) on the calling thread."""
         if self.endpoint is None:
@@ -292,6 +337,7 @@ class MujocoFollower:
         t0 = time.monotonic()
         sim_t0 = self.data.time
         next_tick = t0
+        self._serving = True
         try:
             while not self._stop.is_set():
                 # Between ticks, pick up commands as they arrive (targets apply immediately).
@@ -301,6 +347,7 @@ class MujocoFollower:
                     self._apply(inbox)
                     if wait <= 0 or self._stop.is_set():
                         break
+                self._run_calls()
                 now = time.monotonic()
                 # Advance physics to wall-clock time (real time); never race after a long host stall.
                 behind = (now - t0) - (self.data.time - sim_t0)
@@ -324,6 +371,8 @@ class MujocoFollower:
                     self.overruns += 1
                     next_tick = time.monotonic()
         finally:
+            self._serving = False
+            self._fail_calls()
             self.close_renderer()
             ep.close()
             self.endpoint = None

@@ -44,11 +44,18 @@ class Sim:
         self.t.start()
 
     def lift_cube(self) -> None:
-        """The cube 12 cm up (as if grasped and lifted): the sim reports success on its next tick."""
-        q = self.sim._cube_qadr
-        self.sim.data.qpos[q + 2] = 0.12
-        self.sim.data.qvel[:] = 0.0
-        mujoco.mj_forward(self.sim.model, self.sim.data)
+        """The cube 12 cm up (as if grasped and lifted): the sim reports success on its next tick.
+
+        On the sim's own thread: an mj_forward from here while it steps corrupted memory (a
+        segfault in CI, in a later mj_step)."""
+
+        def lift(sim: MujocoFollower) -> None:
+            q = sim._cube_qadr
+            sim.data.qpos[q + 2] = 0.12
+            sim.data.qvel[:] = 0.0
+            mujoco.mj_forward(sim.model, sim.data)
+
+        self.sim.call_in_sim_thread(lift)
 
     def close(self) -> None:
         self.sim.stop()

@@ -275,3 +275,28 @@ def test_sim_killed_mid_stream_is_detected_and_a_new_sim_is_picked_up(transport,
                     p.wait(10)
                 except subprocess.TimeoutExpired:
                     p.kill()
+
+
+def test_the_scene_is_moved_on_the_sim_thread_while_it_serves():
+    """MjData is not thread-safe: a cube placed from the test goes through the serving thread."""
+    import mujoco  # after sim_bridge chose the GL backend
+
+    s = ThreadSim(cameras=())
+    try:
+        poll_until(lambda: s.sim.ticks > 2, 5)
+
+        def lift(sim: MujocoFollower) -> tuple[str, float]:
+            sim.data.qpos[sim._cube_qadr + 2] = 0.12
+            mujoco.mj_forward(sim.model, sim.data)
+            return threading.current_thread().name, sim.cube_height_m()
+
+        thread_name, height_m = s.sim.call_in_sim_thread(lift)
+        assert thread_name == s.thread.name != threading.current_thread().name
+        assert height_m > 0.1
+        ticks = s.sim.ticks
+        with pytest.raises(ZeroDivisionError):
+            s.sim.call_in_sim_thread(lambda sim: 1 / 0)  # handed back to the caller ...
+        assert poll_until(lambda: s.sim.ticks > ticks + 2, 5)  # ... and the sim serves on
+    finally:
+        s.close()
+    assert s.sim.call_in_sim_thread(lambda sim: threading.current_thread().name) == threading.current_thread().name
