@@ -15,6 +15,8 @@ import ctypes.util
 import logging
 import os
 import resource
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 log = logging.getLogger("so101d.realtime")
@@ -106,3 +108,74 @@ def make_current_thread_realtime(priority: int) -> bool:
         )
         return False
     return True
+
+
+# -- keeping background work (video encoders) below the control loop ---------------------------
+# SVT-AV1, LeRobot's default video encoder, creates every one of its threads SCHED_FIFO 99 when it
+# may (root, or CAP_SYS_NICE) and the thread that opens it ends up FIFO 99 as well. That is above
+# the control loop (FIFO 40 at most) and the kernel's IRQ threads (50): on a 2-core workstation run
+# as root (`sudo so101d ...`, a container) an episode's encode could starve the loop and the serial
+# I/O. SVT-AV1 falls back to normal threads when the kernel says EPERM, so the remedy is to take
+# the right away from the thread that encodes: capabilities are per thread and inherited by the
+# threads it creates, so the loop keeps its own right.
+
+CAP_SYS_NICE = 23
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def give_up_realtime_right() -> str:
+    """Drop CAP_SYS_NICE from the calling thread (and so from every thread it creates later).
+
+    Afterwards SCHED_FIFO/RR is refused to these threads unless RLIMIT_RTPRIO (process-wide)
+    allows it; the result says which. For background work only: it cannot be undone."""
+    try:
+        libc = _libc()
+        header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)  # pid 0: the calling thread
+        data = (_CapData * 2)()  # version 3: capabilities 0..31, then 32..63
+        if libc.capget(ctypes.byref(header), data) != 0:
+            return f"capget failed: {os.strerror(ctypes.get_errno())}"
+        bit = 1 << CAP_SYS_NICE
+        held = bool((data[0].effective | data[0].permitted) & bit)
+        if held:
+            data[0].effective &= ~bit
+            data[0].permitted &= ~bit
+            data[0].inheritable &= ~bit
+            if libc.capset(ctypes.byref(header), data) != 0:
+                return f"capset failed: {os.strerror(ctypes.get_errno())}"
+    except (OSError, AttributeError) as exc:  # no libc capget/capset (not Linux)
+        return f"capabilities unavailable: {exc}"
+    soft, _hard = resource.getrlimit(resource.RLIMIT_RTPRIO)
+    what = "CAP_SYS_NICE dropped" if held else "no CAP_SYS_NICE held"
+    if soft == 0:
+        return f"{what}; real-time scheduling refused (RLIMIT_RTPRIO 0)"
+    limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    return f"{what}; RLIMIT_RTPRIO {limit} still allows FIFO up to that priority"
+
+
+def run_without_realtime[T](fn: Callable[[], T]) -> T:
+    """``fn()`` on a thread of its own that has given up the real-time right (see above), so an
+    encoder it opens cannot raise itself above the control loop; its result, or its exception."""
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def body() -> None:
+        give_up_realtime_right()
+        try:
+            result.append(fn())
+        except BaseException as exc:  # handed to the caller's thread
+            error.append(exc)
+
+    worker = threading.Thread(target=body, name="so101d-no-realtime")
+    worker.start()
+    worker.join()
+    if error:
+        raise error[0]
+    return result[0]

@@ -33,6 +33,7 @@ from daemon.dataset_schema import (
     dataset_features,
     tag_to_cell,
 )
+from daemon.realtime import run_without_realtime
 
 
 def synthetic_pose(t_s: float, phase: float = 0.0) -> np.ndarray:
@@ -68,6 +69,25 @@ def make_synthetic_dataset(
     root = Path(root)
     if root.exists():
         shutil.rmtree(root)
+    # LeRobot's default encoder (SVT-AV1) would run FIFO 99 as root, and leave the calling thread
+    # there: everything this process starts afterwards (a daemon, a bench loop) would inherit it.
+    run_without_realtime(
+        lambda: _write_synthetic(root, cameras, episodes, frames_per_episode, fps, repo_id, lead_frames)
+    )
+    return LeRobotDataset(repo_id, root=root, video_backend="pyav")
+
+
+def _write_synthetic(
+    root: Path,
+    cameras: dict[str, tuple[int, int]],
+    episodes: int,
+    frames_per_episode: int,
+    fps: int,
+    repo_id: str,
+    lead_frames: int,
+) -> None:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
     ds = LeRobotDataset.create(
         repo_id, fps=fps, features=dataset_features(cameras), root=root, robot_type=ROBOT_TYPE, use_videos=True
     )
@@ -93,7 +113,6 @@ def make_synthetic_dataset(
             ds.add_frame(frame)
         ds.save_episode()
     ds.finalize()
-    return LeRobotDataset(repo_id, root=root, video_backend="pyav")
 
 
 @dataclass

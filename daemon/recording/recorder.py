@@ -29,7 +29,8 @@ from daemon.dataset_schema import DEFAULT_FPS
 from daemon.logs import RateLimitedLogger
 from daemon.recording.ring import KIND_DISCARD, KIND_FRAME, KIND_SAVE, KIND_START, TASK_BYTES, Ring
 from daemon.recording.store import DatasetMismatchError, StoreConfig, config_differences
-from daemon.recording.writer import store_config_dict, writer_main
+from daemon.recording.writer import store_config_dict
+from daemon.recording.writer_entry import writer_entry
 from drivers.cameras import Camera, VirtualArmCamera
 
 log = logging.getLogger("so101d.recording")
@@ -269,7 +270,7 @@ class Recorder:
         import os
 
         proc = ctx.Process(
-            target=writer_main,
+            target=writer_entry,
             name="so101d-writer",
             args=(
                 store_config_dict(self.store_cfg),

@@ -267,9 +267,15 @@ class EpisodeBuild:
 
 
 def writer_main(
-    store_cfg: dict[str, Any], ring_spec: dict[str, Any], conn: Any, parent_pid: int, follower_kind: str, origin: str
+    store_cfg: dict[str, Any],
+    ring_spec: dict[str, Any],
+    conn: Any,
+    parent_pid: int,
+    follower_kind: str,
+    origin: str,
+    scheduling: str = "",
 ) -> None:
-    """Entry point of the spawned writer process (arguments are plain data)."""
+    """The spawned writer process (arguments are plain data), entered through writer_entry."""
     # Our log format and level, third-party chatter (libx264 statistics, LeRobot's codec notes,
     # datasets' progress bars) below our INFO: PyAV is imported and quieted here, before encoding.
     from daemon.logs import setup_logging
@@ -289,6 +295,7 @@ def writer_main(
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     except (OSError, AttributeError):
         pass
+    log.debug("writer scheduling: %s", scheduling)  # no real time: writer_entry took the right
     cfg = StoreConfig(**store_cfg)
     cfg.cameras = [tuple(c) for c in cfg.cameras]  # type: ignore[misc]
     spec = RingSpec(**ring_spec)
