@@ -7,6 +7,8 @@ output of the command everybody runs, not only when someone asks for ``--duratio
 
 from __future__ import annotations
 
+import os
+import sys
 from collections import defaultdict
 
 import pytest
@@ -30,3 +32,26 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.section(f"e2e tests: {len(_E2E_SECONDS)}, {total_s:.1f} s in all")
     for nodeid, seconds in sorted(_E2E_SECONDS.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"{seconds:8.2f} s  {_E2E_OUTCOME.get(nodeid, '?'):7s}  {nodeid}")
+
+
+# -- the end of the test process -------------------------------------------------------------------
+# One CI run (716 passed, 4 skipped) ended in "terminate called without an active exception" and
+# SIGABRT after the summary was printed: a C++ static destructor of a library loaded in this process
+# (torch, pyarrow and grpc all are) met a thread still running during interpreter teardown, a known
+# way for a torch test suite to fail with every test passed. The verdict is pytest's; the test
+# process ends with it, without that teardown. The exits that matter (the daemon's, the writer's,
+# the policy worker's) happen in processes of their own and are tested there.
+# SO101D_TESTS_FULL_TEARDOWN=1 keeps the interpreter's teardown, to look for the culprit.
+_EXIT_STATUS: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _EXIT_STATUS.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _EXIT_STATUS and not os.environ.get("SO101D_TESTS_FULL_TEARDOWN"):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_EXIT_STATUS[-1])
