@@ -9,6 +9,7 @@ Each replaces copies that lived in several files.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import threading
@@ -42,6 +43,25 @@ def poll_until(pred: Callable[[], Any], timeout_s: float = 10.0, period_s: float
             return True
         time.sleep(period_s)
     return bool(pred())
+
+
+def may_take_fifo(priority: int = 1) -> bool:
+    """Whether a fresh thread of this process may take SCHED_FIFO at ``priority`` (root,
+    CAP_SYS_NICE or RLIMIT_RTPRIO); the thread gives it back at once."""
+    allowed: list[bool] = []
+
+    def attempt() -> None:
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            allowed.append(True)
+        except OSError:
+            allowed.append(False)
+
+    t = threading.Thread(target=attempt)
+    t.start()
+    t.join()
+    return allowed[0]
 
 
 def free_port() -> int:

@@ -8,16 +8,14 @@ status dicts shaped like those the policy and recording extras return.
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 from rich.console import Console
-from support import still_arm_on_pty, wait_for
+from support import may_take_fifo, still_arm_on_pty, wait_for
 
 from daemon.commands.status import render
 from daemon.config import config_from_dict
@@ -235,24 +233,6 @@ def test_the_status_shape_is_the_one_its_readers_know(limit_bench) -> None:
     }  # fmt: skip
 
 
-def _fifo_allowed(priority: int) -> bool:
-    """Whether this machine lets a thread of ours take SCHED_FIFO (root, CAP_SYS_NICE or RLIMIT_RTPRIO)."""
-    result: list[bool] = []
-
-    def attempt() -> None:
-        try:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-            result.append(True)
-        except OSError:
-            result.append(False)
-
-    t = threading.Thread(target=attempt)
-    t.start()
-    t.join()
-    return result[0]
-
-
 def test_status_says_which_scheduling_the_loop_thread_really_got(tmp_path: Path) -> None:
     pose = np.array([0.0, -40.0, 45.0, 30.0, 0.0, 50.0])
     _la, lb = still_arm_on_pty(tmp_path / "leader", "leader", pose)
@@ -266,7 +246,7 @@ def test_status_says_which_scheduling_the_loop_thread_really_got(tmp_path: Path)
     daemon.start()
     try:
         wait_for(lambda: daemon.loop.status()["cycles"] > 0, 30, "the loop running")
-        expected = "fifo:7" if _fifo_allowed(7) else "(fifo:7 refused)"
+        expected = "fifo:7" if may_take_fifo(7) else "(fifo:7 refused)"
         assert expected in daemon.loop.status()["scheduling"]
         r = subprocess.run(
             [*SO101D, "status", "--socket", str(tmp_path / "c.sock")],

@@ -25,6 +25,7 @@ import av
 import numpy as np
 import pytest
 from recording_support import SyntheticLoop, record_frames
+from support import may_take_fifo
 
 from daemon.realtime import current_policy, give_up_realtime_right, run_without_realtime
 from daemon.recording.recorder import Recorder, RecorderConfig
@@ -33,24 +34,6 @@ from drivers.cameras import CameraConfig, VirtualArmCamera
 REPO = Path(__file__).resolve().parents[1]
 CAP_SYS_NICE_BIT = 1 << 23
 REALTIME = {os.SCHED_FIFO, os.SCHED_RR}
-
-
-def _may_take_fifo() -> bool:
-    """Whether a fresh thread of this process may take SCHED_FIFO (root, CAP_SYS_NICE or RLIMIT_RTPRIO)."""
-    allowed: list[bool] = []
-
-    def attempt() -> None:
-        try:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-            allowed.append(True)
-        except OSError:
-            allowed.append(False)
-
-    t = threading.Thread(target=attempt)
-    t.start()
-    t.join()
-    return allowed[0]
 
 
 def _thread_policies() -> set[int]:
@@ -86,7 +69,7 @@ def encode_av1(frames: int = 12) -> set[int]:
 
 
 def test_as_root_lerobots_default_encoder_takes_fifo_99() -> None:
-    if not _may_take_fifo():
+    if not may_take_fifo():
         pytest.skip("this process may not take SCHED_FIFO, so neither can the encoder")
     probe = (
         "import os, sys; sys.path.insert(0, 'tests');"
@@ -102,11 +85,11 @@ def test_as_root_lerobots_default_encoder_takes_fifo_99() -> None:
 
 def test_an_encoder_run_without_realtime_keeps_every_thread_below_the_loop() -> None:
     before = current_policy()
-    could = _may_take_fifo()
+    could = may_take_fifo()
     seen = run_without_realtime(encode_av1)
     assert seen and not seen & REALTIME, seen
     assert current_policy() == before  # the caller's thread is untouched ...
-    assert _may_take_fifo() == could  # ... and keeps its right to real time (the loop needs it)
+    assert may_take_fifo() == could  # ... and keeps its right to real time (the loop needs it)
 
 
 def test_run_without_realtime_hands_back_the_result_or_the_error() -> None:
