@@ -354,16 +354,16 @@ def validate(cfg: Config) -> Config:
         arm_id = getattr(cfg, name).id
         if not arm_id or "/" in arm_id:
             raise ConfigError(f"{name}.id: {arm_id!r} must be a non-empty name without '/'")
-    if cfg.display.rerun:
-        try:
-            parse_host_port(cfg.display.rerun)
-        except ValueError as exc:
-            raise ConfigError(f"display.rerun: {exc} (a Rerun viewer's address; empty: off)") from None
-    if cfg.policy.server:
-        try:
-            parse_host_port(cfg.policy.server)
-        except ValueError as exc:
-            raise ConfigError(f"policy.server: {exc} (LeRobot's policy server)") from None
+    addresses = (
+        ("display.rerun", cfg.display.rerun, "a Rerun viewer's address; empty: off"),
+        ("policy.server", cfg.policy.server, "LeRobot's policy server"),
+    )
+    for key, address, what in addresses:
+        if address:
+            try:
+                parse_host_port(address)
+            except ValueError as exc:
+                raise ConfigError(f"{key}: {exc} ({what})") from None
     return cfg
 
 

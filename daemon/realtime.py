@@ -17,6 +17,7 @@ import os
 import resource
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 log = logging.getLogger("so101d.realtime")
@@ -163,19 +164,16 @@ def give_up_realtime_right() -> str:
 def run_without_realtime[T](fn: Callable[[], T]) -> T:
     """``fn()`` on a thread of its own that has given up the real-time right (see above), so an
     encoder it opens cannot raise itself above the control loop; its result, or its exception."""
-    result: list[T] = []
-    error: list[BaseException] = []
+    done: Future[T] = Future()
 
     def body() -> None:
         give_up_realtime_right()
         try:
-            result.append(fn())
+            done.set_result(fn())
         except BaseException as exc:  # handed to the caller's thread
-            error.append(exc)
+            done.set_exception(exc)
 
     worker = threading.Thread(target=body, name="so101d-no-realtime")
     worker.start()
     worker.join()
-    if error:
-        raise error[0]
-    return result[0]
+    return done.result()

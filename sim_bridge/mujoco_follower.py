@@ -19,10 +19,10 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,8 +38,6 @@ if TYPE_CHECKING:  # types only: the module itself is imported above, after the 
 from calibration.conventions import JOINT_NAMES, sim_rad_to_units, units_to_sim_rad  # noqa: E402
 from sim_bridge import mujoco_scene as scene  # noqa: E402
 from sim_bridge.server import SimServerEndpoint  # noqa: E402
-
-T = TypeVar("T")
 
 log = logging.getLogger("so101d.sim.mujoco")
 
@@ -288,7 +286,7 @@ class MujocoFollower:
     def stop(self) -> None:
         self._stop.set()
 
-    def call_in_sim_thread(self, fn: Callable[[MujocoFollower], T], timeout_s: float = 5.0) -> T:
+    def call_in_sim_thread[T](self, fn: Callable[[MujocoFollower], T], timeout_s: float = 5.0) -> T:
         """``fn(self)`` between two physics steps, on the thread that serves the sim; its result.
 
         MuJoCo's MjData is not thread-safe: an mj_forward from another thread while run() steps
@@ -303,27 +301,26 @@ class MujocoFollower:
             self._fail_calls()
         return done.result(timeout_s)  # type: ignore[return-value]
 
-    def _run_calls(self) -> None:
+    def _take_calls(self) -> Iterator[tuple[Callable[[MujocoFollower], object], Future[object]]]:
+        """The queued calls, each marked running; one its caller cancelled meanwhile is skipped."""
         while True:
             try:
                 fn, done = self._calls.get_nowait()
             except queue.Empty:
                 return
-            if not done.set_running_or_notify_cancel():
-                continue
+            if done.set_running_or_notify_cancel():
+                yield fn, done
+
+    def _run_calls(self) -> None:
+        for fn, done in self._take_calls():
             try:
                 done.set_result(fn(self))
             except BaseException as exc:  # handed back to the caller, the sim serves on
                 done.set_exception(exc)
 
     def _fail_calls(self) -> None:
-        while True:
-            try:
-                _fn, done = self._calls.get_nowait()
-            except queue.Empty:
-                return
-            if done.set_running_or_notify_cancel():
-                done.set_exception(RuntimeError("the MuJoCo follower stopped before running the call"))
+        for _fn, done in self._take_calls():
+            done.set_exception(RuntimeError("the MuJoCo follower stopped before running the call"))
 
     def run(self, ready: threading.Event | None = None) -> None:
         """Serve until ``stop()``. Binds (unless ``open()`` was called) on the calling thread."""

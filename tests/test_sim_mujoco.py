@@ -283,7 +283,7 @@ def test_the_scene_is_moved_on_the_sim_thread_while_it_serves():
 
     s = ThreadSim(cameras=())
     try:
-        poll_until(lambda: s.sim.ticks > 2, 5)
+        assert poll_until(lambda: s.sim.ticks > 2, 5)
 
         def lift(sim: MujocoFollower) -> tuple[str, float]:
             sim.data.qpos[sim._cube_qadr + 2] = 0.12
