@@ -34,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "emulate": ("drivers.emulator.cli", "serve emulated SO-101 arms on pseudo-terminals"),
     "find-ports": ("daemon.commands.find_ports", "identify the leader's and follower's serial ports; write udev rules"),
     "install-service": ("daemon.commands.install_service", "install the systemd unit, udev rules and configuration"),
+    "setup-motors": (
+        "daemon.commands.setup_motors",
+        "give a new kit's servos their ids and 1 Mbaud, one servo connected at a time (gripper first)",
+    ),
     "sim-follower": ("sim_bridge.cli", "serve a simulated follower (MuJoCo) for the daemon over ZeroMQ"),
     # datasets
     "episode": ("daemon.commands.episode", "start, save (--success/--failure) or discard an episode"),

@@ -83,6 +83,7 @@ import select
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import serial
 
@@ -136,6 +137,19 @@ class ServoNoReplyError(BusTimeoutError):
         self.port = port
         self.missing_ids: tuple[int, ...] = tuple(missing_ids)
         self.corrupt = corrupt
+
+
+@dataclass(frozen=True)
+class BusReplies:
+    """What came back to one request: whole status packets in arrival order (id, error byte,
+    data) and the bytes no whole packet accounts for (a collision, damage)."""
+
+    packets: tuple[tuple[int, int, bytes], ...]
+    noise_bytes: int
+
+    @property
+    def ids(self) -> list[int]:
+        return [p[0] for p in self.packets]
 
 
 class _Incomplete(Exception):
@@ -614,6 +628,68 @@ class FeetechBus:
             addr, size, {self._check_id(sid): encode_value(register_name, v) for sid, v in values.items()}
         )
 
+    def set_baudrate(self, baudrate: int) -> None:
+        """Change the line speed of the open port (a servo hears only requests at its own rate).
+
+        Input still queued at the old rate is thrown away: it would be noise at the new one.
+        """
+        with self._lock:
+            if self._ser is None:
+                raise PortGoneError(f"{self.port}: port is not open (set baud rate {baudrate})")
+            try:
+                self._ser.baudrate = baudrate
+            except (serial.SerialException, OSError, ValueError) as exc:
+                raise self._gone(f"set baud rate {baudrate}", exc) from exc
+            self.baudrate = baudrate
+            self._settle_bytes = 0
+            self._drain_input(f"set baud rate {baudrate}")
+
+    def collect_replies(self, request: bytes, first_byte_s: float, quiet_s: float) -> BusReplies:
+        """Send ``request`` once and keep every status packet that comes back, however many.
+
+        The transactions above expect one reply per asked id and throw extra ones away; setting
+        up servos needs to see them: two servos answering one id (back to back, or colliding
+        into bytes no packet accounts for) mean the chain is still connected. Waits up to
+        ``first_byte_s`` for the first byte, then until no byte came for ``quiet_s``.
+        """
+        with self._lock:
+            if self._ser is None:
+                raise PortGoneError(f"{self.port}: port is not open (collect replies)")
+            what = "collect replies"
+            if self._settle_bytes > 0:
+                self._settle(what)
+            self._drain_input(what)
+            self._send(request, what)
+            buf = bytearray()
+            deadline = time.monotonic() + wire_time_s(len(request), self.baudrate) + first_byte_s
+            while True:
+                wait_s = deadline - time.monotonic()
+                if wait_s <= 0:
+                    break
+                try:
+                    ready, _, _ = select.select((self._fd,), (), (), wait_s)
+                except OSError as exc:
+                    raise self._gone(what, exc) from exc
+                if not ready:
+                    break
+                try:
+                    chunk = os.read(self._fd, 4096)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    raise self._gone(what, exc) from exc
+                if not chunk:
+                    raise self._gone(what, None)
+                self._rx_bytes += len(chunk)
+                buf += chunk
+                deadline = time.monotonic() + quiet_s
+            received = len(buf)
+            packets: list[Packet] = []
+            stats = ParserStats()
+            take_packets(buf, packets, stats, max_id=MAX_ID)
+            whole = sum(p.wire_length for p in packets)
+            return BusReplies(tuple((p.servo_id, p.code, p.params) for p in packets), received - whole)
+
     def scan(self, ids: Iterable[int], *, retries: int = 0) -> dict[int, int]:
         """Ping each id once (no retries by default); id -> model number for those that answered."""
         found: dict[int, int] = {}
@@ -626,6 +702,7 @@ class FeetechBus:
 
 
 __all__ = [
+    "BusReplies",
     "FeetechBus",
     "ServoNoReplyError",
     "decode_value",

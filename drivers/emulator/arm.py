@@ -8,6 +8,11 @@ Presets (what is in the servos' EEPROM at power-on):
   other proves each arm's own calibration is honoured.
 - ``"factory"``: as shipped: offset 0, limits 0..4095, Return_Delay_Time 250 (500 us), Phase bit 4
   set on some servos like the units LeRobot has to fix (LR#3373). For calibration tests.
+- ``"new-kit"``: the factory EEPROM, and every servo still at the factory id 1 (at the arm's
+  ``baudrate``: some batches ship at another rate). Six servos on one chain then answer as one id
+  and collide; ``connect_servos([joint])`` is the operator plugging only that servo's 3-pin cable
+  into the controller board (the others lose power), as ``so101d setup-motors`` and LeRobot's
+  ``setup_motors`` ask. A servo whose cable goes back in powers up afresh (saved EEPROM, Lock 1).
 
 The *physical* arm is the same under both presets: a pose in LeRobot units is turned into raw
 encoder positions through the role's reference calibration, whatever the EEPROM now says, so a
@@ -30,7 +35,7 @@ from calibration.calibration_file import ArmCalibration, MotorCalibration
 from calibration.conventions import GRIPPER_INDEX, JOINT_IDS, JOINT_NAMES, MAX_TICK, NUM_JOINTS, ticks_to_units
 from drivers.emulator.motion import REST_POSE_UNITS, DemoMotion, MotionSource, StillMotion
 from drivers.emulator.realism import ServoRealism
-from drivers.emulator.servo import EmulatedServo, ServoPhysics, factory_registers
+from drivers.emulator.servo import ADDR_ID, EmulatedServo, ServoPhysics, factory_registers
 from drivers.sts3215_table import (
     BAUD_RATE_BY_CODE,
     ERROR_BIT_NAMES,
@@ -40,7 +45,9 @@ from drivers.sts3215_table import (
 )
 
 Role = Literal["leader", "follower"]
-Preset = Literal["calibrated", "factory"]
+Preset = Literal["calibrated", "factory", "new-kit"]
+PRESETS: tuple[Preset, ...] = ("calibrated", "factory", "new-kit")
+FACTORY_ID = 1  # every STS3215 leaves the factory answering as id 1
 
 # joint -> (homing_offset, range_min, range_max), as LeRobot's calibration would have written.
 _REFERENCE: dict[str, dict[str, tuple[int, int, int]]] = {
@@ -102,7 +109,7 @@ def reference_calibration(role: Role, gripper_reversed: bool = False) -> ArmCali
 
 
 def _preset_registers(role: Role, preset: Preset, joint: str, baud_code: int) -> bytearray:
-    servo_id = JOINT_IDS[joint]
+    servo_id = FACTORY_ID if preset == "new-kit" else JOINT_IDS[joint]
     mem = factory_registers(servo_id)
 
     def put(addr: int, size: int, value: int) -> None:
@@ -125,11 +132,11 @@ def _preset_registers(role: Role, preset: Preset, joint: str, baud_code: int) ->
                 put(28, 2, 250)  # Protection_Current
                 put(36, 1, 25)  # Overload_Torque
                 put(48, 2, 500)  # Torque_Limit follows Max_Torque_Limit at power-on
-    elif preset == "factory":
+    elif preset in ("factory", "new-kit"):
         if joint in ("shoulder_lift", "wrist_roll"):
             put(18, 1, 0x1C)  # Phase with bit 4 set (LR#3373)
     else:
-        raise ValueError(f"preset must be 'calibrated' or 'factory', got {preset!r}")
+        raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {preset!r}")
     return mem
 
 
@@ -174,7 +181,7 @@ class EmulatedArm:
                 gravity_sign=_GRAVITY_SIGN[joint],
             )
             regs = _preset_registers(role, preset, joint, codes[baudrate])
-            servo = EmulatedServo(JOINT_IDS[joint], phys[i], clock, physics, regs, realism)
+            servo = EmulatedServo(regs[ADDR_ID], phys[i], clock, physics, regs, realism)
             servo.on_release = self._on_torque_release
             self.servos.append(servo)
         self._motion: MotionSource | None = None
@@ -226,7 +233,7 @@ class EmulatedArm:
 
     def servos_by_id(self, servo_id: int) -> list[EmulatedServo]:
         """Online servos answering to ``servo_id`` now (an ID change can make two collide)."""
-        return [s for s in self.servos if s.online and s.servo_id == servo_id]
+        return [s for s in self.servos if s.on_bus and s.servo_id == servo_id]
 
     # --- motion -----------------------------------------------------------------------------
     def set_motion(self, motion: MotionSource | None) -> None:
@@ -371,6 +378,24 @@ class EmulatedArm:
         with self.lock:
             self.servo(joint).online = bool(online)
 
+    def connect_servos(self, joints: list[str | int] | None = None) -> None:
+        """The operator plugs only these servos' 3-pin cables into the chain (None: all of them,
+        the assembled arm). An unplugged servo loses power and hears nothing; one plugged back in
+        powers up afresh (``EmulatedServo.power_cycle``: saved EEPROM, Lock 1)."""
+        with self.lock:
+            chosen = set(range(NUM_JOINTS)) if joints is None else {self.servos.index(self.servo(j)) for j in joints}
+            for i, s in enumerate(self.servos):
+                cabled = i in chosen
+                if cabled and not s.cabled:
+                    s.power_cycle()
+                s.update()
+                s.cabled = cabled
+
+    def connected_joints(self) -> list[str]:
+        """The joints whose servo is plugged into the chain now."""
+        with self.lock:
+            return [j for j, s in zip(JOINT_NAMES, self.servos) if s.cabled]
+
     def set_realism(self, realism: ServoRealism) -> None:
         """Make every servo as strict as ``realism`` says (``drivers.emulator.realism``)."""
         with self.lock:
@@ -414,6 +439,8 @@ class EmulatedArm:
                 servos[joint] = {
                     "id": s.servo_id,
                     "online": s.online,
+                    "cabled": s.cabled,
+                    "baud_rate": BAUD_RATE_BY_CODE.get(s.reg("Baud_Rate"), 0),
                     "present_ticks": s.present_ticks(),
                     "goal_ticks": s.goal_ticks(),
                     "torque_enabled": s.torque_enabled,

@@ -601,7 +601,7 @@ class BusEmulator:
 
         if pkt.servo_id == P.BROADCAST_ID:
             if instr == P.INST_PING:
-                for s in listening(sorted((s for s in arm.servos if s.online), key=lambda s: s.servo_id)):
+                for s in listening(sorted((s for s in arm.servos if s.on_bus), key=lambda s: s.servo_id)):
                     s.update(now)
                     reply(s, s.servo_id)
                 if self.realism.ping_collisions and len(replies) > 1:
@@ -636,13 +636,13 @@ class BusEmulator:
                         for s in listening(arm.servos_by_id(sid)):
                             s.write(addr, body[k + 1 : k + step], now)
             elif instr == P.INST_WRITE and len(params) >= 1:
-                for s in listening([s for s in arm.servos if s.online]):
+                for s in listening([s for s in arm.servos if s.on_bus]):
                     s.write(params[0], params[1:], now)
             elif instr == P.INST_REG_WRITE and len(params) >= 1:
-                for s in listening([s for s in arm.servos if s.online]):
+                for s in listening([s for s in arm.servos if s.on_bus]):
                     s.pending_reg_write = (params[0], bytes(params[1:]))
             elif instr == P.INST_ACTION:
-                for s in listening([s for s in arm.servos if s.online]):
+                for s in listening([s for s in arm.servos if s.on_bus]):
                     self._action(s, now)
             # Broadcast READ and anything else: no reply, nothing to do.
             return replies, reply_baud, delays

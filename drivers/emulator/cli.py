@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from calibration.calibration_file import save_calibration
+from drivers.emulator.arm import PRESETS as ARM_PRESETS
 from drivers.emulator.arm import EmulatedArm
 from drivers.emulator.motion import MotionError, motion_from_spec
 from drivers.emulator.process import ControlServer, EmulatorHost
@@ -47,9 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--preset",
-        choices=("calibrated", "factory"),
+        choices=ARM_PRESETS,
         default="calibrated",
-        help="EEPROM at power-on: as calibrated by LeRobot (default) or factory (offset 0, limits 0..4095)",
+        help="EEPROM at power-on: as calibrated by LeRobot (default), factory (offset 0, limits 0..4095), or "
+        "new-kit (factory, and every servo still at id 1, at --baud: set it up with so101d setup-motors, "
+        "plugging one servo at a time with the connect_servos control command)",
     )
     parser.add_argument(
         "--no-realtime",

@@ -18,7 +18,9 @@ Commands (``arm`` defaults to the only arm when there is one):
   corrupt {rate, mode?: checksum|any|len|drop|insert, next?: N}; power_cycle (the arm's power unplugged and
   plugged back: saved EEPROM reloaded, SRAM reset); realism {preset?: "strict,ch343", servo?: {..},
   usb?: ch343|ftdi|ftdi-1ms|null} (no argument: the current settings); refuse_writes {joint, name,
-  refuse?} (a servo acknowledges writes to that register without keeping them).
+  refuse?} (a servo acknowledges writes to that register without keeping them);
+  connect_servos {joints: [joint, ...] | null} (only those servos' cables plugged into the chain,
+  null: all; the new-kit preset's one-servo-at-a-time setup).
 """
 
 from __future__ import annotations
@@ -175,6 +177,17 @@ def _cmd_corrupt(host: EmulatorHost, req: dict) -> dict:
     return {}
 
 
+def _cmd_connect_servos(host: EmulatorHost, req: dict) -> dict:
+    joints = req.get("joints")
+    if joints is not None and (
+        not isinstance(joints, list) or any(isinstance(j, bool) or not isinstance(j, (str, int)) for j in joints)
+    ):
+        raise EmulatorControlError("'joints' must be a list of joint names / servo numbers 1..6, or null for all")
+    arm = host.arms[host._pick(req)]
+    arm.connect_servos(joints)
+    return {"connected": arm.connected_joints()}
+
+
 def _cmd_set_motion(host: EmulatorHost, req: dict) -> dict:
     arm = host.arms[host._pick(req)]
     arm.set_motion(motion_from_spec(str(_need(req, "motion"))))
@@ -193,6 +206,7 @@ _COMMANDS: dict[str, Callable[[EmulatorHost, dict], dict | None]] = {
     "set_pose": lambda h, r: h.arms[h._pick(r)].set_pose_units(_need(r, "pose_units")),
     "set_joint_ticks": lambda h, r: h.arms[h._pick(r)].set_joint_ticks(_joint(r), float(_need(r, "ticks"))),
     "set_motion": _cmd_set_motion,
+    "connect_servos": _cmd_connect_servos,
     "block": lambda h, r: h.arms[h._pick(r)].block_joint(
         _joint(r), None if r.get("at_ticks") is None else float(r["at_ticks"])
     ),

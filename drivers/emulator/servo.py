@@ -175,6 +175,8 @@ class EmulatedServo:
         # Called when torque goes off; the arm pauses its motion source there (no snap back).
         self.on_release: Callable[[EmulatedServo], None] | None = None
         self.online = True
+        # Its 3-pin cable is plugged into the chain (a new kit is set up one servo at a time).
+        self.cabled = True
         self.pending_reg_write: tuple[int, bytes] | None = None
         self._t = clock()
         # Power-on: goal = present, so enabling torque holds the pose.
@@ -209,6 +211,11 @@ class EmulatedServo:
         register is saved too, as if it had been so since the factory)."""
         self._set_reg(name, value)
         self.saved_eeprom = bytes(self.mem[:EEPROM_END])
+
+    @property
+    def on_bus(self) -> bool:
+        """Hears the bus and may answer: powered and answering, and its cable plugged in."""
+        return self.online and self.cabled
 
     @property
     def homing_offset(self) -> int:
