@@ -110,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
                 bus, role=args.role, min_travel_ticks=args.min_travel_ticks, reversed_gripper=args.reversed_gripper
             )
             code = _calibrate(session, arm_id, target, port, sys.stdin, out)
+            if code == EXIT_OK:
+                print(f"Next: {_doctor_command(args, arm_id, port)}", file=out)
     except (Aborted, KeyboardInterrupt) as exc:
         why = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else str(exc)
         print(f"\naborted ({why}); nothing was written", file=sys.stderr)
@@ -128,6 +130,12 @@ def run(args: argparse.Namespace) -> int:
             code = _undo(session, code)
         bus.close()
     return code
+
+
+def _doctor_command(args: argparse.Namespace, arm_id: str, port: str) -> str:
+    """The check that follows a calibration: the doctor on this arm, with this file."""
+    root = f" --calibration-root {args.calibration_root}" if args.calibration_root else ""
+    return f"so101d doctor --only {args.role} --{args.role} {port} --{args.role}-id {arm_id}{root}"
 
 
 def _undo(session: CalibrationSession, code: int) -> int:

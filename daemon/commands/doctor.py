@@ -77,6 +77,7 @@ class Check:
     name: str
     status: str  # PASS, WARN, FAIL, INFO
     detail: str
+    next_step: str = ""  # the command that fixes it, where one does
 
 
 @dataclass
@@ -90,8 +91,8 @@ class ArmReport:
     round_trip_ms: dict[str, float] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
 
-    def add(self, name: str, status: str, detail: str) -> None:
-        self.checks.append(Check(name, status, detail))
+    def add(self, name: str, status: str, detail: str, next_step: str = "") -> None:
+        self.checks.append(Check(name, status, detail, next_step))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -193,6 +194,48 @@ def identify(rep: ArmReport, bus: Any, ids: dict[str, int]) -> bool:
     return True
 
 
+def diagnose_ids(rep: ArmReport, bus: Any) -> None:
+    """Servos missing at their ids: is this a new kit (every servo at the factory id 1, colliding),
+    duplicate ids, or servos at another baud rate? Each names ``so101d setup-motors``."""
+    from drivers.servo_setup import scan
+
+    setup = f"so101d setup-motors {rep.role} --port {rep.port}"
+    configured = bus.baudrate
+    try:
+        sightings = scan(bus)
+    finally:
+        bus.set_baudrate(configured)
+    elsewhere = [s for s in sightings if s.baudrate != configured]
+    if elsewhere:
+        rep.add(
+            "baud rate",
+            FAIL,
+            "servos answer at another rate than the configured "
+            f"{configured}: {'; '.join(s.describe() for s in elsewhere)}: give every servo its id and {configured} baud",
+            setup,
+        )
+    here = next((s for s in sightings if s.baudrate == configured), None)
+    if here is None:
+        if not sightings:
+            rep.add(
+                "servo ids",
+                FAIL,
+                "no servo answers a broadcast ping at any baud rate: check the arm's power supply and cables",
+            )
+        return
+    repeated = len(here.ids) != len(set(here.ids)) or here.noise_bytes > 0
+    if set(here.ids) <= {1}:
+        rep.add(
+            "servo ids",
+            FAIL,
+            f"only id 1 answers ({here.describe()}): the servos still have the factory id of a new kit, "
+            "several of them colliding on one id",
+            setup,
+        )
+    elif repeated:
+        rep.add("servo ids", FAIL, f"duplicate ids answer together ({here.describe()})", setup)
+
+
 def dry_run(rep: ArmReport, arm: Any, bus: Any, ids: dict[str, int]) -> None:
     before = read_registers(bus, ids)
     plan = arm.plan_configuration()
@@ -288,16 +331,20 @@ def round_trips(rep: ArmReport, bus: Any, ids: dict[str, int], n: int, rate_hz: 
         rep.add("round trip", PASS, detail)
 
 
-def calibration(rep: ArmReport, bus: Any, cal: Any, source: str) -> None:
+def calibration(rep: ArmReport, bus: Any, cal: Any, source: str, arm_id: str = "") -> None:
     from drivers.calibration_io import verify_against_servos
 
+    redo = f"so101d calibrate {rep.role} --port {rep.port} --id {arm_id or rep.role}"
     if cal is None:
-        rep.add("calibration", WARN, f"no calibration file ({source}): run `so101d calibrate`")
+        rep.add("calibration", WARN, f"no calibration file ({source}): run `so101d calibrate`", redo)
         return
     mismatches = verify_against_servos(bus, cal)
     if mismatches:
         rep.add(
-            "calibration", FAIL, f"{source} differs from the servos: " + "; ".join(m.describe() for m in mismatches)
+            "calibration",
+            FAIL,
+            f"{source} differs from the servos: " + "; ".join(m.describe() for m in mismatches),
+            redo,
         )
     else:
         rep.add("calibration", PASS, f"{source} matches the servos")
@@ -409,7 +456,7 @@ def environment() -> dict[str, str]:
     }
 
 
-def render_text(env: dict[str, str], reps: list[ArmReport]) -> str:
+def render_text(env: dict[str, str], reps: list[ArmReport], config: str | None = None) -> str:
     out = ["so101d doctor report", "=" * 20, " ".join(f"{k}={v}" for k, v in env.items()), ""]
     for r in reps:
         out.append(f"[{r.role}] {r.port}")
@@ -426,8 +473,22 @@ def render_text(env: dict[str, str], reps: list[ArmReport]) -> str:
             out.append(f"  {c.status:<4} {c.name}: {c.detail}")
         out.append("")
     worst = overall(reps)
+    out.append(f"next: {next_step(reps, config)}")
     out.append(f"result: {worst}")
     return "\n".join(out)
+
+
+def next_step(reps: list[ArmReport], config: str | None = None) -> str:
+    """The command to type now: the fix of the first failed check that has one (then of the first
+    warning), else starting the daemon."""
+    for status in (FAIL, WARN):
+        for r in reps:
+            for c in r.checks:
+                if c.status == status and c.next_step:
+                    return c.next_step
+    if any(c.status == FAIL for r in reps for c in r.checks):
+        return "fix the failed checks above, then run so101d doctor again"
+    return f"so101d run --config {config or 'so101d.toml'}"
 
 
 def overall(reps: list[ArmReport]) -> str:
@@ -488,10 +549,12 @@ def run(args: argparse.Namespace) -> int:
             ("configuration", lambda: dry_run(rep, arm, bus, ids)),  # noqa: B023 (each step runs in this iteration)
             ("health block read", lambda: health_block(rep, bus, ids)),  # noqa: B023 (each step runs in this iteration)
             ("round trip", lambda: round_trips(rep, bus, ids, args.round_trips, cfg.control.rate_hz)),  # noqa: B023 (each step runs in this iteration)
-            ("calibration", lambda: calibration(rep, bus, cal, source)),  # noqa: B023 (each step runs in this iteration)
+            ("calibration", lambda: calibration(rep, bus, cal, source, arm_id)),  # noqa: B023 (each step runs in this iteration)
         ]
         try:
-            if identify(rep, bus, ids):
+            if not identify(rep, bus, ids):
+                diagnose_ids(rep, bus)
+            else:
                 for name, step in steps:
                     # one failed transaction fails its own check; the others still tell their story
                     try:
@@ -521,9 +584,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(
             json.dumps(
-                {"environment": env, "arms": [asdict(r) for r in only_reps], "result": overall(only_reps)}, indent=2
+                {
+                    "environment": env,
+                    "arms": [asdict(r) for r in only_reps],
+                    "next": next_step(only_reps, args.config),
+                    "result": overall(only_reps),
+                },
+                indent=2,
             )
         )
     else:
-        print(render_text(env, only_reps))
+        print(render_text(env, only_reps, args.config))
     return 1 if overall(only_reps) == FAIL else 0

@@ -20,7 +20,8 @@ Commands (``arm`` defaults to the only arm when there is one):
   usb?: ch343|ftdi|ftdi-1ms|null} (no argument: the current settings); refuse_writes {joint, name,
   refuse?} (a servo acknowledges writes to that register without keeping them);
   connect_servos {joints: [joint, ...] | null} (only those servos' cables plugged into the chain,
-  null: all; the new-kit preset's one-servo-at-a-time setup).
+  null: all; the new-kit preset's one-servo-at-a-time setup); saved_eeprom (per joint, the EEPROM
+  bytes 0..39 a power cycle brings back).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from calibration.conventions import JOINT_NAMES
 from drivers.emulator.arm import EmulatedArm
 from drivers.emulator.bus_server import BusEmulator
 from drivers.emulator.motion import motion_from_spec
@@ -207,6 +209,9 @@ _COMMANDS: dict[str, Callable[[EmulatorHost, dict], dict | None]] = {
     "set_joint_ticks": lambda h, r: h.arms[h._pick(r)].set_joint_ticks(_joint(r), float(_need(r, "ticks"))),
     "set_motion": _cmd_set_motion,
     "connect_servos": _cmd_connect_servos,
+    "saved_eeprom": lambda h, r: {
+        "eeprom": {j: list(s.saved_eeprom) for j, s in zip(JOINT_NAMES, h.arms[h._pick(r)].servos)}
+    },
     "block": lambda h, r: h.arms[h._pick(r)].block_joint(
         _joint(r), None if r.get("at_ticks") is None else float(r["at_ticks"])
     ),
