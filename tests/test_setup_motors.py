@@ -1,0 +1,193 @@
+"""`so101d setup-motors` on a new kit from the box (the emulator's new-kit preset, `so101d emulate`
+in its own process): the operator plugs one servo at a time (the `connect_servos` control
+command), the command gives each its id and 1 Mbaud, refuses what a real bench gets wrong, and
+ends in the same registers as LeRobot's own `SOFollower.setup_motors()` on a second fresh kit.
+"""
+
+from __future__ import annotations
+
+import builtins
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from setup_motors_support import SetupSession, plug_only, set_up_arm
+
+from calibration.conventions import JOINT_IDS, JOINT_NAMES
+from drivers.emulator.process import EmulatorProcess
+from drivers.sts3215_table import CONTROL_TABLE, EEPROM_END
+
+KIT_BAUD = "500000"  # a batch shipped at another rate than the 1 Mbaud the arm runs at
+
+
+def new_kit(directory: Path) -> EmulatorProcess:
+    return EmulatorProcess(directory, leader=False, preset="new-kit", extra_args=["--baud", KIT_BAUD])
+
+
+@pytest.fixture
+def kit(tmp_path: Path) -> Iterator[EmulatorProcess]:
+    with new_kit(tmp_path / "kit") as emu:
+        yield emu
+
+
+def servos(emu: EmulatorProcess) -> dict[str, dict]:
+    return emu.control({"cmd": "snapshot", "arm": "follower"})["servos"]
+
+
+def eeprom(emu: EmulatorProcess) -> dict[str, list[int]]:
+    return emu.control({"cmd": "saved_eeprom", "arm": "follower"})["eeprom"]
+
+
+def test_the_new_kit_servos_all_answer_as_id_1_at_their_batch_rate(kit: EmulatorProcess) -> None:
+    got = servos(kit)
+    assert {s["id"] for s in got.values()} == {1}
+    assert {s["baud_rate"] for s in got.values()} == {int(KIT_BAUD)}
+    assert all(s["cabled"] for s in got.values())
+
+
+def test_ours_and_lerobots_setup_motors_leave_the_same_ids_baud_rate_and_eeprom(
+    kit: EmulatorProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = set_up_arm(kit, "follower", kit.follower_path, tmp_path)  # type: ignore[arg-type]
+    assert re.search(r"Next: so101d calibrate follower --port \S+ --id follower", session.text), session.text
+    ours = servos(kit)
+    assert {j: s["id"] for j, s in ours.items()} == JOINT_IDS
+    assert {s["baud_rate"] for s in ours.values()} == {1_000_000}
+    assert {s["lock"] for s in ours.values()} == {1}  # relocked
+
+    from lerobot.robots.so_follower import SOFollower
+    from lerobot.robots.so_follower.config_so_follower import SOFollowerRobotConfig
+
+    with new_kit(tmp_path / "lerobot-kit") as theirs:
+        prompts: list[str] = []
+
+        def operator(prompt: str = "") -> str:
+            # LeRobot: "Connect the controller board to the 'gripper' motor only and press enter."
+            joint = re.search(r"'(\w+)' motor only", prompt)
+            assert joint, prompt
+            prompts.append(joint.group(1))
+            plug_only(theirs, "follower", [joint.group(1)])
+            return ""
+
+        monkeypatch.setattr(builtins, "input", operator)
+        robot = SOFollower(SOFollowerRobotConfig(port=str(theirs.follower_path), calibration_dir=tmp_path / "cal"))
+        robot.setup_motors()
+        assert prompts == list(reversed(JOINT_NAMES))  # gripper first, as ours
+        plug_only(theirs, "follower", None)
+        lerobot = servos(theirs)
+        assert {j: s["id"] for j, s in lerobot.items()} == JOINT_IDS
+        assert {s["baud_rate"] for s in lerobot.values()} == {1_000_000}
+        # Every EEPROM byte alike (what a power cycle brings back), ID and Baud_Rate included.
+        assert eeprom(theirs) == eeprom(kit)
+        mine = eeprom(kit)
+        assert [mine[j][CONTROL_TABLE["ID"][0]] for j in JOINT_NAMES] == [1, 2, 3, 4, 5, 6]
+        assert all(len(v) == EEPROM_END for v in mine.values())
+
+
+def test_refusals_name_what_was_seen_and_the_prompt_comes_again(kit: EmulatorProcess, tmp_path: Path) -> None:
+    s = SetupSession(["follower", "--port", str(kit.follower_path)], tmp_path)
+    try:
+        s.until(r"\[1/6\] Connect ONLY the gripper servo \(it becomes id 6\)")
+        s.enter()  # the whole chain still plugged in: six servos at id 1
+        m = s.until(r"refused: (.*)")
+        assert "two or more servos answer at once" in m.group(1) and "daisy chain is still connected" in m.group(1)
+        assert f"at {KIT_BAUD} baud" in m.group(1)
+
+        s.until(r"\[1/6\] Connect ONLY the gripper")
+        plug_only(kit, "follower", [])  # nothing plugged in
+        s.enter()
+        m = s.until(r"refused: (.*)")
+        assert "no servo answered" in m.group(1) and "at any baud rate" in m.group(1)
+
+        s.until(r"\[1/6\] Connect ONLY the gripper")
+        plug_only(kit, "follower", ["gripper"])
+        kit.control(
+            {"cmd": "set_register", "arm": "follower", "joint": "gripper", "name": "Model_Number", "value": 1284}
+        )
+        s.enter()
+        m = s.until(r"refused: (.*)")
+        assert "reports model number 1284, not an STS3215 (777)" in m.group(1)
+
+        s.until(r"\[1/6\] Connect ONLY the gripper")
+        kit.control(
+            {"cmd": "set_register", "arm": "follower", "joint": "gripper", "name": "Model_Number", "value": 777}
+        )
+        s.enter()
+        s.until(r"gripper: id 6, 1000000 baud, read back")
+
+        s.until(r"\[2/6\] Connect ONLY the wrist_roll servo \(it becomes id 5\)")
+        s.enter()  # the operator forgot to swap: the gripper is still the one plugged in
+        m = s.until(r"refused: (.*)")
+        assert "answers as id 6 at 1000000 baud, the id the gripper got in this run" in m.group(1)
+
+        s.until(r"\[2/6\] Connect ONLY the wrist_roll")
+        plug_only(kit, "follower", ["wrist_roll", "wrist_flex"])  # two factory servos at once
+        s.enter()
+        m = s.until(r"refused: (.*)")
+        assert "two or more servos answer at once" in m.group(1)
+
+        s.until(r"\[2/6\] Connect ONLY the wrist_roll")
+        s.proc.stdin.close()  # type: ignore[union-attr]  # the operator stops (end of input)
+        assert s.finish() == 2, s.text
+        assert "Resume: so101d setup-motors follower" in s.text and "--from wrist_roll" in s.text
+    finally:
+        s.close()
+    got = servos(kit)
+    assert got["gripper"]["id"] == 6 and got["gripper"]["baud_rate"] == 1_000_000
+    assert got["wrist_roll"]["id"] == 1 and got["wrist_roll"]["baud_rate"] == int(KIT_BAUD)  # untouched
+
+
+def test_ctrl_c_mid_write_finishes_that_servo_says_where_it_is_and_from_resumes(
+    kit: EmulatorProcess, tmp_path: Path
+) -> None:
+    s = SetupSession(["follower", "--port", str(kit.follower_path)], tmp_path)
+    try:
+        s.until(r"\[1/6\] Connect ONLY the gripper")
+        plug_only(kit, "follower", ["gripper"])
+        s.enter()
+        s.until(r"found one STS3215 alone at id 1")
+        # Slow every reply (below the command's reply timeout) so the writes take a while, and
+        # press Ctrl-C once the first of them was acknowledged.
+        kit.control({"cmd": "latency", "arm": "follower", "seconds": 0.25})
+        s.until(r"torque off, EEPROM unlocked")
+        s.interrupt()
+        assert s.finish() == 130, s.text
+    finally:
+        s.close()
+    kit.control({"cmd": "latency", "arm": "follower", "seconds": 0.0})
+    assert "Ctrl-C: finishing this servo's writes first" in s.text
+    assert (
+        "stopped after the gripper servo was set up (it answers as id 6 at 1000000 baud). "
+        "Resume: so101d setup-motors follower" in s.text
+    ), s.text
+    assert "--from wrist_roll" in s.text
+    got = servos(kit)["gripper"]
+    assert (got["id"], got["baud_rate"], got["lock"]) == (6, 1_000_000, 1)
+
+    # The rerun, as the output says: the five servos left.
+    resume = SetupSession(["follower", "--port", str(kit.follower_path), "--from", "wrist_roll"], tmp_path)
+    try:
+        code = resume.run_story(lambda joint, _id: plug_only(kit, "follower", [joint]))
+    finally:
+        resume.close()
+    assert code == 0, resume.text
+    assert "gripper" not in resume.text.split("\n", 1)[1].split("All six")[0]  # not asked again
+    plug_only(kit, "follower", None)
+    assert {j: s["id"] for j, s in servos(kit).items()} == JOINT_IDS
+
+
+def test_a_write_the_servo_does_not_keep_ends_the_run_saying_where_it_answers(
+    kit: EmulatorProcess, tmp_path: Path
+) -> None:
+    plug_only(kit, "follower", ["gripper"])
+    kit.control({"cmd": "refuse_writes", "arm": "follower", "joint": "gripper", "name": "Baud_Rate"})
+    s = SetupSession(["follower", "--port", str(kit.follower_path)], tmp_path)
+    try:
+        code = s.run_story(lambda joint, _id: None)
+    finally:
+        s.close()
+    assert code == 3, s.text
+    assert "the gripper servo's setup failed" in s.text
+    assert f"the gripper servo answers as id 6 at {KIT_BAUD} baud. Resume:" in s.text, s.text
+    assert "--from gripper" in s.text
