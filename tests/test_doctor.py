@@ -195,3 +195,58 @@ def test_declining_the_power_cycle_writes_nothing(bench: EmulatorProcess) -> Non
     assert "connect would write wrist_flex: Return_Delay_Time 250->0" in out
     snap = bench.control({"cmd": "snapshot", "arm": "follower"})["servos"]
     assert snap["wrist_flex"]["lock"] == 1
+
+
+# -------------------------------------------------------------------------------------------------
+# the first run: the doctor names the step that is missing
+# -------------------------------------------------------------------------------------------------
+def _follower_only(ep: EmulatorProcess, *extra: str) -> subprocess.CompletedProcess:
+    argv = [
+        sys.executable,
+        "-m",
+        "daemon.cli",
+        "doctor",
+        "--only",
+        "follower",
+        "--follower",
+        str(ep.follower_path),
+        "--calibration-root",
+        str(ep.directory / "cal"),
+        "--follower-id",
+        "emulated_follower",
+        "--round-trips",
+        "20",
+        *extra,
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO)
+
+
+def test_a_new_kit_fails_on_its_factory_ids_and_names_setup_motors(tmp_path: Path) -> None:
+    with EmulatorProcess(tmp_path, leader=False, preset="new-kit") as ep:
+        r = _follower_only(ep)
+    assert r.returncode == 1, r.stdout + r.stderr
+    got = checks(r.stdout, "follower")
+    assert got["servos answer"] == "FAIL" and got["servo ids"] == "FAIL", r.stdout
+    assert "only id 1 answers" in r.stdout and "factory id of a new kit" in r.stdout
+    assert f"next: so101d setup-motors follower --port {ep.follower_path}\n" in r.stdout
+
+
+def test_servos_at_another_baud_rate_fail_and_name_setup_motors(tmp_path: Path) -> None:
+    with EmulatorProcess(tmp_path, leader=False, extra_args=["--baud", "115200"]) as ep:
+        r = _follower_only(ep)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert checks(r.stdout, "follower")["baud rate"] == "FAIL", r.stdout
+    assert "id 1, id 2, id 3, id 4, id 5, id 6 at 115200 baud" in r.stdout
+    assert f"next: so101d setup-motors follower --port {ep.follower_path}\n" in r.stdout
+
+
+def test_a_missing_calibration_names_calibrate_and_a_clean_arm_names_run(tmp_path: Path) -> None:
+    with EmulatorProcess(tmp_path, leader=False, calibration_out=tmp_path / "cal") as ep:
+        clean = _follower_only(ep)
+        missing = _follower_only(ep, "--follower-id", "not_calibrated_yet")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "next: so101d run --config so101d.toml\nresult: PASS" in clean.stdout
+    assert checks(missing.stdout, "follower")["calibration"] == "WARN", missing.stdout
+    assert (
+        f"next: so101d calibrate follower --port {ep.follower_path} --id not_calibrated_yet\n" in missing.stdout
+    ), missing.stdout
