@@ -247,6 +247,6 @@ def test_a_missing_calibration_names_calibrate_and_a_clean_arm_names_run(tmp_pat
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert "next: so101d run --config so101d.toml\nresult: PASS" in clean.stdout
     assert checks(missing.stdout, "follower")["calibration"] == "WARN", missing.stdout
-    assert (
-        f"next: so101d calibrate follower --port {ep.follower_path} --id not_calibrated_yet\n" in missing.stdout
-    ), missing.stdout
+    assert f"next: so101d calibrate follower --port {ep.follower_path} --id not_calibrated_yet\n" in missing.stdout, (
+        missing.stdout
+    )

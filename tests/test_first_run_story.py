@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import shlex
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
 from readme_support import REPO
 from setup_motors_support import SetupSession
+from support import poll_until
 from test_readme_walkthrough import (
     Bench,
     Machine,
@@ -30,7 +31,6 @@ from test_readme_walkthrough import (
     stop,
     wait_running,
 )
-from support import poll_until
 
 pytestmark = pytest.mark.e2e
 
@@ -82,8 +82,10 @@ def test_a_new_kit_from_the_box_to_teleoperation_following_each_next_step(tmp_pa
     bench = Bench(d / "leader", d / "follower", d / "emulator.sock", d / "calibration", proc)
     try:
         assert poll_until(
-            lambda: (bench.leader.exists() and bench.follower.exists() and bench.control.exists())
-            or proc.poll() is not None,
+            lambda: (
+                (bench.leader.exists() and bench.follower.exists() and bench.control.exists())
+                or proc.poll() is not None
+            ),
             30,
             0.05,
         ), log_of(m, "emulate")
