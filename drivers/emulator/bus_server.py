@@ -15,6 +15,13 @@ broadcast except PING (every servo answers, back to back in id order) and SYNC_R
 servo in the request's order); Response_Status_Level 0 restricts replies to PING and READ;
 a servo whose baud rate differs from the client's line setting hears only noise.
 
+Baud rate on a pty: there is no wire, so the client's rate is the line speed it set on the pty,
+which both ends share (pyserial's ``baudrate``, the SDK's ``setBaudRate``): read from the slave
+with TCGETS2 before each batch of requests (custom rates such as 76800 or 128000 included). A
+servo answers only when that rate is the one its Baud_Rate register names; a request at another
+rate is not heard at all, as a real servo hears framing garbage (so a new kit at 500000 baud is
+found only by scanning rates, and a servo's new Baud_Rate takes effect at its next request).
+
 Scheduling: the serving thread asks for SCHED_RR (falling back to nice -5) and, in-process, the
 GIL switch interval is lowered to 0.5 ms; even so, an emulator sharing a process (and its GIL)
 with a busy-polling client on a loaded machine can be late by milliseconds. Timing-sensitive
