@@ -191,3 +191,22 @@ def test_a_write_the_servo_does_not_keep_ends_the_run_saying_where_it_answers(
     assert "the gripper servo's setup failed" in s.text
     assert f"the gripper servo answers as id 6 at {KIT_BAUD} baud. Resume:" in s.text, s.text
     assert "--from gripper" in s.text
+
+
+def test_answers_colliding_on_the_wire_are_refused_as_two_servos(tmp_path: Path) -> None:
+    # Real servos answer a broadcast ping together: the bits fight and the host reads garbage.
+    extra = ["--baud", KIT_BAUD, "--realism", "collisions"]
+    with EmulatorProcess(tmp_path / "kit", leader=False, preset="new-kit", extra_args=extra) as emu:
+        emu.control({"cmd": "set_register", "arm": "follower", "joint": "gripper", "name": "ID", "value": 6})
+        plug_only(emu, "follower", ["gripper", "wrist_roll"])  # one set up before, one from the box
+        s = SetupSession(["follower", "--port", str(emu.follower_path)], tmp_path)
+        try:
+            s.until(r"\[1/6\] Connect ONLY the gripper")
+            s.enter()
+            m = s.until(r"refused: (.*)")
+            s.until(r"\[1/6\] Connect ONLY the gripper")
+            s.proc.stdin.close()  # type: ignore[union-attr]
+            assert s.finish() == 2, s.text
+        finally:
+            s.close()
+    assert "two or more servos answer at once" in m.group(1) and "garbled bytes (answers colliding)" in m.group(1)

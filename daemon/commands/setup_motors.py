@@ -69,8 +69,8 @@ class _HeldInterrupt:
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self.hit = False
-        self._previous: object = None
         self._active = threading.current_thread() is threading.main_thread()
+        self._previous = signal.getsignal(signal.SIGINT) if self._active else None
 
     def _note(self, _sig: int, _frame: FrameType | None) -> None:
         if not self.hit:
@@ -83,8 +83,8 @@ class _HeldInterrupt:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._active:
-            signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
+        if self._active and self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 class SetupRun:
