@@ -237,8 +237,15 @@ class _FeetechArm:
             )
         if problems:
             seen = ", ".join(str(s) for s in sorted(found)) or "none"
+            # Only the factory id answering is a new kit (its servos collide on id 1): the same
+            # next step `so101d doctor` names, in the fault the status and the console show.
+            hint = (
+                f"; only id 1 answers, as on a new kit: stop so101d, then run so101d setup-motors {self.role} --port {self.port}"
+                if missing and set(found) == {1}
+                else ""
+            )
             raise HandshakeError(
-                f"{self.role} arm on {self.port}: " + "; ".join(problems) + f" (ids answering: {seen})"
+                f"{self.role} arm on {self.port}: " + "; ".join(problems) + f" (ids answering: {seen}){hint}"
             )
         versions: dict[int, tuple[int, int]] = {}
         for sid in JOINT_ID_LIST:

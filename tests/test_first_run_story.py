@@ -142,3 +142,29 @@ def test_a_new_kit_from_the_box_to_teleoperation_following_each_next_step(tmp_pa
             assert stop(daemon) == 0, log_of(m, "run")
     finally:
         stop(proc, signal.SIGINT, 20)
+
+
+def test_the_daemon_on_a_new_kit_reports_setup_motors_as_its_fault(tmp_path: Path) -> None:
+    """`so101d run` before setup-motors: the arms cannot start, and the fault in the status (what
+    `so101d status` and the console's safety line show) names the step."""
+    from support import wait_status
+
+    from drivers.emulator.process import EmulatorProcess
+
+    m = _machine(tmp_path)
+    with EmulatorProcess(
+        tmp_path / "kit", preset="new-kit", leader_motion="still", calibration_out=tmp_path / "cal"
+    ) as ep:
+        config = tmp_path / "so101d.toml"
+        config.write_text(
+            f'[leader]\nport = "{ep.leader_path}"\nid = "emulated_leader"\n'
+            f'[follower]\nport = "{ep.follower_path}"\nid = "emulated_follower"\n'
+            f'[calibration]\nroot = "{tmp_path / "cal"}"\n'
+        )
+        daemon = start(m, ["run", "--config", str(config)], "run")
+        try:
+            status = wait_status(m.socket, lambda s: "setup-motors" in str(s.get("fault")), 60, daemon)
+        finally:
+            assert stop(daemon) == 0, log_of(m, "run")
+    assert status["mode"] == "disconnected"
+    assert "only id 1 answers, as on a new kit: stop so101d, then run so101d setup-motors" in status["fault"]
