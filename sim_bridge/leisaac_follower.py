@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -236,6 +237,7 @@ class LeisaacBridge:
         self.seed_recorder = seed_recorder  # sim_bridge.seed_recorder.SeedDemoRecorder (--seed_hdf5)
         self._last_seed: int | None = None
         self.clock = StepClock(1.0 / self.cfg.step_hz)
+        self.run_started_s = 0.0
 
     # -- observation access ----------------------------------------------------------------------
     def _policy_obs(self) -> dict[str, Any]:
@@ -407,12 +409,27 @@ class LeisaacBridge:
         if self.obs is None:
             self.reset()
         self.clock = StepClock(1.0 / self.cfg.step_hz)
-        while not self._stop.is_set() and is_running():
-            self.ep.serve_until(self.clock.next_s, self._apply, self._stop.is_set)
-            if self._stop.is_set():
-                break
-            self.step()
-            self.clock.advance()
+        self.run_started_s, steps0 = time.monotonic(), self.steps
+        try:
+            while not self._stop.is_set() and is_running():
+                self.ep.serve_until(self.clock.next_s, self._apply, self._stop.is_set)
+                if self._stop.is_set():
+                    break
+                self.step()
+                self.clock.advance()
+        finally:
+            self._log_served(steps0)
+
+    def _log_served(self, steps0: int) -> None:
+        served_s = time.monotonic() - self.run_started_s
+        log.info(
+            "served %d steps in %.1f s: %.2f steps/s (step rate %.2f Hz), %d overruns",
+            self.steps - steps0,
+            served_s,
+            (self.steps - steps0) / served_s if served_s > 0 else 0.0,
+            self.cfg.step_hz,
+            self.clock.overruns,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -563,10 +580,11 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
     ep.open()
     log.info("cameras: %s", ", ".join(f"{c['name']} {c['width']}x{c['height']}" for c in ep.cameras) or "none")
     log.info("LeIsaac follower %s serving at %s (protocol v%d)", args.task, ep.endpoint, P.PROTOCOL_VERSION)
+    # Ctrl-C / SIGTERM end the run between steps, so the seed file is closed with its last demo
+    signal.signal(signal.SIGINT, lambda _s, _f: bridge.stop())
+    signal.signal(signal.SIGTERM, lambda _s, _f: bridge.stop())
     try:
         bridge.run(is_running=simulation_app.is_running)
-    except KeyboardInterrupt:
-        pass
     finally:
         if seed_recorder is not None:
             seed_recorder.close()
