@@ -55,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "leisaac":
         print(
             "The LeIsaac follower runs inside a LeIsaac source install on a GPU workstation:\n"
-            f"  python -m sim_bridge.leisaac_follower --bind {args.bind} --task LeIsaac-SO101-PickOrange-v0 "
-            "--enable_cameras\n(see the README's simulation section)."
+            f"  PYTHONPATH=$PWD python -m sim_bridge.leisaac_follower --bind {args.bind} --task LeIsaac-SO101-PickOrange-v0 "
+            "--enable_cameras --device cuda --headless\n(see the README's simulation section)."
         )
         return 2
     from sim_bridge.gl_backend import GLBackendUnavailable

@@ -4,14 +4,22 @@ Run it on a GPU workstation inside a LeIsaac 0.4 **source** install (Isaac Sim 5
 Python 3.11) with this repository on PYTHONPATH (it needs only numpy, pyzmq and msgpack from us):
 
     python -m sim_bridge.leisaac_follower --task LeIsaac-SO101-PickOrange-v0 \\
-        --bind tcp://127.0.0.1:5555 --enable_cameras --device cuda
+        --bind tcp://127.0.0.1:5555 --enable_cameras --device cuda --headless
+
+LeIsaac finds its assets (robot and scene USDs) from the git repository of the current directory
+(``leisaac/utils/constant.py``), which is our clone when started from it; the follower looks for
+them first (``LEISAAC_ASSETS_ROOT``, that repository's ``assets``, the LeIsaac checkout's
+``assets``), hands LeIsaac the folder that has them through ``LEISAAC_ASSETS_ROOT``, and names
+every place it looked when none has.
 
 The environment is created the way LeIsaac's own scripts do (AppLauncher first, then
 ``parse_env_cfg`` + ``env_cfg.use_teleop_device("so101leader")`` for absolute joint-position
 actions in the order pan, lift, elbow, wrist_flex, wrist_roll, gripper, then ``gym.make``). Our
 LeRobot-unit targets become LeIsaac joint radians with ``conventions.units_to_sim_rad`` (LeIsaac's
 own limit table); ``obs["policy"]["joint_pos"]`` goes back with ``sim_rad_to_units``; the
-``front`` and ``wrist`` camera terms are published as frames.
+task's camera terms (``front`` and ``wrist``; LiftCube has no wrist camera) are announced with
+their sizes and published as frames. The bridge steps on its own clock at the env's step rate
+(``env.step_dt``), whatever rate the daemon's messages arrive at.
 
 The task is configured as LeIsaac's ``teleop_se3_agent.py`` does (``prepare_env_cfg``): no
 termination term resets a manager-based scene, and a Direct task gets ``never_time_out`` and
@@ -20,7 +28,8 @@ task's ``_check_success``). Should a task still reset itself inside ``step``, th
 flag it returns (computed before that reset) is the success. After any scene reset the arm holds
 the reset pose and re-aligns to the daemon's target at ``realign_speed_deg_s`` (never a jump).
 With ``--seed_hdf5 FILE`` every daemon episode is also written as a Mimic seed demo
-(``sim_bridge.seed_recorder``).
+(``sim_bridge.seed_recorder``), carrying the seed its episode was reset with: the daemon's reset
+seed, else the env's ``cfg.seed`` (what LeIsaac's recorder writes).
 
 Everything except ``main()`` is plain Python over a gym-style env (``reset(seed=)`` and
 ``step(action)`` returning ``obs, reward, terminated, truncated, info``), tested with fakes built
@@ -33,10 +42,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
+import signal
+import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,7 +57,7 @@ import numpy as np
 from calibration.conventions import sim_rad_to_units, units_to_sim_rad
 from drivers import sim_protocol as P
 from sim_bridge.seed_recorder import to_numpy
-from sim_bridge.server import ServerInbox, SimServerEndpoint
+from sim_bridge.server import ServerInbox, SimServerEndpoint, StepClock
 
 log = logging.getLogger("so101d.sim.leisaac")
 
@@ -53,7 +66,7 @@ DEFAULT_TASK = "LeIsaac-SO101-PickOrange-v0"
 
 @dataclass
 class LeisaacBridgeConfig:
-    step_hz: float = 60.0  # LeIsaac steps at 1/60 s, decimation 1
+    step_hz: float = 60.0  # LeIsaac steps at 1/60 s, decimation 1 (main() takes it from env.step_dt)
     publish_hz: float = 30.0  # camera frames (LeIsaac's cameras update at 30 Hz); state goes every step
     cameras: tuple[str, ...] = ("front", "wrist")
     jpeg_quality: int | None = None  # JPEG frames across a network link (e.g. an SSH tunnel)
@@ -74,6 +87,113 @@ def image_to_uint8(img: Any) -> np.ndarray:
     if a.dtype != np.uint8:
         a = np.clip(a * 255.0 if a.max() <= 1.0 else a, 0, 255).astype(np.uint8)
     return np.ascontiguousarray(a)
+
+
+def task_cameras(policy_obs: Mapping[str, Any], names: tuple[str, ...], fps: float) -> list[dict[str, Any]]:
+    """The cameras among ``names`` that the task's policy observations really hold, with their
+    size: LiftCube deletes its ``wrist`` camera (``lift_cube_env_cfg.py``), PickOrange has both."""
+    cams = []
+    for name in names:
+        if name in policy_obs:
+            img = to_numpy(policy_obs[name])
+            h, w = img.shape[-3], img.shape[-2]
+            cams.append({"name": name, "width": int(w), "height": int(h), "fps": float(fps)})
+    return cams
+
+
+def check_step_hz(requested_hz: float | None, step_dt_s: float) -> float:
+    """The bridge's step rate: the env's (``1 / env.step_dt``, sim dt x decimation). A
+    ``--step_hz`` that differs by more than 1 % is refused: every step is ``step_dt`` of physics,
+    so another rate would run the recorded motion faster or slower than the leader moved."""
+    env_hz = 1.0 / step_dt_s
+    if requested_hz is None:
+        return env_hz
+    if requested_hz <= 0 or abs(requested_hz / env_hz - 1.0) > 0.01:
+        raise ValueError(
+            f"--step_hz {requested_hz:g} does not match the task: each env step is {step_dt_s:.6g} s of physics "
+            f"({env_hz:.6g} Hz), so the sim would run {requested_hz / env_hz:.3g}x real time; "
+            f"leave --step_hz out (it follows the task) or pass {env_hz:.6g}"
+        )
+    return requested_hz
+
+
+# ---------------------------------------------------------------------------------------------
+# LeIsaac's assets (robot and scene USDs)
+# ---------------------------------------------------------------------------------------------
+# Every SO-101 task loads this robot (leisaac/assets/robots/lerobot.py: ASSETS_ROOT/robots/...).
+ASSET_PROBE = Path("robots") / "so101_follower.usd"
+
+
+class LeisaacAssetsMissing(RuntimeError):
+    """No folder with LeIsaac's assets; the message names every place looked at."""
+
+
+@dataclass(frozen=True)
+class AssetsRoot:
+    path: Path
+    found_by: str  # how it was found, for the log line
+
+
+def git_toplevel(cwd: Path) -> Path | None:
+    """The top of the git repository holding ``cwd`` (what LeIsaac asks GitPython), or None."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return Path(out.stdout.strip())
+
+
+def leisaac_checkout(package_init: Path) -> Path:
+    """``<checkout>/source/leisaac/leisaac/__init__.py`` -> ``<checkout>`` (constant.py's fallback)."""
+    return package_init.resolve().parents[3]
+
+
+def locate_leisaac_assets(environ: Mapping[str, str], cwd: Path, leisaac_init: Path | None) -> AssetsRoot:
+    """The folder LeIsaac should load its assets from, looking where LeIsaac itself would.
+
+    ``LEISAAC_ASSETS_ROOT`` when set (LeIsaac's override; it must hold the assets), else the
+    ``assets`` folder of the git repository holding ``cwd`` (LeIsaac's first choice), else the
+    LeIsaac checkout's ``assets`` (its fallback, and where its README puts them).
+    """
+    override = environ.get("LEISAAC_ASSETS_ROOT")
+    if override:
+        root = Path(override).expanduser().resolve()
+        if (root / ASSET_PROBE).is_file():
+            return AssetsRoot(root, "LEISAAC_ASSETS_ROOT")
+        raise LeisaacAssetsMissing(
+            f"LEISAAC_ASSETS_ROOT={override} has no {ASSET_PROBE}: point it at the assets folder of LeIsaac "
+            "(the one holding robots/ and scenes/)"
+        )
+    candidates: list[tuple[Path, str]] = []
+    top = git_toplevel(cwd)
+    if top is not None:
+        candidates.append((top / "assets", f"the git repository of the current directory ({top})"))
+    if leisaac_init is not None:
+        candidates.append((leisaac_checkout(leisaac_init) / "assets", "the LeIsaac checkout"))
+    for root, why in candidates:
+        if (root / ASSET_PROBE).is_file():
+            return AssetsRoot(root.resolve(), why)
+    looked = "; ".join(f"{root / ASSET_PROBE} ({why})" for root, why in candidates) or "nowhere (LeIsaac not found)"
+    raise LeisaacAssetsMissing(
+        f"LeIsaac's assets are not where LeIsaac looks: no {looked}. Download them into the LeIsaac "
+        "checkout's assets/ folder (LeIsaac's README), or set LEISAAC_ASSETS_ROOT=/path/to/assets"
+    )
+
+
+def use_leisaac_assets(environ: os._Environ[str] = os.environ, cwd: Path | None = None) -> AssetsRoot:
+    """Find the assets before ``import leisaac`` and hand them to it through LEISAAC_ASSETS_ROOT
+    (LeIsaac reads it once, at import): started from our clone, LeIsaac would otherwise look for
+    ``<our clone>/assets``."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("leisaac")  # locates the package without importing it
+    init = Path(spec.origin) if spec is not None and spec.origin else None
+    root = locate_leisaac_assets(environ, cwd or Path.cwd(), init)
+    environ["LEISAAC_ASSETS_ROOT"] = str(root.path)
+    log.info("LeIsaac assets: %s (%s)", root.path, root.found_by)
+    return root
 
 
 class LeisaacBridge:
@@ -116,6 +236,8 @@ class LeisaacBridge:
         self.auto_resets = 0
         self.seed_recorder = seed_recorder  # sim_bridge.seed_recorder.SeedDemoRecorder (--seed_hdf5)
         self._last_seed: int | None = None
+        self.clock = StepClock(1.0 / self.cfg.step_hz)
+        self.run_started_s = 0.0
 
     # -- observation access ----------------------------------------------------------------------
     def _policy_obs(self) -> dict[str, Any]:
@@ -131,10 +253,15 @@ class LeisaacBridge:
 
     # -- episode ---------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> None:
+        """Reset the scene; ``seed`` (the daemon's) reseeds it. Without one the env goes on from its
+        own seed (``cfg.seed``, which is then the episode's seed, as LeIsaac's recorder writes); an
+        env created without a seed gets a fresh one here, so every episode has a seed to replay."""
         self._end_seed_demo()
-        self._last_seed = seed
+        if seed is None and self.env.cfg.seed is None:
+            seed = int.from_bytes(os.urandom(4), "little") >> 1
         with self.step_context():
             self.obs, _ = self.env.reset(seed=seed) if seed is not None else self.env.reset()
+        self._last_seed = int(seed) if seed is not None else int(self.env.cfg.seed)
         self._after_reset()
         self._success_sent = self._ended_sent = False
 
@@ -163,6 +290,7 @@ class LeisaacBridge:
             elif cmd["cmd"] == "start":
                 self._success_sent = self._ended_sent = False
                 if self.seed_recorder is not None:
+                    assert self._last_seed is not None  # run() and main() reset the scene before serving
                     self.seed_recorder.begin(self.scene_state(), seed=self._last_seed)
                 self.ep.send_event("started", seq=self.episode_seq)
             elif cmd["cmd"] == "stop":
@@ -198,7 +326,12 @@ class LeisaacBridge:
 
     # -- one step --------------------------------------------------------------------------------
     def tick(self, poll_timeout_s: float = 0.0) -> None:
+        """Apply what arrived (waiting up to ``poll_timeout_s`` for a first message), then step."""
         self._apply(self.ep.poll(poll_timeout_s))
+        self.step()
+
+    def step(self) -> None:
+        """One env step with the current target; state, events and frames to the daemon."""
         now = time.monotonic()
         stale = self.ep.daemon_stale(now)
         if (stale and not self._daemon_was_stale) or not self.torque or self.target_rad is None:
@@ -270,16 +403,33 @@ class LeisaacBridge:
         self._stop.set()
 
     def run(self, is_running: Callable[[], bool] = lambda: True) -> None:
-        """Step at ``step_hz`` (waiting for daemon messages between steps) until stopped."""
-        period = 1.0 / self.cfg.step_hz
+        """Step at ``step_hz`` on the bridge's own clock until stopped. Daemon messages are applied
+        as they arrive between steps; however many arrive, the next step waits for its deadline
+        (a GPU that falls behind restarts the schedule rather than racing to catch up)."""
         if self.obs is None:
             self.reset()
-        next_t = time.monotonic()
-        while not self._stop.is_set() and is_running():
-            self.tick(poll_timeout_s=max(0.0, next_t - time.monotonic()))
-            next_t += period
-            if time.monotonic() - next_t > 0.25:  # the GPU fell behind: do not try to catch up
-                next_t = time.monotonic()
+        self.clock = StepClock(1.0 / self.cfg.step_hz)
+        self.run_started_s, steps0 = time.monotonic(), self.steps
+        try:
+            while not self._stop.is_set() and is_running():
+                self.ep.serve_until(self.clock.next_s, self._apply, self._stop.is_set)
+                if self._stop.is_set():
+                    break
+                self.step()
+                self.clock.advance()
+        finally:
+            self._log_served(steps0)
+
+    def _log_served(self, steps0: int) -> None:
+        served_s = time.monotonic() - self.run_started_s
+        log.info(
+            "served %d steps in %.1f s: %.2f steps/s (step rate %.2f Hz), %d overruns",
+            self.steps - steps0,
+            served_s,
+            (self.steps - steps0) / served_s if served_s > 0 else 0.0,
+            self.cfg.step_hz,
+            self.clock.overruns,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,7 +443,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="tcp://127.0.0.1:5555",
         help="endpoint to bind (loopback or ipc; reach it from another host through an SSH tunnel)",
     )
-    p.add_argument("--step_hz", type=float, default=60.0)
+    p.add_argument(
+        "--step_hz",
+        type=float,
+        default=None,
+        help="steps per second; default and only accepted value: the task's (1 / env.step_dt, 60 for LeIsaac)",
+    )
     p.add_argument("--publish_hz", type=float, default=30.0, help="camera frame rate sent to the daemon")
     p.add_argument("--jpeg_quality", type=int, default=None)
     p.add_argument("--daemon_staleness_ms", type=float, default=100.0)
@@ -354,6 +509,12 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
 
     AppLauncher.add_app_launcher_args(parser)
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        use_leisaac_assets()  # before Isaac Sim starts (minutes) and before leisaac is imported
+    except LeisaacAssetsMissing as exc:
+        log.error("%s", exc)
+        return 2
     app_launcher = AppLauncher(vars(args))
     simulation_app = app_launcher.app
 
@@ -362,7 +523,6 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
     import torch
     from isaaclab_tasks.utils import parse_env_cfg
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     env_cfg = parse_env_cfg(args.task, device=args.device, num_envs=1)
     env_cfg.use_teleop_device("so101leader")  # absolute joint positions, pan..gripper
     env_cfg.seed = args.seed if args.seed is not None else int(time.time())
@@ -370,6 +530,13 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
     success_term = prepare_env_cfg(env_cfg)
     # Isaac Lab's ManagerBasedRLEnv (cfg, device, scene): typed Any, Isaac Lab is not installed here
     env: Any = gym.make(args.task, cfg=env_cfg).unwrapped
+    try:
+        step_hz = check_step_hz(args.step_hz, float(env.step_dt))
+    except ValueError as exc:
+        log.error("%s", exc)
+        env.close()
+        simulation_app.close()
+        return 2
 
     pre_step = None
     if getattr(env.cfg, "dynamic_reset_gripper_effort_limit", False):
@@ -380,11 +547,9 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
     ep = SimServerEndpoint(
         args.bind,
         backend=f"leisaac:{args.task}",
-        cameras=[{"name": n, "width": 0, "height": 0, "fps": args.publish_hz} for n in ("front", "wrist")],
-        rate_hz=args.step_hz,
+        rate_hz=step_hz,
         daemon_staleness_s=args.daemon_staleness_ms / 1000.0,
     )
-    ep.open()
     seed_recorder = None
     if args.seed_hdf5:
         from sim_bridge.seed_recorder import SeedDemoRecorder
@@ -394,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
         env,
         ep,
         config=LeisaacBridgeConfig(
-            step_hz=args.step_hz,
+            step_hz=step_hz,
             publish_hz=args.publish_hz,
             jpeg_quality=args.jpeg_quality,
             daemon_staleness_s=args.daemon_staleness_ms / 1000.0,
@@ -409,11 +574,17 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
     if hasattr(env, "initialize"):
         env.initialize()
     bridge.reset(args.seed)
+    # announce the cameras the task has (the hello goes out when the daemon connects, after open)
+    ep.cameras = task_cameras(bridge._policy_obs(), bridge.cfg.cameras, args.publish_hz)
+    bridge.cfg.cameras = tuple(c["name"] for c in ep.cameras)
+    ep.open()
+    log.info("cameras: %s", ", ".join(f"{c['name']} {c['width']}x{c['height']}" for c in ep.cameras) or "none")
     log.info("LeIsaac follower %s serving at %s (protocol v%d)", args.task, ep.endpoint, P.PROTOCOL_VERSION)
+    # Ctrl-C / SIGTERM end the run between steps, so the seed file is closed with its last demo
+    signal.signal(signal.SIGINT, lambda _s, _f: bridge.stop())
+    signal.signal(signal.SIGTERM, lambda _s, _f: bridge.stop())
     try:
         bridge.run(is_running=simulation_app.is_running)
-    except KeyboardInterrupt:
-        pass
     finally:
         if seed_recorder is not None:
             seed_recorder.close()

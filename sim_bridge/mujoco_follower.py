@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # types only: the module itself is imported above, after the 
 
 from calibration.conventions import JOINT_NAMES, sim_rad_to_units, units_to_sim_rad  # noqa: E402
 from sim_bridge import mujoco_scene as scene  # noqa: E402
-from sim_bridge.server import SimServerEndpoint  # noqa: E402
+from sim_bridge.server import SimServerEndpoint, StepClock  # noqa: E402
 
 log = logging.getLogger("so101d.sim.mujoco")
 
@@ -333,17 +333,12 @@ class MujocoFollower:
             ready.set()
         t0 = time.monotonic()
         sim_t0 = self.data.time
-        next_tick = t0
+        clock = StepClock(period, max_behind_s=period, next_s=t0)
         self._serving = True
         try:
             while not self._stop.is_set():
                 # Between ticks, pick up commands as they arrive (targets apply immediately).
-                while True:
-                    wait = next_tick - time.monotonic()
-                    inbox = ep.poll(max(0.0, min(wait, 0.05)))
-                    self._apply(inbox)
-                    if wait <= 0 or self._stop.is_set():
-                        break
+                ep.serve_until(clock.next_s, self._apply, self._stop.is_set)
                 self._run_calls()
                 now = time.monotonic()
                 # Advance physics to wall-clock time (real time); never race after a long host stall.
@@ -363,10 +358,8 @@ class MujocoFollower:
                     ep.send_frame(name, self._frame_seq, capture_s, pixels, self.cfg.jpeg_quality)
                 self._frame_seq += 1
                 self.ticks += 1
-                next_tick += period
-                if time.monotonic() > next_tick + period:
-                    self.overruns += 1
-                    next_tick = time.monotonic()
+                clock.advance()
+                self.overruns = clock.overruns
         finally:
             self._serving = False
             self._fail_calls()

@@ -4,6 +4,10 @@
 tracks the daemon it answers, decodes and counts what it receives, and sends state, frames and
 episode events. A backend calls ``poll()`` once per tick and reads the resulting ``ServerInbox``;
 it never touches ZeroMQ itself, so the backend's stepping logic stays testable with a fake env.
+
+Both backends keep their own clock: ``StepClock`` holds the next step's deadline and
+``SimServerEndpoint.serve_until`` hands every message that arrives before it to the backend, so
+the step rate is the sim's, not the daemon's message rate.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +46,33 @@ class ServerStats:
     targets: int = 0
     rejects: P.RejectCounters = field(default_factory=P.RejectCounters)
     peers_seen: int = 0
+
+
+@dataclass
+class StepClock:
+    """The deadline of the next step, ``period_s`` apart, kept within one period of real time.
+
+    Falling behind by more than ``max_behind_s`` (a host stall, a slow GPU step) restarts the
+    schedule at now instead of racing to catch up; the deadline never runs more than one period
+    ahead of now either, so a burst of messages or a clock quirk can never leave the sim waiting
+    with no steps.
+    """
+
+    period_s: float
+    max_behind_s: float = 0.25
+    next_s: float = field(default_factory=time.monotonic)
+    overruns: int = 0
+
+    def advance(self, now_s: float | None = None) -> float:
+        """Move to the next step's deadline; returns it."""
+        now = time.monotonic() if now_s is None else now_s
+        self.next_s += self.period_s
+        if now - self.next_s > self.max_behind_s:
+            self.overruns += 1
+            self.next_s = now
+        elif self.next_s - now > self.period_s:
+            self.next_s = now + self.period_s
+        return self.next_s
 
 
 class SimServerEndpoint:
@@ -151,6 +183,24 @@ class SimServerEndpoint:
             elif msg.type == "hello":
                 self.send_hello()
         return inbox
+
+    def serve_until(
+        self,
+        deadline_s: float,
+        on_inbox: Callable[[ServerInbox], None],
+        stop: Callable[[], bool] = lambda: False,
+        max_wait_s: float = 0.05,
+    ) -> None:
+        """Hand what arrives to ``on_inbox`` as it arrives, until ``deadline_s`` (monotonic).
+
+        Always polls at least once, so a late step still picks up what came meanwhile; each wait
+        is at most ``max_wait_s`` so ``stop`` is seen promptly.
+        """
+        while True:
+            wait = deadline_s - time.monotonic()
+            on_inbox(self.poll(max(0.0, min(wait, max_wait_s))))
+            if wait <= 0 or stop():
+                return
 
     # -- sending ---------------------------------------------------------------------------
     def _send_to(self, peer: bytes, frames: list[bytes | memoryview]) -> bool:

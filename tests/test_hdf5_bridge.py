@@ -18,12 +18,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from fixtures.isaaclab_recorder import leisaac_episode, record_session, write_isaaclab_file
+from fixtures.isaaclab_recorder import leisaac_episode, mimic_ik_episode, record_session, write_isaaclab_file
 
 from calibration.conventions import sim_rad_to_units, units_to_sim_rad
 from daemon.cli import main as so101d
 from daemon.dataset_schema import read_episode_tags
 from daemon.datasets.isaaclab_hdf5 import (
+    ExportRefused,
     HDF5FormatError,
     dataset_summary,
     export_hdf5,
@@ -302,6 +303,65 @@ def test_export_refuses_real_and_mujoco_episodes_saying_why_and_what_to_do(tmp_p
     assert so101d(["export-hdf5", "--dataset", str(root), "--episodes", "2", "--out", str(out)]) == 0
     with h5py.File(out, "r") as f:
         assert list(f["data"]) == ["demo_0"] and f["data/demo_0"].attrs["so101d_episode_index"] == 2
+
+
+def test_export_refuses_a_seed_demo_without_a_seed(tmp_path: Path, capsys) -> None:
+    """A seed file from before the follower recorded seeds: annotate_demos.py would stop at
+    ``env.seed(int(episode.seed))``, so the export refuses that episode and writes nothing; the
+    refusal and a successful export both say to run eef_action_process.py --to_ik before annotate."""
+    src = tmp_path / "seeds_old.hdf5"
+    write_leisaac_file(src, lengths=(41, 41), failed=(), cameras=())
+    with h5py.File(src, "a") as f:
+        del f["data/demo_1"].attrs["seed"]
+    root = tmp_path / "ds"
+    import_hdf5([src], root)
+    out = tmp_path / "mimic_seed.hdf5"
+    with pytest.raises(
+        ExportRefused, match=r"episode 1: .*demo_1 has no seed attribute.*env.seed\(int\(episode.seed\)\)"
+    ):
+        export_hdf5(root, "0-1", out)
+    assert not out.exists()
+    assert so101d(["export-hdf5", "--dataset", str(root), "--episodes", "1", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "eef_action_process.py" in err and "--to_ik" in err and "unmodified" not in err
+    assert so101d(["export-hdf5", "--dataset", str(root), "--episodes", "0", "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert f"eef_action_process.py --input_file {out}" in said and "--to_ik" in said
+
+
+def test_import_of_a_mimic_file_with_ik_actions_takes_the_joint_targets_or_says_how_to_convert(
+    tmp_path: Path,
+) -> None:
+    """Straight out of Mimic's generate step, actions are 8-D (end-effector pose + gripper). With
+    obs/joint_pos_target beside them (LeIsaac's recorder writes it) the import takes the joint
+    targets, as eef_action_process.py --to_joint would; without, it says what the file is and how
+    to convert it, and writes nothing."""
+    episodes = []
+    for i, n in enumerate((31, 31)):
+        rad = units_to_sim_rad(demo_units(n, phase=i)).astype(np.float32)
+        episodes.append(mimic_ik_episode(leisaac_episode(rad, {}, True, seed=7)))
+    gen = tmp_path / "generated_seeds.hdf5"
+    write_isaaclab_file(gen, episodes)
+    root = tmp_path / "ds"
+    s = import_hdf5([gen], root, skip_frames=0)
+    assert s.demos_imported == 2 and s.demos_actions_from_joint_targets == 2
+    ds = load(root)
+    want = sim_rad_to_units(units_to_sim_rad(demo_units(31, phase=0)).astype(np.float32).astype(np.float64))
+    np.testing.assert_allclose(ds[3]["action"].numpy(), want[6], atol=1e-3)  # frame 3 at 30 fps = step 6
+    assert any("obs/joint_pos_target" in n for n in read_episode_tags(root)[0].notes)
+
+    bare = tmp_path / "generated_no_targets.hdf5"
+    write_isaaclab_file(bare, episodes)
+    with h5py.File(bare, "a") as f:
+        for name in f["data"]:
+            del f[f"data/{name}/obs/joint_pos_target"]
+    before = tree_digest(root)
+    with pytest.raises(HDF5FormatError) as err:
+        import_hdf5([bare], root)
+    msg = str(err.value)
+    assert "demo_0/actions: 8-D actions (end-effector pose + gripper" in msg
+    assert "eef_action_process.py" in msg and "--to_joint" in msg and "no obs/joint_pos_target" in msg
+    assert tree_digest(root) == before
 
 
 def test_episode_selection_parsing() -> None:

@@ -230,7 +230,7 @@ def test_python_modules_and_bench_scripts_the_readme_runs_exist_with_their_flags
             _ns, unknown = parser.parse_known_args(args)
             # Isaac Lab's AppLauncher adds these at run time (isaaclab.app.AppLauncher
             # .add_app_launcher_args); it is only installed on the GPU workstation.
-            unknown = [u for u in unknown if u not in ("--enable_cameras", "--device", "cuda")]
+            unknown = [u for u in unknown if u not in ("--enable_cameras", "--device", "cuda", "--headless")]
             assert unknown == [], f"README.md:{s.line}: {module} does not know {unknown}"
         for m in re.finditer(r"python (bench/\w+\.py)((?: *\[?--[\w-]+(?: \d+)?\]?)*)", s.text):
             script = REPO / m.group(1)

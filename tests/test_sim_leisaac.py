@@ -9,15 +9,19 @@ is configured the way LeIsaac's ``teleop_se3_agent.py`` configures it.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from fixtures.isaaclab_scene import REST_POSE_RAD
 from fixtures.leisaac_env import SUCCESS_PAN_RAD, FakeDirectRLEnv, FakeManagerBasedRLEnv, H, W
+from fixtures.leisaac_install import LeisaacInstall, make_leisaac_install
 from fixtures.leisaac_mapping import leisaac_leader_to_sim_rad
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -36,12 +40,16 @@ from calibration.conventions import (
 from drivers.arm_interface import FollowerArm
 from drivers.sim_follower import SimFollower
 from sim_bridge.leisaac_follower import (
+    LeisaacAssetsMissing,
     LeisaacBridge,
     LeisaacBridgeConfig,
     build_parser,
+    check_step_hz,
     image_to_uint8,
+    locate_leisaac_assets,
     prepare_env_cfg,
     success_fn_for,
+    task_cameras,
 )
 from sim_bridge.server import SimServerEndpoint
 
@@ -93,7 +101,9 @@ def test_targets_become_leisaac_radians_and_state_comes_back(bridge):
     try:
         f.connect()
         assert isinstance(f, FollowerArm)
-        assert env.reset_seeds == [None] and env.cfg.terminations.success is None
+        # an env made without cfg.seed is reset with a fresh seed: every episode has one to replay
+        assert len(env.reset_seeds) == 1 and isinstance(env.reset_seeds[0], int)
+        assert env.cfg.terminations.success is None
         goal = np.array([20.0, -30.0, 45.0, 10.0, -60.0, 80.0])
         assert poll_until(lambda: (f.write_goals(goal), np.allclose(f.read_joints(), goal, atol=0.05))[1], 20)
         expected_rad = units_to_sim_rad(goal)
@@ -505,3 +515,224 @@ def test_readme_leisaac_commands_parse():
     block = text.split("# so101d.toml", 1)[1].split("\n\n", 1)[0]
     cfg = config_from_dict(tomllib.loads("\n".join(ln[4:] for ln in block.splitlines()[1:])))
     assert cfg.follower.kind == "sim" and cfg.follower.sim_mapping == "leisaac"
+
+
+# ---------------------------------------------------------------------------------------------
+# Started as the README says: assets, seeds, real time, seed writes
+# ---------------------------------------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _python(args: list[str], install: LeisaacInstall, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Python on the workstation: LeIsaac's editable install and Isaac Lab on sys.path, our clone
+    on PYTHONPATH as the README says, LEISAAC_ASSETS_ROOT unset."""
+    env = {k: v for k, v in os.environ.items() if k != "LEISAAC_ASSETS_ROOT"}
+    env["PYTHONPATH"] = install.pythonpath(REPO)
+    return subprocess.run([sys.executable, *args], cwd=str(cwd), env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_leisaac_finds_its_assets_when_the_follower_starts_in_our_clone(tmp_path):
+    """README: ``cd ~/so101d && PYTHONPATH=$PWD python -m sim_bridge.leisaac_follower ...``. LeIsaac
+    alone, imported there, looks for ``~/so101d/assets`` (its constant.py asks git for the
+    repository of the current directory); the follower hands it the checkout's assets instead, and
+    when there are none anywhere it exits before Isaac Sim starts, naming every place it looked."""
+    install = make_leisaac_install(tmp_path / "ws")
+    probe = "from leisaac.assets.robots.lerobot import SO101_FOLLOWER_ASSET_PATH as p; print(p, p.is_file())"
+    alone = _python(["-c", probe], install, REPO)
+    assert alone.returncode == 0, alone.stderr
+    assert alone.stdout.split() == [str(REPO / "assets" / "robots" / "so101_follower.usd"), "False"]  # the break
+
+    started = _python(
+        ["-c", f"from sim_bridge.leisaac_follower import use_leisaac_assets; use_leisaac_assets(); {probe}"],
+        install,
+        REPO,
+    )
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.split() == [str(install.robot_usd.resolve()), "True"]
+    # started anywhere else (no git repository around it): the checkout's assets too
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    root = locate_leisaac_assets({}, elsewhere, install.checkout / "source/leisaac/leisaac/__init__.py")
+    assert root.path == install.assets.resolve()
+
+    bare = make_leisaac_install(tmp_path / "bare", with_assets=False)
+    missing = _python(
+        ["-m", "sim_bridge.leisaac_follower", "--task", "LeIsaac-SO101-LiftCube-v0", "--headless"], bare, REPO
+    )
+    assert missing.returncode == 2, missing.stderr
+    said = " ".join(missing.stderr.split())
+    for where in (REPO / "assets", bare.assets):
+        assert str(where / "robots" / "so101_follower.usd") in said, said
+    assert "LEISAAC_ASSETS_ROOT" in said and "Isaac Sim is not installed" not in said
+    with pytest.raises(LeisaacAssetsMissing, match="LEISAAC_ASSETS_ROOT=/nowhere has no"):
+        locate_leisaac_assets({"LEISAAC_ASSETS_ROOT": "/nowhere"}, REPO, None)
+
+
+def test_every_seed_demo_carries_the_seed_its_episode_was_reset_with(tmp_path):
+    """main() sets ``env_cfg.seed``; the daemon's episode hook resets without a seed. Each demo
+    carries the env's seed then (as LeIsaac's recorder writes ``env.cfg.seed``), or the reset's
+    seed when one was given, so annotate_demos.py's ``env.seed(int(episode.seed))`` works."""
+    import h5py
+    from fixtures.isaaclab_recorder import annotate_reads
+
+    from sim_bridge.seed_recorder import SeedDemoRecorder
+
+    path = tmp_path / "seeds.hdf5"
+    env = FakeManagerBasedRLEnv()
+    env.cfg.seed = 1234  # main(): env_cfg.seed = --seed, else the time
+    rec = SeedDemoRecorder(path, env_name="LeIsaac-SO101-PickOrange-v0", flush_steps=50)
+    success_term = prepare_env_cfg(env.cfg)
+    ep = SimServerEndpoint("tcp://127.0.0.1:0", backend="leisaac:fake")
+    ep.open()
+    b = LeisaacBridge(env, ep, config=CFG, success_fn=success_fn_for(env, success_term), seed_recorder=rec)
+    t = threading.Thread(target=b.run, daemon=True)
+    t.start()
+    f = SimFollower(ep.endpoint, staleness_s=3.0, connect_timeout_s=10)
+    try:
+        f.connect()
+        for seed in (None, 77):  # SimEpisodeHook's reset (no seed), then a reset with one
+            f.reset_episode(seed=seed, timeout_s=5)
+            seq = f.start_episode()
+            f.wait_event("started", seq, 5)
+            n0 = len(env.actions_seen)
+            goal = np.array([10.0, 0.0, 0.0, 0.0, 0.0, 50.0])
+            assert poll_until(lambda: (f.write_goals(goal), len(env.actions_seen) > n0 + 60)[1], 30)
+            f.wait_event("stopped", f.stop_episode(), 5)
+    finally:
+        f.close()
+        b.stop()
+        t.join(5)
+        ep.close()
+        rec.close()
+    assert env.reset_seeds[-2:] == [None, 77]  # the env goes on from its own seed, then reseeds
+    with h5py.File(path, "r") as fh:
+        demos = [fh["data"][name] for name in ("demo_0", "demo_1")]
+        assert [int(g.attrs["seed"]) for g in demos] == [1234, 77]
+        for g in demos:
+            _initial_state, actions = annotate_reads(g)
+            assert len(actions) == int(g.attrs["num_samples"]) > 60
+
+
+class _TimedEnv(FakeManagerBasedRLEnv):
+    """The fake env noting when each step ran (the test's clock, not the bridge's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step_times_s: list[float] = []
+
+    def step(self, action):
+        self.step_times_s.append(time.monotonic())
+        return super().step(action)
+
+
+def _send_targets(f: SimFollower, rate_hz: float, count: int) -> tuple[float, float]:
+    """The daemon's control loop writing ``count`` targets at ``rate_hz``; returns (first, last)
+    send times. (SimFollower adds its 20 ms heartbeats by itself.)"""
+    period = 1.0 / rate_hz
+    ticker = threading.Event()
+    start = next_s = time.monotonic()
+    for i in range(count):
+        f.write_goals(np.array([5.0 + (i % 50) * 0.1, 0.0, 0.0, 0.0, 0.0, 40.0]))
+        next_s += period
+        ticker.wait(max(0.0, next_s - time.monotonic()))  # pace the sender (the stimulus, not a check)
+    return start, time.monotonic()
+
+
+def test_the_bridge_steps_at_the_env_step_rate_whatever_the_daemons_message_rate():
+    """A 100 Hz and a 500 Hz daemon (plus heartbeats): the bridge steps at its own 60 Hz either way,
+    and after the daemon falls silent it still steps (its schedule never ran ahead)."""
+    env = _TimedEnv()
+    prepare_env_cfg(env.cfg)
+    ep = SimServerEndpoint("tcp://127.0.0.1:0", backend="leisaac:fake")
+    ep.open()
+    step_hz = 1.0 / env.step_dt
+    b = LeisaacBridge(env, ep, config=LeisaacBridgeConfig(step_hz=step_hz, daemon_staleness_s=0.1))
+    t = threading.Thread(target=b.run, daemon=True)
+    t.start()
+    f = SimFollower(ep.endpoint, staleness_s=3.0, connect_timeout_s=10)
+    rates: dict[float, float] = {}
+    try:
+        f.connect()
+        for msg_hz in (100.0, 500.0):
+            received0 = ep.stats.received
+            first_s, last_s = _send_targets(f, msg_hz, int(msg_hz * 1.2))
+            steps = [s for s in env.step_times_s if first_s + 0.1 <= s <= last_s]
+            rates[msg_hz] = (len(steps) - 1) / (steps[-1] - steps[0])
+            assert ep.stats.received - received0 > 1.2 * msg_hz * 0.9  # the messages did arrive
+        print(f"steps/s at step rate {step_hz:.1f}: 100 Hz daemon {rates[100.0]:.2f}, 500 Hz daemon {rates[500.0]:.2f}")
+        for msg_hz, rate in rates.items():
+            assert abs(rate / step_hz - 1.0) < 0.03, (msg_hz, rate)
+        f.close()  # the daemon goes silent: the bridge keeps stepping, holding its pose
+        n0 = len(env.step_times_s)
+        assert poll_until(lambda: len(env.step_times_s) >= n0 + 30, 5), "no steps after the daemon went silent"
+    finally:
+        f.close()
+        b.stop()
+        t.join(5)
+        ep.close()
+
+
+def test_seed_recording_writes_off_the_stepping_thread_lzf_compressed(tmp_path, monkeypatch):
+    """The stepping thread only snapshots: with the file writer held up, 150 steps (three chunks
+    of 50) still return at once; the writer thread then writes them, lzf-compressed as LeIsaac's
+    teleop recorder does, with the values as they were at each step."""
+    import h5py
+
+    from sim_bridge import seed_recorder
+
+    gate, writing = threading.Event(), threading.Event()
+    stepping = threading.current_thread()
+    writer_threads: set[str] = set()
+    real_append = seed_recorder._append
+
+    def held_append(*args, **kw):
+        if threading.current_thread() is stepping:
+            raise AssertionError("an h5py write on the stepping thread")
+        writer_threads.add(threading.current_thread().name)
+        writing.set()
+        gate.wait(5)
+        return real_append(*args, **kw)
+
+    monkeypatch.setattr(seed_recorder, "_append", held_append)
+    rec = seed_recorder.SeedDemoRecorder(
+        tmp_path / "seeds.hdf5", env_name="LeIsaac-SO101-PickOrange-v0", flush_steps=50
+    )
+    env = FakeManagerBasedRLEnv()
+    env.reset()
+    rec.begin(env.scene.get_state(is_relative=True), seed=5)
+    assert writing.wait(5)  # the writer holds the first write; three more chunks fit its queue
+    obs = env._obs()["policy"]
+    for i in range(150):
+        obs["joint_pos"][:] = i  # the env reuses its buffers: the recorder must have copied
+        obs["front"][:] = i
+        rec.step(obs["joint_pos"], obs, env.scene.get_state(is_relative=True), obs["joint_pos"])
+    assert not gate.is_set() and rec.queue_waits == 0  # every step returned while the writer was held
+    gate.set()
+    rec.end(success=True)
+    rec.close()
+    assert writer_threads == {"seed-hdf5-writer"}
+    with h5py.File(tmp_path / "seeds.hdf5", "r") as f:
+        g = f["data/demo_0"]
+        assert int(g.attrs["num_samples"]) == 150 and int(g.attrs["seed"]) == 5 and bool(g.attrs["success"])
+        for key in ("actions", "obs/front", "obs/joint_pos", "states/articulation/robot/joint_position"):
+            assert g[key].compression == "lzf", key
+        np.testing.assert_array_equal(g["obs/front"][:, 0, 0, 0], np.arange(150) % 256)
+        np.testing.assert_array_equal(g["actions"][:, 0], np.arange(150))
+
+
+def test_the_hello_announces_the_cameras_the_task_has():
+    """LiftCube deletes its wrist camera: only ``front`` is announced, with its size."""
+    lift = FakeManagerBasedRLEnv(cameras=("front",))
+    obs, _ = lift.reset()
+    assert task_cameras(obs["policy"], ("front", "wrist"), 30.0) == [
+        {"name": "front", "width": W, "height": H, "fps": 30.0}
+    ]
+    obs, _ = FakeManagerBasedRLEnv().reset()
+    assert [c["name"] for c in task_cameras(obs["policy"], ("front", "wrist"), 30.0)] == ["front", "wrist"]
+
+
+def test_step_hz_follows_the_env_and_a_mismatch_is_refused():
+    assert check_step_hz(None, 1.0 / 60.0) == pytest.approx(60.0)
+    assert check_step_hz(60.0, 1.0 / 60.0) == 60.0
+    with pytest.raises(ValueError, match=r"--step_hz 120 does not match the task.*2x real time"):
+        check_step_hz(120.0, 1.0 / 60.0)

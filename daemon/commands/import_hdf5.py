@@ -138,6 +138,11 @@ def format_summary(s: Any, dataset: Path) -> str:
         f"in {s.seconds:.1f} s ({s.frames_per_s:.0f} frames/s)"
     ]
     lines += [f"  skipped {n} {why}" for n, why in skipped if n]
+    if s.demos_actions_from_joint_targets:
+        lines.append(
+            f"  {s.demos_actions_from_joint_targets} demos hold Mimic's 8-D end-effector actions: their action is "
+            "obs/joint_pos_target (what eef_action_process.py --to_joint makes)"
+        )
     if s.demos_imported:
         lines.append(f"  first {s.skip_frames} steps of each demo skipped (--skip-frames)")
     return "\n".join(lines)

@@ -50,6 +50,11 @@ CAMERA_NAMES = ("front", "wrist")
 # after the reset). Our defaults match it; both are overridable and reported.
 LEISAAC_SKIP_FRAMES = 5
 LEISAAC_MIN_FRAMES = 10
+# Mimic's annotate and generate steps leave IK actions: end-effector position (3) + quaternion (4) +
+# gripper (1) (LeIsaac's eef_action_process.py --to_ik builds them; --to_joint takes the joint
+# targets back from obs/joint_pos_target, which LeIsaac's recorder writes every step).
+IK_ACTION_DIM = 8
+JOINT_TARGET_KEY = "obs/joint_pos_target"
 DEFAULT_CHUNK_FRAMES = 32  # 32 x 640x480x3 = 29 MB per camera per chunk
 COMMIT_BATCH = 16  # demos per dataset transaction
 _DEMO_RE = re.compile(r"^demo_(\d+)$")
@@ -69,6 +74,7 @@ class DemoInfo:
     cameras: dict[str, tuple[int, int]]  # name -> (height, width)
     generated: bool
     empty: bool = False  # initial_state only / num_samples = 0 (LeIsaac's recorder after a reset)
+    action_key: str = "actions"  # JOINT_TARGET_KEY when the file's actions are Mimic's IK actions
 
     def where(self, key: str = "") -> str:
         return f"{self.path}: {self.name}" + (f"/{key}" if key else "")
@@ -84,6 +90,7 @@ class ImportSummary:
     demos_skipped_empty: int = 0  # initial_state only / num_samples = 0
     demos_skipped_short: int = 0  # fewer than min_frames steps
     demos_not_selected: int = 0  # beyond --max-episodes
+    demos_actions_from_joint_targets: int = 0  # IK actions in the file: action = obs/joint_pos_target
     skip_frames: int = LEISAAC_SKIP_FRAMES
     min_frames: int = LEISAAC_MIN_FRAMES
     frames_written: int = 0
@@ -182,6 +189,7 @@ def scan_file(path: Path, step_hz: float | None = None, generated: bool | None =
                         f"{info_where}: attribute num_samples={declared} but 'actions' has {n} rows (truncated file?)"
                     )
             success = _success_attr(g)
+            action_key = _action_key(g, info_where, path)
             cameras: dict[str, tuple[int, int]] = {}
             obs = g["obs"]
             for cam in CAMERA_NAMES:
@@ -192,8 +200,26 @@ def scan_file(path: Path, step_hz: float | None = None, generated: bool | None =
                             f"{info_where}: key 'obs/{cam}' has shape {ds.shape}, expected (N, H, W, 3)"
                         )
                     cameras[cam] = (int(ds.shape[1]), int(ds.shape[2]))
-            demos.append(DemoInfo(path, name, n, success, hz, cameras, is_generated))
+            demos.append(DemoInfo(path, name, n, success, hz, cameras, is_generated, action_key=action_key))
         return demos
+
+
+def _action_key(g: h5py.Group, where: str, path: Path) -> str:
+    """Where a demo's joint actions are: ``actions``, or for Mimic's 8-D IK actions the joint
+    targets LeIsaac's recorder wrote beside them (what eef_action_process.py --to_joint uses)."""
+    act = g["actions"]
+    if act.ndim != 2 or act.shape[1] != IK_ACTION_DIM:
+        return "actions"  # joint actions (their joint count is checked with the data)
+    target = g.get(JOINT_TARGET_KEY)
+    if isinstance(target, h5py.Dataset) and target.ndim == 2 and target.shape[1] == NUM_JOINTS:
+        return JOINT_TARGET_KEY
+    raise HDF5FormatError(
+        f"{where}/actions: {IK_ACTION_DIM}-D actions (end-effector pose + gripper, as Isaac Lab Mimic's "
+        "annotate_demos.py / generate_dataset.py leave them) and no obs/joint_pos_target to take the joint "
+        "targets from: convert the file to joint actions in the LeIsaac checkout first, "
+        f"python scripts/mimic/eef_action_process.py --input_file {path} --output_file "
+        f"{path.with_name('final_' + path.name)} --to_joint --headless, and import that file"
+    )
 
 
 def _check_rows(info: DemoInfo, key: str, ds: h5py.Dataset, n: int, row_shape: tuple[int, ...]) -> None:
@@ -208,7 +234,7 @@ def validate_demo(f: h5py.File, info: DemoInfo, chunk_frames: int = DEFAULT_CHUN
     """Read every chunk of every dataset the import needs; raise HDF5FormatError on any problem."""
     g = f["data"][info.name]
     n = info.num_samples
-    keys: list[tuple[str, tuple[int, ...]]] = [("actions", (NUM_JOINTS,)), ("obs/joint_pos", (NUM_JOINTS,))]
+    keys: list[tuple[str, tuple[int, ...]]] = [(info.action_key, (NUM_JOINTS,)), ("obs/joint_pos", (NUM_JOINTS,))]
     keys += [(f"obs/{cam}", (h, w, 3)) for cam, (h, w) in info.cameras.items()]
     for key, row_shape in keys:
         ds = g[key]
@@ -350,7 +376,7 @@ def _frames_of(
         sel = rows[start : start + chunk_frames]
         lo, hi = int(sel[0]), int(sel[-1]) + 1  # a contiguous slab: h5py reads it in one go
         joint = g["obs/joint_pos"][lo:hi][sel - lo]
-        act = g["actions"][lo:hi][sel - lo]
+        act = g[info.action_key][lo:hi][sel - lo]
         images = {cam: g[f"obs/{cam}"][lo:hi][sel - lo] for cam in info.cameras}
         state_units = sim_rad_to_units(joint.astype(np.float64)).astype(np.float32)
         action_units = sim_rad_to_units(act.astype(np.float64)).astype(np.float32)
@@ -400,7 +426,11 @@ def _stage_demo(store, d: DemoInfo, rows: np.ndarray, fps: int, task: str, chunk
             "late_frames": 0,
             "missing_frames": 0,
             "worst_camera_skew_ms": 0.0,
-            "notes": [],
+            "notes": (
+                [f"action from {d.action_key} (the file's actions are Mimic's end-effector actions)"]
+                if d.action_key != "actions"
+                else []
+            ),
             "source": {"file": str(d.path), "demo": d.name, "generated": d.generated, "step_hz": d.step_hz},
         }
         write_json_atomic(
@@ -462,6 +492,7 @@ def import_hdf5(
         summary.demos_skipped_empty += sel.empty
         summary.demos_skipped_short += sel.short
         summary.demos_not_selected += sel.not_selected
+        summary.demos_actions_from_joint_targets += sum(d.action_key != "actions" for d in sel.chosen)
         plan += sel.chosen
         if remaining is not None:
             remaining -= len(sel.chosen)
@@ -620,11 +651,17 @@ class ExportRefused(ValueError):
     """Episodes that cannot become Mimic seed demos; the message says why and what to do."""
 
 
+# What Mimic does with a seed file: its envs take 8-D end-effector actions (pose + gripper) while
+# seed demos hold the 6 joint targets, so LeIsaac's eef_action_process.py --to_ik runs first.
+MIMIC_NEXT_STEPS = (
+    "in the LeIsaac checkout, convert the joint actions to Mimic's end-effector actions first: "
+    "python scripts/mimic/eef_action_process.py --input_file FILE --output_file processed.hdf5 --to_ik --headless, "
+    "then python scripts/mimic/annotate_demos.py --task LeIsaac-SO101-...-Mimic-v0 --input_file processed.hdf5 ..."
+)
 SEED_HOWTO = (
     "record seed demos on the LeIsaac follower instead: start it with --seed_hdf5 FILE "
     "(python -m sim_bridge.leisaac_follower --task ... --seed_hdf5 seeds.hdf5); every episode the daemon "
-    "records there is also written to FILE with the full scene state, and FILE goes to LeIsaac's "
-    "scripts/mimic/annotate_demos.py unmodified"
+    "records there is also written to FILE with the full scene state and its seed; " + MIMIC_NEXT_STEPS
 )
 
 
@@ -662,6 +699,11 @@ def _why_not_a_seed(ep: int, tag, root: Path) -> str | None:
                 return (
                     f"episode {ep}: its source {src['file']} {src['demo']} has no full initial_state "
                     "(articulations' root pose and joint state, rigid objects' poses)"
+                )
+            if "seed" not in g.attrs:
+                return (
+                    f"episode {ep}: its source {src['file']} {src['demo']} has no seed attribute; LeIsaac's "
+                    "annotate_demos.py calls env.seed(int(episode.seed)) on every demo and stops at it"
                 )
         return None
     if kind in ("feetech", "emulated"):
