@@ -35,6 +35,7 @@ class Field:
     lo: float | None = None  # numbers: inclusive bounds
     hi: float | None = None
     max_chars: int = TEXT_MAX_CHARS  # text only
+    what: str = ""  # what it holds, for the refusal (default: its kind, e.g. "a whole number")
 
     def check(self, cmd: str, name: str, value: Any) -> Any:
         """``value`` as the handler gets it (null: the field was not given), or BadField."""
@@ -50,10 +51,11 @@ class Field:
             if not isinstance(value, bool):
                 raise BadField(f'{cmd}: "{name}" must be true or false, got {_json_type(value)}')
             return value
+        what = self.what or _KIND_WORDS[self.kind]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise BadField(f'{cmd}: "{name}" must be {_KIND_WORDS[self.kind]}, got {_json_type(value)}')
+            raise BadField(f'{cmd}: "{name}" must be {what}, got {_json_type(value)}')
         if self.kind == "whole" and not isinstance(value, int):
-            raise BadField(f'{cmd}: "{name}" must be a whole number, got {value!r}')
+            raise BadField(f'{cmd}: "{name}" must be {what}, got {value!r}')
         if not math.isfinite(value):
             raise BadField(f'{cmd}: "{name}" must be a finite number')
         if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
@@ -103,7 +105,7 @@ VERBS: dict[str, Verb] = {
             "max_width": _PREVIEW_SIDE,
             "max_height": _PREVIEW_SIDE,
             "quality": Field("whole", lo=10, hi=95),
-            "after_seq": Field("whole"),
+            "after_seq": Field("whole", what="a frame number or null"),
         }
     ),
     "episode.start": Verb({"task": Field("text", max_chars=TASK_MAX_CHARS), "origin": Field("text", max_chars=64)}),
