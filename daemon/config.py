@@ -170,6 +170,9 @@ class PolicyConfig:
     server: str = ""  # lerobot-server: HOST:PORT of `python -m lerobot.async_inference.policy_server`
     server_policy_type: str = "act"  # lerobot-server: the policy type the server loads (act, smolvla, pi0, ...)
     actions_per_chunk: int = 50  # lerobot-server: actions the server returns per observation
+    # Folders `policy.load PATH` may load from (besides `path` above and folders the daemon's own
+    # user owns): anything else is answered "not allowed" before the folder is looked into.
+    allowed_dirs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -186,6 +189,13 @@ class DisplayConfig:
 
 
 @dataclass
+class ConsoleSettings:
+    # Host names `so101d console` answers to besides its bind address and localhost (a page under
+    # any other name is refused: DNS rebinding), e.g. ["so101-bench.lan"]
+    allowed_hosts: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Config:
     leader: LeaderConfig = field(default_factory=LeaderConfig)
     follower: FollowerConfig = field(default_factory=FollowerConfig)
@@ -199,6 +209,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     service: ServiceConfig = field(default_factory=ServiceConfig)
     display: DisplayConfig = field(default_factory=DisplayConfig)
+    console: ConsoleSettings = field(default_factory=ConsoleSettings)
 
     def calibration_root(self) -> Path | None:
         return Path(self.calibration.root).expanduser() if self.calibration.root else None
@@ -283,6 +294,11 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {_describe(value)}")
         return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list ([...]), got {_describe(value)}")
+        (item_tp,) = typing.get_args(tp)
+        return [_coerce(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(key, value, tp)
     raise ConfigError(f"{key}: unsupported type {tp!r}")  # a bug in a dataclass, not in the file
@@ -414,6 +430,8 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 
 
 def _toml_value(v: Any) -> str:
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):

@@ -5,7 +5,15 @@ Protocol (newline-delimited JSON, UTF-8): each request is one JSON object on one
 or ``{"ok": false, "error": "<what went wrong>"}``, in request order. A connection may carry any
 number of requests. A line longer than ``max_request_bytes`` gets an error reply and the connection
 is closed (the rest of that line cannot be trusted); malformed JSON, a non-object, a missing or
-unknown ``cmd`` get an error reply and the connection stays usable.
+unknown ``cmd`` get an error reply and the connection stays usable. Lines are decoded within
+bounds (daemon/bounded_json.py: depth, number length) and checked against the verbs' declared
+fields (daemon/control_requests.py) before any handler sees them: a field of the wrong type is
+refused, naming it.
+
+Nothing a client sends can end the thread serving the others: a failure while serving one
+connection closes that connection only. Should the thread end anyway, ``ensure_serving`` (called
+by the daemon's main loop) logs it loudly and starts a new one; ``health()`` counts the restarts
+for ``status``.
 
 Verbs are registered by name: ``server.register("episode.start", handler)``; a handler takes the
 request dict and returns a dict of reply fields (merged after ``"ok": true``), or raises
@@ -41,12 +49,15 @@ import socket
 import stat
 import threading
 import time
+import traceback
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from daemon.bounded_json import JsonBounds, JsonRefused, loads_bounded
+from daemon.control_requests import BadField, Request, parse_request
 from daemon.logs import RateLimitedLogger
 
 log = logging.getLogger("so101d.socket")
@@ -187,6 +198,10 @@ class ControlServer:
         self.requests = 0  # counted on the selector thread (handle_line: the caller's)
         self.errors = 0
         self.evictions = 0
+        self.thread_restarts = 0  # selector threads restarted by ensure_serving
+        self.last_thread_failure: str | None = None  # why the last one ended
+        self._supervise_lock = threading.Lock()
+        self.bounds = JsonBounds(max_bytes=max_request_bytes)
         self.register("ping", lambda req: {"pong": True})
         self.register("help", lambda req: {"verbs": self.verbs()})
 
@@ -235,18 +250,57 @@ class ControlServer:
         sock.setblocking(False)
         self._sock = sock
         self._stop.clear()
-        self._accept_paused_until_s = 0.0
-        self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._selector.register(sock, selectors.EVENT_READ, _LISTENER)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         self._pool = _WorkerPool("so101d-control-verb", WORKERS)
         self._operator_pool = _WorkerPool("so101d-control-operator", OPERATOR_WORKERS)
+        self._start_serving()
+        log.info("control socket at %s (mode %o)", self.path, self.mode)
+
+    def _start_serving(self) -> None:
+        """A fresh selector thread on the listening socket (at start, and after a failure)."""
+        assert self._sock is not None and self._wake_r is not None
+        self._accept_paused_until_s = 0.0
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._sock, selectors.EVENT_READ, _LISTENER)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         self._thread = threading.Thread(target=self._serve_forever, name="so101d-control-socket", daemon=True)
         self._thread.start()
-        log.info("control socket at %s (mode %o)", self.path, self.mode)
+
+    def serving(self) -> bool:
+        """The selector thread is running (false before start, after stop, or once it failed)."""
+        t = self._thread
+        return t is not None and t.is_alive()
+
+    def ensure_serving(self) -> bool:
+        """Restart a selector thread that ended while the server should be serving; True if it
+        did. Called by the daemon's main loop: whatever ended it, the socket answers again."""
+        with self._supervise_lock:
+            if self._sock is None or self._stop.is_set() or self.serving():
+                return False
+            self.thread_restarts += 1
+            log.critical(
+                "control socket thread on %s had stopped (%s); restarting it (restart %d). Its clients "
+                "were disconnected; the control loop was not affected",
+                self.path,
+                self.last_thread_failure or "no error recorded",
+                self.thread_restarts,
+            )
+            self._replies.clear()  # for connections the old thread closed
+            self._start_serving()
+            return True
+
+    def health(self) -> dict[str, Any]:
+        """For status: is the socket served, and has its thread ever had to be restarted."""
+        return {
+            "serving": self.serving(),
+            "thread_restarts": self.thread_restarts,
+            "last_thread_failure": self.last_thread_failure,
+            "connections": self._n_conns,
+            "requests": self.requests,
+            "errors": self.errors,
+        }
 
     def stop(self) -> None:
         self._stop.set()
@@ -304,18 +358,16 @@ class ControlServer:
                     elif key.data is _WAKE:
                         self._drain_wake()
                     else:
-                        conn: _Conn = key.data
-                        if conn.closed:
-                            continue
-                        # (a hang-up is reported as readable whatever we watch: read only when
-                        # we asked to, or a closing client could push more than the bound)
-                        if mask & selectors.EVENT_READ and conn.events & selectors.EVENT_READ:
-                            self._read(conn)
-                        self._advance(conn)
+                        self._serve_one(key.data, mask)
                 self._take_replies()
                 self._drop_idle()
-        except Exception:
-            log.exception("control socket thread failed; the daemon no longer answers on %s", self.path)
+        except BaseException as exc:
+            self.last_thread_failure = f"{type(exc).__name__}: {exc}"
+            log.critical(
+                "control socket thread failed; nothing answers on %s until it is restarted:\n%s",
+                self.path,
+                traceback.format_exc(),
+            )
         finally:
             for conn in list(self._conns.values()):
                 try:
@@ -325,6 +377,24 @@ class ControlServer:
                 self._close(conn)
             sel.close()
             self._selector = None
+
+    def _serve_one(self, conn: _Conn, mask: int) -> None:
+        """One connection's turn. Whatever goes wrong with it ends that connection only (told
+        why, when it can still be told), never the thread serving the others."""
+        if conn.closed:
+            return
+        try:
+            # (a hang-up is reported as readable whatever we watch: read only when we asked to,
+            # or a closing client could push more than the bound)
+            if mask & selectors.EVENT_READ and conn.events & selectors.EVENT_READ:
+                self._read(conn)
+            self._advance(conn)
+        except Exception as exc:
+            self._count_error()
+            _rl.error("conn.failed", "control socket: closed a connection after %r", exc)
+            log.debug("connection failure", exc_info=True)
+            conn.outbuf = bytearray()
+            self._close(conn, f"internal error serving this connection: {type(exc).__name__}")
 
     def _select_timeout_s(self) -> float:
         # wakes up often enough to drop idle connections and resume a paused accept
@@ -546,26 +616,25 @@ class ControlServer:
     def _start_request(self, conn: _Conn, line: bytes) -> None:
         self.requests += 1
         self._touch(conn)
-        req, error = self._decode(line)
-        if error is not None:
-            conn.outbuf += _encode(error)
+        req, error = self._parse(line)
+        if req is None:
+            conn.outbuf += _encode(error or {"ok": False, "error": "malformed request"})
             return
-        pool = self._operator_pool if isinstance(req, dict) and req.get("cmd") in OPERATOR_VERBS else self._pool
+        pool = self._operator_pool if req.cmd in OPERATOR_VERBS else self._pool
         if pool is None:  # stopping
             self._close(conn)
             return
         conn.busy = True
         pool.submit(self._run_request, conn, req)
 
-    def _run_request(self, conn: _Conn, req: Any) -> None:
+    def _run_request(self, conn: _Conn, req: Request) -> None:
         """On a worker: the verb, its reply encoded, handed back to the selector thread."""
         try:
-            data = _encode(self.handle(req))
+            data = _encode(self._dispatch(req))
         except BaseException as exc:
             self._count_error()
-            cmd = req.get("cmd") if isinstance(req, dict) else None
-            _rl.error(f"encode.{cmd}", "reply of %r could not be sent: %r", cmd, exc)
-            data = _encode({"ok": False, "error": f"internal error in {cmd!r}: {type(exc).__name__}: {exc}"})
+            _rl.error(f"encode.{req.cmd}", "reply of %r could not be sent: %r", req.cmd, exc)
+            data = _encode({"ok": False, "error": f"internal error in {req.cmd!r}: {type(exc).__name__}"})
         self._replies.append((conn, data))
         self._wake()
 
@@ -577,30 +646,36 @@ class ControlServer:
             conn.busy = False
             conn.outbuf += data
             self._touch(conn)
-            self._advance(conn)
+            self._serve_one(conn, 0)
 
     # -------------------------------------------------------------- dispatch
     def handle_line(self, line: bytes) -> dict[str, Any]:
         """Decode and dispatch one request line; always returns a reply, never raises."""
         self.requests += 1
-        req, error = self._decode(line)
-        return error if error is not None else self.handle(req)
+        req, error = self._parse(line)
+        if req is None:
+            return error or {"ok": False, "error": "malformed request"}
+        return self._dispatch(req)
 
-    def _decode(self, line: bytes) -> tuple[Any, dict[str, Any] | None]:
+    def _parse(self, line: bytes) -> tuple[Request | None, dict[str, Any] | None]:
+        """A request line -> its checked Request, or the error reply (bounded JSON, typed fields)."""
         try:
-            return json.loads(line.decode("utf-8")), None
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return parse_request(loads_bounded(line, self.bounds)), None
+        except (JsonRefused, BadField) as exc:
             self._count_error()
-            return None, {"ok": False, "error": f"malformed request: {exc}"}
+            return None, {"ok": False, "error": str(exc)}
 
     def handle(self, req: Any) -> dict[str, Any]:
-        if not isinstance(req, dict):
+        """Dispatch an already decoded request (checked here first); never raises."""
+        try:
+            checked = parse_request(req)
+        except BadField as exc:
             self._count_error()
-            return {"ok": False, "error": f"a request must be a JSON object, got {type(req).__name__}"}
-        cmd = req.get("cmd")
-        if not isinstance(cmd, str):
-            self._count_error()
-            return {"ok": False, "error": 'missing "cmd" (a string naming the verb)'}
+            return {"ok": False, "error": str(exc)}
+        return self._dispatch(checked)
+
+    def _dispatch(self, req: Request) -> dict[str, Any]:
+        cmd = req.cmd
         with self._lock:
             handler = self._handlers.get(cmd)
         if handler is None:
@@ -609,9 +684,9 @@ class ControlServer:
                 reason = next((r for p, r in self._unavailable.items() if cmd.startswith(p)), None)
             if reason is not None:
                 return {"ok": False, "error": reason}
-            return {"ok": False, "error": f"unknown command {cmd!r} (try 'help')"}
+            return {"ok": False, "error": f"unknown command {cmd[:100]!r} (try 'help')"}
         try:
-            result = handler(req) or {}
+            result = handler(req.as_dict()) or {}
         except RequestError as exc:
             self._count_error()
             return {"ok": False, "error": str(exc)}

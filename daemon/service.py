@@ -260,6 +260,7 @@ class Daemon:
         st["config"] = self.config_path
         st["reloads"] = self.reloads
         st["verbs"] = self.server.verbs()
+        st["control_socket"] = self.server.health()
         for name, fn in list(self.status_extras.items()):
             try:
                 st[name] = fn()
@@ -409,6 +410,10 @@ class Daemon:
         period = self.loop.stats.period.summary()
         hz = 1.0 / period.mean if period.mean else None
         episodes, recording, detail = None, False, st.reason
+        restarts = self.server.thread_restarts
+        if restarts:
+            said = f"control socket thread restarted {restarts}x ({self.server.last_thread_failure})"
+            detail = f"{detail}; {said}" if detail else said
         if rec is not None:
             try:
                 rs = rec.status()
@@ -451,6 +456,15 @@ class Daemon:
             if self.notifier is not None:
                 self.notifier.ready()
 
+    def hold_from_signal(self) -> None:
+        """SIGUSR1 (``systemctl kill --signal=SIGUSR1 so101d``): hold, whatever became of the
+        control socket: the stop path that needs no API, only the right to signal the service."""
+        log.warning("SIGUSR1: holding (the operator's stop without the control socket)")
+        try:
+            self.loop.call(lambda: self.loop.set_intent("hold"), timeout_s=3.0)
+        except (ValueError, RuntimeError, TimeoutError) as exc:
+            log.error("SIGUSR1: the control loop did not take the hold: %s", exc)
+
     def _on_hangup(self) -> None:
         """SIGHUP (main thread): a reload request, or the terminal of a foreground run closing
         (daemon/terminal.py: what the terminal looked like is noted when the daemon is made)."""
@@ -481,7 +495,7 @@ class Daemon:
         wake = SignalWake()
         self._wake = wake
         if threading.current_thread() is threading.main_thread():
-            wake.install((signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+            wake.install((signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1))
         try:
             with helpers_shielded():  # writer, policy worker, resource tracker: not the terminal's to kill
                 self.start()
@@ -490,6 +504,8 @@ class Daemon:
                 for sig in wake.wait(0.2):
                     if sig == signal.SIGHUP:
                         self._on_hangup()
+                    elif sig == signal.SIGUSR1:
+                        self.hold_from_signal()
                     else:
                         self.request_stop()
                 if self._stop.is_set():
@@ -497,6 +513,7 @@ class Daemon:
                 if not self.loop.is_running():
                     log.error("control loop stopped unexpectedly")
                     return 1
+                self.server.ensure_serving()  # a control socket that stopped answering answers again
                 if self._reload_requested.is_set():
                     self._reload_requested.clear()
                     try:

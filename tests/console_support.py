@@ -119,13 +119,14 @@ class Bench:
         )
 
 
-def open_browser() -> Any:
+def open_browser(*extra_flags: str) -> Any:
+    """Headless Chromium; ``extra_flags`` e.g. ``--host-resolver-rules=MAP evil.example 127.0.0.1``."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for flag in CHROMIUM_FLAGS:
+    for flag in (*CHROMIUM_FLAGS, *extra_flags):
         opts.add_argument(flag)
     profile = tempfile.mkdtemp(prefix="so101d-chromium-")
     opts.add_argument(f"--user-data-dir={profile}")

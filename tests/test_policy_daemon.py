@@ -143,6 +143,7 @@ def test_policy_mode_drives_the_follower_through_safety(bench, ckpt: Path) -> No
 def test_load_lists_camera_mismatches_over_the_socket(bench, ckpt: Path, tmp_path: Path) -> None:
     daemon, _ctl, _rows, _la_emu, root = bench
     (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{}")  # looks like a checkpoint, so it is looked into
     (tmp_path / "bad" / "model.pth").write_bytes(b"\x80\x04")
     with ControlClient(str(root / "c.sock"), timeout_s=10) as c:
         r = c.call("policy.load", path=str(tmp_path / "bad"))

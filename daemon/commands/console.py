@@ -1,8 +1,10 @@
 """`so101d console [--bind 127.0.0.1:8101]`: the operator's console in the browser.
 
 Its own process (the daemon stays lean): a client of the control socket like every other verb.
-Loopback by default; another address needs the console's token (kept in the state directory,
-printed here, named in the log).
+Loopback by default, where it serves the users the control socket admits; another address needs
+the console's token (kept in the state directory, printed here, named in the log). Pages are
+served only under its bind address, localhost and ``[console] allowed_hosts`` / ``--allow-host``
+(daemon/console/access.py, docs/security.md).
 """
 
 from __future__ import annotations
@@ -26,13 +28,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state-dir", metavar="DIR", help="where the token is kept (default $STATE_DIRECTORY or ~/.local/state/so101d)"
     )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer under this host name (repeatable; adds to [console] allowed_hosts)",
+    )
     add_socket_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from daemon.config import parse_host_port
+    from daemon.config import ConfigError, load_config, parse_host_port
     from daemon.console import access
     from daemon.console.app import Console, ConsoleConfig
 
@@ -41,11 +50,21 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"so101d console: --bind: {exc}", file=sys.stderr)
         return 2
+    try:
+        allowed = (
+            [*load_config(args.config).console.allowed_hosts, *args.allow_host] if args.config else args.allow_host
+        )
+    except ConfigError as exc:
+        print(f"so101d console: {exc}", file=sys.stderr)
+        return 2
     token = None
     if not access.is_loopback(host):
         state = Path(args.state_dir) if args.state_dir else access.state_dir()
         try:
             token, created = access.load_or_create_token(state)
+        except access.TokenFileUnsafe as exc:
+            print(f"so101d console: refusing the access token: {exc}", file=sys.stderr)
+            return 2
         except OSError as exc:
             print(f"so101d console: cannot keep the access token in {state}: {exc}", file=sys.stderr)
             return 2
@@ -55,7 +74,11 @@ def run(args: argparse.Namespace) -> int:
             state / access.TOKEN_FILE,
             " (made now)" if created else "",
         )
-    console = Console(ConsoleConfig(socket_path=socket_path_from_args(args), host=host, port=port, token=token))
+    console = Console(
+        ConsoleConfig(
+            socket_path=socket_path_from_args(args), host=host, port=port, token=token, allowed_hosts=tuple(allowed)
+        )
+    )
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
 

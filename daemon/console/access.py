@@ -1,24 +1,46 @@
-"""Who may open the console: loopback by default; any other address needs the console's token.
+"""Who may open the console, and under which names (docs/security.md says why these rules).
+
+- **Who**: the same rule as the control socket. On loopback the console finds the user behind
+  each TCP connection (the kernel's socket table, /proc/net/tcp and tcp6: the row whose local
+  address is the client's end of this very connection names its owner) and serves only a user
+  who may connect to the control socket itself: by the socket file's owner, group and mode and
+  the search permission of the folders above it, as the kernel decides ``connect()``. The
+  console's own user is always served (it is the one talking to the socket). Off loopback the
+  peer is another machine and has no local user: every request needs the console's token.
+- **Under which names** (every address): the request's ``Host`` must be the console's bind
+  address, ``localhost``, an IP literal when bound to every address, or a name on the configured
+  allow-list. A page on ``evil.example`` whose name was re-pointed at 127.0.0.1 (DNS rebinding)
+  is refused before anything is served.
+- **From which page**: the websocket is refused unless its ``Origin`` is the console itself.
 
 The token is made once (``secrets.token_urlsafe``), kept in the state directory with mode 0600
-(``console-token``), printed when a non-loopback console starts and named in its log. A page
-presents it once as ``?token=...``; the console answers with an HttpOnly cookie. Every request
-then needs the cookie (or the query).
-
-Also, whatever the address: the websocket is refused unless its ``Origin`` is the console itself.
-Without that, any web page the operator's browser opens could drive the arm through a console on
-127.0.0.1 (a browser lets any site open a websocket to loopback).
+(``console-token``), printed when a non-loopback console starts and named in its log. An
+existing token file readable by others is refused with the reason. A page presents the token once
+as ``?token=...``; the console answers with an HttpOnly cookie.
 """
 
 from __future__ import annotations
 
+import grp
 import ipaddress
 import os
+import pwd
 import secrets
+import socket
+import stat
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 TOKEN_FILE = "console-token"
 COOKIE = "so101d_console"
+LOCAL_NAMES = ("localhost", "localhost.localdomain")
+_PROC_TCP = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+_HOST_ORDER: Literal["little", "big"] = "big" if socket.htonl(1) == 1 else "little"
+
+
+class TokenFileUnsafe(OSError):
+    """The token file exists but others may read or replace it (the message says how to fix it)."""
 
 
 def state_dir() -> Path:
@@ -31,7 +53,7 @@ def state_dir() -> Path:
 
 
 def is_loopback(host: str) -> bool:
-    if host in ("localhost", "localhost.localdomain"):
+    if host in LOCAL_NAMES:
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
@@ -39,21 +61,161 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to anything
 
 
+# ------------------------------------------------------------------------------------------ token
 def load_or_create_token(directory: Path) -> tuple[str, bool]:
-    """(token, created): the one kept in ``directory``, made (0600) if there is none."""
+    """(token, created): the one kept in ``directory``, made (0600) if there is none.
+
+    An existing file must be a regular file of ours that nobody else may read or write: a token
+    others could read is no secret (TokenFileUnsafe, with the command that fixes it)."""
     path = directory / TOKEN_FILE
-    if path.exists():
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode):
+            raise TokenFileUnsafe(f"{path} is not a regular file; remove it and start the console again")
+        if st.st_uid != os.geteuid():
+            raise TokenFileUnsafe(f"{path} belongs to uid {st.st_uid}, not to this user; remove it")
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            raise TokenFileUnsafe(
+                f"{path} has mode {stat.S_IMODE(st.st_mode):04o}: others may read the token. "
+                f"`chmod 600 {path}` keeps it, or remove the file for a new one"
+            )
         token = path.read_text(encoding="utf-8").strip()
         if len(token) >= 16:
             return token, False
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     token = secrets.token_urlsafe(24)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        os.fchmod(fh.fileno(), 0o600)  # an existing (empty) file keeps its old mode through O_CREAT
         fh.write(token + "\n")
-    os.chmod(path, 0o600)  # an existing file keeps its old mode through O_CREAT
     return token, True
 
 
 def token_matches(given: str | None, token: str) -> bool:
     return bool(given) and secrets.compare_digest(str(given), token)
+
+
+# ------------------------------------------------------------------------------------------- Host
+@dataclass(frozen=True)
+class HostRule:
+    """The names the console answers to (see the module docstring)."""
+
+    bind_host: str
+    allowed: tuple[str, ...] = ()  # configured names (lower case)
+
+    def permits(self, host_header: str | None) -> bool:
+        if not host_header:
+            return False
+        name = _host_name(host_header)
+        if name is None:
+            return False
+        if name in LOCAL_NAMES or name in self.allowed or name == self.bind_host.lower():
+            return True
+        try:
+            literal = ipaddress.ip_address(name)
+        except ValueError:
+            return False  # a name nobody listed: what DNS rebinding looks like
+        bind = _ip(self.bind_host)
+        # an IP literal cannot be re-pointed by DNS: served when it is our address (any, bound to all)
+        return bind is None or bind.is_unspecified or literal == bind or (literal.is_loopback and bind.is_loopback)
+
+
+def _host_name(header: str) -> str | None:
+    """``Host`` -> the lower-case name or address without port (None: not a host)."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        end = h.find("]")
+        return h[1:end] if end > 0 else None
+    name, _, port = h.partition(":")
+    if port and not port.isdigit():
+        return None
+    return name.rstrip(".") or None
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------------------------- who (uid)
+def peer_uid(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
+    """The user owning the client end of the loopback TCP connection ``peer`` -> ``local``
+    (None: not found, e.g. it closed already). Reads the kernel's socket table."""
+    wanted = _table_keys(peer, local)
+    for table in _PROC_TCP:
+        try:
+            lines = table.read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 7 and (cols[1].upper(), cols[2].upper()) in wanted:
+                return int(cols[7])
+    return None
+
+
+def _table_keys(peer: tuple[str, int], local: tuple[str, int]) -> set[tuple[str, str]]:
+    """The (local_address, rem_address) the client's row may have: an IPv4 client of a dual-stack
+    listener is ::ffff:a.b.c.d on our side but a plain IPv4 row in /proc/net/tcp on its own."""
+    ips = [ipaddress.ip_address(h.split("%")[0]) for h in (peer[0], local[0])]
+    forms = [ips]
+    v4 = [ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else ip for ip in ips]
+    if all(v is not None for v in v4):
+        forms.append([v for v in v4 if v is not None])
+        forms.append([ipaddress.IPv6Address(f"::ffff:{v}") for v in v4 if v is not None])
+    return {(_proc_addr(a, peer[1]), _proc_addr(b, local[1])) for a, b in forms}
+
+
+def _proc_addr(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:
+    """An address as /proc/net/tcp{,6} writes it: the address bytes in 32-bit host-order words."""
+    packed = ip.packed
+    words = [packed[i : i + 4] for i in range(0, len(packed), 4)]
+    hexed = "".join(int.from_bytes(w, _HOST_ORDER).to_bytes(4, "big").hex() for w in words)
+    return f"{hexed.upper()}:{port:04X}"
+
+
+def may_connect(uid: int, socket_path: str | Path) -> bool:
+    """Whether user ``uid`` may ``connect()`` to the unix socket at ``socket_path``: search on every
+    folder above it and write on the socket, by owner / group / other bits (root: always)."""
+    if uid == 0:
+        return True
+    try:
+        user = pwd.getpwuid(uid)
+        groups = set(os.getgrouplist(user.pw_name, user.pw_gid))
+    except KeyError:
+        groups = set()  # a uid without a passwd entry: only the "other" bits apply
+    path = Path(os.path.abspath(socket_path))
+    try:
+        checks = [(os.stat(p), 0o1) for p in reversed(path.parents)] + [(os.stat(path), 0o2)]
+    except OSError:
+        return False
+    for st, bit in checks:
+        if st.st_uid == uid:
+            allowed = st.st_mode & (bit << 6)
+        elif st.st_gid in groups:
+            allowed = st.st_mode & (bit << 3)
+        else:
+            allowed = st.st_mode & bit
+        if not allowed:
+            return False
+    return True
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def socket_group(socket_path: str | Path) -> str:
+    """The group the control socket admits (for the refusal's advice)."""
+    try:
+        return grp.getgrgid(os.stat(socket_path).st_gid).gr_name
+    except (OSError, KeyError):
+        return "the daemon's group"

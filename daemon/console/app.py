@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import struct
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from daemon.bounded_json import JsonBounds, JsonRefused, loads_bounded
 from daemon.console import access, episodes
 from daemon.console.daemon_link import DaemonLink, LinkState, Preview
 from daemon.console.page_verbs import PAGE_VERBS, BadRequest, PageRequest, ReplyMemory, parse_request
@@ -36,6 +38,7 @@ log = logging.getLogger("so101d.console")
 STATIC_DIR = Path(__file__).parent / "static"
 PAGE_QUEUE = 32  # messages waiting for one page; beyond, status/preview frames are dropped
 MAX_PAGE_MESSAGE_BYTES = 16384
+PAGE_JSON = JsonBounds(max_bytes=MAX_PAGE_MESSAGE_BYTES, max_depth=8)
 
 
 @dataclass(eq=False)
@@ -44,6 +47,10 @@ class _Page:
     queue: asyncio.Queue[str | bytes] = field(default_factory=lambda: asyncio.Queue(PAGE_QUEUE))
     dropped: int = 0
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # its verbs in progress (kept referenced)
+    # Its own replies by request id: a page resending after a hiccup gets the first answer, and
+    # another page choosing the same id is another request (its Hold runs).
+    replies: ReplyMemory = field(default_factory=ReplyMemory)
+    in_flight: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
 
     def offer(self, msg: str | bytes) -> None:
         try:
@@ -58,6 +65,7 @@ class ConsoleConfig:
     host: str = "127.0.0.1"
     port: int = 8101
     token: str | None = None  # required when not on loopback
+    allowed_hosts: tuple[str, ...] = ()  # names besides the bind address and localhost (Host header)
     status_hz: float = 5.0
     live_hz: float = 20.0
     preview_fps: float = 15.0
@@ -77,8 +85,8 @@ class Console:
             live_hz=cfg.live_hz,
             preview_fps=cfg.preview_fps,
         )
-        self.replies = ReplyMemory()
-        self._in_flight: dict[str, asyncio.Future[dict[str, Any]]] = {}  # request id -> its answer
+        self.hosts = access.HostRule(cfg.host, tuple(h.lower().rstrip(".") for h in cfg.allowed_hosts))
+        self._own_uid = os.geteuid()
         self._starting_episode = False
         self.previews_sent = 0
 
@@ -117,19 +125,19 @@ class Console:
         self._broadcast(struct.pack(">I", len(header)) + header + p.jpeg)
 
     # ------------------------------------------------------------------ verbs
-    async def run_verb(self, req: PageRequest) -> dict[str, Any]:
-        """A checked page request -> the daemon's reply; a repeated id gets the first answer."""
-        seen = self.replies.get(req.id)
+    async def run_verb(self, page: _Page, req: PageRequest) -> dict[str, Any]:
+        """A checked page request -> the daemon's reply; an id this page sent before gets the first answer."""
+        seen = page.replies.get(req.id)
         if seen is not None:
             return {**seen, "repeated": True}
-        pending = self._in_flight.get(req.id)
+        pending = page.in_flight.get(req.id)
         if pending is not None:  # the same request twice, the first still on its way
             return {**(await asyncio.shield(pending)), "repeated": True}
         starts = req.cmd in ("episode.start", "episode.redo")
         if starts and self._starting_episode:
             return {"ok": False, "error": f"{req.cmd}: an episode is already being started (double click?)"}
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._in_flight[req.id] = fut
+        page.in_flight[req.id] = fut
         if starts:
             self._starting_episode = True
         try:
@@ -142,30 +150,68 @@ class Console:
         finally:
             if starts:
                 self._starting_episode = False
-            self._in_flight.pop(req.id, None)
-        self.replies.put(req.id, reply)
+            page.in_flight.pop(req.id, None)
+        page.replies.put(req.id, reply)
         fut.set_result(reply)
         log.info("page: %s %s -> %s", req.cmd, req.args or "", "ok" if reply.get("ok") else reply.get("error"))
         return reply
 
     # ------------------------------------------------------------------ http
-    def _allowed(self, request: web.Request) -> bool:
-        if self.cfg.token is None:
-            return True
-        given = request.cookies.get(access.COOKIE) or request.query.get("token")
-        return access.token_matches(given, self.cfg.token)
+    def _token_ok(self, request: web.Request) -> bool:
+        """Off loopback: the token, from the query first (a fresh link beats a stale cookie)."""
+        assert self.cfg.token is not None
+        return access.token_matches(request.query.get("token"), self.cfg.token) or access.token_matches(
+            request.cookies.get(access.COOKIE), self.cfg.token
+        )
+
+    def _refused_user(self, peer: Any, local: Any) -> str | None:
+        """On loopback: why the user behind this connection may not drive the arm (None: may)."""
+        if not peer or not local:
+            return "the connection's user cannot be told"
+        uid = access.peer_uid((str(peer[0]), int(peer[1])), (str(local[0]), int(local[1])))
+        if uid is None:
+            return "the connection's user cannot be told (not in the kernel's socket table)"
+        if uid == self._own_uid or access.may_connect(uid, self.cfg.socket_path):
+            return None
+        return (
+            f"user {access.user_name(uid)} may not use the daemon's control socket {self.cfg.socket_path}, "
+            f"so not its console either (operators: usermod -aG {access.socket_group(self.cfg.socket_path)} USER)"
+        )
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if not self._allowed(request):
+        host = request.headers.get("Host")
+        if not self.hosts.permits(host):
+            log.warning("request for host %r refused (not this console's name: DNS rebinding?)", (host or "")[:100])
+            # 421 Misdirected Request; the websocket's handshake is simply forbidden
+            status = 403 if request.path == "/ws" else 421
             return web.Response(
-                status=401,
-                text="so101d console: this console is not on loopback and needs its token: open the "
-                "address printed by `so101d console` (it ends in ?token=...)\n",
+                status=status,
+                text=f"so101d console: not served under the name {(host or '')[:100]!r} "
+                "(add it to [console] allowed_hosts if it is yours)\n",
             )
+        if self.cfg.token is not None:
+            if not self._token_ok(request):
+                return web.Response(
+                    status=401,
+                    text="so101d console: this console is not on loopback and needs its token: open the "
+                    "address printed by `so101d console` (it ends in ?token=...)\n",
+                )
+        else:
+            transport = request.transport
+            peer = transport.get_extra_info("peername") if transport is not None else None
+            local = transport.get_extra_info("sockname") if transport is not None else None
+            why = await asyncio.to_thread(self._refused_user, peer, local)
+            if why is not None:
+                log.warning("console refused: %s", why)
+                return web.Response(status=403, text=f"so101d console: {why}\n")
         resp: web.StreamResponse = await handler(request)
-        if self.cfg.token is not None and request.query.get("token") and request.cookies.get(access.COOKIE) is None:
-            resp.set_cookie(access.COOKIE, self.cfg.token, httponly=True, samesite="Strict")
+        token, given = self.cfg.token, request.query.get("token")
+        # a link with the token: its cookie replaces whatever (stale) cookie the browser had
+        # (not on a websocket: its headers have left already)
+        stale = request.cookies.get(access.COOKIE) != token
+        if token is not None and access.token_matches(given, token) and stale and not resp.prepared:
+            resp.set_cookie(access.COOKIE, token, httponly=True, samesite="Strict")
         return resp
 
     async def index(self, request: web.Request) -> web.StreamResponse:
@@ -261,18 +307,25 @@ class Console:
         rid: Any = None
         cmd: Any = None
         try:
-            msg = json.loads(text)
+            msg = loads_bounded(text, PAGE_JSON)
             rid = msg.get("id") if isinstance(msg, dict) else None
             cmd = msg.get("cmd") if isinstance(msg, dict) else None
             if not isinstance(msg, dict) or msg.get("t") != "verb":
                 raise BadRequest('a message must be {"t": "verb", "id": ..., "cmd": ..., "args": {...}}')
-            reply = await self.run_verb(parse_request(msg))
-        except json.JSONDecodeError as exc:
+            reply = await self.run_verb(page, parse_request(msg))
+        except JsonRefused as exc:
             reply = {"ok": False, "error": f"malformed JSON: {exc}"}
         except BadRequest as exc:
             reply = {"ok": False, "error": str(exc)}
+        except Exception as exc:  # every message gets its reply; a bug here is logged, not silent
+            log.exception("page message failed")
+            reply = {"ok": False, "error": f"internal error: {type(exc).__name__}"}
+        if not isinstance(rid, (str, int)) or isinstance(rid, bool) or len(str(rid)) > 64:
+            rid = None  # (echoing an arbitrary value back is not the page's id)
         await page.queue.put(
-            json.dumps({**reply, "t": "reply", "id": rid, "cmd": cmd if isinstance(cmd, str) else None})
+            json.dumps(
+                {**reply, "t": "reply", "id": rid, "cmd": cmd if isinstance(cmd, str) and len(cmd) < 64 else None}
+            )
         )
 
     async def _send_loop(self, page: _Page) -> None:

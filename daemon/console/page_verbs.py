@@ -5,8 +5,11 @@ verb, an argument of the wrong type or out of range gets a reply naming what was
 reaches the daemon. ``episode.redo`` is the one composite: discard the episode in progress, then
 start the same task again (what backspace does in ``so101d record``).
 
-A verb sent twice never acts twice: a request id the console has already seen is answered with
-the first reply (a page resending after a reconnect), and a second ``episode.start`` while one is
+The argument types and bounds are the control socket's own field declarations
+(daemon/control_requests.py); the page adds which ones it must send and one-line text.
+
+A verb sent twice never acts twice: a request id this page has already sent is answered with the
+first reply (a page resending after a hiccup; another page's ids are its own), and a second ``episode.start`` while one is
 still on its way is refused (a double click); the daemon itself refuses to start an episode while
 one is recording.
 """
@@ -17,8 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-TASK_MAX_CHARS = 500
-PATH_MAX_CHARS = 4096
+from daemon.control_requests import VERBS
 
 
 class BadRequest(ValueError):
@@ -34,6 +36,18 @@ class Arg:
     hi: float | None = None
 
 
+_KINDS: dict[str, type] = {"text": str, "flag": bool, "number": float, "whole": int}
+
+
+def _page_args(verb: str, *names: str, required: tuple[str, ...] = ()) -> dict[str, Arg]:
+    """The page's arguments of a control verb: the field declarations of the control socket
+    (daemon/control_requests.py), of which the page offers ``names``; ``required`` it must send."""
+    fields = VERBS[verb].fields
+    return {
+        n: Arg(_KINDS[fields[n].kind], n in required, fields[n].max_chars, fields[n].lo, fields[n].hi) for n in names
+    }
+
+
 # verb -> its arguments. Only these reach the daemon from a page.
 PAGE_VERBS: dict[str, dict[str, Arg]] = {
     "hold": {},
@@ -41,13 +55,13 @@ PAGE_VERBS: dict[str, dict[str, Arg]] = {
     "torque.on": {},
     "teleop.start": {},
     "teleop.stop": {},
-    "episode.start": {"task": Arg(str, required=True, max_chars=TASK_MAX_CHARS)},
-    "episode.save": {"success": Arg(bool, required=True)},
+    "episode.start": _page_args("episode.start", "task", required=("task",)),
+    "episode.save": _page_args("episode.save", "success", required=("success",)),
     "episode.discard": {},
-    "episode.redo": {"task": Arg(str, required=True, max_chars=TASK_MAX_CHARS)},
-    "policy.load": {"path": Arg(str, required=True, max_chars=PATH_MAX_CHARS), "wait_s": Arg(float, lo=0, hi=600)},
-    "policy.start": {"task": Arg(str, max_chars=TASK_MAX_CHARS), "record": Arg(bool)},
-    "policy.stop": {"success": Arg(bool), "discard": Arg(bool)},
+    "episode.redo": _page_args("episode.start", "task", required=("task",)),
+    "policy.load": _page_args("policy.load", "path", "wait_s", required=("path",)),
+    "policy.start": _page_args("policy.start", "task", "record"),
+    "policy.stop": _page_args("policy.stop", "success", "discard"),
     "policy.takeover": {},
     "policy.unload": {},
 }

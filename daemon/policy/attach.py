@@ -13,6 +13,7 @@ the recorder's, when one is attached).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -24,7 +25,7 @@ from daemon.config import PolicyConfig, keys_given
 from daemon.context import DaemonContext, EpisodeRecorder, HasContext, context_of
 from daemon.control_socket import RequestError
 from daemon.policy.action_queue import QueueConfig
-from daemon.policy.checkpoint import CheckpointError
+from daemon.policy.checkpoint import CheckpointError, admit_checkpoint_path
 from daemon.policy.lerobot_server import ServerSpec
 from daemon.policy.runner import FrameSource, PolicyRunnerConfig, PolicySource
 from daemon.policy.takeover import LeaderActuator, Takeover, TakeoverConfig
@@ -118,9 +119,15 @@ class PolicyController:
 
     def load(self, path: str | None = None, wait_s: float = 0.0) -> dict[str, Any]:
         """Check the checkpoint (readable mismatch list), then start its worker process."""
+        asked = bool(path) and path != self.cfg.path
         path = path or self.cfg.path
         if not path:
             raise PolicyError("no checkpoint given (so101d policy load DIR, or [policy] path)")
+        if asked and self.cfg.backend == "local":  # (a server's path names a folder on the server)
+            try:
+                path = str(admit_checkpoint_path(path, self.cfg.allowed_dirs, os.geteuid()))
+            except CheckpointError as exc:
+                raise PolicyError(str(exc)) from None
         with self._lock:
             if self.source is not None and self.daemon.loop.intent == "policy":
                 raise PolicyError("a policy is driving the arm; `so101d policy stop` first")

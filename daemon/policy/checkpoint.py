@@ -37,10 +37,19 @@ UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib")
 # Policies whose inference we support (chunking policies with a predict_action_chunk).
 SUPPORTED_TYPES = ("act", "diffusion", "smolvla", "pi0", "pi05")
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
+# The look through a folder for pickle-capable files is bounded: a checkpoint is a handful of
+# files a level or two deep, and a request must not make the daemon walk a whole file system.
+MAX_WALK_DEPTH = 6
+MAX_WALK_FILES = 2000
+MAX_CHECKPOINT_BYTES = 64 * 1024**3  # the model file; the largest supported policies are a few GB
 
 
 class CheckpointError(ValueError):
     """The folder is not a loadable, safe LeRobot checkpoint (message says why)."""
+
+
+class CheckpointNotAllowed(CheckpointError):
+    """A path outside the folders the daemon may load policies from (nothing else is said about it)."""
 
 
 class CheckpointMismatchError(CheckpointError):
@@ -85,14 +94,51 @@ class CheckpointInfo:
         return tuple(sorted(self.cameras))
 
 
-def _refuse_unsafe_files(path: Path) -> None:
-    unsafe = sorted(
-        str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(UNSAFE_SUFFIXES)
+def admit_checkpoint_path(given: str, allowed_dirs: list[str], owner_uid: int) -> Path:
+    """Where a request may load a policy from, decided before anything inside is looked at.
+
+    Allowed: a folder under one of ``allowed_dirs``, or one that ``owner_uid`` (the daemon's
+    user) or root owns along its whole path (the daemon's own files). Anything else, existing or
+    not, is ``CheckpointNotAllowed`` with the same words: the reply says nothing of what is there."""
+    lexical = Path(os.path.abspath(os.path.expanduser(given)))
+    resolved = Path(os.path.realpath(lexical))
+    for root in allowed_dirs:
+        top = Path(os.path.realpath(os.path.expanduser(root)))
+        if resolved == top or top in resolved.parents:
+            return resolved
+    try:
+        owned = all(os.stat(p).st_uid in (owner_uid, 0) for p in (resolved, *resolved.parents))
+    except OSError:
+        owned = False
+    if owned:
+        return resolved
+    where = ", ".join(allowed_dirs) if allowed_dirs else "none configured"
+    raise CheckpointNotAllowed(
+        f"policy path {given!r} is not allowed: policies load from [policy] path, [policy] allowed_dirs "
+        f"({where}) or folders of the daemon's own user"
     )
+
+
+def _refuse_unsafe_files(path: Path) -> None:
+    """Pickle-capable files anywhere in the folder are refused by name; the look is bounded in
+    depth and file count (a folder beyond the bounds is not a checkpoint) and follows no link."""
+    unsafe: list[str] = []
+    seen = 0
+    top_depth = len(path.parts)
+    for here, dirs, files in os.walk(path, onerror=None, followlinks=False):
+        depth = len(Path(here).parts) - top_depth
+        if depth >= MAX_WALK_DEPTH:
+            dirs.clear()
+        seen += len(files)
+        if seen > MAX_WALK_FILES:
+            raise CheckpointError(
+                f"{path} is not a checkpoint: more than {MAX_WALK_FILES} files (a checkpoint folder has a handful)"
+            )
+        unsafe += [str(Path(here, f).relative_to(path)) for f in files if f.lower().endswith(UNSAFE_SUFFIXES)]
     if unsafe:
         raise CheckpointError(
             f"refusing checkpoint {path}: it contains file(s) in a pickle-capable format "
-            f"({', '.join(unsafe)}); only safetensors checkpoints are loaded. Convert the weights with "
+            f"({', '.join(sorted(unsafe))}); only safetensors checkpoints are loaded. Convert the weights with "
             "safetensors.torch.save_file in a trusted environment and remove the other files."
         )
 
@@ -141,6 +187,11 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
         )
     if not path.is_dir():
         raise CheckpointError(f"checkpoint folder {path} does not exist")
+    if not (path / CONFIG_FILE).is_file():  # before any walk: most folders are not checkpoints at all
+        raise CheckpointError(f"{path} is not a checkpoint: it has no {CONFIG_FILE}")
+    model = path / MODEL_FILE
+    if model.is_file() and model.stat().st_size > MAX_CHECKPOINT_BYTES:
+        raise CheckpointError(f"{path} is not a checkpoint: {MODEL_FILE} is larger than {MAX_CHECKPOINT_BYTES} bytes")
     _refuse_unsafe_files(path)
     missing = [n for n in (CONFIG_FILE, MODEL_FILE, PREPROCESSOR_FILE, POSTPROCESSOR_FILE) if not (path / n).is_file()]
     if missing:

@@ -1,0 +1,83 @@
+"""Hold is always reachable on a real `so101d run`: after every poison line an attacker in the
+socket's group can send, a fresh connection's `hold` still holds; and SIGUSR1 (what
+`systemctl kill --signal=SIGUSR1 so101d` sends) holds without the control socket at all."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import wait_status
+from test_daemon_socket_poison import POISON
+
+from calibration.calibration_file import save_calibration
+from daemon.control_client import ControlClient
+from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
+
+
+@pytest.fixture
+def daemon() -> Iterator[tuple[Path, subprocess.Popen[str]]]:
+    with tempfile.TemporaryDirectory(prefix="so101d-") as d:
+        run_dir = Path(d)
+        cal_root = run_dir / "cal"
+        save_calibration(reference_calibration("leader"), "leader", "l1", cal_root)
+        save_calibration(reference_calibration("follower"), "follower", "f1", cal_root)
+        sock = run_dir / "control.sock"
+        cfg = run_dir / "so101d.toml"
+        cfg.write_text(
+            f'[leader]\nport = "{run_dir / "leader"}"\nid = "l1"\n'
+            f'[follower]\nport = "{run_dir / "follower"}"\nid = "f1"\n'
+            f'[calibration]\nroot = "{cal_root}"\n[socket]\npath = "{sock}"\n'
+        )
+        with (
+            BusEmulator(run_dir / "leader", EmulatedArm("leader")),
+            BusEmulator(run_dir / "follower", EmulatedArm("follower")),
+        ):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                wait_status(sock, lambda s: s["mode"] == "teleop", proc=proc)
+                yield sock, proc
+            finally:
+                if proc.poll() is None:
+                    proc.terminate()
+                    proc.wait(30)
+
+
+def test_after_every_poison_line_a_fresh_connection_still_holds(daemon: tuple[Path, subprocess.Popen[str]]) -> None:
+    sock, proc = daemon
+    for line in POISON:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(str(sock))
+            s.sendall(line + b"\n")
+            assert b'"ok":false' in s.recv(65536), line[:40]
+    with ControlClient(sock, timeout_s=5) as c:
+        assert c.request("hold")["mode"] == "hold"
+        st = c.request("status")
+    assert st["control_socket"]["serving"] is True and st["control_socket"]["thread_restarts"] == 0
+    assert st["control_socket"]["errors"] >= len(POISON)
+    assert proc.poll() is None
+
+
+def test_sigusr1_holds_without_the_control_socket(daemon: tuple[Path, subprocess.Popen[str]]) -> None:
+    sock, proc = daemon
+    proc.send_signal(signal.SIGUSR1)
+    wait_status(sock, lambda s: s["mode"] == "hold", proc=proc)
+    assert proc.poll() is None  # a hold, not a stop
+    with ControlClient(sock, timeout_s=5) as c:  # the operator resumes as usual
+        assert c.request("teleop.start")["ok"] is True
+    wait_status(sock, lambda s: s["mode"] == "teleop", proc=proc)
+    proc.terminate()
+    assert proc.wait(30) == 0
+    assert proc.stderr is not None and "SIGUSR1: holding" in proc.stderr.read()
