@@ -252,8 +252,12 @@ def _recording_line(st: dict[str, Any], cut: _Cut) -> Any | None:
             f"\n  camera {camera}: {refused.get('count')} frames refused ({cut(refused.get('last'), 100)})",
             style="yellow",
         )
+    for number in rec.get("saving") or []:
+        line.append(f"\n  saving… episode {number} (not on the disk yet)", style="yellow")
     for lost in rec.get("lost_episodes") or []:
         line.append(f"\n  LOST: {lost}", style="bold red")
+    for dropped in rec.get("dropped_episodes") or []:
+        line.append(f"\n  DROPPED: {dropped}", style="bold red")
     return line
 
 
@@ -315,6 +319,7 @@ def one_line(st: dict[str, Any]) -> str:
                 for c, r in (rec.get("frames_refused") or {}).items()
             ]
             parts += [f"LOST: {lost}" for lost in rec.get("lost_episodes") or []]
+            parts += [f"DROPPED: {dropped}" for dropped in rec.get("dropped_episodes") or []]
         else:
             parts.append(f"recording: {rec.get('error', '?')}")
     pol = st.get("policy")

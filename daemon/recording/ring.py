@@ -31,7 +31,7 @@ RECORD_DTYPE = np.dtype(
     [
         ("kind", np.int32),
         ("episode_seq", np.int32),
-        ("frame_index", np.int32),
+        ("frame_index", np.int32),  # START: the episode's number (dataset index) as announced
         ("pixel_slot", np.int32),
         ("success", np.int32),  # SAVE: 1 success, 0 failure, -1 not judged
         ("grid_s", np.float64),  # frame time on the fps grid, seconds since the episode start

@@ -269,7 +269,11 @@ function showRecording(rec) {
   $("rec-count").textContent = `${rec.episodes_in_dataset}` + (rec.saves_pending ? ` (+${rec.saves_pending} saving)` : "");
   $("rec-backlog").textContent = `${rec.writer_backlog_frames} frames, ${rec.writer_backlog_records} records`;
   $("rec-frames").textContent = rec.frames;
-  const err = rec.phase === "error" ? `RECORDING STOPPED: ${rec.error}` + (rec.lost_episodes && rec.lost_episodes.length ? `\nLOST: ${rec.lost_episodes.join("; ")}` : "") : "";
+  const stopped = rec.phase === "error" ? `RECORDING STOPPED: ${rec.error}` + (rec.lost_episodes && rec.lost_episodes.length ? `\nLOST: ${rec.lost_episodes.join("; ")}` : "") : "";
+  const dropped = (rec.dropped_episodes || []).map((d) => `DROPPED: ${d}`).join("\n");
+  const err = [stopped, dropped].filter((x) => x).join("\n");
+  const saving = (rec.saving || []).map((n) => `saving… episode ${n}`).join(", ");
+  if (saving) $("rec-count").textContent += ` ${saving}`;
   $("rec-error").hidden = !err;
   $("rec-error").textContent = err;
   const recording = rec.phase === "recording";
