@@ -126,7 +126,7 @@ def test_real_disk_full_on_a_tiny_tmpfs(small_tmpfs):
     rec.close()
     assert load_dataset(root).num_episodes >= 1
     filler.unlink()
-    before = restart_and_append(root, {1, 2, 3, 4, 5, 6, 7})
+    before = restart_and_append(root, {1, 2, 3, 4, 5, 6, 7}, min_free_mb=0)
     assert before >= 1
 
 
