@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from daemon.recording.recorder import Recorder, RecorderConfig
-from drivers.cameras import CameraConfig, VirtualArmCamera
+from drivers.cameras import Camera, CameraConfig, VirtualArmCamera
 
 
 class Loop:
@@ -54,7 +55,7 @@ class Loop:
 
 
 def run_mode(mode: str, args: argparse.Namespace, root: Path) -> dict[str, list[float]]:
-    cams = [VirtualArmCamera(CameraConfig("front", width=args.width, height=args.height))]
+    cams: list[Camera] = [VirtualArmCamera(CameraConfig("front", width=args.width, height=args.height))]
     cfg = RecorderConfig(root=str(root), min_free_mb=0)
     if mode == "handed":
         cfg.save_durable_timeout_s = 0.0
@@ -66,10 +67,14 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path) -> dict[str, list[
     durable = 0
     staged_at: dict[int, float] = {}
     commit_ms: list[float] = []
-    rec.add_listener(lambda m: commit_ms.append(1000 * float(m["commit_s"])) if m.get("event") == "saved" else None)
-    rec.add_listener(
-        lambda m: staged_at.setdefault(int(m["episode_seq"]), time.monotonic()) if m.get("event") == "staged" else None
-    )
+
+    def on_event(m: dict[str, Any]) -> None:  # the writer's events, on the recorder's events thread
+        if m.get("event") == "saved":
+            commit_ms.append(1000 * float(m["commit_s"]))
+        elif m.get("event") == "staged":
+            staged_at.setdefault(int(m["episode_seq"]), time.monotonic())
+
+    rec.add_listener(on_event)
     loop = Loop(rec)
     loop.t.start()
     try:

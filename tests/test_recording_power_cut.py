@@ -136,7 +136,8 @@ def test_the_episode_in_progress_at_a_crash_is_named_after_the_restart(tmp_path)
     rec.wait_ready(120)
     try:
         assert rec.status()["dropped_episodes"] == [
-            "episode 0 ('cut mid-episode'): recording was interrupted before the episode was saved (found at restart)"
+            "episode 0 ('cut mid-episode'): recording was interrupted before the episode was saved (found at"
+            " restart); the dataset's episode 0 will be the next one saved, not this one"
         ]
     finally:
         rec.close()

@@ -1034,6 +1034,9 @@ class Recorder:
 
     def _note_dropped(self, d: DroppedEpisode, when: str) -> None:
         text = f"{d.describe()}" + (f" (found {when})" if when else "")
+        if d.episode is not None and d.episode >= self._committed_total:
+            # LeRobot numbers episodes without gaps: say so rather than let the number change hands
+            text += f"; the dataset's episode {d.episode} will be the next one saved, not this one"
         with self._lock:
             self._dropped.append(text)
         log.error("episode DROPPED, not in the dataset: %s", text)

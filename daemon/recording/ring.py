@@ -106,8 +106,8 @@ class Ring:
         record ring (692 bytes a frame) made the daemon's and the writer's RSS climb about
         1.2 MB a minute while recording, for 18 minutes until the ring wrapped. Its size is the
         bound; touched here, it is paid once at open and RSS stays flat."""
-        for buf in (self._shm_rec.buf, self._shm_pix.buf):
-            pages = np.ndarray((len(buf),), dtype=np.uint8, buffer=buf)[:: mmap.PAGESIZE]
+        for shm in (self._shm_rec, self._shm_pix):
+            pages: np.ndarray = np.ndarray((shm.size,), dtype=np.uint8, buffer=shm.buf)[:: mmap.PAGESIZE]
             if write:
                 pages[:] = 0  # the owner: the pages are allocated (a new segment reads as zeros)
             else:
@@ -116,7 +116,7 @@ class Ring:
     @property
     def mapped_bytes(self) -> int:
         """What both rings take (every page mapped from the start: the RSS they add)."""
-        return len(self._shm_rec.buf) + len(self._shm_pix.buf)
+        return self._shm_rec.size + self._shm_pix.size
 
     @classmethod
     def create(cls, cameras: list[tuple[str, int, int]], n_records: int, n_pixel_slots: int) -> Ring:
