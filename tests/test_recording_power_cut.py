@@ -141,3 +141,14 @@ def test_the_episode_in_progress_at_a_crash_is_named_after_the_restart(tmp_path)
         ]
     finally:
         rec.close()
+
+
+def test_the_cli_says_saving_until_an_answer_is_durable():
+    from daemon.commands.episode import describe
+
+    reply = {"episode": 3, "frames": 75, "success": True, "queued": True, "handed_to_writer": True}
+    assert describe("save", dict(reply, durable=False)).startswith("episode 3 saving… (75 frames, success; not on")
+    assert describe("save", dict(reply, durable=True)).startswith("episode 3 saved (75 frames, success, on disk)")
+    st = {"phase": "idle", "episode": 4, "saving": [3], "dropped_episodes": ["episode 2 ('x'): why"]}
+    text = format_status(st)
+    assert "saving… episode 3" in text and "DROPPED: episode 2 ('x'): why" in text
