@@ -8,8 +8,8 @@ goes through two durable steps:
 
 1. **staged**: while recording, the writer process encodes each camera straight into
    ``<staging>/ep-<uid>/<camera>/video.mp4`` and, at save, writes the table rows (``rows.npz``),
-   per-frame timing and ``episode.json`` last (atomic rename: the episode is complete only once
-   that file exists).
+   per-frame timing, syncs them, and writes ``episode.json`` last (atomic rename, synced: the
+   episode is complete only once that file exists).
 2. **committed**: ``commit()`` appends the episode to LeRobot v3.0's packed files, exactly where
    LeRobot's own writer would put it (packing.py: size targets from info.json, LeRobot's defaults
    for a new dataset; the episodes metadata points into the files as LeRobot's does).
@@ -52,8 +52,10 @@ loads and appends: its plain MP4s are never extended (the next episode opens the
 ``so101d dataset pack ROOT`` repacks it.
 
 ``repair()`` (every start): a journal left behind means a commit was torn -> undo it (see above).
-Then complete staged episodes not yet committed are committed (a kill right after a save loses
-nothing), incomplete ones (the episode in progress) are deleted.
+Then complete staged episodes not yet committed are committed (the save's answer waits until the
+episode is staged and synced, so a power cut right after "saved" loses nothing); incomplete ones
+(the episode in progress) are deleted, and a staged one whose files cannot be committed is set
+aside (``unfinished-ep-*``, kept). Each of those is named in ``dropped`` (number, task, why).
 
 The staging folder is a hidden sibling of the dataset (``.<name>.so101d-staging``), on the same
 filesystem so renames stay atomic.

@@ -52,7 +52,7 @@ log = logging.getLogger("so101d.recording.writer")
 
 ENCODER_QUEUE_FRAMES = 6
 # How often an encoder pushes its MP4's written bytes to the disk while recording: at save only
-# the last second is left to sync, so the durable save stays a few milliseconds.
+# the last second is left to sync, so the durable save stays tens of milliseconds.
 VIDEO_SYNC_EVERY_S = 1.0
 WRITER_NICE = 5  # below the loop, but not starved on a busy machine (nice 10 ~ 1/10 of a share)
 
