@@ -16,8 +16,11 @@ After each one the soak acts as the operator: ``teleop.start`` (through the loop
 socket verb does) until the loop is back in teleop, and counts that as a recovery (with its time).
 
 Report: loop rate per 1 s window (min, p1, p5, p50), time in each mode, faults injected and
-recoveries, the largest per-cycle command step against the step limit (never above), and that
-every saved episode loads with LeRobotDataset.
+recoveries, the largest per-cycle command step against the step limit (never above), that every
+saved episode loads with LeRobotDataset, and the resident memory (RSS) of the daemon and of its
+writer process: first and last sample, and the growth per minute after the first minute (a
+least-squares slope over the samples), asserted below ``--rss-growth-mb-min`` for each.
+``--tracemalloc`` also prints where the daemon's Python allocations grew most.
 
     .venv/bin/python bench/bench_fault_soak.py [--minutes 10] [--seed 0] [--episode-s 20]
 """
@@ -49,6 +52,61 @@ from drivers.emulator.process import EmulatorProcess
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 
 CORRUPT_MODES = ("checksum", "any", "len", "drop", "insert")
+RSS_SAMPLE_S = 5.0
+RSS_WARMUP_S = 60.0  # imports, first encoders, caches filling: not growth
+RSS_GROWTH_BOUND_MB_MIN = 0.25  # per process; the leak this bound catches grew 1.2 MB/min
+
+
+def rss_mb(pid: int | None) -> float | None:
+    """Resident set size of a process from /proc (None when it is gone)."""
+    if pid is None:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+class RssWatch:
+    """Samples the daemon's and the writer's RSS every few seconds while the soak runs."""
+
+    def __init__(self, daemon: Daemon, stop: threading.Event) -> None:
+        self.daemon = daemon
+        self.stop = stop
+        self.samples: dict[str, list[tuple[float, float]]] = {"daemon": [], "writer": []}
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        while True:
+            t = time.monotonic() - t0
+            writer = self.daemon.recorder.writer_pid if self.daemon.recorder is not None else None
+            for name, pid in (("daemon", os.getpid()), ("writer", writer)):
+                mb = rss_mb(pid)
+                if mb is not None:
+                    self.samples[name].append((t, mb))
+            if self.stop.wait(RSS_SAMPLE_S):
+                return
+
+    def growth_mb_min(self, name: str) -> float:
+        pts = [(t, mb) for t, mb in self.samples[name] if t >= RSS_WARMUP_S]
+        if len(pts) < 3:
+            return float("nan")
+        t, mb = np.asarray(pts).T
+        return float(np.polyfit(t / 60.0, mb, 1)[0])
+
+    def line(self, name: str) -> str:
+        pts = self.samples[name]
+        if not pts:
+            return f"{name} -"
+        return (
+            f"{name} {pts[0][1]:.1f} -> {pts[-1][1]:.1f} MB (max {max(mb for _, mb in pts):.1f}), "
+            f"growth after {RSS_WARMUP_S:.0f} s {self.growth_mb_min(name):+.2f} MB/min"
+        )
+
+
 REPO_ID = "soak/bench"
 
 
@@ -199,7 +257,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--episode-s", type=float, default=20.0, help="length of each recorded episode (default 20 s)")
     ap.add_argument("--hz", type=float, default=100.0)
+    ap.add_argument(
+        "--rss-growth-mb-min",
+        type=float,
+        default=RSS_GROWTH_BOUND_MB_MIN,
+        help=f"bound on each process's RSS growth per minute (default {RSS_GROWTH_BOUND_MB_MIN})",
+    )
+    ap.add_argument("--tracemalloc", action="store_true", help="print the daemon's largest allocation growth")
     args = ap.parse_args(argv)
+    if args.tracemalloc:
+        import tracemalloc
+
+        tracemalloc.start(8)
     logging.basicConfig(level=logging.CRITICAL)  # the loop logs every fault; the report says what matters
     rng = random.Random(args.seed)
 
@@ -224,11 +293,13 @@ def main(argv: list[str] | None = None) -> int:
             steps = StepWatch(daemon)
             daemon.loop.add_hook(steps)
             soak = Soak(ep, daemon, rng)
+            rss = RssWatch(daemon, soak.stop)
+            snap0 = None
             saved: list[int] = []
             rec_errors: list[str] = []
             crashed = ""
             try:
-                end = time.monotonic() + 60
+                end = time.monotonic() + 180  # a loaded 2-core machine aligns slowly
                 while (
                     daemon.recorder is None or daemon.recorder.phase == "starting" or daemon.loop.state.mode != "teleop"
                 ):
@@ -242,15 +313,19 @@ def main(argv: list[str] | None = None) -> int:
                     threading.Thread(
                         target=record, args=(daemon, soak, args.episode_s, saved, rec_errors), daemon=True
                     ),
+                    threading.Thread(target=rss.run, daemon=True),
                 ]
                 for t in threads:
                     t.start()
                 t0 = time.monotonic()
                 while time.monotonic() - t0 < args.minutes * 60:
+                    if args.tracemalloc and snap0 is None and time.monotonic() - t0 > RSS_WARMUP_S:
+                        snap0 = tracemalloc.take_snapshot()
                     if not daemon.loop.is_running():
                         crashed = "control loop stopped"
                         break
                     time.sleep(0.5)
+                snap1 = tracemalloc.take_snapshot() if args.tracemalloc else None
                 soak.stop.set()
                 for t in threads:
                     t.join(60)
@@ -300,6 +375,12 @@ def main(argv: list[str] | None = None) -> int:
         "failed follower transactions during each kind: "
         + ", ".join(f"{k} {v}" for k, v in sorted(soak.failed_reads.items()))
     )
+    if snap0 is not None and snap1 is not None:
+        print("daemon allocation growth after the warm-up (tracemalloc, top 8):")
+        for stat in snap1.compare_to(snap0, "traceback")[:8]:
+            print(f"  {stat.size_diff / 1024:+.1f} KiB in {stat.count_diff:+d} blocks at")
+            for fr in stat.traceback.format()[-6:]:
+                print(f"      {fr}")
     for u in soak.unrecovered:
         print(f"NOT RECOVERED:     {u}")
     print(
@@ -320,8 +401,15 @@ def main(argv: list[str] | None = None) -> int:
         if not load_error
         else f"dataset LOAD FAILED: {load_error}"
     )
+    print("rss: " + "; ".join(rss.line(n) for n in ("daemon", "writer")) + f" (bound {args.rss_growth_mb_min} MB/min)")
+    rss_ok = all(
+        not rss.growth_mb_min(n) > args.rss_growth_mb_min for n in ("daemon", "writer")
+    )  # nan (a soak shorter than the warm-up) does not fail it
+    if not rss_ok:
+        print("RSS GROWS above the bound")
     ok = (
-        not crashed
+        rss_ok
+        and not crashed
         and not soak.unrecovered
         and steps.max_ratio <= 1.0 + 1e-9
         and not load_error

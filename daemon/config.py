@@ -130,6 +130,7 @@ class RecordingConfig:
     task: str = "teleoperation"  # default task string of an episode
     on_shutdown: Literal["save", "discard"] = "save"  # the episode in progress at SIGTERM / stop
     stop_timeout_s: float = 120.0  # at stop, how long to wait for the writer to commit saved episodes
+    min_free_mb: float = 500.0  # an episode starts only with this much free disk space for the dataset
 
 
 @dataclass
@@ -243,6 +244,7 @@ _CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
     ("socket.max_request_bytes", lambda v: 256 <= v <= 16 * 1024 * 1024, "must be 256..16 MiB"),
     ("recording.fps", lambda v: 0 < v <= 120, "must be 1..120"),
     ("recording.stop_timeout_s", lambda v: 0 < v <= 3600, "must be in (0, 3600]"),
+    ("recording.min_free_mb", lambda v: v >= 0, "must be 0 (no check) or more"),
 ]
 _CAMERA_CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
     ("width", lambda v: 0 < v <= 8192, "must be 1..8192"),
@@ -366,6 +368,8 @@ def validate(cfg: Config) -> Config:
                 raise ConfigError(f"cameras.{cam_name}.{name}: {value!r} {what}")
     if cfg.control.reconnect_backoff_max_s < cfg.control.reconnect_backoff_min_s:
         raise ConfigError("control.reconnect_backoff_max_s: must be >= control.reconnect_backoff_min_s")
+    if cfg.follower.kind == "feetech":
+        _check_distinct_ports(cfg.leader.port, cfg.follower.port)
     for name in ("leader", "follower"):
         arm_id = getattr(cfg, name).id
         if not arm_id or "/" in arm_id:
@@ -381,6 +385,17 @@ def validate(cfg: Config) -> Config:
             except ValueError as exc:
                 raise ConfigError(f"{key}: {exc} ({what})") from None
     return cfg
+
+
+def _check_distinct_ports(leader: str, follower: str) -> None:
+    """One serial port cannot serve both arms (each side takes an exclusive lock on it: the
+    second would retry forever); a udev symlink names the same device as its target."""
+    if os.path.realpath(leader) == os.path.realpath(follower):
+        same = "" if leader == follower else f" (both are {os.path.realpath(leader)})"
+        raise ConfigError(
+            f"leader.port {leader!r} and follower.port {follower!r} name the same serial port{same}: "
+            "each arm needs its own (see `so101d find-ports`)"
+        )
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:

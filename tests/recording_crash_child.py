@@ -7,11 +7,16 @@ usage: recording_crash_child.py ROOT MODE
                writer) the instant save_episode answers, before any other line of it runs
   mid_rollover: the writer SIGKILLs itself right after a commit opened a new packed file (the
                test made the dataset with tiny size targets); one episode saved -> "KILL-ME"
+  power_cut:   one small camera; once the dataset's saved episodes are committed (the restart's
+               repair), one episode is recorded and saved, the answer is printed ("SAVED <json>")
+               and the whole process group (this process and its writer) is SIGKILLed
+               POWER_CUT_DELAY_MS (argv[3]) after the answer, as a power cut does.
 Prints "WRITER <pid>" once the writer process runs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -26,8 +31,29 @@ from daemon.recording.recorder import Recorder, RecorderConfig
 from drivers.cameras import CameraConfig, VirtualArmCamera
 
 
+def power_cut(root: str, delay_ms: float) -> None:
+    cams = [VirtualArmCamera(CameraConfig("front", width=64, height=48))]
+    rec = Recorder(RecorderConfig(root=root), cams)
+    rec.open()
+    rec.wait_ready(120)
+    print(f"WRITER {rec._proc.pid}", flush=True)
+    with SyntheticLoop(rec):
+        task = f"power cut {delay_ms:g} ms after the answer"
+        rec.start_episode(task)
+        record_frames(rec, 12)
+        reply = rec.save_episode(True)
+        cut_at = time.monotonic() + delay_ms / 1000.0
+        print("SAVED " + json.dumps(dict(reply, task=task)), flush=True)
+        while time.monotonic() < cut_at:  # spin: a sleep's wake-up may come late on a busy machine
+            pass
+        os.killpg(0, signal.SIGKILL)
+
+
 def main() -> None:
     root, mode = sys.argv[1], sys.argv[2]
+    if mode == "power_cut":
+        power_cut(root, float(sys.argv[3]))
+        return
     cams = [VirtualArmCamera(CameraConfig(n, width=160, height=120)) for n in ("front", "wrist")]
     fault = "kill_in_rollover" if mode == "mid_rollover" else ""
     rec = Recorder(RecorderConfig(root=root, fault=fault), cams)

@@ -81,3 +81,18 @@ def test_dump_round_trips(tmp_path):
     p = tmp_path / "c.toml"
     p.write_text(dump_toml(cfg))
     assert load_config(p) == cfg
+
+
+def test_one_serial_port_for_both_arms_is_refused_naming_both_keys(tmp_path):
+    with pytest.raises(
+        ConfigError, match=r"leader\.port '/dev/ttyUSB0' and follower\.port '/dev/ttyUSB0' name the same"
+    ):
+        config_from_dict({"leader": {"port": "/dev/ttyUSB0"}, "follower": {"port": "/dev/ttyUSB0"}})
+    device = tmp_path / "ttyACM7"
+    device.touch()
+    link = tmp_path / "so101-leader"
+    link.symlink_to(device)
+    with pytest.raises(ConfigError, match=rf"leader\.port.*follower\.port.*\(both are {device}\)"):
+        config_from_dict({"leader": {"port": str(link)}, "follower": {"port": str(device)}})
+    # a simulated follower has no serial port
+    config_from_dict({"leader": {"port": "/dev/ttyUSB0"}, "follower": {"kind": "sim", "port": "/dev/ttyUSB0"}})

@@ -66,9 +66,12 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def restart_and_append(root: Path, expect_before: set[int]) -> int:
+def restart_and_append(root: Path, expect_before: set[int], min_free_mb: float | None = None) -> int:
     """Next start repairs, resumes the same dataset, and appends one episode."""
-    rec = Recorder(RecorderConfig(root=str(root)), cams())
+    cfg = RecorderConfig(root=str(root))
+    if min_free_mb is not None:  # a tiny filesystem
+        cfg.min_free_mb = min_free_mb
+    rec = Recorder(cfg, cams())
     rec.open()
     rec.wait_ready(120)
     try:

@@ -105,3 +105,27 @@ def test_a_long_error_is_not_cut_when_status_goes_to_a_pipe(bench) -> None:
     assert watched.returncode == 0, watched.stderr
     assert all("leader NOT connected" in line for line in watched.stdout.splitlines()), watched.stdout
     assert error.splitlines()[0] in watched.stdout.splitlines()[-1], watched.stdout
+
+
+def test_a_leader_port_that_does_not_exist_is_named_in_status(tmp_path: Path) -> None:
+    pose = np.array([0.0, -40.0, 45.0, 30.0, 0.0, 50.0])
+    _fa, fb = still_arm_on_pty(tmp_path / "follower", "follower", pose)
+    missing = tmp_path / "so101-leader"  # never made: a wrong leader.port
+    cfg = config_from_dict({"socket": {"path": str(tmp_path / "c.sock")}})
+    daemon = Daemon(
+        cfg,
+        FeetechLeader(str(missing), reference_calibration("leader")),
+        FeetechFollower(str(tmp_path / "follower"), reference_calibration("follower")),
+    )
+    daemon.start()
+    try:
+        wait_for(lambda: daemon.loop.status()["reason"] == "leader stale", 30, "the hold for the missing leader")
+        out = _sh(f"{SO101D} status --socket {tmp_path / 'c.sock'} | cat")
+        assert out.returncode == 0, out.stderr
+        head = out.stdout.splitlines()[0]
+        assert f"leader port {missing} does not exist" in head, out.stdout
+        line = _sh(f"{SO101D} status --watch --interval 0.1 --socket {tmp_path / 'c.sock'} | head -n 1")
+        assert f"leader port {missing} does not exist" in line.stdout, line.stdout
+    finally:
+        daemon.stop()
+        fb.stop()

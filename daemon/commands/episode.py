@@ -35,7 +35,9 @@ def describe(action: str, reply: dict) -> str:
         return f"episode {reply.get('episode')} recording: {reply.get('task')!r}"
     if action == "save":
         tag = {True: "success", False: "failure", None: "untagged"}[reply.get("success")]
-        return f"episode {reply.get('episode')} saved ({reply.get('frames')} frames, {tag}); writing in the background"
+        if reply.get("durable") is False:
+            return f"episode {reply.get('episode')} saving… ({reply.get('frames')} frames, {tag}; not on the disk yet)"
+        return f"episode {reply.get('episode')} saved ({reply.get('frames')} frames, {tag}, on disk); committing in the background"
     if action == "discard":
         return f"episode {reply.get('episode')} discarded ({reply.get('discarded_frames')} frames)"
     return format_status(reply)
@@ -65,9 +67,46 @@ def format_status(st: dict) -> str:
         line += f"\n  waiting: {st['waiting_for']}"
     if st.get("error"):
         line += f"\n  ERROR: {st['error']}"
+    for number in st.get("saving") or []:
+        line += f"\n  saving… episode {number} (not on the disk yet)"
+    if st.get("disk_free_mb") is not None:
+        line += f"\n  disk: {st['disk_free_mb']:.0f} MB free (an episode starts with {st.get('min_free_mb', 0):.0f} MB)"
     for lost in st.get("lost_episodes") or []:
         line += f"\n  LOST: {lost}"
+    for dropped in st.get("dropped_episodes") or []:
+        line += f"\n  DROPPED: {dropped}"
     return line
+
+
+SAVING_WAIT_S = 120.0  # how long `episode save` follows a "saving…" answer until "saved"
+
+
+def follow_saving(args: argparse.Namespace, episode: int) -> int:
+    """After a "durable": false answer: poll the status until the episode is on the disk."""
+    import sys
+    import time
+
+    from daemon.control_client import ControlClient, DaemonUnavailable, socket_path_from_args
+
+    deadline = time.monotonic() + SAVING_WAIT_S
+    try:
+        with ControlClient(socket_path_from_args(args)) as c:
+            while time.monotonic() < deadline:
+                st = c.call("episode.status")
+                if not st.get("ok"):
+                    break
+                if episode not in (st.get("saving") or []):
+                    if any(x.startswith(f"episode {episode} ") for x in st.get("lost_episodes") or []):
+                        print(f"so101d: episode {episode} LOST: see `so101d episode status`", file=sys.stderr)
+                        return 1
+                    print(f"episode {episode} saved (on disk)")
+                    return 0
+                time.sleep(0.1)
+    except DaemonUnavailable as exc:
+        print(f"so101d: {exc}", file=sys.stderr)
+        return 2
+    print(f"so101d: episode {episode} still not on the disk after {SAVING_WAIT_S:.0f} s", file=sys.stderr)
+    return 1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,10 +116,13 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "save":
         fields["success"] = args.success
     as_json = getattr(args, "json", False)
-    return run_simple(
-        args,
-        f"episode.{args.action}",
-        label=f"episode {args.action}",
-        render=(json.dumps) if as_json else (lambda reply: describe(args.action, reply)),
-        **fields,
-    )
+    answered: dict = {}
+
+    def render(reply: dict) -> str:
+        answered.update(reply)
+        return json.dumps(reply) if as_json else describe(args.action, reply)
+
+    rc = run_simple(args, f"episode.{args.action}", label=f"episode {args.action}", render=render, **fields)
+    if rc == 0 and args.action == "save" and answered.get("durable") is False and not as_json:
+        return follow_saving(args, int(answered["episode"]))
+    return rc

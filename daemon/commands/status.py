@@ -44,6 +44,21 @@ def _fmt(v: Any, spec: str = ".2f", none: str = "-") -> str:
         return str(v)
 
 
+def _reason(st: dict[str, Any]) -> str:
+    """The mode's reason; a hold for a stale leader whose arm is not connected says why: which
+    port, and that it does not exist (a wrong leader.port, an unplugged adapter)."""
+    reason = str(st.get("reason") or "")
+    leader = st.get("leader")
+    if not reason.endswith("leader stale") or not isinstance(leader, dict) or leader.get("connected"):
+        return reason
+    port = str(leader.get("port") or "")
+    if port and not os.path.exists(port):
+        return f"{reason}: leader port {port} does not exist (leader.port; see `so101d find-ports`)"
+    return f"{reason}: leader not connected on {port or '?'}" + (
+        f" ({leader['last_error']})" if leader.get("last_error") else ""
+    )
+
+
 def render(st: dict[str, Any], full: bool = False) -> Any:
     """A rich renderable of a status dict (also used by `so101d demo`).
 
@@ -67,7 +82,7 @@ def render(st: dict[str, Any], full: bool = False) -> Any:
     head = Text()
     head.append("mode ", style="dim")
     head.append(f"{mode:<12}", style=colour)
-    head.append(f" {st.get('reason', '')}\n")
+    head.append(f" {_reason(st)}\n")
     t = st.get("timing_ms", {})
     _period, jitter, cycle = t.get("period", {}), t.get("jitter", {}), t.get("cycle", {})
     head.append(
@@ -252,8 +267,12 @@ def _recording_line(st: dict[str, Any], cut: _Cut) -> Any | None:
             f"\n  camera {camera}: {refused.get('count')} frames refused ({cut(refused.get('last'), 100)})",
             style="yellow",
         )
+    for number in rec.get("saving") or []:
+        line.append(f"\n  saving… episode {number} (not on the disk yet)", style="yellow")
     for lost in rec.get("lost_episodes") or []:
         line.append(f"\n  LOST: {lost}", style="bold red")
+    for dropped in rec.get("dropped_episodes") or []:
+        line.append(f"\n  DROPPED: {dropped}", style="bold red")
     return line
 
 
@@ -280,7 +299,7 @@ def one_line(st: dict[str, Any]) -> str:
     t = st.get("timing_ms", {})
     parts = [f"{time.strftime('%H:%M:%S')} mode {st.get('mode', '?')}"]
     if st.get("reason"):
-        parts[0] += f" ({st['reason']})"
+        parts[0] += f" ({_reason(st)})"
     parts.append(
         f"loop {_fmt(st.get('rate_hz'), '.1f')}/{_fmt(st.get('rate_hz_target'), '.0f')} Hz"
         f" jitter p99 {_fmt(t.get('jitter', {}).get('p99'), '.3f')} ms"
@@ -315,6 +334,7 @@ def one_line(st: dict[str, Any]) -> str:
                 for c, r in (rec.get("frames_refused") or {}).items()
             ]
             parts += [f"LOST: {lost}" for lost in rec.get("lost_episodes") or []]
+            parts += [f"DROPPED: {dropped}" for dropped in rec.get("dropped_episodes") or []]
         else:
             parts.append(f"recording: {rec.get('error', '?')}")
     pol = st.get("policy")

@@ -138,6 +138,7 @@ def attach_recorder(
             repo_id=rc.repo_id,
             fps=rc.fps,
             default_task=rc.task,
+            min_free_mb=rc.min_free_mb,
             follower_kind=str(follower_kind or follower_dataset_kind(follower)),
         ),
         cameras,

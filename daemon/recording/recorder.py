@@ -17,6 +17,7 @@ import collections
 import json
 import logging
 import multiprocessing as mp
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +29,13 @@ import numpy as np
 from daemon.dataset_schema import DEFAULT_FPS
 from daemon.logs import RateLimitedLogger
 from daemon.recording.ring import KIND_DISCARD, KIND_FRAME, KIND_SAVE, KIND_START, TASK_BYTES, Ring
-from daemon.recording.store import DatasetMismatchError, StoreConfig, config_differences
+from daemon.recording.store import (
+    DatasetMismatchError,
+    DroppedEpisode,
+    StoreConfig,
+    config_differences,
+    staging_dir,
+)
 from daemon.recording.writer import store_config_dict
 from daemon.recording.writer_entry import writer_entry
 from drivers.cameras import Camera, VirtualArmCamera
@@ -47,6 +54,11 @@ _MAX_NOTE_CHARS = 200
 # How long save_episode waits for its record to reach the writer's ring (normally < 1 ms; a
 # feeder stuck behind a full ring answers "handed_to_writer": false instead of blocking the verb).
 SAVE_HANDOVER_TIMEOUT_S = 2.0
+# How long save_episode waits for the writer to have the episode on disk (staged and synced:
+# normally a few ms, the encoders stream during capture). Past it (a writer seconds behind, a
+# disk stalling) the answer says "durable": false and the save carries on in the background.
+SAVE_DURABLE_TIMEOUT_S = 1.0
+DEFAULT_MIN_FREE_MB = 500.0  # [recording] min_free_mb: two 640x480 cameras for a minute, twice, and room
 DEFAULT_STOP_TIMEOUT_S = 120.0  # [recording] stop_timeout_s: how long shutdown waits for the writer
 
 
@@ -113,6 +125,10 @@ class RecorderConfig:
     origin: str = "teleop"
     pixel_ring_s: float = 2.0  # seconds of images the ring holds when the writer falls behind
     n_records: int = 32768  # rows the record ring holds (about 18 min at 30 fps)
+    save_durable_timeout_s: float = SAVE_DURABLE_TIMEOUT_S
+    # An episode starts only with this much free space where it is staged and committed (its
+    # videos are staged, then copied into the dataset: twice their size for a moment).
+    min_free_mb: float = DEFAULT_MIN_FREE_MB
     vcodec: str = "h264"
     preset: str = "ultrafast"
     crf: int = 23
@@ -154,6 +170,8 @@ class Recorder:
         # waits for it before it answers "queued").
         self._handed_over = threading.Condition()
         self._handed_over_seq = -1
+        # Signalled when the writer reports an episode staged (on disk, synced) or recording fails.
+        self._staged_cv = threading.Condition()
         self._phase = CLOSED
         self._error = ""
         self._seq = 0
@@ -167,6 +185,11 @@ class Recorder:
         # Saves answered "queued" and not committed yet, by episode seq (insertion = commit order).
         self._pending: dict[int, PendingSave] = {}
         self._lost: list[str] = []  # episodes that will never be in the dataset (logged, status, exit code)
+        self._gone_seqs: set[int] = set()  # saves lost or dropped: never "durable"
+        # Episodes the restart's repair (or a commit) could not put into the dataset: named with
+        # number, task and reason (status, console, log).
+        self._dropped: list[str] = []
+        self._disk_full = False  # recording stopped on a full disk: resumes once there is room
         self._kept_in_staging: list[str] = []  # filled at close: staged, committed at the next start
         # Frames refused at the edge (wrong shape/dtype for the dataset feature), per camera.
         self._refused: dict[str, int] = {c.name: 0 for c in self.cameras}
@@ -496,6 +519,8 @@ class Recorder:
         if not origin or len(origin) > 32:
             raise RecordingError(f"origin must be a short word (teleop, policy...), got {origin!r}")
         self._check_health()
+        self._resume_after_disk_full()
+        self._check_free_space()
         with self._lock:
             self._check_can_start()
             self._starting = True
@@ -522,10 +547,52 @@ class Recorder:
             self._t0 = None
             self._next_grid_s = 0.0
             self._episode_started_s = time.monotonic()
-            self._q.append((KIND_START, self._seq, task))
+            self._q.append((KIND_START, self._seq, task, self.episode_number))
             self._phase = RECORDING
         self._wake.set()
         return {"episode": self.episode_number, "task": task, "origin": origin}
+
+    def _free_mb(self) -> float | None:
+        """Free space where episodes are staged and committed (one filesystem), in MB."""
+        d = staging_dir(self.store_cfg.root_path)
+        while not d.exists() and d != d.parent:
+            d = d.parent
+        try:
+            return round(shutil.disk_usage(d).free / 1e6, 1)
+        except OSError:
+            return None
+
+    def _check_free_space(self) -> None:
+        """Refuse an episode that may not fit, before it starts (not a full disk mid-episode)."""
+        free = self._free_mb()
+        if free is not None and free < self.cfg.min_free_mb:
+            raise RecordingError(
+                f"not enough free disk space to record an episode: {free:.1f} MB free for "
+                f"{self.store_cfg.root_path}, at least {self.cfg.min_free_mb:.0f} MB needed "
+                "([recording] min_free_mb); free some space and start again"
+            )
+
+    def _resume_after_disk_full(self) -> None:
+        """After a full disk stopped recording: once there is room again, the writer commits the
+        staged episodes (in order, before any new one) and recording goes on; no restart."""
+        if not (self._phase == ERROR and self._disk_full and self._running):
+            return
+        free = self._free_mb()
+        if free is None or free < self.cfg.min_free_mb:
+            raise RecordingError(
+                f"recording stopped, the disk is full: {self._error}; {free} MB free for "
+                f"{self.store_cfg.root_path}, at least {self.cfg.min_free_mb:.0f} MB needed "
+                "([recording] min_free_mb); free some space and start again (no restart needed)"
+            )
+        try:
+            self._conn.send({"cmd": "resume"})
+        except (OSError, BrokenPipeError) as exc:
+            raise RecordingError(f"recording cannot resume: writer unreachable: {exc}") from None
+        with self._lock:
+            self._phase = IDLE
+            self._error = ""
+            self._disk_full = False
+        log.info("recording resumes: %.1f MB free; staged episodes are committed first", free)
 
     def _check_can_start(self) -> None:
         """Under the lock: raises RecordingError when no episode can start now."""
@@ -608,7 +675,35 @@ class Recorder:
                     f"episode {number} not saved: recording stopped before the writer got it: {self._error}"
                 )
             log.warning("recording: episode %d is queued but not yet handed to the writer", number)
-        return {"episode": number, "frames": frames, "success": success, "queued": True, "handed_to_writer": handed}
+        # "Saved" means on disk: answer once the writer has staged and synced the episode, which
+        # a restart commits whatever happens next (a power cut included).
+        durable = handed and self._wait_staged(seq, self.cfg.save_durable_timeout_s)
+        if seq in self._gone_seqs:
+            lost = next((x for x in reversed(self._lost) if x.startswith(f"episode {number} ")), "")
+            raise RecordingError(f"episode {number} not saved: {lost or self._error}")
+        if not durable:
+            log.warning(
+                "recording: episode %d answered before it is on disk (durable: false); still being written", number
+            )
+        return {
+            "episode": number,
+            "frames": frames,
+            "success": success,
+            "queued": True,
+            "handed_to_writer": handed,
+            "durable": durable,
+        }
+
+    def _wait_staged(self, seq: int, timeout_s: float) -> bool:
+        def staged() -> bool:
+            p = self._pending.get(seq)
+            # committed already (no longer pending) counts too, unless the save was lost
+            return (p.staged if p is not None else seq not in self._gone_seqs) or self._phase == ERROR
+
+        with self._staged_cv:
+            self._staged_cv.wait_for(staged, timeout_s)
+        p = self._pending.get(seq)
+        return p.staged if p is not None else seq not in self._gone_seqs
 
     def _wait_handed_over(self, seq: int, timeout_s: float) -> bool:
         with self._handed_over:
@@ -678,6 +773,11 @@ class Recorder:
             "episodes_in_dataset": self._committed_total,
             "saves_pending": len(self._pending),
             "lost_episodes": list(self._lost),
+            "dropped_episodes": list(self._dropped),
+            # answered "saved" with durable: false, not on the disk yet (the CLI shows "saving…")
+            "saving": [p.episode for p in list(self._pending.values()) if not p.staged],
+            "disk_free_mb": self._free_mb(),
+            "min_free_mb": self.cfg.min_free_mb,
             "waiting_for": self._waiting_for,
             "frames_refused": {
                 n: {"count": k, "last": self._refused_last.get(n, "")} for n, k in sorted(self._refused.items()) if k
@@ -716,6 +816,8 @@ class Recorder:
             self._error = message
         with self._handed_over:  # a save waiting for its hand-over hears of the failure at once
             self._handed_over.notify_all()
+        with self._staged_cv:
+            self._staged_cv.notify_all()
         log.error("recording stopped: %s%s (teleoperation continues)", message, f"; LOST {lost}" if lost else "")
 
     def _check_health(self) -> None:
@@ -762,6 +864,7 @@ class Recorder:
                     self._fill_frame(ring, rec, item)
                 elif kind == KIND_START:
                     rec["task"] = item[2].encode("utf-8")
+                    rec["frame_index"] = item[3]  # the episode's number, as the operator was told
                 elif kind == KIND_SAVE:
                     rec["success"] = item[2]
                     rec["task"] = item[3] if len(item) > 3 else b""
@@ -861,6 +964,8 @@ class Recorder:
                     )
             for note in msg.get("repair", []):
                 log.warning("dataset repair: %s", note)
+            for d in msg.get("dropped", []):
+                self._note_dropped(DroppedEpisode(**d), "at restart")
             with self._lock:
                 if self._phase == STARTING:
                     self._phase = IDLE
@@ -875,11 +980,13 @@ class Recorder:
                 p = self._pending.get(int(msg.get("episode_seq", -(10**9))))
                 if p is not None:
                     p.staged = True
+            with self._staged_cv:
+                self._staged_cv.notify_all()
             tag = msg.get("tag", {})
             if tag.get("missing_frames") or tag.get("late_frames"):
                 log.warning(
                     "episode %s: %d frames, %d late, %d missing, worst camera skew %.1f ms",
-                    msg.get("episode_seq"),
+                    p.episode if p is not None else "?",
                     tag.get("frames", 0),
                     tag.get("late_frames", 0),
                     tag.get("missing_frames", 0),
@@ -893,6 +1000,12 @@ class Recorder:
             log.info(
                 "episode %d saved (%d frames, commit %.2f s)", msg["episode_index"], msg["frames"], msg["commit_s"]
             )
+        elif ev == "dropped":
+            self._take_pending(msg.get("episode_seq"))
+            seq = msg.get("episode_seq")
+            if seq is not None:
+                self._gone_seqs.add(int(seq))
+            self._note_dropped(DroppedEpisode(**msg["dropped"]), "")
         elif ev == "discarded":
             if msg.get("reason") in ("no frames", "lost"):  # a save whose frames never reached the writer
                 p = self._take_pending(msg.get("episode_seq"))
@@ -905,6 +1018,8 @@ class Recorder:
                     self._note_lost(p, str(msg.get("error", "writer error")))
             # msg["staged"]: the commit failed, the episode stays staged (committed at the next start)
             if msg.get("fatal"):
+                if msg.get("disk_full"):
+                    self._disk_full = True
                 self._fail(msg.get("error", "writer error"))
             else:
                 log.error("recording: %s", msg.get("error"))
@@ -917,10 +1032,22 @@ class Recorder:
                 seq = next((k for k in self._pending if k < 0), None)
             return self._pending.pop(int(seq), None) if seq is not None else None
 
+    def _note_dropped(self, d: DroppedEpisode, when: str) -> None:
+        text = f"{d.describe()}" + (f" (found {when})" if when else "")
+        if d.episode is not None and d.episode >= self._committed_total:
+            # LeRobot numbers episodes without gaps: say so rather than let the number change hands
+            text += f"; the dataset's episode {d.episode} will be the next one saved, not this one"
+        with self._lock:
+            self._dropped.append(text)
+        log.error("episode DROPPED, not in the dataset: %s", text)
+
     def _note_lost(self, p: PendingSave, why: str) -> None:
         text = f"{p.describe()}: {why}"
         with self._lock:
             self._lost.append(text)
+            self._gone_seqs.add(p.seq)
+        with self._staged_cv:
+            self._staged_cv.notify_all()
         log.error("episode LOST: %s", text)
 
 

@@ -8,8 +8,8 @@ goes through two durable steps:
 
 1. **staged**: while recording, the writer process encodes each camera straight into
    ``<staging>/ep-<uid>/<camera>/video.mp4`` and, at save, writes the table rows (``rows.npz``),
-   per-frame timing and ``episode.json`` last (atomic rename: the episode is complete only once
-   that file exists).
+   per-frame timing, syncs them, and writes ``episode.json`` last (atomic rename, synced: the
+   episode is complete only once that file exists).
 2. **committed**: ``commit()`` appends the episode to LeRobot v3.0's packed files, exactly where
    LeRobot's own writer would put it (packing.py: size targets from info.json, LeRobot's defaults
    for a new dataset; the episodes metadata points into the files as LeRobot's does).
@@ -52,8 +52,10 @@ loads and appends: its plain MP4s are never extended (the next episode opens the
 ``so101d dataset pack ROOT`` repacks it.
 
 ``repair()`` (every start): a journal left behind means a commit was torn -> undo it (see above).
-Then complete staged episodes not yet committed are committed (a kill right after a save loses
-nothing), incomplete ones (the episode in progress) are deleted.
+Then complete staged episodes not yet committed are committed (the save's answer waits until the
+episode is staged and synced, so a power cut right after "saved" loses nothing); incomplete ones
+(the episode in progress) are deleted, and a staged one whose files cannot be committed is set
+aside (``unfinished-ep-*``, kept). Each of those is named in ``dropped`` (number, task, why).
 
 The staging folder is a hidden sibling of the dataset (``.<name>.so101d-staging``), on the same
 filesystem so renames stay atomic.
@@ -61,6 +63,7 @@ filesystem so renames stay atomic.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -121,6 +124,56 @@ MARKER = "commit.json"
 TIMING_DIR = "meta/so101d_timing"
 # Files LeRobot rewrites in place on every save; everything else a commit writes is new.
 REWRITTEN_IN_PLACE = ("meta/info.json", "meta/stats.json", "meta/tasks.parquet")
+
+
+START_FILE = "start.json"  # in a staged episode: its task and number, written when it starts
+SAVING_FILE = "saving.json"  # in a staged episode: its save was asked for (the writer read the SAVE)
+SET_ASIDE_PREFIX = "unfinished-"  # a staged episode that cannot be committed, kept for a person
+SET_ASIDE_REASON = "reason.txt"
+# errno values where the disk, not the episode, is at fault: the episode stays staged and is
+# committed once the disk takes it (space freed); any other failure sets the episode aside
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+
+
+def disk_at_fault(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in DISK_ERRNOS
+
+
+@dataclass
+class DroppedEpisode:
+    """An episode a restart found and could not put into the dataset: deleted (never saved) or
+    set aside (saved, but its staged files cannot be committed)."""
+
+    episode: int | None  # the number the operator was told; None: staged before numbers were kept
+    task: str
+    reason: str
+    uid: str = ""
+
+    def describe(self) -> str:
+        number = f"episode {self.episode}" if self.episode is not None else "an episode"
+        return f"{number} ({self.task!r}): {self.reason}"
+
+
+def _staged_identity(d: Path) -> tuple[int | None, str]:
+    """(number, task) from a staged episode's start.json or episode.json, as far as readable."""
+    for name in ("episode.json", START_FILE):
+        try:
+            data = json.loads((d / name).read_text())
+        except (OSError, ValueError):
+            continue
+        number = data.get("episode")
+        return (int(number) if isinstance(number, int) else None), str(data.get("task", "?"))
+    return None, "?"
+
+
+def set_aside(stage: Path, reason: str) -> DroppedEpisode:
+    """Moves a staged episode that cannot be committed out of the way (kept, not deleted)."""
+    number, task = _staged_identity(stage)
+    dst = stage.with_name(SET_ASIDE_PREFIX + stage.name)
+    os.replace(stage, dst)
+    (dst / SET_ASIDE_REASON).write_text(reason)
+    _fsync_dir(stage.parent)
+    return DroppedEpisode(number, task, f"could not be committed ({reason}); its files are kept in {dst}", stage.name)
 
 
 class DatasetMismatchError(ValueError):
@@ -184,6 +237,21 @@ def config_differences(cfg: StoreConfig) -> list[str]:
     return diffs
 
 
+def sync_file_data(path: Path) -> None:
+    """The file's written bytes on the disk (any descriptor of a file syncs its data: the writer's
+    encoder keeps its own open)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """The folder's entries (new names, renames) on the disk."""
+    _fsync_dir(path)
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -226,6 +294,8 @@ class DatasetStore:
         self.staging.mkdir(parents=True, exist_ok=True)
         self._state: _State | None = None  # the end of the dataset, between commits
         self._owner_fd: int | None = None
+        # What the last repair() found and could not put into the dataset (reported at start).
+        self.dropped: list[DroppedEpisode] = []
 
     def take_ownership(self, wait_s: float = 0.0) -> None:
         """Become the dataset's only writer for this store's lifetime (advisory lock).
@@ -290,12 +360,29 @@ class DatasetStore:
             notes.append(migrated)
         tags = read_episode_tags(self.root)
         committed_uids = {t.source.get("recording_uid") for t in tags.values()}
+        self.dropped = []
         for d in sorted(self.staging.glob("ep-*")):
             if not (d / "episode.json").exists():
+                number, task = _staged_identity(d)
+                reason = (
+                    "killed while it was being saved, before it was on the disk"
+                    if (d / SAVING_FILE).exists()
+                    else "recording was interrupted before the episode was saved"
+                )
                 shutil.rmtree(d, ignore_errors=True)
-                notes.append(f"dropped incomplete episode {d.name} (recording was interrupted)")
+                self.dropped.append(DroppedEpisode(number, task, reason, d.name))
+                notes.append(f"dropped incomplete episode {d.name}: {self.dropped[-1].describe()}")
             elif json.loads((d / "episode.json").read_text()).get("uid") in committed_uids:
                 shutil.rmtree(d, ignore_errors=True)  # committed, crash before the clean-up
+        for d in sorted(self.staging.glob(SET_ASIDE_PREFIX + "ep-*")):  # until a person removes them
+            number, task = _staged_identity(d)
+            try:
+                why = (d / SET_ASIDE_REASON).read_text().strip()
+            except OSError:
+                why = "?"
+            self.dropped.append(
+                DroppedEpisode(number, task, f"set aside earlier, could not be committed ({why}): {d}", d.name)
+            )
         for d in self.staging.glob("links-*"):
             shutil.rmtree(d, ignore_errors=True)
         # LeRobot's own temp folders inside the root (tempfile.mkdtemp(dir=root)) from a torn save

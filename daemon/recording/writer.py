@@ -18,7 +18,7 @@ the ring, stages and commits every episode that was saved, drops the one in prog
 
 from __future__ import annotations
 
-import errno
+import json
 import logging
 import os
 import queue
@@ -35,11 +35,25 @@ from typing import Any
 import numpy as np
 
 from daemon.recording.ring import KIND_DISCARD, KIND_FRAME, KIND_SAVE, KIND_START, Ring, RingSpec
-from daemon.recording.store import DatasetMismatchError, DatasetStore, StoreConfig, write_json_atomic
+from daemon.recording.store import (
+    SAVING_FILE,
+    START_FILE,
+    DatasetMismatchError,
+    DatasetStore,
+    StoreConfig,
+    disk_at_fault,
+    fsync_dir,
+    set_aside,
+    sync_file_data,
+    write_json_atomic,
+)
 
 log = logging.getLogger("so101d.recording.writer")
 
 ENCODER_QUEUE_FRAMES = 6
+# How often an encoder pushes its MP4's written bytes to the disk while recording: at save only
+# the last second is left to sync, so the durable save stays tens of milliseconds.
+VIDEO_SYNC_EVERY_S = 1.0
 WRITER_NICE = 5  # below the loop, but not starved on a busy machine (nice 10 ~ 1/10 of a share)
 
 
@@ -112,6 +126,8 @@ class CameraEncoder(threading.Thread):
                     tracker.update(small.transpose(1, 2, 0).reshape(-1, small.shape[0]))
                     self.sampled += 1
                 self.frames += 1
+                if self.frames % max(1, round(self.fps * VIDEO_SYNC_EVERY_S)) == 0:
+                    sync_file_data(self.path)
             if container is not None:
                 if not self._cancel.is_set():
                     for packet in stream.encode():
@@ -145,13 +161,17 @@ class CameraEncoder(threading.Thread):
 class EpisodeBuild:
     """One episode being recorded: rows, timing and its camera encoders."""
 
-    def __init__(self, store: DatasetStore, fps: int, task: str, seq: int) -> None:
+    def __init__(self, store: DatasetStore, fps: int, task: str, seq: int, number: int) -> None:
         self.uid = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
         self.dir = store.staging / f"ep-{self.uid}"
         self.dir.mkdir(parents=True)
+        self.staging = store.staging
         self.fps = fps
         self.task = task
         self.seq = seq
+        self.number = number  # the dataset index the operator was told
+        # not synced: it only names the episode should a restart find it unfinished
+        (self.dir / START_FILE).write_text(json.dumps({"uid": self.uid, "task": task, "episode": number}))
         self.cameras = [name for name, _, _ in store.cfg.cameras]
         self.encoders = [CameraEncoder(self.dir / name / "video.mp4", fps, store.cfg) for name in self.cameras]
         for e in self.encoders:
@@ -216,8 +236,14 @@ class EpisodeBuild:
         self.state_offset_s.append(state_s - t_grid)
         self.cam_offset_s.append(offsets)
 
+    def mark_saving(self) -> None:
+        """The save was asked for: a restart that finds the episode unfinished says so."""
+        (self.dir / SAVING_FILE).write_text(json.dumps({"episode": self.number}))
+
     def stage(self, success: bool | None, follower_kind: str, origin: str) -> dict[str, Any]:
-        """Flush the encoders and write the episode durably; returns its episode.json content."""
+        """Flush the encoders and write the episode durably: every file it needs synced to the
+        disk, then ``episode.json`` (the episode is complete once that name exists, synced with its
+        folder). What a restart's repair commits from; returns its episode.json content."""
         for e in self.encoders:
             e.finish()
         n = len(self.grid_s)
@@ -237,6 +263,10 @@ class EpisodeBuild:
             camera_offset_s=np.asarray(self.cam_offset_s, np.float64).reshape(n, len(self.cameras)),
             camera_names=np.asarray(self.cameras, dtype=str),
         )
+        for path in [self.dir / "rows.npz", self.dir / "timing.npz"] + [e.path for e in self.encoders]:
+            sync_file_data(path)
+        for name in self.cameras:
+            fsync_dir(self.dir / name)
         if self.no_pixels:
             self.notes.append(f"writer fell behind: {self.no_pixels} frames repeat the previous image")
         tag: dict[str, Any] = {
@@ -253,11 +283,13 @@ class EpisodeBuild:
         meta = {
             "uid": self.uid,
             "task": self.task,
+            "episode": self.number,
             "frames": n,
             "tag": tag,
             "video_stats": {name: e.stats for e, name in zip(self.encoders, self.cameras)},
         }
-        write_json_atomic(self.dir / "episode.json", meta)
+        write_json_atomic(self.dir / "episode.json", meta)  # synced, with the episode's folder
+        fsync_dir(self.staging)  # the episode's folder itself, made at start
         return meta
 
     def cancel(self) -> None:
@@ -331,7 +363,11 @@ def writer_main(
     ring = Ring.attach(spec)
     # (staged episode, its recorder seq; None for one recovered from a previous run)
     commits: queue.Queue[tuple[Path, int | None] | None] = queue.Queue()
+    # failed: a commit hit a full (or failing) disk; the staged episodes wait in `held`, in order,
+    # until the recorder says the disk has room again ("resume")
     state = {"failed": False}
+    held: list[tuple[Path, int | None]] = []
+    held_lock = threading.Lock()
 
     def commit_worker() -> None:
         while True:
@@ -339,8 +375,10 @@ def writer_main(
             if item is None:
                 return
             stage, seq = item
-            if state["failed"]:
-                continue  # recording stopped; staged episode is kept for the next start
+            with held_lock:
+                if state["failed"]:
+                    held.append(item)  # kept staged: committed on resume, or at the next start
+                    continue
             try:
                 res = store.commit(stage)
                 send({"event": "saved", **res, "episode_seq": seq, "pending": commits.qsize()})
@@ -350,8 +388,21 @@ def writer_main(
                     note = store.rollback_if_torn()
                 except Exception as exc2:
                     note = f"rollback failed too: {exc2}"
-                state["failed"] = True
                 log.error("commit of %s failed: %s (%s)", stage.name, exc, note)
+                if not disk_at_fault(exc) and (stage / "episode.json").exists():
+                    # the episode's own files are broken (a truncated video...): it can never be
+                    # committed; set it aside (kept) and go on with the next one
+                    try:
+                        dropped = set_aside(stage, f"{type(exc).__name__}: {exc}")
+                    except OSError as exc2:
+                        log.error("could not set %s aside: %s", stage.name, exc2)
+                    else:
+                        log.error("episode DROPPED: %s", dropped.describe())
+                        send({"event": "dropped", "episode_seq": seq, "dropped": asdict(dropped)})
+                        continue
+                with held_lock:
+                    state["failed"] = True
+                    held.append(item)
                 send(
                     {
                         "event": "error",
@@ -360,8 +411,19 @@ def writer_main(
                         "staged": str(stage),
                         "episode_seq": seq,
                         "fatal": True,
+                        "disk_full": disk_at_fault(exc),
                     }
                 )
+
+    def resume() -> None:
+        """The disk has room again: commit the held episodes (in order), record again."""
+        with held_lock:
+            state["failed"] = False
+            again = list(held)
+            held.clear()
+        for item in again:
+            commits.put(item)
+        log.info("recording resumes: %d staged episode(s) to commit", len(again))
 
     for stage in store.staged_episodes():  # saved before a crash, never committed
         commits.put((stage, None))
@@ -373,6 +435,7 @@ def writer_main(
             "total_episodes": store.total_episodes(),
             "repair": notes,
             "recovered": len(store.staged_episodes()),
+            "dropped": [asdict(d) for d in store.dropped],
         }
     )
 
@@ -393,6 +456,8 @@ def writer_main(
                         parent_gone = True
                     if msg.get("cmd") == "stop":
                         stop_requested = True
+                    elif msg.get("cmd") == "resume":
+                        resume()
                 if stop_requested or parent_gone:
                     break
                 time.sleep(0.004)
@@ -405,7 +470,7 @@ def writer_main(
                     if current is not None:
                         current.cancel()
                     task = bytes(rec["task"][0]).rstrip(b"\0").decode("utf-8", "replace")
-                    current = EpisodeBuild(store, cfg.fps, task, int(rec["episode_seq"][0]))
+                    current = EpisodeBuild(store, cfg.fps, task, int(rec["episode_seq"][0]), int(rec["frame_index"][0]))
                 elif kind == KIND_FRAME:
                     if current is not None and int(rec["episode_seq"][0]) == current.seq:
                         current.add(rec, ring)
@@ -421,6 +486,7 @@ def writer_main(
                             current = None
                             send({"event": "discarded", "episode_seq": seq, "reason": "no frames"})
                         else:
+                            current.mark_saving()
                             extras = save_extras(bytes(rec["task"][0]))
                             current.notes.extend(str(n) for n in extras.get("notes", []) if n)
                             meta = current.stage(
@@ -440,12 +506,13 @@ def writer_main(
                 if current is not None:
                     current.cancel()
                     current = None
-                disk_full = "No space left" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC
+                disk_full = "No space left" in str(exc) or disk_at_fault(exc)
                 send(
                     {
                         "event": "error",
                         "error": f"recording the episode failed: {exc}",
                         "fatal": disk_full,
+                        "disk_full": disk_full,
                         "save_lost": kind == KIND_SAVE,
                         "episode_seq": int(rec["episode_seq"][0]),
                     }
@@ -466,8 +533,6 @@ def writer_main(
 
 def save_extras(raw: bytes) -> dict[str, Any]:
     """The SAVE record's tag extras (origin, follower_kind, notes); {} when absent or unreadable."""
-    import json
-
     raw = raw.rstrip(b"\0")
     if not raw:
         return {}

@@ -269,7 +269,12 @@ function showRecording(rec) {
   $("rec-count").textContent = `${rec.episodes_in_dataset}` + (rec.saves_pending ? ` (+${rec.saves_pending} saving)` : "");
   $("rec-backlog").textContent = `${rec.writer_backlog_frames} frames, ${rec.writer_backlog_records} records`;
   $("rec-frames").textContent = rec.frames;
-  const err = rec.phase === "error" ? `RECORDING STOPPED: ${rec.error}` + (rec.lost_episodes && rec.lost_episodes.length ? `\nLOST: ${rec.lost_episodes.join("; ")}` : "") : "";
+  const stopped = rec.phase === "error" ? `RECORDING STOPPED: ${rec.error}` + (rec.lost_episodes && rec.lost_episodes.length ? `\nLOST: ${rec.lost_episodes.join("; ")}` : "") : "";
+  const dropped = (rec.dropped_episodes || []).map((d) => `DROPPED: ${d}`).join("\n");
+  const err = [stopped, dropped].filter((x) => x).join("\n");
+  const saving = (rec.saving || []).map((n) => `saving… episode ${n}`).join(", ");
+  if (saving) $("rec-count").textContent += ` ${saving}`;
+  if (C.savingEpisode !== undefined && !(rec.saving || []).includes(C.savingEpisode)) { say(`episode ${C.savingEpisode} saved`, false); C.savingEpisode = undefined; }
   $("rec-error").hidden = !err;
   $("rec-error").textContent = err;
   const recording = rec.phase === "recording";
@@ -295,6 +300,7 @@ function endEpisode(cmd, args, btn) {
   const s = C.session;
   const was = s.phase;
   if (!sendThen(cmd, args, btn, (r) => {
+    if (r.ok && r.durable === false) { C.savingEpisode = r.episode; say(`episode ${r.episode} saving… (not on the disk yet)`, false); }
     if (r.ok && s.active) { s.phase = "reset"; s.deadline = performance.now() + numberField("reset-time", 10) * 1000; }
     else if (!r.ok && s.phase === "ending") s.phase = was;
   })) return;

@@ -1,0 +1,156 @@
+"""A power cut right after "saved": the answered episode is in the dataset after the restart.
+
+A power cut kills every process of the service at once (the daemon and its writer) and drops what
+was not on the disk yet. SIGKILL of the whole process group is the part a test can do; the answer
+waiting for the episode to be staged and synced (fsync of its files and folders) is what makes the
+same hold when the page cache is lost too.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from recording_support import SyntheticLoop, load_dataset, record_frames, wait_until
+from test_recording_crash import pid_alive
+
+from daemon.commands.episode import format_status
+from daemon.dataset_schema import read_episode_tags
+from daemon.recording.recorder import Recorder, RecorderConfig
+from daemon.recording.store import staging_dir
+from drivers.cameras import CameraConfig, VirtualArmCamera
+
+CHILD = Path(__file__).resolve().parent / "recording_crash_child.py"
+REPO = Path(__file__).resolve().parents[1]
+CUT_DELAYS_MS = (0, 1, 2, 5, 10, 20)
+
+
+def small_camera() -> list[VirtualArmCamera]:
+    return [VirtualArmCamera(CameraConfig("front", width=64, height=48))]
+
+
+def save_then_power_cut(root: Path, delay_ms: float) -> dict:
+    """One run of the child: restart (repair), one episode saved, the group killed after the answer."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), str(root), "power_cut", str(delay_ms)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group: the cut takes the child and its writer only
+    )
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == -9, f"the child was not cut (rc {proc.returncode}): {out[-2000:]}"
+    writer = int(next(line for line in out.splitlines() if line.startswith("WRITER")).split()[1])
+    assert wait_until(lambda: not pid_alive(writer), 10), "the writer outlived the power cut"
+    saved = next(line for line in out.splitlines() if line.startswith("SAVED "))
+    return json.loads(saved[len("SAVED ") :])
+
+
+def test_every_answered_save_survives_a_power_cut_right_after_the_answer(tmp_path):
+    root = tmp_path / "ds"
+    answers = [save_then_power_cut(root, d) for d in CUT_DELAYS_MS]
+    # the last restart: repair commits what the last cut left staged
+    rec = Recorder(RecorderConfig(root=str(root)), small_camera())
+    rec.open()
+    rec.wait_ready(120)
+    try:
+        assert rec.wait_saved(90)
+        if all(a.get("durable") for a in answers):
+            assert rec.status()["dropped_episodes"] == []
+    finally:
+        rec.close()
+    ds = load_dataset(root)
+    tags = read_episode_tags(root)
+    for a in answers:
+        if a.get("durable") is False:
+            continue  # the answer said it was not on the disk yet
+        e = int(a["episode"])
+        assert e < ds.num_episodes, f"episode {e} answered saved ({a}), the dataset has {ds.num_episodes}"
+        meta = ds.meta.episodes[e]
+        assert list(meta["tasks"]) == [a["task"]], (e, meta["tasks"], a)
+        assert int(meta["length"]) == int(a["frames"]), (e, meta["length"], a)
+        assert tags[e].success is True
+        for i in range(int(meta["dataset_from_index"]), int(meta["dataset_to_index"])):
+            assert tuple(ds[i]["observation.images.front"].shape) == (3, 48, 64)
+    if all(a.get("durable") for a in answers):  # (a durable: false one may be gone, and named)
+        assert ds.num_episodes == len(answers)  # one episode per answer, under the answered number
+        assert [int(a["episode"]) for a in answers] == list(range(len(answers)))
+    assert not any(staging_dir(root).glob("ep-*"))
+
+
+def test_an_episode_repair_cannot_finish_is_named_in_status_and_kept(tmp_path):
+    """A saved (staged) episode whose video was cut short cannot be committed: the restart sets it
+    aside (kept, not deleted) and status names it with its number, task and why; the next one
+    records."""
+    root = tmp_path / "ds"
+    staging = staging_dir(root)
+    staging.mkdir(parents=True)
+    with open(staging / "commit.lock", "a") as lock:  # holds the commit back: the episode stays staged
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        answer = save_then_power_cut(root, 0)
+    assert answer["durable"] is True
+    (stage,) = staging.glob("ep-*")
+    video = stage / "front" / "video.mp4"
+    with open(video, "r+b") as fh:
+        fh.truncate(video.stat().st_size // 2)
+
+    rec = Recorder(RecorderConfig(root=str(root)), small_camera())
+    rec.open()
+    rec.wait_ready(120)
+    try:
+        assert wait_until(lambda: rec.status()["dropped_episodes"], 60), rec.status()
+        (dropped,) = rec.status()["dropped_episodes"]
+        assert dropped.startswith(f"episode 0 ({answer['task']!r}): could not be committed"), dropped
+        assert "unfinished-ep-" in dropped  # where its files are kept
+        assert "DROPPED: episode 0" in format_status(rec.status())
+        assert rec.wait_saved(30) and rec.status()["saves_pending"] == 0
+        with SyntheticLoop(rec):
+            rec.start_episode("after the drop")
+            record_frames(rec, 10)
+            assert rec.save_episode(True)["durable"] is True
+            assert rec.wait_saved(60)
+    finally:
+        rec.close()
+    assert load_dataset(root).num_episodes == 1
+    assert list(staging.glob("unfinished-ep-*/front/video.mp4"))  # kept for a person to look at
+
+
+def test_the_episode_in_progress_at_a_crash_is_named_after_the_restart(tmp_path):
+    root = tmp_path / "ds"
+    rec = Recorder(RecorderConfig(root=str(root)), small_camera())
+    rec.open()
+    rec.wait_ready(120)
+    with SyntheticLoop(rec):
+        rec.start_episode("cut mid-episode")
+        record_frames(rec, 5)
+        assert wait_until(lambda: any(staging_dir(root).glob("ep-*/start.json")), 30)
+        rec._proc.kill()  # the writer dies with the episode in progress
+        assert wait_until(lambda: rec.phase == "error", 30)
+    rec.close()
+    rec = Recorder(RecorderConfig(root=str(root)), small_camera())
+    rec.open()
+    rec.wait_ready(120)
+    try:
+        assert rec.status()["dropped_episodes"] == [
+            "episode 0 ('cut mid-episode'): recording was interrupted before the episode was saved (found at"
+            " restart); the dataset's episode 0 will be the next one saved, not this one"
+        ]
+    finally:
+        rec.close()
+
+
+def test_the_cli_says_saving_until_an_answer_is_durable():
+    from daemon.commands.episode import describe
+
+    reply = {"episode": 3, "frames": 75, "success": True, "queued": True, "handed_to_writer": True}
+    assert describe("save", dict(reply, durable=False)).startswith("episode 3 saving… (75 frames, success; not on")
+    assert describe("save", dict(reply, durable=True)).startswith("episode 3 saved (75 frames, success, on disk)")
+    st = {"phase": "idle", "episode": 4, "saving": [3], "dropped_episodes": ["episode 2 ('x'): why"]}
+    text = format_status(st)
+    assert "saving… episode 3" in text and "DROPPED: episode 2 ('x'): why" in text
