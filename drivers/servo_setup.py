@@ -8,8 +8,10 @@ ID and then its Baud_Rate are written. Stricter than LeRobot where a real bench 
 
 * every rate is asked, and every reply kept (``FeetechBus.collect_replies``): two servos on the
   chain show up as two replies, as replies at two rates, or as bytes no packet accounts for
-  (answers colliding on the wire), and a READ by the found id must get exactly one clean reply
-  (servos sharing one id answer one request together). LeRobot takes the first id it sees.
+  (answers colliding on the wire), and READs by the found id must each get exactly one clean
+  reply: Model_Number, then each servo's own present position and state
+  (``shared_id_evidence``), where servos sharing one id, answering together, disagree and their
+  bits collide. LeRobot takes the first id it sees.
 * the rates are the union of the STS3215 datasheet's table (``BAUD_RATE_BY_CODE``) and LeRobot's
   (which has 19200 instead of 76800): the two disagree, and a search costs ~0.1 s per silent rate.
 * after the writes the EEPROM is locked again (Lock 1) at the new rate, and ID and Baud_Rate are
