@@ -178,6 +178,7 @@ class SetupRun:
             JOINT_IDS[j]: (j, f"in an earlier run (this one started --from {from_joint})") for j in SETUP_ORDER[:start]
         }
         self.earlier = SETUP_ORDER[:start]
+        self.current = self.todo[0]  # the joint being set up (a resume starts there)
         # Setup is not time-critical: a generous reply timeout beats a spurious "no reply".
         self.bus = FeetechBus(port, TARGET_BAUDRATE, retries=3, reply_margin_s=0.5)
         self.signals = _StopSignals(out)
@@ -199,7 +200,14 @@ class SetupRun:
             return EXIT_BUS
         try:
             with self.signals:
-                return self._run()
+                try:
+                    return self._run()
+                except KeyboardInterrupt as exc:
+                    # A signal between two steps (after a servo's read back, before the next
+                    # prompt): no servo is half written; the one named was set up or untouched.
+                    name, code = _interruption(exc)
+                    self.say(f"\n{name}: stopped at the {self.current} servo. Resume: {self.resume_hint(self.current)}")
+                    return code
         finally:
             self.bus.close()
 
@@ -211,6 +219,7 @@ class SetupRun:
         self.say(f"Each gets its final id and {TARGET_BAUDRATE} baud. Type q and ENTER at a prompt to stop.")
         total = len(SETUP_ORDER)
         for joint in self.todo:
+            self.current = joint
             step = SETUP_ORDER.index(joint) + 1
             target = Place(JOINT_IDS[joint], TARGET_BAUDRATE)
             try:
