@@ -75,6 +75,7 @@ from drivers.calibration_io import (
     write_servo_calibration,
 )
 from drivers.feetech_bus import DEFAULT_REPLY_MARGIN_S, DEFAULT_RETRIES, FeetechBus, ServoNoReplyError, decode_value
+from drivers.servo_setup import diagnose_lone_id_one
 from drivers.sts3215_table import CONTROL_TABLE, ERR_OVERCURRENT, ERR_OVERLOAD, MODEL_NUMBER_STS3215
 
 log = logging.getLogger("drivers.feetech_arm")
@@ -212,6 +213,20 @@ class _FeetechArm:
             raise
         self._connected = True
 
+    def _lone_id_one_hint(self) -> str:
+        """Only id 1 answers: a new kit (the same next step `so101d doctor` names, in the fault the
+        status and the console show) or a daisy chain cut after servo 1 (check the cable)."""
+        try:
+            lone = diagnose_lone_id_one(self.bus)
+        except ArmError as exc:
+            return f"; only id 1 answers (could not tell a new kit from a loose cable after servo 1: {exc})"
+        if lone.new_kit:
+            return (
+                f"; only id 1 answers, as on a new kit ({lone.why}): stop so101d, then run "
+                f"so101d setup-motors {self.role} --port {self.port}"
+            )
+        return f"; only id 1 answers: {lone.why}"
+
     def handshake(self) -> None:
         """Every joint's id answers with the STS3215 model number, all on one firmware version."""
         missing: list[int] = []
@@ -237,13 +252,7 @@ class _FeetechArm:
             )
         if problems:
             seen = ", ".join(str(s) for s in sorted(found)) or "none"
-            # Only the factory id answering is a new kit (its servos collide on id 1): the same
-            # next step `so101d doctor` names, in the fault the status and the console show.
-            hint = (
-                f"; only id 1 answers, as on a new kit: stop so101d, then run so101d setup-motors {self.role} --port {self.port}"
-                if missing and set(found) == {1}
-                else ""
-            )
+            hint = self._lone_id_one_hint() if missing and set(found) == {1} else ""
             raise HandshakeError(
                 f"{self.role} arm on {self.port}: " + "; ".join(problems) + f" (ids answering: {seen}){hint}"
             )

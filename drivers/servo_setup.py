@@ -8,8 +8,10 @@ ID and then its Baud_Rate are written. Stricter than LeRobot where a real bench 
 
 * every rate is asked, and every reply kept (``FeetechBus.collect_replies``): two servos on the
   chain show up as two replies, as replies at two rates, or as bytes no packet accounts for
-  (answers colliding on the wire), and a READ by the found id must get exactly one clean reply
-  (servos sharing one id answer one request together). LeRobot takes the first id it sees.
+  (answers colliding on the wire), and READs by the found id must each get exactly one clean
+  reply: Model_Number, then each servo's own present position and state
+  (``shared_id_evidence``), where servos sharing one id, answering together, disagree and their
+  bits collide. LeRobot takes the first id it sees.
 * the rates are the union of the STS3215 datasheet's table (``BAUD_RATE_BY_CODE``) and LeRobot's
   (which has 19200 instead of 76800): the two disagree, and a search costs ~0.1 s per silent rate.
 * after the writes the EEPROM is locked again (Lock 1) at the new rate, and ID and Baud_Rate are
@@ -128,12 +130,79 @@ def find_single_servo(bus: FeetechBus, joint: str) -> tuple[Place, int]:
             f"that id, the daisy chain is still connected; {alone}"
         )
     model = decode_value("Model_Number", replies.packets[0][2])
+    shared = shared_id_evidence(bus, place)
+    if shared is not None:
+        raise SeveralServos(f"{shared}: several servos share {place}, the daisy chain is still connected; {alone}")
     if model != MODEL_NUMBER_STS3215:
         raise WrongModel(
             f"the servo at {place} reports model number {model}, not an STS3215 ({MODEL_NUMBER_STS3215}): the "
             f"SO-101 uses STS3215 servos; connect the {joint}'s STS3215 instead"
         )
     return place, model
+
+
+# Registers each servo holds for itself (Present_Position .. Present_Temperature): read in a few
+# windows, so that a collision whose merged bytes happen to pass the checksum in one window is
+# unlikely to pass in all of them.
+_PER_SERVO_WINDOWS: tuple[tuple[int, int], ...] = ((56, 2), (56, 8), (58, 6), (56, 8))
+
+
+def shared_id_evidence(bus: FeetechBus, place: Place) -> str | None:
+    """None when one servo answers reads at ``place``; else what showed that several do.
+
+    Servos sharing an id all hear one READ and start answering after the same return delay, so
+    on a shared half-duplex wire their replies overlap bit for bit. Registers every servo of a
+    model holds alike (Model_Number, a factory EEPROM) merge into one clean packet, which is why a
+    broadcast PING or a Model_Number READ cannot tell one servo from several. A servo's own state
+    (its present position, to the tick, and its speed, load, voltage, temperature) differs from
+    its neighbour's: the overlapping bits then give bytes whose checksum fails (or, on a kinder
+    adapter, two replies back to back). Only servos identical in every byte of every window would
+    go unseen."""
+    bus.set_baudrate(place.baudrate)
+    for addr, size in _PER_SERVO_WINDOWS:
+        replies = bus.collect_replies(P.read(place.servo_id, addr, size), FIRST_BYTE_S, QUIET_S)
+        if len(replies.packets) != 1 or replies.noise_bytes:
+            garbled = f" and {replies.noise_bytes} garbled bytes" if replies.noise_bytes else ""
+            return (
+                f"a read of registers {addr}..{addr + size - 1} (each servo's own present position and state) "
+                f"at {place} got {len(replies.packets)} whole replies{garbled}"
+            )
+    return None
+
+
+FACTORY_CALIBRATION = {"Homing_Offset": 0, "Min_Position_Limit": 0, "Max_Position_Limit": 4095}
+
+
+@dataclass(frozen=True)
+class LoneIdOne:
+    """Why only id 1 answers on an arm that should answer at 1..6."""
+
+    new_kit: bool  # the servos still have the factory id (else: a chain cut after servo 1)
+    why: str
+
+
+def diagnose_lone_id_one(bus: FeetechBus) -> LoneIdOne:
+    """Only id 1 answers at the bus's rate: a new kit (every servo at the factory id 1) or an arm
+    set up before whose daisy chain is cut after servo 1? Several replies or garbled bytes to a
+    ping, reads that collide, or a servo holding the factory calibration say new kit; one servo
+    holding a calibration says the cable."""
+    here = Place(1, bus.baudrate)
+    ping = bus.collect_replies(P.ping(P.BROADCAST_ID), FIRST_BYTE_S, QUIET_S)
+    if len(ping.packets) > 1 or ping.noise_bytes:
+        garbled = f" and {ping.noise_bytes} garbled bytes" if ping.noise_bytes else ""
+        return LoneIdOne(True, f"{len(ping.packets)} replies{garbled} to one ping: several servos share id 1")
+    shared = shared_id_evidence(bus, here)
+    if shared is not None:
+        return LoneIdOne(True, f"{shared}: several servos share id 1")
+    held = {name: bus.read(name, 1) for name in FACTORY_CALIBRATION}
+    if held == FACTORY_CALIBRATION:
+        return LoneIdOne(True, "one servo answers as id 1 and holds the factory settings (offset 0, limits 0..4095)")
+    listing = ", ".join(f"{k} {v}" for k, v in held.items())
+    return LoneIdOne(
+        False,
+        f"one servo answers as id 1 and holds a calibration ({listing}), not a new kit's factory settings; "
+        "the servos after it do not answer: check the 3-pin cable from servo 1 to servo 2 and the next ones",
+    )
 
 
 def assign(

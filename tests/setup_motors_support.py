@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 _CONSOLE = Path(sys.executable).with_name("so101d")
 SO101D = [str(_CONSOLE)] if _CONSOLE.exists() else [sys.executable, "-m", "daemon.cli"]
 PROMPT = re.compile(r"Connect ONLY the (\w+) servo \(it becomes id (\d)\)")
+CHAIN_PROMPT = re.compile(r"Now connect all six \w+ servos in one daisy chain, .* then press ENTER")
 
 
 def env() -> dict[str, str]:
@@ -70,8 +71,9 @@ class SetupSession:
         self.proc.stdin.write("\n")
         self.proc.stdin.flush()
 
-    def run_story(self, on_prompt: Callable[[str, int], None]) -> int:
-        """Answer every prompt with ``on_prompt(joint, final_id)`` then ENTER, until the end."""
+    def run_story(self, on_prompt: Callable[[str, int], None], on_chain: Callable[[], None] | None = None) -> int:
+        """Answer every prompt with ``on_prompt(joint, final_id)`` then ENTER, until the end; the
+        chain check of a ``--from`` run with ``on_chain()`` (the operator assembling the chain)."""
         while True:
             line = self.next_line()
             if not line:
@@ -80,9 +82,13 @@ class SetupSession:
             if m:
                 on_prompt(m.group(1), int(m.group(2)))
                 self.enter()
+            elif CHAIN_PROMPT.search(line):
+                assert on_chain is not None, f"unexpected chain check:\n{self.text}"
+                on_chain()
+                self.enter()
 
-    def interrupt(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
+    def interrupt(self, sig: int = signal.SIGINT) -> None:
+        self.proc.send_signal(sig)
 
     def finish(self, timeout_s: float = 60) -> int:
         assert self.proc.stdout is not None

@@ -167,4 +167,5 @@ def test_the_daemon_on_a_new_kit_reports_setup_motors_as_its_fault(tmp_path: Pat
         finally:
             assert stop(daemon) == 0, log_of(m, "run")
     assert status["mode"] == "disconnected"
-    assert "only id 1 answers, as on a new kit: stop so101d, then run so101d setup-motors" in status["fault"]
+    assert "only id 1 answers, as on a new kit (" in status["fault"]
+    assert "): stop so101d, then run so101d setup-motors follower --port" in status["fault"]

@@ -7,7 +7,9 @@ ends in the same registers as LeRobot's own `SOFollower.setup_motors()` on a sec
 from __future__ import annotations
 
 import builtins
+import io
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +17,9 @@ import pytest
 from setup_motors_support import SetupSession, plug_only, set_up_arm
 
 from calibration.conventions import JOINT_IDS, JOINT_NAMES
+from daemon.commands.setup_motors import SetupRun
 from drivers.emulator.process import EmulatorProcess
+from drivers.feetech_bus import FeetechBus
 from drivers.sts3215_table import CONTROL_TABLE, EEPROM_END
 
 KIT_BAUD = "500000"  # a batch shipped at another rate than the 1 Mbaud the arm runs at
@@ -168,12 +172,14 @@ def test_ctrl_c_mid_write_finishes_that_servo_says_where_it_is_and_from_resumes(
     # The rerun, as the output says: the five servos left.
     resume = SetupSession(["follower", "--port", str(kit.follower_path), "--from", "wrist_roll"], tmp_path)
     try:
-        code = resume.run_story(lambda joint, _id: plug_only(kit, "follower", [joint]))
+        code = resume.run_story(
+            lambda joint, _id: plug_only(kit, "follower", [joint]), on_chain=lambda: plug_only(kit, "follower", None)
+        )
     finally:
         resume.close()
     assert code == 0, resume.text
-    assert "gripper" not in resume.text.split("\n", 1)[1].split("All six")[0]  # not asked again
-    plug_only(kit, "follower", None)
+    assert "Connect ONLY the gripper" not in resume.text  # not asked again
+    assert "All six follower servos answer at their ids (1..6) at 1000000 baud on the chain (checked" in resume.text
     assert {j: s["id"] for j, s in servos(kit).items()} == JOINT_IDS
 
 
@@ -210,3 +216,112 @@ def test_answers_colliding_on_the_wire_are_refused_as_two_servos(tmp_path: Path)
         finally:
             s.close()
     assert "two or more servos answer at once" in m.group(1) and "garbled bytes (answers colliding)" in m.group(1)
+
+
+def test_from_checks_the_joints_before_it_on_the_chain_and_names_the_ones_not_set_up(
+    kit: EmulatorProcess, tmp_path: Path
+) -> None:
+    # A guessed --from on a kit where nothing was set up: only the last joint is done here.
+    s = SetupSession(["follower", "--port", str(kit.follower_path), "--from", "shoulder_pan"], tmp_path)
+    try:
+        code = s.run_story(
+            lambda joint, _id: plug_only(kit, "follower", [joint]), on_chain=lambda: plug_only(kit, "follower", None)
+        )
+    finally:
+        s.close()
+    assert code == 4, s.text
+    assert "All six" not in s.text and "Next: so101d calibrate" not in s.text, s.text
+    for joint, sid in (("gripper", 6), ("wrist_roll", 5), ("shoulder_lift", 2)):
+        assert f"the {joint} servo (id {sid}) does not answer at 1000000 baud: it was not set up" in s.text, s.text
+    assert f"Set up the ones missing: so101d setup-motors follower --port {kit.follower_path} --from gripper" in s.text
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_mid_write_finish_that_servo_and_say_how_to_resume(
+    kit: EmulatorProcess, tmp_path: Path, sig: int
+) -> None:
+    s = SetupSession(["follower", "--port", str(kit.follower_path)], tmp_path)
+    try:
+        s.until(r"\[1/6\] Connect ONLY the gripper")
+        plug_only(kit, "follower", ["gripper"])
+        s.enter()
+        s.until(r"found one STS3215 alone at id 1")
+        kit.control({"cmd": "latency", "arm": "follower", "seconds": 0.25})
+        s.until(r"torque off, EEPROM unlocked")
+        s.interrupt(sig)
+        assert s.finish() == 128 + sig, s.text
+    finally:
+        s.close()
+    kit.control({"cmd": "latency", "arm": "follower", "seconds": 0.0})
+    name = signal.Signals(sig).name
+    assert f"{name}: finishing this servo's writes first" in s.text, s.text
+    assert f"{name}: stopped after the gripper servo was set up (it answers as id 6 at 1000000 baud)" in s.text
+    assert "--from wrist_roll" in s.text
+    got = servos(kit)["gripper"]
+    assert (got["id"], got["baud_rate"], got["lock"]) == (6, 1_000_000, 1)
+
+
+def test_ctrl_c_while_looking_for_a_servo_after_a_failed_write_still_says_how_to_resume(
+    kit: EmulatorProcess, tmp_path: Path
+) -> None:
+    s = SetupSession(["follower", "--port", str(kit.follower_path)], tmp_path)
+    try:
+        s.until(r"\[1/6\] Connect ONLY the gripper")
+        plug_only(kit, "follower", ["gripper"])
+        s.enter()
+        s.until(r"found one STS3215 alone at id 1")
+        kit.control({"cmd": "latency", "arm": "follower", "seconds": 0.3})
+        s.until(r"torque off, EEPROM unlocked")
+        plug_only(kit, "follower", [])  # the servo's cable falls out mid-write
+        s.until(r"the gripper servo's setup failed")
+        s.interrupt()
+        assert s.finish() == 3, s.text
+    finally:
+        s.close()
+    assert "Ctrl-C while looking for it; the last acknowledged write should have left it answering as" in s.text
+    assert f"setup-motors searches every id and rate: so101d setup-motors follower --port {kit.follower_path}" in s.text
+
+
+def test_a_step_line_claims_only_what_was_read_back(kit: EmulatorProcess, tmp_path: Path) -> None:
+    plug_only(kit, "follower", ["gripper"])
+    kit.control({"cmd": "refuse_writes", "arm": "follower", "joint": "gripper", "name": "ID"})
+    s = SetupSession(["follower", "--port", str(kit.follower_path)], tmp_path)
+    try:
+        code = s.run_story(lambda joint, _id: None)
+    finally:
+        s.close()
+    assert code == 3, s.text
+    assert "ID 1 -> 6: acknowledged" in s.text
+    assert "answers as id 6" not in s.text, s.text  # it kept id 1: nothing may say otherwise
+    assert f"the gripper servo answers as id 1 at {KIT_BAUD} baud. Resume:" in s.text, s.text
+
+
+def test_port_errors_say_what_is_wrong_and_the_daemon_only_for_a_held_port(
+    kit: EmulatorProcess, tmp_path: Path
+) -> None:
+    def run_on(port: str) -> str:
+        out = io.StringIO()
+        assert SetupRun("follower", port, None, io.StringIO(""), out).run() == 3
+        return out.getvalue()
+
+    regular = tmp_path / "regular"
+    regular.write_text("x")
+    missing = run_on(str(tmp_path / "ttyACM9"))
+    assert "does not exist: is the controller board's USB cable plugged in?" in missing and "so101d" not in missing
+    assert "is a regular file, not a serial port" in run_on(str(regular))
+    assert "is a device but not a serial port" in run_on("/dev/null")
+    holder = FeetechBus(str(kit.follower_path), 1_000_000)
+    holder.open()
+    try:
+        held = run_on(str(kit.follower_path))
+    finally:
+        holder.close()
+    assert "another program holds this port: is so101d running on it? stop it first" in held, held
+
+
+def test_connect_servos_refuses_a_misspelt_or_missing_joints_key(kit: EmulatorProcess) -> None:
+    with pytest.raises(Exception, match=r"unknown key\(s\) \['joint'\]"):
+        kit.control({"cmd": "connect_servos", "arm": "follower", "joint": ["gripper"]})
+    with pytest.raises(Exception, match="needs 'joints'"):
+        kit.control({"cmd": "connect_servos", "arm": "follower"})
+    assert all(s["cabled"] for s in servos(kit).values())  # nothing was unplugged

@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from calibration.calibration_file import (
     CalibrationError,
@@ -38,8 +38,11 @@ from calibration.calibration_file import (
 )
 from calibration.conventions import JOINT_NAMES, MAX_TICK
 from daemon.calibration_procedure import FULL_TURN_JOINTS, CalibrationRestoreError, CalibrationSession
-from drivers.arm_interface import ArmError
+from drivers.arm_interface import ArmError, PortGoneError
 from drivers.calibration_io import ServoBus, verify_against_servos
+
+if TYPE_CHECKING:
+    from drivers.feetech_bus import FeetechBus
 
 EXIT_OK, EXIT_MISMATCH, EXIT_REJECTED, EXIT_BUS = 0, 1, 2, 3
 SAMPLE_PERIOD_S = 0.02  # LeRobot samples ranges every 20 ms too
@@ -122,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
     except ArmError as exc:
         print(f"\nbus error on {port}: {_describe(exc)}", file=sys.stderr)
         code = EXIT_BUS
+        if bus.is_open and not isinstance(exc, PortGoneError):
+            print(_next_after_missing_servos(bus, args.role, port), file=sys.stderr)
     finally:
         # Whatever ended the attempt (a rejection already undid itself; an abort, Ctrl-C or an
         # unexpected exception did not), the servos must not keep factory offsets and 0..4095
@@ -130,6 +135,34 @@ def run(args: argparse.Namespace) -> int:
             code = _undo(session, code)
         bus.close()
     return code
+
+
+def _next_after_missing_servos(bus: FeetechBus, role: str, port: str) -> str:
+    """A servo did not answer: a new kit (only id 1 answers, or the servos are at another rate)
+    names setup-motors; a chain cut after servo 1 names the cable."""
+    from drivers.servo_setup import diagnose_lone_id_one, scan
+
+    setup = f"Next: so101d setup-motors {role} --port {port} (each servo gets its id and {bus.baudrate} baud)"
+    configured = bus.baudrate
+    try:
+        sightings = scan(bus)
+        here = next((s for s in sightings if s.baudrate == configured), None)
+        if here is not None and set(here.ids) <= {1}:
+            lone = diagnose_lone_id_one(bus)
+            return f"only id 1 answers ({lone.why}); {setup}" if lone.new_kit else f"only id 1 answers: {lone.why}"
+    except ArmError as exc:
+        return f"(could not look for the servos: {exc}); on a new kit: {setup}"
+    finally:
+        bus.set_baudrate(configured)
+    elsewhere = [s for s in sightings if s.baudrate != configured]
+    if elsewhere:
+        return f"servos answer at another rate ({'; '.join(s.describe() for s in elsewhere)}); {setup}"
+    if here is None:
+        return "no servo answers at any baud rate: check the arm's power supply and cables"
+    return (
+        f"servos missing at their ids ({here.describe()}): check the cables; if the arm is new or a servo was "
+        f"replaced, {setup}"
+    )
 
 
 def _doctor_command(args: argparse.Namespace, arm_id: str, port: str) -> str:

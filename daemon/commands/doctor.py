@@ -197,7 +197,7 @@ def identify(rep: ArmReport, bus: Any, ids: dict[str, int]) -> bool:
 def diagnose_ids(rep: ArmReport, bus: Any) -> None:
     """Servos missing at their ids: is this a new kit (every servo at the factory id 1, colliding),
     duplicate ids, or servos at another baud rate? Each names ``so101d setup-motors``."""
-    from drivers.servo_setup import scan
+    from drivers.servo_setup import diagnose_lone_id_one, scan
 
     setup = f"so101d setup-motors {rep.role} --port {rep.port}"
     configured = bus.baudrate
@@ -225,13 +225,19 @@ def diagnose_ids(rep: ArmReport, bus: Any) -> None:
         return
     repeated = len(here.ids) != len(set(here.ids)) or here.noise_bytes > 0
     if set(here.ids) <= {1}:
-        rep.add(
-            "servo ids",
-            FAIL,
-            f"only id 1 answers ({here.describe()}): the servos still have the factory id of a new kit, "
-            "several of them colliding on one id",
-            setup,
-        )
+        try:
+            lone = diagnose_lone_id_one(bus)
+        finally:
+            bus.set_baudrate(configured)
+        if lone.new_kit:
+            rep.add(
+                "servo ids",
+                FAIL,
+                f"only id 1 answers ({here.describe()}; {lone.why}): the servos still have the factory id of a new kit",
+                setup,
+            )
+        else:
+            rep.add("servo ids", FAIL, f"only id 1 answers ({here.describe()}): {lone.why}")
     elif repeated:
         rep.add("servo ids", FAIL, f"duplicate ids answer together ({here.describe()})", setup)
 

@@ -33,7 +33,7 @@ an inserted byte), add latency, take a servo off the bus (``arm.set_online``), f
 with EIO) and replug (fresh pty, same link path).
 
 Realism (``drivers.emulator.realism.BusRealism``): USB-like delivery (chunks on 1 ms frames,
-latency, jitter, an FTDI latency timer), broadcast-ping collisions, a silent servo silencing the
+latency, jitter, an FTDI latency timer), collisions (a broadcast PING, or servos sharing the addressed id), a silent servo silencing the
 later ones of a sync read.
 """
 
@@ -99,7 +99,7 @@ class BusStats:
     unplugs: int = 0
     handler_errors: int = 0  # packets whose handling raised (a bug: logged, packet skipped)
     ignored: int = 0  # well-framed packets a servo ignores (unknown instruction, bad parameters)
-    collisions: int = 0  # broadcast pings whose answers collided on the wire
+    collisions: int = 0  # requests whose answers collided on the wire (broadcast PING, a shared id)
     chained_silences: int = 0  # sync-read replies silenced by an earlier silent servo
     usb_transfers: int = 0  # USB transfers delivered (with a USB profile)
     late_replies: int = 0  # replies written more than 0.5 ms after their deadline
@@ -611,18 +611,8 @@ class BusEmulator:
                 for s in listening(sorted((s for s in arm.servos if s.on_bus), key=lambda s: s.servo_id)):
                     s.update(now)
                     reply(s, s.servo_id)
-                if self.realism.ping_collisions and len(replies) > 1:
-                    # Every servo starts answering after its own return delay: on the shared
-                    # line the bits fight (a 0 wins on the open-collector-like bus) and the host
-                    # reads one garbled packet.
-                    self.stats.collisions += 1
-                    width = max(len(r) for r in replies)
-                    blob = bytearray(b"\xff" * width)
-                    for r in replies:
-                        for k, b in enumerate(r):
-                            blob[k] &= b
-                    replies[:] = [bytes(blob)]
-                    delays[:] = [min(delays)]
+                if self.realism.ping_collisions:
+                    self._collide(replies, delays)
             elif instr == P.INST_SYNC_READ and len(params) >= 2 and params[1] <= MAX_READ_LEN:
                 addr, n = params[0], params[1]
                 for k, sid in enumerate(params[2:]):
@@ -680,7 +670,26 @@ class BusEmulator:
                 if wants_reply(s):
                     reply(s, sid)
             # Unknown instructions are ignored, like malformed ones.
+        if self.realism.ping_collisions:
+            # Servos sharing the addressed id all heard the request and answer it together.
+            self._collide(replies, delays)
         return replies, reply_baud, delays
+
+    def _collide(self, replies: list[bytes], delays: list[float]) -> None:
+        """Several servos answering one request: each starts after its own return delay, so on
+        the shared line the bits fight (a 0 wins on the open-collector-like bus) and the host
+        reads one packet, the AND of them: clean where they agree byte for byte, failing its
+        checksum where they differ."""
+        if len(replies) < 2:
+            return
+        self.stats.collisions += 1
+        width = max(len(r) for r in replies)
+        blob = bytearray(b"\xff" * width)
+        for r in replies:
+            for k, b in enumerate(r):
+                blob[k] &= b
+        replies[:] = [bytes(blob)]
+        delays[:] = [min(delays)]
 
     @staticmethod
     def _action(servo: EmulatedServo, now: float) -> None:

@@ -180,7 +180,15 @@ def _cmd_corrupt(host: EmulatorHost, req: dict) -> dict:
 
 
 def _cmd_connect_servos(host: EmulatorHost, req: dict) -> dict:
-    joints = req.get("joints")
+    # A misspelt key must not read as "plug in every servo": 'joints' is required (null: all).
+    unknown = sorted(set(req) - {"cmd", "arm", "joints"})
+    if unknown:
+        raise EmulatorControlError(f"connect_servos: unknown key(s) {unknown}; it takes 'arm' and 'joints'")
+    if "joints" not in req:
+        raise EmulatorControlError(
+            "connect_servos needs 'joints': a list of joint names / servo numbers, or null for all"
+        )
+    joints = req["joints"]
     if joints is not None and (
         not isinstance(joints, list) or any(isinstance(j, bool) or not isinstance(j, (str, int)) for j in joints)
     ):

@@ -24,8 +24,10 @@ Bus (``BusRealism``, per adapter):
 - ``usb``: replies reach the host in USB transfers (``UsbProfile``): chunks of at most
   ``chunk_bytes`` on 1 ms frames, plus adapter latency and jitter; an FTDI adapter holds a short
   transfer until its latency timer (16 ms by default) runs out.
-- ``ping_collisions``: a broadcast PING answered by several servos garbles on the half-duplex line
-  (all of them start talking at once); the host reads one corrupt blob.
+- ``ping_collisions``: a request answered by several servos (a broadcast PING, or any request to
+  an id several servos share) garbles on the half-duplex line (all of them start talking at
+  once); the host reads one blob, the AND of the replies: clean where they agree, a failing
+  checksum where they differ.
 - ``silence_chains``: in a SYNC_READ a servo that does not answer silences the ones listed after it
   (each waits for its predecessor's reply on the wire).
 - corruption modes (``BusEmulator.corrupt``): a wrong checksum, any byte flipped (LEN included),
@@ -125,7 +127,7 @@ PRESETS: dict[str, str] = {
     "ch343": "USB delivery of a CH343 adapter (64-byte chunks, 1 ms frames, 1-4 ms latency)",
     "ftdi": "USB delivery of an FTDI adapter with its default 16 ms latency timer",
     "ftdi-1ms": "USB delivery of an FTDI adapter with latency_timer set to 1 ms",
-    "collisions": "broadcast PING answers collide; a silent servo silences the later ones in a sync read",
+    "collisions": "answers to one request (broadcast PING, a shared id) collide; a silent servo silences the later ones in a sync read",
     "real": "strict + ch343 + collisions",
 }
 
