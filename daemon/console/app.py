@@ -170,7 +170,7 @@ class Console:
             return "the connection's user cannot be told"
         uid = access.peer_uid((str(peer[0]), int(peer[1])), (str(local[0]), int(local[1])))
         if uid is None:
-            return "the connection's user cannot be told (not in the kernel's socket table)"
+            return "the connection's user cannot be told (no live connection in the kernel's socket table)"
         if uid == self._own_uid or access.may_connect(uid, self.cfg.socket_path):
             return None
         return (
@@ -269,7 +269,13 @@ class Console:
             log.warning("websocket from another site refused (Origin %s)", request.headers.get("Origin"))
             raise web.HTTPForbidden(text="websocket from another site refused")
         ws = web.WebSocketResponse(heartbeat=10.0, max_msg_size=MAX_PAGE_MESSAGE_BYTES)
-        await ws.prepare(request)
+        try:
+            await ws.prepare(request)
+        except ConnectionError:
+            # the client left during the handshake: nothing to serve, and nothing wrong with us
+            # (aiohttp's own finish sees the same closed transport and lets it go quietly)
+            log.info("a page left before its websocket opened")
+            return ws
         page = _Page(ws)
         self.pages.add(page)
         self.link.viewer_joined()
