@@ -15,7 +15,7 @@ import json
 import os
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -96,8 +96,16 @@ def test_the_socket_refuses_a_repeated_cmd_and_runs_neither() -> None:
     ran: list[str] = []
     with tempfile.TemporaryDirectory(prefix="so101d-") as d:
         srv = ControlServer(Path(d) / "control.sock", max_request_bytes=65536)
-        srv.register("hold", lambda req: ran.append("hold") or {"message": "holding"})
-        srv.register("torque.off", lambda req: ran.append("torque.off") or {"message": "torque off"})
+
+        def verb(name: str) -> Callable[[dict[str, object]], dict[str, object]]:
+            def run(req: dict[str, object]) -> dict[str, object]:
+                ran.append(name)
+                return {"message": name}
+
+            return run
+
+        srv.register("hold", verb("hold"))
+        srv.register("torque.off", verb("torque.off"))
         srv.start()
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

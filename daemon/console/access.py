@@ -1,8 +1,8 @@
 """Who may open the console, and under which names (docs/security.md says why these rules).
 
 - **Who**: the same rule as the control socket. On loopback the console finds the user behind
-  each TCP connection (the kernel's socket table, /proc/net/tcp and tcp6: the row whose local
-  address is the client's end of this very connection names its owner) and serves only a user
+  each TCP connection (the kernel's answer for exactly this connection's client end, asked over
+  sock_diag; only a live socket names its owner, a closed end names nobody) and serves only a user
   who may connect to the control socket itself: by the socket file's owner, group and mode and
   the search permission of the folders above it, as the kernel decides ``connect()``. The
   console's own user is always served (it is the one talking to the socket). Off loopback the
