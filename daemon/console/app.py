@@ -272,10 +272,11 @@ class Console:
         try:
             await ws.prepare(request)
         except ConnectionError:
-            # the client left during the handshake: nothing to serve, and nothing wrong with us
-            # (aiohttp's own finish sees the same closed transport and lets it go quietly)
+            # the client left during the handshake: nothing to serve, and nothing wrong with us.
+            # A plain response (the half-prepared websocket cannot be finished) meets the same
+            # closed transport in aiohttp's finish, which lets a ConnectionError go quietly.
             log.info("a page left before its websocket opened")
-            return ws
+            return web.Response(status=400, text="so101d console: the websocket handshake did not complete\n")
         page = _Page(ws)
         self.pages.add(page)
         self.link.viewer_joined()
