@@ -150,8 +150,8 @@ def main() -> None:
     print("\ndecode step alone, microseconds")
     print(f"{'verb':<16}{'checked p50':>12}{'plain p50':>12}{'ratio':>9}")
     for verb in REQUESTS:
-        c, p = statistics.median(dec[(verb, "checked")]), statistics.median(dec[(verb, "plain")])
-        print(f"{verb:<16}{c:>12.1f}{p:>12.1f}{c / p:>8.2f}x")
+        c50, p50 = statistics.median(dec[(verb, "checked")]), statistics.median(dec[(verb, "plain")])
+        print(f"{verb:<16}{c50:>12.1f}{p50:>12.1f}{c50 / p50:>8.2f}x")
 
 
 if __name__ == "__main__":
