@@ -70,11 +70,26 @@ def loads_bounded(data: bytes | str, bounds: JsonBounds = JsonBounds()) -> Any:
 
         return convert
 
+    def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        # with a key given twice, one reader (a log, a filter) may see the first and we the last
+        obj: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in obj:
+                raise JsonRefused(f"malformed request: the key {key[:64]!r} is given twice")
+            obj[key] = value
+        return obj
+
     def constant(name: str) -> Any:
         raise JsonRefused(f"malformed request: {name} is not JSON")
 
     try:
-        return json.loads(text, parse_int=number(int), parse_float=number(float), parse_constant=constant)
+        return json.loads(
+            text,
+            parse_int=number(int),
+            parse_float=number(float),
+            parse_constant=constant,
+            object_pairs_hook=unique_keys,
+        )
     except JsonRefused:
         raise
     except json.JSONDecodeError as exc:

@@ -23,6 +23,7 @@ _KIND_WORDS: dict[Kind, str] = {
 }
 TEXT_MAX_CHARS = 4096  # any text field (a path, a task, a camera name)
 TASK_MAX_CHARS = 500
+MAX_FRAME_SEQ = 2**53
 
 
 class BadField(ValueError):
@@ -43,27 +44,32 @@ class Field:
             return None
         if self.kind == "text":
             if not isinstance(value, str):
-                raise BadField(f'{cmd}: "{name}" must be text, got {_json_type(value)}')
+                raise BadField(f'{cmd}: "{name}" must be text, got {json_type(value)}')
             if len(value) > self.max_chars:
                 raise BadField(f'{cmd}: "{name}" is longer than {self.max_chars} characters')
+            if "\0" in value:  # no path, name or task holds one (and os calls raise on it)
+                raise BadField(f'{cmd}: "{name}" must not contain a NUL character')
             return value
         if self.kind == "flag":
             if not isinstance(value, bool):
-                raise BadField(f'{cmd}: "{name}" must be true or false, got {_json_type(value)}')
+                raise BadField(f'{cmd}: "{name}" must be true or false, got {json_type(value)}')
             return value
         what = self.what or _KIND_WORDS[self.kind]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise BadField(f'{cmd}: "{name}" must be {what}, got {_json_type(value)}')
+            raise BadField(f'{cmd}: "{name}" must be {what}, got {json_type(value)}')
         if self.kind == "whole" and not isinstance(value, int):
             raise BadField(f'{cmd}: "{name}" must be {what}, got {value!r}')
         if not math.isfinite(value):
             raise BadField(f'{cmd}: "{name}" must be a finite number')
         if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
-            raise BadField(f'{cmd}: "{name}" must be from {self.lo:g} to {self.hi:g}, got {value}')
+            raise BadField(f'{cmd}: "{name}" must be {_range_words(self.lo, self.hi)}, got {_number_words(value)}')
         return value
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """What a decoded value is, in JSON's words (never a Python type name)."""
+    if value is None:
+        return "JSON null"
     if isinstance(value, bool):
         return "true/false"
     if isinstance(value, dict):
@@ -72,7 +78,18 @@ def _json_type(value: Any) -> str:
         return "an array"
     if isinstance(value, str):
         return "text"
-    return "a number" if isinstance(value, (int, float)) else type(value).__name__
+    return "a number" if isinstance(value, (int, float)) else "a value JSON cannot hold"
+
+
+def _number_words(value: float) -> str:
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return text if len(text) <= 24 else f"{value:.3g}"
+
+
+def _range_words(lo: float | None, hi: float | None) -> str:
+    if lo is not None and hi is not None:
+        return f"from {_number_words(lo)} to {_number_words(hi)}"
+    return f"at least {_number_words(lo)}" if lo is not None else f"at most {_number_words(hi or 0)}"
 
 
 @dataclass(frozen=True)
@@ -105,7 +122,8 @@ VERBS: dict[str, Verb] = {
             "max_width": _PREVIEW_SIDE,
             "max_height": _PREVIEW_SIDE,
             "quality": Field("whole", lo=10, hi=95),
-            "after_seq": Field("whole", what="a frame number or null"),
+            # a frame counter: any real one is far below JSON's exact-integer limit
+            "after_seq": Field("whole", lo=0, hi=MAX_FRAME_SEQ, what="a frame number or null"),
         }
     ),
     "episode.start": Verb({"task": Field("text", max_chars=TASK_MAX_CHARS), "origin": Field("text", max_chars=64)}),
@@ -134,12 +152,12 @@ class Request:
 def parse_request(obj: Any) -> Request:
     """A decoded request -> a checked ``Request``, or BadField saying what is wrong."""
     if not isinstance(obj, dict):
-        raise BadField(f"a request must be a JSON object, got {_json_type(obj)}")
+        raise BadField(f"a request must be a JSON object, got {json_type(obj)}")
     cmd = obj.get("cmd")
     if cmd is None:
         raise BadField('missing "cmd" (a string naming the verb)')
     if not isinstance(cmd, str):
-        raise BadField(f'missing "cmd" (a string naming the verb), got {_json_type(cmd)}')
+        raise BadField(f'missing "cmd" (a string naming the verb), got {json_type(cmd)}')
     fields = {k: v for k, v in obj.items() if k != "cmd"}
     verb = VERBS.get(cmd)
     if verb is None:

@@ -235,8 +235,8 @@ class Daemon:
                 lambda: self.loop.set_intent("teleop"), "teleop: aligning, then following the leader"
             ),
         )
-        reg("teleop.stop", lambda req: self._loop_call(lambda: self.loop.set_intent("hold"), "teleop stopped: holding"))
-        reg("hold", lambda req: self._loop_call(lambda: self.loop.set_intent("hold"), "holding"))
+        reg("teleop.stop", lambda req: self._hold_call("teleop stopped: holding"))
+        reg("hold", lambda req: self._hold_call("holding"))
         reg("idle", lambda req: self._loop_call(lambda: self.loop.set_intent("idle"), "idle"))
         reg("torque.on", lambda req: self._loop_call(lambda: self.loop.set_torque_wanted(True), "torque on"))
         reg("torque.off", lambda req: self._loop_call(lambda: self.loop.set_torque_wanted(False), "torque off (idle)"))
@@ -253,6 +253,20 @@ class Daemon:
         except TimeoutError:
             raise RequestError("control loop did not answer within 3 s") from None
         return {"message": message, "mode": mode}
+
+    def _hold_call(self, held: str) -> dict[str, Any]:
+        """Ask for hold and say what came of it: ``held`` only when the arm is held."""
+        reply = self._loop_call(lambda: self.loop.set_intent("hold"), held)
+        reply["message"] = self._hold_outcome(str(reply["mode"]), held)
+        return reply
+
+    def _hold_outcome(self, mode: str, held: str) -> str:
+        if mode == "hold":
+            return held
+        if not self.loop.torque_wanted:
+            # torque.off stays off until asked for: hold does not stiffen a limp arm by itself
+            return f"torque is off; {mode}: nothing holds the arm (torque.on holds it where it is)"
+        return f"not holding: the arm is in {mode} ({self.loop.state.reason})"
 
     def status(self) -> dict[str, Any]:
         st = self.loop.status()
@@ -459,11 +473,13 @@ class Daemon:
     def hold_from_signal(self) -> None:
         """SIGUSR1 (``systemctl kill --signal=SIGUSR1 so101d``): hold, whatever became of the
         control socket: the stop path that needs no API, only the right to signal the service."""
-        log.warning("SIGUSR1: holding (the operator's stop without the control socket)")
         try:
             self.loop.call(lambda: self.loop.set_intent("hold"), timeout_s=3.0)
+            mode = self.loop.call(lambda: self.loop.state.mode, timeout_s=3.0)
         except (ValueError, RuntimeError, TimeoutError) as exc:
             log.error("SIGUSR1: the control loop did not take the hold: %s", exc)
+            return
+        log.warning("SIGUSR1: %s (the operator's stop without the control socket)", self._hold_outcome(mode, "holding"))
 
     def _on_hangup(self) -> None:
         """SIGHUP (main thread): a reload request, or the terminal of a foreground run closing

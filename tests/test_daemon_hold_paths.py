@@ -81,3 +81,22 @@ def test_sigusr1_holds_without_the_control_socket(daemon: tuple[Path, subprocess
     proc.terminate()
     assert proc.wait(30) == 0
     assert proc.stderr is not None and "SIGUSR1: holding" in proc.stderr.read()
+
+
+def test_after_torque_off_hold_says_the_arm_is_limp(daemon: tuple[Path, subprocess.Popen[str]]) -> None:
+    """hold does not stiffen an arm whose torque was switched off, so its reply must not say
+    "holding" (and SIGUSR1's log line neither)."""
+    sock, proc = daemon
+    with ControlClient(sock, timeout_s=5) as c:
+        assert c.request("torque.off")["mode"] == "idle"
+        for verb in ("hold", "teleop.stop"):
+            reply = c.request(verb)
+            assert reply["mode"] == "idle"
+            assert "holding" not in reply["message"] and "torque is off" in reply["message"], reply
+    proc.send_signal(signal.SIGUSR1)
+    wait_status(sock, lambda s: s["intent"] == "hold" and s["mode"] == "idle", proc=proc)
+    proc.terminate()
+    assert proc.wait(30) == 0
+    assert proc.stderr is not None
+    log = proc.stderr.read()
+    assert "SIGUSR1: torque is off" in log and "SIGUSR1: holding" not in log

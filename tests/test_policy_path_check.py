@@ -14,7 +14,7 @@ import pytest
 from security_support import intruder, no_intruder_reason, running_daemon
 
 from daemon.control_client import ControlClient
-from daemon.policy.checkpoint import MAX_WALK_FILES
+from daemon.policy.checkpoint import MAX_WALK_ENTRIES
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +77,10 @@ def test_the_walk_through_an_allowed_folder_is_bounded(daemon: Path, tmp_path: P
     big = tmp_path / "big"
     (big / "a" / "b").mkdir(parents=True)
     (big / "config.json").write_text("{}")
-    for i in range(MAX_WALK_FILES + 1):
+    for i in range(MAX_WALK_ENTRIES + 1):
         (big / "a" / "b" / f"f{i}.txt").touch()
     r = _load(daemon, big)
-    assert r["ok"] is False and f"more than {MAX_WALK_FILES} files" in str(r["error"]), r
+    assert r["ok"] is False and f"more than {MAX_WALK_ENTRIES} entries" in str(r["error"]), r
 
 
 def test_a_configured_folder_is_allowed_and_looked_into(daemon: Path) -> None:

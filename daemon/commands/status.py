@@ -290,7 +290,22 @@ def _warnings(st: dict[str, Any]) -> list[str]:
         arm = st.get(name)
         if isinstance(arm, dict):
             out += [f"{name}: {w}" for w in arm.get("configure_warnings") or []]
+    out += _control_socket_warnings(st.get("control_socket"))
     return out
+
+
+def _control_socket_warnings(cs: Any) -> list[str]:
+    """The control socket's serving thread had to be restarted (or is down): a bug worth a report,
+    shown where the operator looks, with the reason it gave."""
+    if not isinstance(cs, dict):
+        return []
+    restarts = int(cs.get("thread_restarts") or 0)
+    if restarts == 0 and cs.get("serving", True):
+        return []
+    text = f"control socket: serving thread restarted {restarts}x" if restarts else "control socket: not serving"
+    if cs.get("last_thread_failure"):
+        text += f" (last failure: {cs['last_thread_failure']})"
+    return [text]
 
 
 def one_line(st: dict[str, Any]) -> str:

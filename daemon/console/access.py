@@ -1,15 +1,15 @@
 """Who may open the console, and under which names (docs/security.md says why these rules).
 
 - **Who**: the same rule as the control socket. On loopback the console finds the user behind
-  each TCP connection (the kernel's socket table, /proc/net/tcp and tcp6: the row whose local
-  address is the client's end of this very connection names its owner) and serves only a user
+  each TCP connection (the kernel's answer for exactly this connection's client end, asked over
+  sock_diag; only a live socket names its owner, a closed end names nobody) and serves only a user
   who may connect to the control socket itself: by the socket file's owner, group and mode and
   the search permission of the folders above it, as the kernel decides ``connect()``. The
   console's own user is always served (it is the one talking to the socket). Off loopback the
   peer is another machine and has no local user: every request needs the console's token.
 - **Under which names** (every address): the request's ``Host`` must be the console's bind
-  address, ``localhost``, an IP literal when bound to every address, or a name on the configured
-  allow-list. A page on ``evil.example`` whose name was re-pointed at 127.0.0.1 (DNS rebinding)
+  address (bound to ``localhost``: 127.0.0.1 and ::1), ``localhost``, any IP literal when bound to
+  every address, or a name on the configured allow-list. A page on ``evil.example`` whose name was re-pointed at 127.0.0.1 (DNS rebinding)
   is refused before anything is served.
 - **From which page**: the websocket is refused unless its ``Origin`` is the console itself.
 
@@ -21,6 +21,7 @@ as ``?token=...``; the console answers with an HttpOnly cookie.
 
 from __future__ import annotations
 
+import errno
 import grp
 import ipaddress
 import os
@@ -28,6 +29,7 @@ import pwd
 import secrets
 import socket
 import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -35,6 +37,7 @@ from typing import Literal
 TOKEN_FILE = "console-token"
 COOKIE = "so101d_console"
 LOCAL_NAMES = ("localhost", "localhost.localdomain")
+_LOCAL_LITERALS = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
 _PROC_TCP = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 _HOST_ORDER: Literal["little", "big"] = "big" if socket.htonl(1) == 1 else "little"
 
@@ -119,8 +122,11 @@ class HostRule:
         except ValueError:
             return False  # a name nobody listed: what DNS rebinding looks like
         bind = _ip(self.bind_host)
-        # an IP literal cannot be re-pointed by DNS: served when it is our address (any, bound to all)
-        return bind is None or bind.is_unspecified or literal == bind or (literal.is_loopback and bind.is_loopback)
+        if bind is None:  # bound by name (localhost): the loopback addresses that name stands for
+            return self.bind_host.lower() in LOCAL_NAMES and literal in _LOCAL_LITERALS
+        # an IP literal cannot be re-pointed by DNS: served when it is the address we are bound
+        # to, or any when bound to every address (off loopback the token is asked as well)
+        return bind.is_unspecified or literal == bind
 
 
 def _host_name(header: str) -> str | None:
@@ -128,11 +134,18 @@ def _host_name(header: str) -> str | None:
     h = header.strip().lower()
     if h.startswith("["):
         end = h.find("]")
+        rest = h[end + 1 :] if end > 0 else ""
+        if rest and not (rest.startswith(":") and _port_ok(rest[1:])):
+            return None
         return h[1:end] if end > 0 else None
     name, _, port = h.partition(":")
-    if port and not port.isdigit():
+    if port and not _port_ok(port):
         return None
     return name.rstrip(".") or None
+
+
+def _port_ok(port: str) -> bool:
+    return port.isascii() and port.isdigit() and 0 < int(port) < 65536
 
 
 def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -143,32 +156,110 @@ def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 
 
 # ------------------------------------------------------------------------------------- who (uid)
+# The kernel's answer for one TCP socket, asked by its 4-tuple (sock_diag, linux/inet_diag.h): an
+# exact lookup costs the same however many sockets the machine has, where reading /proc/net/tcp
+# costs a line per socket any local user may open.
+_SOCK_DIAG_BY_FAMILY = 20
+_NLM_F_REQUEST = 0x1
+_NLMSG_ERROR = 2
+_NETLINK_SOCK_DIAG = 4
+_TCP_ESTABLISHED = 1
+_NOCOOKIE = 0xFFFFFFFF
+_NLMSG_HDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
+# family, protocol, ext, pad, states | sport, dport (network order) | src, dst (16 bytes each),
+# interface, cookie (two words): struct inet_diag_req_v2
+_DIAG_REQ_HEAD = struct.Struct("=BBBxI")
+_DIAG_REQ_PORTS = struct.Struct("!HH")
+_DIAG_REQ_TAIL = struct.Struct("=16s16sIII")
+# family, state, timer, retrans; sockid (48 bytes); expires, rqueue, wqueue, uid, inode
+_DIAG_MSG = struct.Struct("=BBBB48xIIIII")
+
+
+class PeerUnknown(LookupError):
+    """The kernel cannot name a live owner for this connection (closed, or not found)."""
+
+
+@dataclass(frozen=True)
+class _Conn:
+    """The client's socket as the kernel files it: its own end (local) and ours (remote)."""
+
+    family: int
+    client: ipaddress.IPv4Address | ipaddress.IPv6Address
+    client_port: int
+    server: ipaddress.IPv4Address | ipaddress.IPv6Address
+    server_port: int
+
+
+def _client_conn(peer: tuple[str, int], local: tuple[str, int]) -> _Conn:
+    """An IPv4 client of a dual-stack listener is ::ffff:a.b.c.d on our side and a plain IPv4
+    socket on its own: both ends mapped -> look it up as IPv4."""
+    a, b = (ipaddress.ip_address(h.split("%")[0]) for h in (peer[0], local[0]))
+    if isinstance(a, ipaddress.IPv6Address) and isinstance(b, ipaddress.IPv6Address):
+        a4, b4 = a.ipv4_mapped, b.ipv4_mapped
+        if a4 is not None and b4 is not None:
+            a, b = a4, b4
+    family = socket.AF_INET if isinstance(a, ipaddress.IPv4Address) else socket.AF_INET6
+    return _Conn(family, a, int(peer[1]), b, int(local[1]))
+
+
 def peer_uid(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
-    """The user owning the client end of the loopback TCP connection ``peer`` -> ``local``
-    (None: not found, e.g. it closed already). Reads the kernel's socket table."""
-    wanted = _table_keys(peer, local)
-    for table in _PROC_TCP:
-        try:
-            lines = table.read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            cols = line.split()
-            if len(cols) > 7 and (cols[1].upper(), cols[2].upper()) in wanted:
-                return int(cols[7])
+    """The user owning the client end of the loopback TCP connection ``peer`` -> ``local``, or
+    None when it cannot be told: only a live (ESTABLISHED) socket that still has an inode names
+    its owner. A closed end (FIN_WAIT, TIME_WAIT: the kernel shows uid 0 and inode 0 for those)
+    names nobody, least of all root."""
+    conn = _client_conn(peer, local)
+    try:
+        return _diag_uid(conn)
+    except PeerUnknown:
+        return None
+    except OSError:
+        return _proc_uid(conn)  # no sock_diag here (a kernel without it, a sandbox): same rules
+
+
+def _diag_uid(conn: _Conn) -> int:
+    """Ask the kernel (NETLINK_SOCK_DIAG) for exactly this socket; PeerUnknown if it isn't live."""
+    req = (
+        _DIAG_REQ_HEAD.pack(conn.family, socket.IPPROTO_TCP, 0, 0xFFFFFFFF)
+        + _DIAG_REQ_PORTS.pack(conn.client_port, conn.server_port)
+        + _DIAG_REQ_TAIL.pack(conn.client.packed, conn.server.packed, 0, _NOCOOKIE, _NOCOOKIE)
+    )
+    msg = _NLMSG_HDR.pack(_NLMSG_HDR.size + len(req), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0) + req
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+        nl.settimeout(1.0)
+        nl.sendto(msg, (0, 0))
+        data = nl.recv(8192)
+    if len(data) < _NLMSG_HDR.size:
+        raise PeerUnknown("short reply")
+    length, kind, _flags, _seq, _pid = _NLMSG_HDR.unpack_from(data)
+    if kind == _NLMSG_ERROR:
+        (err,) = struct.unpack_from("=i", data, _NLMSG_HDR.size)
+        if err in (-errno.ENOENT, 0):
+            raise PeerUnknown("no such socket")
+        raise OSError(-err, os.strerror(-err))  # e.g. the family is not supported: fall back
+    if kind != _SOCK_DIAG_BY_FAMILY or length < _NLMSG_HDR.size + _DIAG_MSG.size:
+        raise PeerUnknown("unexpected reply")
+    _fam, state, _t, _r, _exp, _rq, _wq, uid, inode = _DIAG_MSG.unpack_from(data, _NLMSG_HDR.size)
+    if state != _TCP_ESTABLISHED or inode == 0:
+        raise PeerUnknown("not a live socket")
+    return int(uid)
+
+
+def _proc_uid(conn: _Conn) -> int | None:
+    """The same answer from /proc/net/tcp{,6} (reads the whole table): the row of this very
+    connection, ESTABLISHED (st 01) with a non-zero inode, else None."""
+    table = _PROC_TCP[0] if conn.family == socket.AF_INET else _PROC_TCP[1]
+    key = (_proc_addr(conn.client, conn.client_port), _proc_addr(conn.server, conn.server_port))
+    try:
+        lines = table.read_text().splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        cols = line.split()
+        if len(cols) > 9 and (cols[1].upper(), cols[2].upper()) == key:
+            if cols[3] != "01" or cols[9] == "0":
+                return None
+            return int(cols[7])
     return None
-
-
-def _table_keys(peer: tuple[str, int], local: tuple[str, int]) -> set[tuple[str, str]]:
-    """The (local_address, rem_address) the client's row may have: an IPv4 client of a dual-stack
-    listener is ::ffff:a.b.c.d on our side but a plain IPv4 row in /proc/net/tcp on its own."""
-    ips = [ipaddress.ip_address(h.split("%")[0]) for h in (peer[0], local[0])]
-    forms = [ips]
-    v4 = [ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else ip for ip in ips]
-    if all(v is not None for v in v4):
-        forms.append([v for v in v4 if v is not None])
-        forms.append([ipaddress.IPv6Address(f"::ffff:{v}") for v in v4 if v is not None])
-    return {(_proc_addr(a, peer[1]), _proc_addr(b, local[1])) for a, b in forms}
 
 
 def _proc_addr(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:

@@ -170,7 +170,7 @@ class Console:
             return "the connection's user cannot be told"
         uid = access.peer_uid((str(peer[0]), int(peer[1])), (str(local[0]), int(local[1])))
         if uid is None:
-            return "the connection's user cannot be told (not in the kernel's socket table)"
+            return "the connection's user cannot be told (no live connection in the kernel's socket table)"
         if uid == self._own_uid or access.may_connect(uid, self.cfg.socket_path):
             return None
         return (
@@ -269,7 +269,14 @@ class Console:
             log.warning("websocket from another site refused (Origin %s)", request.headers.get("Origin"))
             raise web.HTTPForbidden(text="websocket from another site refused")
         ws = web.WebSocketResponse(heartbeat=10.0, max_msg_size=MAX_PAGE_MESSAGE_BYTES)
-        await ws.prepare(request)
+        try:
+            await ws.prepare(request)
+        except ConnectionError:
+            # the client left during the handshake: nothing to serve, and nothing wrong with us.
+            # A plain response (the half-prepared websocket cannot be finished) meets the same
+            # closed transport in aiohttp's finish, which lets a ConnectionError go quietly.
+            log.info("a page left before its websocket opened")
+            return web.Response(status=400, text="so101d console: the websocket handshake did not complete\n")
         page = _Page(ws)
         self.pages.add(page)
         self.link.viewer_joined()

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from daemon.control_requests import VERBS
+from daemon.control_requests import VERBS, json_type
 
 
 class BadRequest(ValueError):
@@ -77,18 +77,20 @@ class PageRequest:
 def parse_request(msg: Any) -> PageRequest:
     """A page message -> a checked request, or BadRequest saying what is wrong."""
     if not isinstance(msg, dict):
-        raise BadRequest(f"a request must be a JSON object, got {type(msg).__name__}")
+        raise BadRequest(f"a request must be a JSON object, got {json_type(msg)}")
     rid = msg.get("id")
     if not isinstance(rid, (str, int)) or isinstance(rid, bool) or str(rid) == "" or len(str(rid)) > 64:
         raise BadRequest('"id" must be a short text or number that names this request')
     cmd = msg.get("cmd")
-    if not isinstance(cmd, str) or cmd not in PAGE_VERBS:
+    if not isinstance(cmd, str):
+        raise BadRequest(f'"cmd" must be text naming a verb, got {json_type(cmd)}')
+    if cmd not in PAGE_VERBS:
         raise BadRequest(f"{cmd!r} is not a verb the console offers (offered: {', '.join(sorted(PAGE_VERBS))})")
     raw = msg.get("args", {})
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise BadRequest(f'{cmd}: "args" must be an object, got {type(raw).__name__}')
+        raise BadRequest(f'{cmd}: "args" must be an object, got {json_type(raw)}')
     spec = PAGE_VERBS[cmd]
     unknown = sorted(set(raw) - set(spec))
     if unknown:
@@ -107,16 +109,16 @@ def parse_request(msg: Any) -> PageRequest:
 def _check(cmd: str, name: str, a: Arg, v: Any) -> Any:
     if a.kind is bool:
         if not isinstance(v, bool):
-            raise BadRequest(f"{cmd}: {name} must be true or false, got {v!r}")
+            raise BadRequest(f"{cmd}: {name} must be true or false, got {json_type(v)}")
         return v
     if a.kind is float:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-            raise BadRequest(f"{cmd}: {name} must be a number, got {v!r}")
+            raise BadRequest(f"{cmd}: {name} must be a number, got {json_type(v)}")
         if (a.lo is not None and v < a.lo) or (a.hi is not None and v > a.hi):
             raise BadRequest(f"{cmd}: {name} must be from {a.lo:g} to {a.hi:g}, got {v}")
         return float(v)
     if not isinstance(v, str):
-        raise BadRequest(f"{cmd}: {name} must be text, got {type(v).__name__}")
+        raise BadRequest(f"{cmd}: {name} must be text, got {json_type(v)}")
     text = v.strip()
     if not text:
         raise BadRequest(f"{cmd}: {name} must not be empty")

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,8 @@ MAX_CONFIG_BYTES = 4 * 1024 * 1024
 # The look through a folder for pickle-capable files is bounded: a checkpoint is a handful of
 # files a level or two deep, and a request must not make the daemon walk a whole file system.
 MAX_WALK_DEPTH = 6
-MAX_WALK_FILES = 2000
+MAX_WALK_ENTRIES = 2000  # files and folders together
+MAX_WALK_S = 2.0
 MAX_CHECKPOINT_BYTES = 64 * 1024**3  # the model file; the largest supported policies are a few GB
 
 
@@ -100,8 +103,16 @@ def admit_checkpoint_path(given: str, allowed_dirs: list[str], owner_uid: int) -
     Allowed: a folder under one of ``allowed_dirs``, or one that ``owner_uid`` (the daemon's
     user) or root owns along its whole path (the daemon's own files). Anything else, existing or
     not, is ``CheckpointNotAllowed`` with the same words: the reply says nothing of what is there."""
-    lexical = Path(os.path.abspath(os.path.expanduser(given)))
-    resolved = Path(os.path.realpath(lexical))
+    where = ", ".join(allowed_dirs) if allowed_dirs else "none configured"
+    refusal = CheckpointNotAllowed(
+        f"policy path {given!r} is not allowed: policies load from [policy] path, [policy] allowed_dirs "
+        f"({where}) or folders of the daemon's own user"
+    )
+    try:
+        lexical = Path(os.path.abspath(os.path.expanduser(given)))
+        resolved = Path(os.path.realpath(lexical))
+    except (OSError, ValueError):  # a link the daemon may not read (/proc/1/root), a NUL
+        raise refusal from None
     for root in allowed_dirs:
         top = Path(os.path.realpath(os.path.expanduser(root)))
         if resolved == top or top in resolved.parents:
@@ -112,29 +123,37 @@ def admit_checkpoint_path(given: str, allowed_dirs: list[str], owner_uid: int) -
         owned = False
     if owned:
         return resolved
-    where = ", ".join(allowed_dirs) if allowed_dirs else "none configured"
-    raise CheckpointNotAllowed(
-        f"policy path {given!r} is not allowed: policies load from [policy] path, [policy] allowed_dirs "
-        f"({where}) or folders of the daemon's own user"
-    )
+    raise refusal
 
 
 def _refuse_unsafe_files(path: Path) -> None:
-    """Pickle-capable files anywhere in the folder are refused by name; the look is bounded in
-    depth and file count (a folder beyond the bounds is not a checkpoint) and follows no link."""
+    """Pickle-capable files anywhere in the folder are refused by name. The look follows no link
+    and is bounded in depth, in entries (files and folders alike, counted while a folder is
+    listed, not after) and in time: a folder beyond the bounds is not a checkpoint."""
     unsafe: list[str] = []
     seen = 0
-    top_depth = len(path.parts)
-    for here, dirs, files in os.walk(path, onerror=None, followlinks=False):
-        depth = len(Path(here).parts) - top_depth
-        if depth >= MAX_WALK_DEPTH:
-            dirs.clear()
-        seen += len(files)
-        if seen > MAX_WALK_FILES:
-            raise CheckpointError(
-                f"{path} is not a checkpoint: more than {MAX_WALK_FILES} files (a checkpoint folder has a handful)"
-            )
-        unsafe += [str(Path(here, f).relative_to(path)) for f in files if f.lower().endswith(UNSAFE_SUFFIXES)]
+    deadline_s = time.monotonic() + MAX_WALK_S
+    pending: list[tuple[Path, int]] = [(path, 0)]
+    too_big = CheckpointError(
+        f"{path} is not a checkpoint: more than {MAX_WALK_ENTRIES} entries or {MAX_WALK_DEPTH} levels to look "
+        "through (a checkpoint folder has a handful of files)"
+    )
+    while pending:
+        here, depth = pending.pop()
+        try:
+            with os.scandir(here) as entries:
+                for entry in entries:
+                    seen += 1
+                    if seen > MAX_WALK_ENTRIES or time.monotonic() > deadline_s:
+                        raise too_big
+                    if entry.is_dir(follow_symlinks=False):
+                        if depth + 1 >= MAX_WALK_DEPTH:
+                            raise too_big
+                        pending.append((Path(entry.path), depth + 1))
+                    elif entry.name.lower().endswith(UNSAFE_SUFFIXES):
+                        unsafe.append(str(Path(entry.path).relative_to(path)))
+        except OSError:
+            continue  # a folder we may not list holds nothing we would load
     if unsafe:
         raise CheckpointError(
             f"refusing checkpoint {path}: it contains file(s) in a pickle-capable format "
@@ -143,15 +162,65 @@ def _refuse_unsafe_files(path: Path) -> None:
         )
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise CheckpointError(f"{path} is larger than {MAX_CONFIG_BYTES} bytes: not a policy config")
+def _member(folder: Path, rel: str) -> Path | None:
+    """``folder/rel`` as the file to open: a regular file whose every link resolves inside the
+    folder (None: there is none). A link that leads out, or anything but a regular file (a FIFO
+    would block its reader, a device never ends), is refused; nothing of it is opened or quoted."""
+    candidate = folder / rel
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+        os.lstat(candidate)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CheckpointNotAllowed(f"{folder} is not a checkpoint: {rel} is not allowed ({exc.strerror})") from None
+    top = Path(os.path.realpath(folder))
+    real = Path(os.path.realpath(candidate))
+    if top not in real.parents:
+        raise CheckpointError(
+            f"{folder} is not a checkpoint: {rel} is a link that leads out of the folder "
+            "(copy the file into the checkpoint folder)"
+        )
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CheckpointNotAllowed(f"{folder} is not a checkpoint: {rel} is not allowed ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"{folder} is not a checkpoint: {rel} is not a regular file")
+    return real
+
+
+def _open_regular(path: Path) -> int:
+    """An fd of ``path`` if it is (still) a regular file: no link followed, no FIFO waited on."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CheckpointError(f"{path} is not a regular file")
+    return fd
+
+
+def _read_json(folder: Path, rel: str) -> dict[str, Any]:
+    """A JSON object from ``folder/rel`` (see ``_member``); errors name the file, never its text."""
+    member = _member(folder, rel)
+    if member is None:
+        raise CheckpointError(f"checkpoint {folder} is missing {rel}")
+    try:
+        fd = _open_regular(member)
+        with os.fdopen(fd, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {folder / rel}: {exc.strerror}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise CheckpointError(f"{folder / rel} is larger than {MAX_CONFIG_BYTES} bytes: not a policy config")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise CheckpointError(f"cannot read {folder / rel}: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:  # its message gives the position, not the text
+        raise CheckpointError(f"cannot read {folder / rel}: not JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
+        raise CheckpointError(f"{folder / rel}: expected a JSON object")
     return data
 
 
@@ -164,36 +233,51 @@ def _shape(entry: Any, key: str, path: Path) -> tuple[int, ...]:
 
 def _check_processor_states(path: Path, name: str) -> None:
     """Every state file a processor pipeline names must be a safetensors file inside the folder."""
-    cfg = _read_json(path / name)
-    for i, step in enumerate(cfg.get("steps", [])):
+    cfg = _read_json(path, name)
+    steps = cfg.get("steps", [])
+    for i, step in enumerate(steps if isinstance(steps, list) else []):
         state = step.get("state_file") if isinstance(step, dict) else None
         if state is None:
             continue
-        state_path = (path / str(state)).resolve()
-        if not str(state).endswith(".safetensors"):
-            raise CheckpointError(f"{path / name}: step {i} state file {state!r} is not a .safetensors file")
-        if path.resolve() not in state_path.parents:
-            raise CheckpointError(f"{path / name}: step {i} state file {state!r} points outside the checkpoint")
-        if not state_path.is_file():
-            raise CheckpointError(f"{path / name}: step {i} state file {state!r} is missing")
+        # the name is not quoted back: it is text from a file
+        if not isinstance(state, str) or not state.endswith(".safetensors"):
+            raise CheckpointError(f"{path / name}: step {i}'s state file is not a .safetensors file")
+        try:
+            inside = Path(os.path.realpath(path)) in Path(os.path.realpath(path / state)).parents
+        except (OSError, ValueError):
+            inside = False
+        if not inside:
+            raise CheckpointError(f"{path / name}: step {i}'s state file points outside the checkpoint")
+        if _member(path, state) is None:
+            raise CheckpointError(f"{path / name}: step {i}'s state file is missing")
 
 
 def inspect_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
-    """Validate a checkpoint folder's files and read its interface (no torch, no unpickling)."""
+    """Validate a checkpoint folder's files and read its interface (no torch, no unpickling).
+
+    Every file it opens is a regular file inside the folder (links that lead out are refused),
+    and no refusal quotes what a file says: the folder may be shared with people who could
+    otherwise read other users' files through a link."""
     path = Path(path).expanduser()
-    if path.is_file():
+    try:
+        top = os.stat(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint folder {path} does not exist") from None
+    except (OSError, ValueError):
+        raise CheckpointNotAllowed(f"checkpoint folder {path} is not allowed") from None
+    if stat.S_ISREG(top.st_mode):
         raise CheckpointError(
             f"{path} is a file; give the checkpoint folder (config.json + model.safetensors + processors)"
         )
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint folder {path} does not exist")
-    if not (path / CONFIG_FILE).is_file():  # before any walk: most folders are not checkpoints at all
+    if not stat.S_ISDIR(top.st_mode):
+        raise CheckpointError(f"{path} is not a checkpoint: not a folder")
+    if _member(path, CONFIG_FILE) is None:  # before any walk: most folders are not checkpoints at all
         raise CheckpointError(f"{path} is not a checkpoint: it has no {CONFIG_FILE}")
-    model = path / MODEL_FILE
-    if model.is_file() and model.stat().st_size > MAX_CHECKPOINT_BYTES:
+    model = _member(path, MODEL_FILE)
+    if model is not None and model.stat().st_size > MAX_CHECKPOINT_BYTES:
         raise CheckpointError(f"{path} is not a checkpoint: {MODEL_FILE} is larger than {MAX_CHECKPOINT_BYTES} bytes")
     _refuse_unsafe_files(path)
-    missing = [n for n in (CONFIG_FILE, MODEL_FILE, PREPROCESSOR_FILE, POSTPROCESSOR_FILE) if not (path / n).is_file()]
+    missing = [n for n in (CONFIG_FILE, MODEL_FILE, PREPROCESSOR_FILE, POSTPROCESSOR_FILE) if _member(path, n) is None]
     if missing:
         hint = ""
         if PREPROCESSOR_FILE in missing or POSTPROCESSOR_FILE in missing:
@@ -202,20 +286,25 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
                 "preprocessor.save_pretrained(dir) and postprocessor.save_pretrained(dir))"
             )
         raise CheckpointError(f"checkpoint {path} is missing {', '.join(missing)}{hint}")
-    with open(path / MODEL_FILE, "rb") as fh:
+    model = _member(path, MODEL_FILE)
+    assert model is not None
+    with os.fdopen(_open_regular(model), "rb") as fh:
         head = fh.read(8)
-    if len(head) < 8 or int.from_bytes(head, "little") > (path / MODEL_FILE).stat().st_size:
+        size = os.fstat(fh.fileno()).st_size
+    if len(head) < 8 or int.from_bytes(head, "little") > size:
         raise CheckpointError(f"{path / MODEL_FILE} is not a safetensors file (bad header)")
     for name in (PREPROCESSOR_FILE, POSTPROCESSOR_FILE):
         _check_processor_states(path, name)
 
-    cfg = _read_json(path / CONFIG_FILE)
-    policy_type = str(cfg.get("type", ""))
+    cfg = _read_json(path, CONFIG_FILE)
+    policy_type = cfg.get("type", "")
     if not policy_type:
         raise CheckpointError(f"{path / CONFIG_FILE} has no policy 'type'")
     if policy_type not in SUPPORTED_TYPES:
+        # not quoted: text read from a file is never echoed (say what is supported instead)
         raise CheckpointError(
-            f"policy type {policy_type!r} is not supported here (supported: {', '.join(SUPPORTED_TYPES)})"
+            f"{path / CONFIG_FILE} names a policy type this daemon does not run "
+            f"(supported: {', '.join(SUPPORTED_TYPES)})"
         )
     inputs = cfg.get("input_features") or {}
     outputs = cfg.get("output_features") or {}
