@@ -76,6 +76,11 @@ class LeisaacBridgeConfig:
     # instead of letting the sim's PD drive jump (the daemon's own alignment does not see a reset).
     realign_speed_deg_s: float = 45.0
     realign_tolerance_deg: float = 1.0
+    # A daemon silent this long mid-episode is gone (its own episode with it): the seed demo ends
+    # there (success=False) instead of recording a still arm until the disk fills.
+    seed_demo_silence_s: float = 3.0
+    # After the daemon's episode stop, wait this long for the demo to be on disk before acking.
+    seed_stop_wait_s: float = 10.0
 
 
 def image_to_uint8(img: Any) -> np.ndarray:
@@ -294,8 +299,7 @@ class LeisaacBridge:
                     self.seed_recorder.begin(self.scene_state(), seed=self._last_seed)
                 self.ep.send_event("started", seq=self.episode_seq)
             elif cmd["cmd"] == "stop":
-                self._end_seed_demo()
-                self.ep.send_event("stopped", seq=self.episode_seq)
+                self.ep.send_event("stopped", self._end_seed_demo(wait=True), seq=self.episode_seq)
 
     # -- seed demos (Isaac Lab's ActionStateRecorderManagerCfg terms) --------------------------
     def scene_state(self) -> Any:
@@ -311,9 +315,25 @@ class LeisaacBridge:
         parts = [to_numpy(manager.get_term(name).processed_actions) for name in manager.active_terms]
         return np.concatenate(parts, axis=-1)
 
-    def _end_seed_demo(self) -> None:
-        if self.seed_recorder is not None and self.seed_recorder.recording:
-            self.seed_recorder.end(success=self._success_sent)
+    def _end_seed_demo(self, wait: bool = False) -> str:
+        """End the seed demo with the episode's verdict; ``wait``: until it is on disk (bounded by
+        ``seed_stop_wait_s``), so a power cut after the daemon's ``stopped`` keeps it. Returns a
+        note for the daemon (empty when all is well)."""
+        rec = self.seed_recorder
+        if rec is None:
+            return ""
+        name = rec.end(success=self._success_sent) if rec.recording else None
+        if wait and not rec.wait_written(self.cfg.seed_stop_wait_s):
+            log.warning(
+                "seed writer still %d writes behind after %.0f s: the stop is acknowledged before %s is on disk",
+                rec.jobs_behind,
+                self.cfg.seed_stop_wait_s,
+                name,
+            )
+            return f"seed demo {name} not yet on disk"
+        if rec.error is not None:
+            return f"seed recording failed: {rec.error}"
+        return ""
 
     def _send_state(self) -> None:
         self.ep.send_state(
@@ -322,6 +342,7 @@ class LeisaacBridge:
             torque=self.torque,
             ack_seq=self.ack_seq,
             ack_sent_s=self.ack_sent_s,
+            seed_error=self.seed_recorder.error if self.seed_recorder is not None else None,
         )
 
     # -- one step --------------------------------------------------------------------------------
@@ -345,6 +366,14 @@ class LeisaacBridge:
         if self.pre_step is not None:
             self.pre_step()
         recording = self.seed_recorder is not None and self.seed_recorder.recording
+        if recording and stale and self.ep.daemon_silent_s(now) > self.cfg.seed_demo_silence_s:
+            log.warning(
+                "daemon silent for %.1f s mid-episode: seed demo %s ends here (success=False)",
+                self.ep.daemon_silent_s(now),
+                self.seed_recorder.demo_name,
+            )
+            self.seed_recorder.end(success=False)
+            recording = False
         obs_before = self._policy_obs() if recording else None  # PreStepFlatPolicyObservationsRecorder
         action = self.to_action(self.target_rad)
         with self.step_context():
@@ -503,6 +532,19 @@ def success_fn_for(env: Any, success_term: Any) -> Callable[[], bool] | None:
     return None
 
 
+def shut_down(steps: list[tuple[str, Callable[[], None]]]) -> int:
+    """Run every close in order even when one raises (a Kit app that is not closed hangs on
+    exit); each failure is logged; returns the exit code (1 when any failed)."""
+    rc = 0
+    for what, close in steps:
+        try:
+            close()
+        except Exception as exc:
+            log.error("closing the %s failed: %s", what, exc)
+            rc = 1
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaac Sim and a GPU
     parser = build_parser()
     from isaaclab.app import AppLauncher
@@ -586,12 +628,15 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
     try:
         bridge.run(is_running=simulation_app.is_running)
     finally:
-        if seed_recorder is not None:
-            seed_recorder.close()
-        ep.close()
-        env.close()
-        simulation_app.close()
-    return 0
+        rc = shut_down(
+            [
+                ("seed file", seed_recorder.close if seed_recorder is not None else lambda: None),
+                ("endpoint", ep.close),
+                ("env", env.close),
+                ("Isaac Sim", simulation_app.close),
+            ]
+        )
+    return rc
 
 
 if __name__ == "__main__":  # pragma: no cover

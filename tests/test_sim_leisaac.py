@@ -673,8 +673,8 @@ def test_the_bridge_steps_at_the_env_step_rate_whatever_the_daemons_message_rate
 
 
 def test_seed_recording_writes_off_the_stepping_thread_lzf_compressed(tmp_path, monkeypatch):
-    """The stepping thread only snapshots: with the file writer held up, 150 steps (three chunks
-    of 50) still return at once; the writer thread then writes them, lzf-compressed as LeIsaac's
+    """The stepping thread only snapshots: with the file writer held up on the first chunk, 150
+    more steps (three chunks of 50) still return at once; the writer thread then writes them, lzf-compressed as LeIsaac's
     teleop recorder does, with the values as they were at each step."""
     import h5py
 
@@ -700,12 +700,13 @@ def test_seed_recording_writes_off_the_stepping_thread_lzf_compressed(tmp_path, 
     env = FakeManagerBasedRLEnv()
     env.reset()
     rec.begin(env.scene.get_state(is_relative=True), seed=5)
-    assert writing.wait(5)  # the writer holds the first write; three more chunks fit its queue
     obs = env._obs()["policy"]
-    for i in range(150):
+    for i in range(200):
         obs["joint_pos"][:] = i  # the env reuses its buffers: the recorder must have copied
         obs["front"][:] = i
         rec.step(obs["joint_pos"], obs, env.scene.get_state(is_relative=True), obs["joint_pos"])
+        if i == 49:  # the writer holds the first chunk (the demo's group is created with it) ...
+            assert writing.wait(5)  # ... and the next three chunks fit its queue
     assert not gate.is_set() and rec.queue_waits == 0  # every step returned while the writer was held
     gate.set()
     rec.end(success=True)
@@ -713,11 +714,11 @@ def test_seed_recording_writes_off_the_stepping_thread_lzf_compressed(tmp_path, 
     assert writer_threads == {"seed-hdf5-writer"}
     with h5py.File(tmp_path / "seeds.hdf5", "r") as f:
         g = f["data/demo_0"]
-        assert int(g.attrs["num_samples"]) == 150 and int(g.attrs["seed"]) == 5 and bool(g.attrs["success"])
+        assert int(g.attrs["num_samples"]) == 200 and int(g.attrs["seed"]) == 5 and bool(g.attrs["success"])
         for key in ("actions", "obs/front", "obs/joint_pos", "states/articulation/robot/joint_position"):
             assert g[key].compression == "lzf", key
-        np.testing.assert_array_equal(g["obs/front"][:, 0, 0, 0], np.arange(150) % 256)
-        np.testing.assert_array_equal(g["actions"][:, 0], np.arange(150))
+        np.testing.assert_array_equal(g["obs/front"][:, 0, 0, 0], np.arange(200) % 256)
+        np.testing.assert_array_equal(g["actions"][:, 0], np.arange(200))
 
 
 def test_the_hello_announces_the_cameras_the_task_has():
