@@ -357,7 +357,9 @@ class SeedDemoRecorder:
     def _fail(self, demo: str, exc: BaseException) -> None:
         """A write of ``demo`` failed: cut it to its counted rows (or drop it), stop recording."""
         outcome = self._cut(demo)
-        self.error = f"seed file {self.path}: writing {demo} failed ({exc}); {outcome}; no further seed demos are recorded"
+        self.error = (
+            f"seed file {self.path}: writing {demo} failed ({exc}); {outcome}; no further seed demos are recorded"
+        )
         log.error("%s", self.error)
 
     def _cut(self, demo: str) -> str:
