@@ -79,7 +79,7 @@ class LeisaacBridgeConfig:
     # A daemon silent this long mid-episode is gone (its own episode with it): the seed demo ends
     # there (success=False) instead of recording a still arm until the disk fills.
     seed_demo_silence_s: float = 3.0
-    # After the daemon's episode stop, wait this long for the demo to be on disk before acking.
+    # After the daemon's episode stop, acknowledge it once the demo is on disk, or after this long.
     seed_stop_wait_s: float = 10.0
 
 
@@ -241,6 +241,7 @@ class LeisaacBridge:
         self.auto_resets = 0
         self.seed_recorder = seed_recorder  # sim_bridge.seed_recorder.SeedDemoRecorder (--seed_hdf5)
         self._last_seed: int | None = None
+        self._pending_stop: tuple[int, int, float] | None = None  # (episode seq, writes mark, deadline)
         self.clock = StepClock(1.0 / self.cfg.step_hz)
         self.run_started_s = 0.0
 
@@ -299,7 +300,12 @@ class LeisaacBridge:
                     self.seed_recorder.begin(self.scene_state(), seed=self._last_seed)
                 self.ep.send_event("started", seq=self.episode_seq)
             elif cmd["cmd"] == "stop":
-                self.ep.send_event("stopped", self._end_seed_demo(wait=True), seq=self.episode_seq)
+                self._end_seed_demo()
+                if self.seed_recorder is None:
+                    self.ep.send_event("stopped", seq=self.episode_seq)
+                else:  # acknowledged once the demo is on disk; the sim steps on meanwhile
+                    deadline_s = time.monotonic() + self.cfg.seed_stop_wait_s
+                    self._pending_stop = (self.episode_seq, self.seed_recorder.writes_submitted, deadline_s)
 
     # -- seed demos (Isaac Lab's ActionStateRecorderManagerCfg terms) --------------------------
     def scene_state(self) -> Any:
@@ -315,25 +321,32 @@ class LeisaacBridge:
         parts = [to_numpy(manager.get_term(name).processed_actions) for name in manager.active_terms]
         return np.concatenate(parts, axis=-1)
 
-    def _end_seed_demo(self, wait: bool = False) -> str:
-        """End the seed demo with the episode's verdict; ``wait``: until it is on disk (bounded by
-        ``seed_stop_wait_s``), so a power cut after the daemon's ``stopped`` keeps it. Returns a
-        note for the daemon (empty when all is well)."""
+    def _end_seed_demo(self) -> None:
+        if self.seed_recorder is not None and self.seed_recorder.recording:
+            self.seed_recorder.end(success=self._success_sent)
+
+    def _send_pending_stop(self, now_s: float) -> None:
+        """The daemon's episode stop, acknowledged once the demo's writes are done (a power cut
+        after ``stopped`` keeps the demo), or after ``seed_stop_wait_s`` with a note saying so."""
+        if self._pending_stop is None or self.seed_recorder is None:
+            return
+        seq, mark, deadline_s = self._pending_stop
         rec = self.seed_recorder
-        if rec is None:
-            return ""
-        name = rec.end(success=self._success_sent) if rec.recording else None
-        if wait and not rec.wait_written(self.cfg.seed_stop_wait_s):
+        written = rec.written_through(mark)
+        if not written and now_s < deadline_s:
+            return
+        self._pending_stop = None
+        detail = ""
+        if rec.error is not None:
+            detail = f"seed recording failed: {rec.error}"
+        elif not written:
             log.warning(
-                "seed writer still %d writes behind after %.0f s: the stop is acknowledged before %s is on disk",
+                "seed writer still %d writes behind after %.0f s: the stop is acknowledged before the demo is on disk",
                 rec.jobs_behind,
                 self.cfg.seed_stop_wait_s,
-                name,
             )
-            return f"seed demo {name} not yet on disk"
-        if rec.error is not None:
-            return f"seed recording failed: {rec.error}"
-        return ""
+            detail = "seed demo not yet on disk"
+        self.ep.send_event("stopped", detail, seq=seq)
 
     def _send_state(self) -> None:
         self.ep.send_state(
@@ -401,6 +414,7 @@ class LeisaacBridge:
         else:
             success = bool(self.success_fn()) if self.success_fn is not None else False
         self._send_state()
+        self._send_pending_stop(now)
         if success and not self._success_sent:
             self._success_sent = True
             self.ep.send_event("success", "task success term", seq=self.episode_seq)

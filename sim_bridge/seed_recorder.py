@@ -181,8 +181,8 @@ class SeedDemoRecorder:
     ``eef_action_process.py`` and converter alike, and a demo with no steps never reaches the
     file. A power cut loses the episode in progress's steps not yet written: the chunk being
     filled plus up to ``max_queued_jobs`` queued chunks (``flush_steps`` steps each). A closed
-    demo is on disk (flushed and fsynced) once ``wait_written`` returns True; the bridge waits
-    for that before it acknowledges the daemon's episode stop.
+    demo is on disk (flushed and fsynced) once ``written_through(mark)`` holds for the mark taken
+    after its ``end``; the bridge acknowledges the daemon's episode stop only then.
 
     A write that fails, or that would not fit (``space_left`` below the chunk's raw size plus
     ``SPACE_MARGIN_BYTES``: a write that runs out of room midway can leave the whole file
@@ -328,6 +328,17 @@ class SeedDemoRecorder:
         """Wait until every queued write is done (True), or ``timeout_s`` passed (False)."""
         with self._progress:
             return self._progress.wait_for(lambda: self._finished >= self._submitted, timeout_s)
+
+    @property
+    def writes_submitted(self) -> int:
+        """A mark for ``written_through``: the writes queued so far."""
+        with self._progress:
+            return self._submitted
+
+    def written_through(self, mark: int) -> bool:
+        """Every write queued up to ``mark`` is done (on disk, for a demo's close: fsynced)."""
+        with self._progress:
+            return self._finished >= mark
 
     def _submit(self, job: Callable[[], None], demo: str) -> None:
         def run() -> None:

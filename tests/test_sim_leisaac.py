@@ -944,7 +944,8 @@ def test_a_failed_seed_write_reaches_the_daemon(tmp_path):
 
 def test_the_stop_is_acknowledged_once_the_demo_is_on_disk(tmp_path, monkeypatch):
     """With the writer held, the daemon's ``stopped`` does not come while the demo's chunks are
-    still queued; once they are written it comes, and the demo is closed in the file."""
+    still queued (the sim steps on meanwhile); once they are written it comes, and the demo is
+    closed in the file."""
     from sim_bridge import seed_recorder
 
     gate = threading.Event()
@@ -965,6 +966,8 @@ def test_the_stop_is_acknowledged_once_the_demo_is_on_disk(tmp_path, monkeypatch
         assert poll_until(lambda: (f.write_goals(np.array([10.0, 0, 0, 0, 0, 50.0])), b.steps > n0 + 25)[1], 30)
         seq = f.stop_episode()
         assert poll_until(lambda: not rec.recording, 10)  # the bridge ended the demo; its writes are held
+        stepped = b.steps
+        assert poll_until(lambda: b.steps > stepped + 30, 10)  # the sim steps on while the demo is written
         assert rec.jobs_behind > 0 and not [e for e in f.events() if e.event == "stopped"]
         gate.set()
         f.wait_event("stopped", seq, 10)
