@@ -901,6 +901,7 @@ def test_a_daemon_gone_silent_mid_episode_ends_the_seed_demo(tmp_path):
     b, t, f = _recording_bridge(env, rec, seed_demo_silence_s=0.5)
     try:
         f.reset_episode(timeout_s=5)
+        n_start = b.steps  # no step before the start is recorded
         f.wait_event("started", f.start_episode(), 5)
         n0 = b.steps
         assert poll_until(lambda: (f.write_goals(np.array([10.0, 0, 0, 0, 0, 50.0])), b.steps > n0 + 30)[1], 30)
@@ -913,7 +914,7 @@ def test_a_daemon_gone_silent_mid_episode_ends_the_seed_demo(tmp_path):
         rec.close()
     with h5py.File(path, "r") as fh:
         g = fh["data/demo_0"]
-        assert not bool(g.attrs["success"]) and int(g.attrs["num_samples"]) <= ended_at - n0
+        assert not bool(g.attrs["success"]) and int(g.attrs["num_samples"]) <= ended_at - n_start
 
 
 def test_a_failed_seed_write_reaches_the_daemon(tmp_path):
