@@ -203,6 +203,7 @@ class SimFollower:
         self._events: collections.deque[EpisodeEvent] = collections.deque(maxlen=256)
         self._event_cv = threading.Condition(self._lock)
         self._peer_error = ""
+        self._seed_error = ""  # the sim's seed-demo recording failed (its own file, not our dataset)
         self._sim_info: dict[str, Any] = {}
         self._cameras: dict[str, SimCamera] = {}
         self._was_stale = False
@@ -433,6 +434,7 @@ class SimFollower:
             "reconnects": self.counters.reconnects,
             "rtt_p50_ms": round(rtt[len(rtt) // 2] * 1000, 3) if rtt else None,
             "rtt_p99_ms": round(rtt[min(len(rtt) - 1, int(len(rtt) * 0.99))] * 1000, 3) if rtt else None,
+            "seed_error": self._seed_error or None,
         }
 
     # ------------------------------------------------------------------------------------------
@@ -541,6 +543,9 @@ class SimFollower:
             if "effort" in h:
                 self._effort_pct = np.asarray(h["effort"], dtype=np.float64)
             self._torque_reported = bool(h["torque"])
+            if "seed_error" in h and h["seed_error"] != self._seed_error:
+                log.error("sim at %s: %s", self.endpoint, h["seed_error"])
+            self._seed_error = str(h.get("seed_error", ""))
             self._state_rx_s = now
             self._state_seq = h["seq"]
             self._ever_connected = True

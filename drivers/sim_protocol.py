@@ -47,8 +47,10 @@ Sim -> daemon:
 
 - ``hello``      {server: str, backend: str, cameras: [{name, width, height}], rate_hz: float}
 - ``state``      {seq, sim_time_s, pos: [6], vel: [6], effort: [6], torque: bool,
-  ack_seq: int, ack_sent_s: float, daemon_stale: bool} — measured joints; ``ack_*`` echo the
-  last target applied (``-1`` / ``0.0`` before the first), which gives the daemon its round trip.
+  ack_seq: int, ack_sent_s: float, daemon_stale: bool, seed_error: str (optional)} — measured
+  joints; ``ack_*`` echo the last target applied (``-1`` / ``0.0`` before the first), which gives
+  the daemon its round trip; ``seed_error`` (at most ``MAX_SEED_ERROR_CHARS``) is present once the
+  sim's own seed-demo recording failed, and says what became of the demo.
 - ``frame``      {name, seq, capture_s, shape: [h, w, 3], dtype: "uint8", encoding: "raw"|"jpeg"}
   + frame 1 = pixels (RGB, row-major) or a JPEG file.
 - ``episode``    {event: "reset_done"|"started"|"stopped"|"success"|"terminated", seq, detail}
@@ -91,6 +93,7 @@ HELLO_PERIOD_S = 1.0
 DEFAULT_STALENESS_S = 0.1
 
 NUM_JOINTS = 6
+MAX_SEED_ERROR_CHARS = 1024  # fits the header limit with the rest of a state message
 
 DAEMON_TO_SIM = frozenset({"hello", "target", "torque", "episode", "heartbeat"})
 SIM_TO_DAEMON = frozenset({"hello", "state", "frame", "episode", "heartbeat", "error"})
@@ -252,6 +255,8 @@ def _validate(msg_type: str, h: dict[str, Any], payload: bytes | None) -> None:
         for opt in ("vel", "effort"):
             if opt in h:
                 _need_joints(h, opt, msg_type)
+        if "seed_error" in h:
+            _need(h, "seed_error", str, msg_type)
     elif msg_type == "frame":
         _need(h, "name", str, msg_type)
         _need(h, "seq", int, msg_type)

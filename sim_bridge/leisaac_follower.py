@@ -76,6 +76,11 @@ class LeisaacBridgeConfig:
     # instead of letting the sim's PD drive jump (the daemon's own alignment does not see a reset).
     realign_speed_deg_s: float = 45.0
     realign_tolerance_deg: float = 1.0
+    # A daemon silent this long mid-episode is gone (its own episode with it): the seed demo ends
+    # there (success=False) instead of recording a still arm until the disk fills.
+    seed_demo_silence_s: float = 3.0
+    # After the daemon's episode stop, acknowledge it once the demo is on disk, or after this long.
+    seed_stop_wait_s: float = 10.0
 
 
 def image_to_uint8(img: Any) -> np.ndarray:
@@ -236,6 +241,7 @@ class LeisaacBridge:
         self.auto_resets = 0
         self.seed_recorder = seed_recorder  # sim_bridge.seed_recorder.SeedDemoRecorder (--seed_hdf5)
         self._last_seed: int | None = None
+        self._pending_stop: tuple[int, int, float] | None = None  # (episode seq, writes mark, deadline)
         self.clock = StepClock(1.0 / self.cfg.step_hz)
         self.run_started_s = 0.0
 
@@ -295,7 +301,11 @@ class LeisaacBridge:
                 self.ep.send_event("started", seq=self.episode_seq)
             elif cmd["cmd"] == "stop":
                 self._end_seed_demo()
-                self.ep.send_event("stopped", seq=self.episode_seq)
+                if self.seed_recorder is None:
+                    self.ep.send_event("stopped", seq=self.episode_seq)
+                else:  # acknowledged once the demo is on disk; the sim steps on meanwhile
+                    deadline_s = time.monotonic() + self.cfg.seed_stop_wait_s
+                    self._pending_stop = (self.episode_seq, self.seed_recorder.writes_submitted, deadline_s)
 
     # -- seed demos (Isaac Lab's ActionStateRecorderManagerCfg terms) --------------------------
     def scene_state(self) -> Any:
@@ -315,6 +325,29 @@ class LeisaacBridge:
         if self.seed_recorder is not None and self.seed_recorder.recording:
             self.seed_recorder.end(success=self._success_sent)
 
+    def _send_pending_stop(self, now_s: float) -> None:
+        """The daemon's episode stop, acknowledged once the demo's writes are done (a power cut
+        after ``stopped`` keeps the demo), or after ``seed_stop_wait_s`` with a note saying so."""
+        if self._pending_stop is None or self.seed_recorder is None:
+            return
+        seq, mark, deadline_s = self._pending_stop
+        rec = self.seed_recorder
+        written = rec.written_through(mark)
+        if not written and now_s < deadline_s:
+            return
+        self._pending_stop = None
+        detail = ""
+        if rec.error is not None:
+            detail = f"seed recording failed: {rec.error}"
+        elif not written:
+            log.warning(
+                "seed writer still %d writes behind after %.0f s: the stop is acknowledged before the demo is on disk",
+                rec.jobs_behind,
+                self.cfg.seed_stop_wait_s,
+            )
+            detail = "seed demo not yet on disk"
+        self.ep.send_event("stopped", detail, seq=seq)
+
     def _send_state(self) -> None:
         self.ep.send_state(
             self.joint_units(),
@@ -322,6 +355,7 @@ class LeisaacBridge:
             torque=self.torque,
             ack_seq=self.ack_seq,
             ack_sent_s=self.ack_sent_s,
+            seed_error=self.seed_recorder.error if self.seed_recorder is not None else None,
         )
 
     # -- one step --------------------------------------------------------------------------------
@@ -345,6 +379,14 @@ class LeisaacBridge:
         if self.pre_step is not None:
             self.pre_step()
         recording = self.seed_recorder is not None and self.seed_recorder.recording
+        if recording and stale and self.ep.daemon_silent_s(now) > self.cfg.seed_demo_silence_s:
+            log.warning(
+                "daemon silent for %.1f s mid-episode: seed demo %s ends here (success=False)",
+                self.ep.daemon_silent_s(now),
+                self.seed_recorder.demo_name,
+            )
+            self.seed_recorder.end(success=False)
+            recording = False
         obs_before = self._policy_obs() if recording else None  # PreStepFlatPolicyObservationsRecorder
         action = self.to_action(self.target_rad)
         with self.step_context():
@@ -372,6 +414,7 @@ class LeisaacBridge:
         else:
             success = bool(self.success_fn()) if self.success_fn is not None else False
         self._send_state()
+        self._send_pending_stop(now)
         if success and not self._success_sent:
             self._success_sent = True
             self.ep.send_event("success", "task success term", seq=self.episode_seq)
@@ -503,6 +546,19 @@ def success_fn_for(env: Any, success_term: Any) -> Callable[[], bool] | None:
     return None
 
 
+def shut_down(steps: list[tuple[str, Callable[[], None]]]) -> int:
+    """Run every close in order even when one raises (a Kit app that is not closed hangs on
+    exit); each failure is logged; returns the exit code (1 when any failed)."""
+    rc = 0
+    for what, close in steps:
+        try:
+            close()
+        except Exception as exc:
+            log.error("closing the %s failed: %s", what, exc)
+            rc = 1
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaac Sim and a GPU
     parser = build_parser()
     from isaaclab.app import AppLauncher
@@ -586,12 +642,15 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
     try:
         bridge.run(is_running=simulation_app.is_running)
     finally:
-        if seed_recorder is not None:
-            seed_recorder.close()
-        ep.close()
-        env.close()
-        simulation_app.close()
-    return 0
+        rc = shut_down(
+            [
+                ("seed file", seed_recorder.close if seed_recorder is not None else lambda: None),
+                ("endpoint", ep.close),
+                ("env", env.close),
+                ("Isaac Sim", simulation_app.close),
+            ]
+        )
+    return rc
 
 
 if __name__ == "__main__":  # pragma: no cover

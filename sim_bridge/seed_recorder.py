@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -49,12 +50,42 @@ log = logging.getLogger("so101d.sim.seed")
 FLUSH_STEPS = 100  # StreamingRecorderManager's flush period and chunk length
 COMPRESSION = "lzf"  # teleop_se3_agent.py: recorder_manager.compression = "lzf"
 # Chunks waiting for the writer before a step waits for it (each ~184 MB with two 640x480 cameras):
-# the writer only falls this far behind when the disk is slower than the sim makes data.
+# the writer falls this far behind when compressing and writing is slower than the sim makes data.
 MAX_QUEUED_JOBS = 3
 
 
 class SeedRecordingError(RuntimeError):
-    """The seed file could not be written (disk full, file removed): the demos after it are lost."""
+    """A seed-file write failed or would not fit (disk full, file-size limit, file removed). The
+    demo in progress was ended (cut to its written rows, ``success=False``, or dropped when it
+    had none); demos closed before it stay as they were; nothing more is recorded."""
+
+
+def space_left_bytes(path: Path) -> int:
+    """Bytes that can still be written to ``path``: the file system's free space for us, capped by
+    this process's file-size limit (``RLIMIT_FSIZE``, which also governs a quota-like ulimit)."""
+    import os
+    import resource
+
+    st = os.statvfs(path.parent)
+    left = st.f_bavail * st.f_frsize
+    soft, _hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft != resource.RLIM_INFINITY:
+        size = path.stat().st_size if path.exists() else 0
+        left = min(left, soft - size)
+    return int(left)
+
+
+# Room kept free beyond a chunk's raw size before it is written: HDF5's metadata for a chunk
+# (B-tree nodes, the superblock's end-of-file) and the attributes that close a demo. A write that
+# runs out of room midway leaves the file's recorded end beyond its real end, and the whole file
+# unreadable, so the writer refuses before that can happen.
+SPACE_MARGIN_BYTES = 8 * 1024 * 1024
+
+
+def tree_nbytes(x: Any) -> int:
+    if isinstance(x, dict):
+        return sum(tree_nbytes(v) for v in x.values())
+    return int(np.asarray(x).nbytes)
 
 
 def to_numpy(x: Any) -> np.ndarray:
@@ -141,13 +172,23 @@ class SeedDemoRecorder:
     """One HDF5 file of seed demos; ``begin`` / ``step`` / ``end`` per daemon episode.
 
     The file is opened in append mode (a restarted follower adds demos after the existing ones,
-    like LeIsaac's ``--resume``) and flushed after every write, so a crash loses at most the
-    steps since the last flush of the episode in progress (and that demo then has no ``success``
-    attribute: LeIsaac's converter and our import count it as not successful).
+    like LeIsaac's ``--resume``, numbered from the highest existing ``demo_<n>`` + 1).
 
-    ``begin`` / ``step`` / ``end`` run on the stepping thread and only queue work; the writer
-    thread does every h5py call after ``__init__``, in order. ``close`` waits for it and raises
-    ``SeedRecordingError`` if a write failed (the failure is also logged when it happens).
+    What a crash can lose: ``begin`` / ``step`` / ``end`` run on the stepping thread and only
+    queue work; the writer thread does every h5py call after ``__init__``, in order, and flushes
+    after each. A demo's group is created with its first chunk and carries ``success=False``
+    until ``end`` writes the verdict, so a demo cut short by a crash is skipped by LeIsaac's
+    ``eef_action_process.py`` and converter alike, and a demo with no steps never reaches the
+    file. A power cut loses the episode in progress's steps not yet written: the chunk being
+    filled plus up to ``max_queued_jobs`` queued chunks (``flush_steps`` steps each). A closed
+    demo is on disk (flushed and fsynced) once ``written_through(mark)`` holds for the mark taken
+    after its ``end``; the bridge acknowledges the daemon's episode stop only then.
+
+    A write that fails, or that would not fit (``space_left`` below the chunk's raw size plus
+    ``SPACE_MARGIN_BYTES``: a write that runs out of room midway can leave the whole file
+    unreadable), ends the demo in progress -- cut to the rows its ``num_samples`` counts, with
+    ``success=False``, or dropped when none was written -- and stops the recording; ``error``
+    says what happened and which demo, ``close`` raises it as ``SeedRecordingError``.
     """
 
     def __init__(
@@ -157,6 +198,7 @@ class SeedDemoRecorder:
         flush_steps: int = FLUSH_STEPS,
         compression: str | None = COMPRESSION,
         max_queued_jobs: int = MAX_QUEUED_JOBS,
+        space_left: Callable[[Path], int] = space_left_bytes,
     ) -> None:
         import h5py
 
@@ -168,15 +210,20 @@ class SeedDemoRecorder:
             data.attrs["total"] = 0
             data.attrs["env_args"] = json.dumps({"env_name": env_name, "type": 2})
         self.data = self.f["data"]
-        self.demo_count = len(self.data)
+        self.demo_count = next_demo_index(self.data)
         self.flush_steps = flush_steps
         self.compression = compression
+        self.space_left = space_left
         self._chunk = _ChunkBuffer(flush_steps)
         self._free_chunks: queue.SimpleQueue[_ChunkBuffer] = queue.SimpleQueue()  # written, ready for reuse
         self.demo_name: str | None = None
-        self.error: BaseException | None = None
-        self.queue_waits = 0  # steps that waited for the writer (it fell MAX_QUEUED_JOBS behind)
+        self._demo_steps = 0
+        self._first: tuple[Any, int] | None = None  # (initial_state, seed) until the demo's first chunk
+        self.error: str | None = None  # set by the writer thread: what failed and what became of the demo
+        self.queue_waits = 0  # steps that waited for the writer (it fell max_queued_jobs behind)
         self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=max_queued_jobs)
+        self._progress = threading.Condition()
+        self._submitted = self._finished = 0
         self._writer = threading.Thread(target=self._write_jobs, name="seed-hdf5-writer", daemon=True)
         self._writer.start()
 
@@ -184,98 +231,204 @@ class SeedDemoRecorder:
     def recording(self) -> bool:
         return self.demo_name is not None
 
+    @property
+    def jobs_behind(self) -> int:
+        """Writes queued or in progress (chunks, a demo's close)."""
+        with self._progress:
+            return self._submitted - self._finished
+
     # -- stepping thread ---------------------------------------------------------------------------
-    def begin(self, initial_state: Any, seed: int) -> str:
+    def begin(self, initial_state: Any, seed: int) -> str | None:
         """Start a demo; ``seed``: the seed its episode was reset with (the env's ``cfg.seed``
-        when the reset gave none), which Mimic's annotate step hands to ``env.seed``."""
+        when the reset gave none), which Mimic's annotate step hands to ``env.seed``. None when
+        recording stopped after a write failure (``error`` says why)."""
         if seed is None:
             raise ValueError("a seed demo needs the env's seed (annotate_demos.py calls env.seed(int(episode.seed)))")
         if self.demo_name is not None:
-            self.end(success=None)
-        name = self.demo_name = f"demo_{self.demo_count}"
-        state = snapshot_tree(initial_state)
-        seed_int = int(seed)
-
-        def create() -> None:
-            g = self.data.create_group(name)
-            g.attrs["num_samples"] = 0
-            g.attrs["seed"] = seed_int
-            _append(g, "initial_state", state, self.compression)
-            self.f.flush()
-
-        self._submit(create)
-        return name
+            self.end(success=False)  # a new episode before this one stopped: it was cut short
+        if self.error is not None:
+            return None
+        self.demo_name = f"demo_{self.demo_count}"
+        self._demo_steps = 0
+        self._first = (snapshot_tree(initial_state), int(seed))
+        return self.demo_name
 
     def step(self, actions: Any, obs: Any, states: Any, processed_actions: Any) -> None:
         if self.demo_name is None:
             return
+        if self.error is not None:  # the writer ended the demo: queue nothing more
+            self.demo_name = None
+            return
         self._chunk.add({"actions": actions, "obs": obs, "states": states, "processed_actions": processed_actions})
+        self._demo_steps += 1
         if self._chunk.n >= self.flush_steps:
             self._flush()
 
     def _flush(self) -> None:
         if not self._chunk.n or self.demo_name is None:
             return
-        chunk, name = self._chunk, self.demo_name
+        chunk, name, first = self._chunk, self.demo_name, self._first
+        self._first = None
         try:
             self._chunk = self._free_chunks.get_nowait()
         except queue.Empty:
             self._chunk = _ChunkBuffer(self.flush_steps)
 
         def write_chunk() -> None:
+            rows = chunk.filled()
+            need = tree_nbytes(rows) + (tree_nbytes(first[0]) if first else 0) + SPACE_MARGIN_BYTES
+            left = self.space_left(self.path)
+            if left < need:
+                raise SeedRecordingError(
+                    f"not enough room for the next {chunk.n} steps: {need / 1e6:.0f} MB needed (raw size plus "
+                    f"margin), {max(left, 0) / 1e6:.0f} MB left (free disk space or the file-size limit)"
+                )
+            if first is not None:
+                g = self.data.create_group(name)
+                g.attrs["num_samples"] = 0
+                g.attrs["seed"] = first[1]
+                g.attrs["success"] = False  # until end() writes the verdict: a cut-short demo is skipped
+                _append(g, "initial_state", first[0], self.compression)
             g = self.data[name]
-            for k, v in chunk.filled().items():
+            for k, v in rows.items():
                 _append(g, k, v, self.compression)
             g.attrs["num_samples"] = int(g.attrs["num_samples"]) + chunk.n
             self.f.flush()
             self._free_chunks.put(chunk.reset())
 
-        self._submit(write_chunk)
+        self._submit(write_chunk, name)
 
-    def end(self, success: bool | None) -> str | None:
-        """Close the episode's demo; ``success`` None leaves the attribute out (unknown)."""
+    def end(self, success: bool) -> str | None:
+        """Close the episode's demo with its verdict (False for one cut short: daemon lost, the
+        follower stopping, a new episode). A demo with no steps is not written; returns the
+        demo's name, or None when there was none in the file."""
         if self.demo_name is None:
             return None
+        name, steps = self.demo_name, self._demo_steps
         self._flush()
-        name = self.demo_name
+        self.demo_name = None
+        if steps == 0:
+            self._first = None
+            log.info("seed demo %s had no steps: nothing written", name)
+            return None
+        verdict = bool(success)
 
         def finish() -> None:
             g = self.data[name]
-            if success is not None:
-                g.attrs["success"] = bool(success)
+            g.attrs["success"] = verdict
             self.data.attrs["total"] = int(self.data.attrs["total"]) + int(g.attrs["num_samples"])
-            self.f.flush()
-            log.info("seed demo %s written to %s (success=%s)", name, self.path, success)
+            self._sync()
+            log.info("seed demo %s written to %s (success=%s)", name, self.path, verdict)
 
-        self._submit(finish)
+        self._submit(finish, name)
         self.demo_count += 1
-        self.demo_name = None
         return name
 
-    def _submit(self, job: Callable[[], None]) -> None:
+    def wait_written(self, timeout_s: float) -> bool:
+        """Wait until every queued write is done (True), or ``timeout_s`` passed (False)."""
+        with self._progress:
+            return self._progress.wait_for(lambda: self._finished >= self._submitted, timeout_s)
+
+    @property
+    def writes_submitted(self) -> int:
+        """A mark for ``written_through``: the writes queued so far."""
+        with self._progress:
+            return self._submitted
+
+    def written_through(self, mark: int) -> bool:
+        """Every write queued up to ``mark`` is done (on disk, for a demo's close: fsynced)."""
+        with self._progress:
+            return self._finished >= mark
+
+    def _submit(self, job: Callable[[], None], demo: str) -> None:
+        def run() -> None:
+            if self.error is None:  # after a failure nothing more goes into the file
+                try:
+                    job()
+                except Exception as exc:
+                    self._fail(demo, exc)
+
+        with self._progress:
+            self._submitted += 1
         try:
-            self._jobs.put_nowait(job)
+            self._jobs.put_nowait(run)
         except queue.Full:
             self.queue_waits += 1
-            log.warning("seed writer is %d chunks behind (disk too slow?): this step waits", self._jobs.maxsize)
-            self._jobs.put(job)
+            log.warning("seed writer %d chunks behind: this step waits for it", self._jobs.maxsize)
+            self._jobs.put(run)
 
     # -- writer thread -----------------------------------------------------------------------------
+    def _sync(self) -> None:
+        """Flush HDF5's buffers and have the OS put them on disk (a closed demo survives a power cut)."""
+        import os
+
+        self.f.flush()
+        os.fsync(self.f.id.get_vfd_handle())
+
+    def _fail(self, demo: str, exc: BaseException) -> None:
+        """A write of ``demo`` failed: cut it to its counted rows (or drop it), stop recording."""
+        outcome = self._cut(demo)
+        self.error = (
+            f"seed file {self.path}: writing {demo} failed ({exc}); {outcome}; no further seed demos are recorded"
+        )
+        log.error("%s", self.error)
+
+    def _cut(self, demo: str) -> str:
+        import h5py
+
+        try:
+            if demo not in self.data:
+                return f"{demo} was not started in the file"
+            g = self.data[demo]
+            n = int(g.attrs["num_samples"])
+            if n == 0:
+                del self.data[demo]
+                self._sync()
+                return f"{demo} dropped (no steps were written)"
+
+            def cut(group: Any) -> None:
+                for key, item in group.items():
+                    if key == "initial_state" and group is g:
+                        continue
+                    if isinstance(item, h5py.Group):
+                        cut(item)
+                    elif item.shape[0] > n:
+                        item.resize(n, axis=0)
+
+            cut(g)
+            g.attrs["success"] = False
+            self._sync()
+            return f"{demo} cut to its {n} written steps (success=False)"
+        except Exception as exc:
+            return f"{demo} could not be cut to its written steps ({exc}); it is marked success=False"
+
     def _write_jobs(self) -> None:
         while (job := self._jobs.get()) is not None:
-            if self.error is not None:
-                continue  # the file is in an unknown state: write nothing more into it
             try:
                 job()
-            except Exception as exc:
-                self.error = exc
-                log.error("seed file %s: write failed (%s); no further seed demos are written", self.path, exc)
+            finally:
+                with self._progress:
+                    self._finished += 1
+                    self._progress.notify_all()
 
     def close(self) -> None:
+        """End a demo still open (cut short: ``success=False``), wait for the writer, close the
+        file; raises ``SeedRecordingError`` when a write failed."""
         if self.demo_name is not None:
-            self.end(success=None)
+            self.end(success=False)
         self._jobs.put(None)
         self._writer.join()
-        self.f.close()
+        try:
+            self.f.close()
+        except Exception as exc:
+            if self.error is None:
+                self.error = f"seed file {self.path}: closing it failed ({exc})"
         if self.error is not None:
-            raise SeedRecordingError(f"seed file {self.path}: a write failed: {self.error}") from self.error
+            raise SeedRecordingError(self.error)
+
+
+def next_demo_index(data: Any) -> int:
+    """The next free ``demo_<n>`` number: one past the highest in the file (a file whose user
+    deleted a bad demo has a gap; counting the groups would reuse an existing name)."""
+    taken = [int(m.group(1)) for name in data if (m := re.fullmatch(r"demo_(\d+)", name))]
+    return max(taken, default=-1) + 1

@@ -19,12 +19,32 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import numpy as np
 import zmq
 
 from drivers import sim_protocol as P
 
 log = logging.getLogger("so101d.sim.server")
+
+
+# Messages taken per poll at most: a daemon flooding faster than they are read cannot starve the step.
+MAX_DRAIN_PER_POLL = 4096
+
+
+def _peek_target_seq(frames: list[bytes]) -> int | None:
+    """A target's seq from its header without validating it (None for anything else, or for
+    what ``P.decode`` will reject anyway): superseded targets are never decoded in full."""
+    if len(frames) != 2 or len(frames[1]) > P.MAX_HEADER_BYTES:
+        return None
+    try:
+        header = msgpack.unpackb(frames[1], raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
+    except Exception:  # msgpack raises several types for garbage; P.decode names it
+        return None
+    if not isinstance(header, dict) or header.get("t") != "target":
+        return None
+    seq = header.get("seq")
+    return seq if type(seq) is int else None
 
 
 @dataclass
@@ -132,57 +152,81 @@ class SimServerEndpoint:
 
     # -- receiving -------------------------------------------------------------------------
     def daemon_stale(self, now_s: float | None = None) -> bool:
+        return self.daemon_silent_s(now_s) > self.daemon_staleness_s
+
+    def daemon_silent_s(self, now_s: float | None = None) -> float:
+        """Seconds since the daemon's last valid message."""
         now = time.monotonic() if now_s is None else now_s
-        return now - self._last_rx_s > self.daemon_staleness_s
+        return now - self._last_rx_s
 
     @property
     def has_peer(self) -> bool:
         return self._peer is not None
 
     def poll(self, timeout_s: float = 0.0) -> ServerInbox:
-        """Drain everything that arrived; wait up to ``timeout_s`` for the first message."""
+        """Drain everything that arrived; wait up to ``timeout_s`` for the first message.
+
+        Only the newest target is used, so targets are only peeked at (the header's type and
+        seq) while draining and just the newest valid one is decoded and checked in full; every
+        other message (torque, episode, hello, heartbeat) is decoded in order. A burst of queued
+        targets then costs a msgpack peek each, not a full decode before the step.
+        """
         inbox = ServerInbox()
         assert self._sock is not None
         if timeout_s > 0 and not self._sock.poll(int(timeout_s * 1000)):
             return inbox
-        while True:
+        targets: list[tuple[int, list[bytes]]] = []  # (seq, frames) of each target, to decode the newest
+        for _ in range(MAX_DRAIN_PER_POLL):
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 break
             self.stats.received += 1
-            if len(frames) < 2:
-                self.stats.rejects.count(P.ProtocolError("frames", "message without routing id"))
+            seq = _peek_target_seq(frames)
+            if seq is not None:
+                targets.append((seq, frames))
                 continue
-            peer, body = frames[0], frames[1:]
-            try:
-                msg = P.decode(body, P.DAEMON_TO_SIM)
-            except P.ProtocolError as err:
-                self.stats.rejects.count(err)
-                log.debug("rejected message: %s", err)
-                if err.reason == "version":
-                    self._send_to(peer, P.encode("error", error=str(err)))
-                continue
-            if peer != self._peer:
-                self.stats.peers_seen += 1
-                log.info("daemon connected (peer #%d)", self.stats.peers_seen)
-                self._peer = peer
-                self.send_hello()  # the daemon's own hello may have been dropped before it connected
-            self._last_rx_s = time.monotonic()
-            h = msg.header
-            if msg.type == "target":
-                self.stats.targets += 1
-                if h["seq"] > inbox.target_seq:
-                    inbox.target_units = np.asarray(h["pos"], dtype=np.float64)
-                    inbox.target_seq = h["seq"]
-                    inbox.target_sent_s = float(h["sent_s"])
-            elif msg.type == "torque":
-                inbox.torque = bool(h["enabled"])
-            elif msg.type == "episode":
-                inbox.episode_cmds.append({"cmd": h["cmd"], "seq": h["seq"], "seed": h.get("seed")})
-            elif msg.type == "hello":
-                self.send_hello()
+            self._take(frames, inbox)
+        # newest first; an invalid one is counted as rejected and the next newest is tried
+        for _seq, frames in sorted(targets, key=lambda t: t[0], reverse=True):
+            if self._take(frames, inbox):
+                break
+        self.stats.targets += len(targets)
         return inbox
+
+    def _take(self, frames: list[bytes], inbox: ServerInbox) -> bool:
+        """Decode and apply one message; False when it was rejected."""
+        if len(frames) < 2:
+            self.stats.rejects.count(P.ProtocolError("frames", "message without routing id"))
+            return False
+        peer, body = frames[0], frames[1:]
+        try:
+            msg = P.decode(body, P.DAEMON_TO_SIM)
+        except P.ProtocolError as err:
+            self.stats.rejects.count(err)
+            log.debug("rejected message: %s", err)
+            if err.reason == "version":
+                self._send_to(peer, P.encode("error", error=str(err)))
+            return False
+        if peer != self._peer:
+            self.stats.peers_seen += 1
+            log.info("daemon connected (peer #%d)", self.stats.peers_seen)
+            self._peer = peer
+            self.send_hello()  # the daemon's own hello may have been dropped before it connected
+        self._last_rx_s = time.monotonic()
+        h = msg.header
+        if msg.type == "target":
+            if h["seq"] > inbox.target_seq:
+                inbox.target_units = np.asarray(h["pos"], dtype=np.float64)
+                inbox.target_seq = h["seq"]
+                inbox.target_sent_s = float(h["sent_s"])
+        elif msg.type == "torque":
+            inbox.torque = bool(h["enabled"])
+        elif msg.type == "episode":
+            inbox.episode_cmds.append({"cmd": h["cmd"], "seq": h["seq"], "seed": h.get("seed")})
+        elif msg.type == "hello":
+            self.send_hello()
+        return True
 
     def serve_until(
         self,
@@ -234,6 +278,7 @@ class SimServerEndpoint:
         ack_sent_s: float,
         vel_units: np.ndarray | None = None,
         effort: np.ndarray | None = None,
+        seed_error: str | None = None,
     ) -> bool:
         self._state_seq += 1
         fields: dict[str, Any] = dict(
@@ -249,6 +294,8 @@ class SimServerEndpoint:
             fields["vel"] = P.joints_to_wire(vel_units)
         if effort is not None:
             fields["effort"] = P.joints_to_wire(effort)
+        if seed_error is not None:
+            fields["seed_error"] = seed_error[: P.MAX_SEED_ERROR_CHARS]
         return self._send(P.encode("state", **fields))
 
     def send_frame(

@@ -190,7 +190,6 @@ def test_appends_to_an_existing_dataset_and_refuses_a_schema_mismatch(tmp_path: 
         ("five_joints", r"demo_1/actions: joint count \(5,\), expected \(6,\)"),
         ("short_rows", r"demo_1/obs/joint_pos: 20 rows, expected 21"),
         ("nan", r"demo_1/obs/joint_pos: non-finite value at row 3"),
-        ("num_samples", r"demo_1: attribute num_samples=99 but 'actions' has 21 rows"),
         ("truncate", r"a.hdf5"),
     ],
 )
@@ -360,8 +359,51 @@ def test_import_of_a_mimic_file_with_ik_actions_takes_the_joint_targets_or_says_
         import_hdf5([bare], root)
     msg = str(err.value)
     assert "demo_0/actions: 8-D actions (end-effector pose + gripper" in msg
-    assert "eef_action_process.py" in msg and "--to_joint" in msg and "no obs/joint_pos_target" in msg
+    assert "no obs/joint_pos_target: the joint targets were not recorded" in msg
+    # eef_action_process.py --to_joint (ik_action_to_joint) reads that very dataset: never advised here
+    assert "--to_joint --headless" not in msg and "Import the file the demos came from" in msg
     assert tree_digest(root) == before
+
+    five = tmp_path / "generated_five_targets.hdf5"
+    write_isaaclab_file(five, episodes)
+    with h5py.File(five, "a") as f:
+        for name in f["data"]:
+            del f[f"data/{name}/obs/joint_pos_target"]
+            f[f"data/{name}/obs/joint_pos_target"] = np.zeros((31, 5), np.float32)
+    with pytest.raises(HDF5FormatError, match=r"obs/joint_pos_target has shape \(31, 5\), expected \(N, 6\)"):
+        import_hdf5([five], root)
+    assert tree_digest(root) == before
+
+
+def test_a_torn_demo_is_skipped_and_named_and_the_files_other_demos_import(tmp_path: Path, capsys) -> None:
+    """A seed file whose last demo was torn by a full disk (its datasets hold more rows than its
+    num_samples, as the attack's ENOSPC run left demo_1): the good demos are imported, the torn
+    one is named with why and left in the file."""
+    src = tmp_path / "seeds.hdf5"
+    write_leisaac_file(src, lengths=(21, 21, 21), failed=(), compression=None)
+    with h5py.File(src, "r+") as f:
+        f["data/demo_1"].attrs["num_samples"] = 11
+    root = tmp_path / "ds"
+    assert so101d(["import-hdf5", "--dataset", str(root), "--no-progress", "--task", "t", str(src)]) == 0
+    said = capsys.readouterr().out
+    assert "imported 2 of 3 demos" in said
+    assert "skipped 1 damaged" in said and "demo_1: attribute num_samples=11 but 'actions' has 21 rows" in said
+    assert [read_episode_tags(root)[i].source["demo"] for i in range(2)] == ["demo_0", "demo_2"]
+
+
+def test_export_of_an_episode_whose_source_file_is_corrupt_says_so(tmp_path: Path, capsys) -> None:
+    src = tmp_path / "src.hdf5"
+    write_leisaac_file(src, lengths=(41,), failed=(), cameras=())
+    root = tmp_path / "ds"
+    import_hdf5([src], root)
+    size = src.stat().st_size
+    with open(src, "r+b") as fh:
+        fh.truncate(size // 2)
+    out = tmp_path / "exp.hdf5"
+    assert so101d(["export-hdf5", "--dataset", str(root), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"episode 0: its source file {src} is not a readable HDF5 file" in err and "Traceback" not in err
+    assert not out.exists()
 
 
 def test_episode_selection_parsing() -> None:

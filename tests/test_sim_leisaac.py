@@ -673,8 +673,8 @@ def test_the_bridge_steps_at_the_env_step_rate_whatever_the_daemons_message_rate
 
 
 def test_seed_recording_writes_off_the_stepping_thread_lzf_compressed(tmp_path, monkeypatch):
-    """The stepping thread only snapshots: with the file writer held up, 150 steps (three chunks
-    of 50) still return at once; the writer thread then writes them, lzf-compressed as LeIsaac's
+    """The stepping thread only snapshots: with the file writer held up on the first chunk, 150
+    more steps (three chunks of 50) still return at once; the writer thread then writes them, lzf-compressed as LeIsaac's
     teleop recorder does, with the values as they were at each step."""
     import h5py
 
@@ -700,12 +700,13 @@ def test_seed_recording_writes_off_the_stepping_thread_lzf_compressed(tmp_path, 
     env = FakeManagerBasedRLEnv()
     env.reset()
     rec.begin(env.scene.get_state(is_relative=True), seed=5)
-    assert writing.wait(5)  # the writer holds the first write; three more chunks fit its queue
     obs = env._obs()["policy"]
-    for i in range(150):
+    for i in range(200):
         obs["joint_pos"][:] = i  # the env reuses its buffers: the recorder must have copied
         obs["front"][:] = i
         rec.step(obs["joint_pos"], obs, env.scene.get_state(is_relative=True), obs["joint_pos"])
+        if i == 49:  # the writer holds the first chunk (the demo's group is created with it) ...
+            assert writing.wait(5)  # ... and the next three chunks fit its queue
     assert not gate.is_set() and rec.queue_waits == 0  # every step returned while the writer was held
     gate.set()
     rec.end(success=True)
@@ -713,11 +714,11 @@ def test_seed_recording_writes_off_the_stepping_thread_lzf_compressed(tmp_path, 
     assert writer_threads == {"seed-hdf5-writer"}
     with h5py.File(tmp_path / "seeds.hdf5", "r") as f:
         g = f["data/demo_0"]
-        assert int(g.attrs["num_samples"]) == 150 and int(g.attrs["seed"]) == 5 and bool(g.attrs["success"])
+        assert int(g.attrs["num_samples"]) == 200 and int(g.attrs["seed"]) == 5 and bool(g.attrs["success"])
         for key in ("actions", "obs/front", "obs/joint_pos", "states/articulation/robot/joint_position"):
             assert g[key].compression == "lzf", key
-        np.testing.assert_array_equal(g["obs/front"][:, 0, 0, 0], np.arange(150) % 256)
-        np.testing.assert_array_equal(g["actions"][:, 0], np.arange(150))
+        np.testing.assert_array_equal(g["obs/front"][:, 0, 0, 0], np.arange(200) % 256)
+        np.testing.assert_array_equal(g["actions"][:, 0], np.arange(200))
 
 
 def test_the_hello_announces_the_cameras_the_task_has():
@@ -736,3 +737,322 @@ def test_step_hz_follows_the_env_and_a_mismatch_is_refused():
     assert check_step_hz(60.0, 1.0 / 60.0) == 60.0
     with pytest.raises(ValueError, match=r"--step_hz 120 does not match the task.*2x real time"):
         check_step_hz(120.0, 1.0 / 60.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# seed recording when things go wrong: a full disk, a lost daemon, Ctrl-C, a power cut
+# ---------------------------------------------------------------------------------------------
+_SEED_CHILD = r"""
+import json, os, resource, signal, sys
+import numpy as np
+from sim_bridge.seed_recorder import SeedDemoRecorder, SeedRecordingError
+path, limit, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rng = np.random.default_rng(0)
+def step(rec, i):
+    # random pixels: lzf cannot shrink them, so the file grows like a real camera's
+    obs = {"joint_pos": np.full((1, 6), i, np.float32), "ee_frame_state": np.zeros((1, 7), np.float32),
+           "joint_pos_target": np.full((1, 6), i, np.float32),
+           "front": rng.integers(0, 255, (1, 120, 160, 3), dtype=np.uint8)}
+    states = {"articulation": {"robot": {"joint_position": np.full((1, 6), i, np.float32)}}}
+    rec.step(np.full((1, 6), i, np.float32), obs, states, np.full((1, 6), i, np.float32))
+initial = {"articulation": {"robot": {"joint_position": np.zeros((1, 6), np.float32)}}}
+kw = {"space_left": lambda p: 1 << 60} if mode == "no_preflight" else {}
+if limit:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+rec = SeedDemoRecorder(path, env_name="LeIsaac-SO101-PickOrange-v0", flush_steps=10, **kw)
+if mode == "power_cut":
+    rec.begin(initial, seed=3)
+    for i in range(25):
+        step(rec, i)
+    assert rec.wait_written(30)
+    print("written", flush=True)
+    sys.stdin.read()  # the parent kills the whole process group here
+rec.begin(initial, seed=1)
+for i in range(30):
+    step(rec, i)
+rec.end(success=True)
+rec.begin(initial, seed=2)
+for i in range(3000):
+    step(rec, i)
+    if i % 10 == 9 and (not rec.wait_written(30) or rec.error):
+        break
+rec.end(success=True)
+try:
+    rec.close()
+    print(json.dumps({"error": None}))
+except SeedRecordingError as exc:
+    print(json.dumps({"error": str(exc)}))
+"""
+
+
+def _seed_child(path: Path, limit: int, mode: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-c", _SEED_CHILD, str(path), str(limit), mode],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def test_a_file_size_limit_ends_the_demo_cleanly_and_keeps_the_earlier_ones(tmp_path):
+    """RLIMIT_FSIZE runs out during the second demo. The demo before stays readable and
+    successful, the one being written ends cut to the rows it counts (success=False) or is
+    dropped, the file opens, and close() raises SeedRecordingError naming the demo. (A write that
+    really hits the limit is not survivable: HDF5 (2.0.0, from h5py 3.16) then crashes the process in its next
+    flush, which is why the recorder checks the room before each chunk.)"""
+    import h5py
+    from fixtures.isaaclab_recorder import eef_action_process_to_ik
+
+    path = tmp_path / "seeds.hdf5"
+    child = _seed_child(path, 12 * 1024 * 1024, "limit")
+    out, err = child.communicate(timeout=300)
+    assert child.returncode == 0, err
+    said = json.loads(out.strip().splitlines()[-1])["error"]
+    assert said and "demo_1" in said and "no further seed demos are recorded" in said, said
+    with h5py.File(path, "r") as f:  # the whole file opens
+        d0 = f["data/demo_0"]
+        assert bool(d0.attrs["success"]) and int(d0.attrs["num_samples"]) == 30
+        np.testing.assert_array_equal(d0["actions"][:, 0], np.arange(30))
+        if "demo_1" in f["data"]:
+            d1 = f["data/demo_1"]
+            n = int(d1.attrs["num_samples"])
+            assert not bool(d1.attrs["success"]) and n > 0 and f"cut to its {n} written steps" in said
+            for key in ("actions", "obs/front", "obs/ee_frame_state", "states/articulation/robot/joint_position"):
+                assert d1[key].shape[0] == n, key
+        else:
+            assert "demo_1 dropped" in said or "demo_1 was not started" in said, said
+    assert eef_action_process_to_ik(path) == ["demo_0"]
+
+
+def test_an_interrupted_demo_says_success_false_and_an_empty_one_is_never_written(tmp_path):
+    """Ctrl-C/SIGTERM of the follower (close() mid-demo) and a power cut (the whole process group
+    SIGKILLed) both leave a demo with ``success=False``, which eef_action_process.py --to_ik skips;
+    an episode stopped before its first step leaves no demo at all (--to_ik would stop on it)."""
+    import h5py
+    from fixtures.isaaclab_recorder import eef_action_process_to_ik
+
+    from sim_bridge.seed_recorder import SeedDemoRecorder
+
+    path = tmp_path / "ctrlc.hdf5"
+    rec = SeedDemoRecorder(path, env_name="LeIsaac-SO101-PickOrange-v0", flush_steps=10)
+    env = FakeManagerBasedRLEnv()
+    env.reset()
+    rec.begin(env.scene.get_state(is_relative=True), seed=5)
+    assert rec.end(success=True) is None  # no steps: nothing for the file
+    rec.begin(env.scene.get_state(is_relative=True), seed=6)
+    obs = env._obs()["policy"]
+    for _ in range(23):
+        rec.step(obs["joint_pos"], obs, env.scene.get_state(is_relative=True), obs["joint_pos"])
+    rec.close()  # the follower's finally after SIGINT/SIGTERM
+    with h5py.File(path, "r") as f:
+        assert list(f["data"]) == ["demo_0"]
+        g = f["data/demo_0"]
+        assert int(g.attrs["seed"]) == 6 and int(g.attrs["num_samples"]) == 23 and not bool(g.attrs["success"])
+    assert eef_action_process_to_ik(path) == []
+
+    cut = tmp_path / "power_cut.hdf5"
+    child = _seed_child(cut, 0, "power_cut")
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "written"
+    finally:
+        os.killpg(child.pid, 9)
+        child.wait(30)
+    with h5py.File(cut, "r") as f:
+        g = f["data/demo_0"]
+        assert int(g.attrs["num_samples"]) == 20 and not bool(g.attrs["success"])
+    assert eef_action_process_to_ik(cut) == []
+
+
+def _recording_bridge(env, rec, **cfg):
+    prepare_env_cfg(env.cfg)
+    ep = SimServerEndpoint("tcp://127.0.0.1:0", backend="leisaac:fake")
+    ep.open()
+    config = LeisaacBridgeConfig(step_hz=STEP_HZ, publish_hz=30.0, daemon_staleness_s=0.1, **cfg)
+    b = LeisaacBridge(env, ep, config=config, seed_recorder=rec)
+    t = threading.Thread(target=b.run, daemon=True)
+    t.start()
+    f = SimFollower(ep.endpoint, staleness_s=3.0, connect_timeout_s=10)
+    f.connect()
+    return b, t, f
+
+
+def _close_bridge(b, t, f) -> None:
+    f.close()
+    b.stop()
+    t.join(5)
+    b.ep.close()
+
+
+def test_a_daemon_gone_silent_mid_episode_ends_the_seed_demo(tmp_path):
+    """The daemon dies mid-episode: past ``seed_demo_silence_s`` the demo ends (success=False)
+    while the bridge steps on, instead of recording a still arm until the disk fills."""
+    import h5py
+
+    from sim_bridge.seed_recorder import SeedDemoRecorder
+
+    path = tmp_path / "orphan.hdf5"
+    rec = SeedDemoRecorder(path, env_name="LeIsaac-SO101-PickOrange-v0", flush_steps=50)
+    env = FakeManagerBasedRLEnv()
+    b, t, f = _recording_bridge(env, rec, seed_demo_silence_s=0.5)
+    try:
+        f.reset_episode(timeout_s=5)
+        n_start = b.steps  # no step before the start is recorded
+        f.wait_event("started", f.start_episode(), 5)
+        n0 = b.steps
+        assert poll_until(lambda: (f.write_goals(np.array([10.0, 0, 0, 0, 0, 50.0])), b.steps > n0 + 30)[1], 30)
+        f.close()  # the daemon is gone
+        assert poll_until(lambda: not rec.recording, 10), "the seed demo kept recording a silent daemon"
+        ended_at = b.steps
+        assert poll_until(lambda: b.steps > ended_at + 60, 10)  # the bridge steps on, holding
+    finally:
+        _close_bridge(b, t, f)
+        rec.close()
+    with h5py.File(path, "r") as fh:
+        g = fh["data/demo_0"]
+        assert not bool(g.attrs["success"]) and int(g.attrs["num_samples"]) <= ended_at - n_start
+
+
+def test_a_failed_seed_write_reaches_the_daemon(tmp_path):
+    """No room for the first chunk: the follower's state carries ``seed_error`` from then on (the
+    daemon's SimFollower shows it in its stats), the episode's ``stopped`` says so, and close()
+    raises SeedRecordingError."""
+    from sim_bridge.seed_recorder import SeedDemoRecorder, SeedRecordingError
+
+    rec = SeedDemoRecorder(
+        tmp_path / "full.hdf5", env_name="LeIsaac-SO101-PickOrange-v0", flush_steps=20, space_left=lambda p: 0
+    )
+    env = FakeManagerBasedRLEnv()
+    b, t, f = _recording_bridge(env, rec)
+    try:
+        f.reset_episode(timeout_s=5)
+        f.wait_event("started", f.start_episode(), 5)
+        goal = np.array([10.0, 0, 0, 0, 0, 50.0])
+        assert poll_until(lambda: (f.write_goals(goal), f.stats()["seed_error"])[1], 30), "the daemon was not told"
+        said = f.stats()["seed_error"]
+        assert "demo_0" in said and "not enough room" in said, said
+        stopped = f.wait_event("stopped", f.stop_episode(), 5)
+        assert "seed recording failed" in stopped.detail
+    finally:
+        _close_bridge(b, t, f)
+    with pytest.raises(SeedRecordingError, match="writing demo_0 failed"):
+        rec.close()
+
+
+def test_the_stop_is_acknowledged_once_the_demo_is_on_disk(tmp_path, monkeypatch):
+    """With the writer held, the daemon's ``stopped`` does not come while the demo's chunks are
+    still queued (the sim steps on meanwhile); once they are written it comes, and the demo is
+    closed in the file."""
+    from sim_bridge import seed_recorder
+
+    gate = threading.Event()
+    real_append = seed_recorder._append
+
+    def held_append(*args, **kw):
+        gate.wait(30)
+        return real_append(*args, **kw)
+
+    monkeypatch.setattr(seed_recorder, "_append", held_append)
+    rec = seed_recorder.SeedDemoRecorder(tmp_path / "s.hdf5", env_name="LeIsaac-SO101-PickOrange-v0", flush_steps=10)
+    env = FakeManagerBasedRLEnv()
+    b, t, f = _recording_bridge(env, rec)
+    try:
+        f.reset_episode(timeout_s=5)
+        f.wait_event("started", f.start_episode(), 5)
+        n0 = b.steps
+        assert poll_until(lambda: (f.write_goals(np.array([10.0, 0, 0, 0, 0, 50.0])), b.steps > n0 + 25)[1], 30)
+        seq = f.stop_episode()
+        assert poll_until(lambda: not rec.recording, 10)  # the bridge ended the demo; its writes are held
+        stepped = b.steps
+        assert poll_until(lambda: b.steps > stepped + 30, 10)  # the sim steps on while the demo is written
+        assert rec.jobs_behind > 0 and not [e for e in f.events() if e.event == "stopped"]
+        gate.set()
+        f.wait_event("stopped", seq, 10)
+        assert rec.jobs_behind == 0 and "success" in rec.data["demo_0"].attrs
+    finally:
+        gate.set()
+        _close_bridge(b, t, f)
+        rec.close()
+
+
+def test_demo_numbers_continue_after_the_highest_existing_one(tmp_path):
+    """A user deleted the bad demo_1 of demo_0..demo_2: the next demo is demo_3, never a name
+    already in the file (counting the groups would pick demo_2 and lose every later demo)."""
+    import h5py
+
+    from sim_bridge.seed_recorder import SeedDemoRecorder
+
+    path = tmp_path / "gap.hdf5"
+    with h5py.File(path, "w") as f:
+        f.create_group("data").attrs["total"] = 0
+        f.create_group("data/demo_0")
+        f.create_group("data/demo_2")
+    rec = SeedDemoRecorder(path, env_name="LeIsaac-SO101-PickOrange-v0", flush_steps=10)
+    env = FakeManagerBasedRLEnv()
+    env.reset()
+    assert rec.begin(env.scene.get_state(is_relative=True), seed=1) == "demo_3"
+    obs = env._obs()["policy"]
+    for _ in range(12):
+        rec.step(obs["joint_pos"], obs, env.scene.get_state(is_relative=True), obs["joint_pos"])
+    rec.end(success=True)
+    rec.close()  # raises if a write failed
+    with h5py.File(path, "r") as f:
+        assert int(f["data/demo_3"].attrs["num_samples"]) == 12
+
+
+def test_the_follower_shuts_everything_down_even_when_the_seed_file_fails():
+    from sim_bridge.leisaac_follower import shut_down
+    from sim_bridge.seed_recorder import SeedRecordingError
+
+    closed: list[str] = []
+
+    def failing() -> None:
+        raise SeedRecordingError("seed file x: writing demo_1 failed (disk full)")
+
+    steps = [("seed file", failing)] + [(n, lambda n=n: closed.append(n)) for n in ("endpoint", "env", "Isaac Sim")]
+    assert shut_down(steps) == 1
+    assert closed == ["endpoint", "env", "Isaac Sim"]
+
+
+def test_a_burst_of_targets_is_drained_without_decoding_each(monkeypatch):
+    """200 queued targets plus a torque and an episode command: one poll applies the newest valid
+    target and both commands, and fully decodes only those (a superseded target is only peeked at)."""
+    import zmq
+
+    from drivers import sim_protocol as P
+
+    ctx = zmq.Context()
+    ep = SimServerEndpoint("inproc://burst", backend="leisaac:fake", context=ctx)
+    ep.open()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect("inproc://burst")
+    try:
+        for seq in range(200):
+            dealer.send_multipart(P.encode_target(seq, 0.0, np.full(6, float(seq))))
+            if seq == 100:
+                dealer.send_multipart(P.encode("torque", enabled=False))
+                dealer.send_multipart(P.encode("episode", cmd="start", seq=7, seed=None))
+        dealer.send_multipart(P.encode("target", seq=200, sent_s=0.0, pos=[1.0] * 5))  # invalid: 5 joints
+        decoded: list[str] = []
+        real_decode = P.decode
+
+        def counting(frames, allowed):
+            msg = real_decode(frames, allowed)
+            decoded.append(msg.type)
+            return msg
+
+        monkeypatch.setattr(P, "decode", counting)
+        inbox = ep.poll()
+        assert ep.stats.received == 203
+        assert inbox.target_seq == 199 and inbox.target_units is not None and inbox.target_units[0] == 199.0
+        assert inbox.torque is False and [c["cmd"] for c in inbox.episode_cmds] == ["start"]
+        assert sorted(decoded) == ["episode", "target", "torque"], decoded
+        assert ep.stats.rejects.by_reason == {"field": 1}
+    finally:
+        dealer.close(0)
+        ep.close()
+        ctx.term()

@@ -138,6 +138,11 @@ def format_summary(s: Any, dataset: Path) -> str:
         f"in {s.seconds:.1f} s ({s.frames_per_s:.0f} frames/s)"
     ]
     lines += [f"  skipped {n} {why}" for n, why in skipped if n]
+    if s.demos_skipped_damaged:
+        lines.append(
+            f"  skipped {len(s.demos_skipped_damaged)} damaged (left in the file as they are; the others imported):"
+        )
+        lines += [f"    {where}" for where in s.demos_skipped_damaged]
     if s.demos_actions_from_joint_targets:
         lines.append(
             f"  {s.demos_actions_from_joint_targets} demos hold Mimic's 8-D end-effector actions: their action is "

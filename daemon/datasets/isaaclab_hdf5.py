@@ -75,6 +75,7 @@ class DemoInfo:
     generated: bool
     empty: bool = False  # initial_state only / num_samples = 0 (LeIsaac's recorder after a reset)
     action_key: str = "actions"  # JOINT_TARGET_KEY when the file's actions are Mimic's IK actions
+    damaged: str = ""  # why its rows do not add up (torn by a crash or a full disk): skipped, named
 
     def where(self, key: str = "") -> str:
         return f"{self.path}: {self.name}" + (f"/{key}" if key else "")
@@ -90,6 +91,7 @@ class ImportSummary:
     demos_skipped_empty: int = 0  # initial_state only / num_samples = 0
     demos_skipped_short: int = 0  # fewer than min_frames steps
     demos_not_selected: int = 0  # beyond --max-episodes
+    demos_skipped_damaged: list[str] = field(default_factory=list)  # torn demos, each named with why
     demos_actions_from_joint_targets: int = 0  # IK actions in the file: action = obs/joint_pos_target
     skip_frames: int = LEISAAC_SKIP_FRAMES
     min_frames: int = LEISAAC_MIN_FRAMES
@@ -182,13 +184,17 @@ def scan_file(path: Path, step_hz: float | None = None, generated: bool | None =
                 if key not in g:
                     raise HDF5FormatError(f"{info_where}: missing key '{key}'")
             n = int(g["actions"].shape[0]) if g["actions"].ndim >= 1 else 0
+            success = _success_attr(g)
             if "num_samples" in g.attrs:
                 declared = int(np.asarray(g.attrs["num_samples"]).item())
                 if declared != n:
-                    raise HDF5FormatError(
-                        f"{info_where}: attribute num_samples={declared} but 'actions' has {n} rows (truncated file?)"
+                    # one torn demo (a crash or a full disk mid-write) must not keep the file's other
+                    # demos out: it is skipped and named, and stays in the file as it is
+                    why = (
+                        f"attribute num_samples={declared} but 'actions' has {n} rows (torn by a crash or a full disk?)"
                     )
-            success = _success_attr(g)
+                    demos.append(DemoInfo(path, name, n, success, hz, {}, is_generated, damaged=why))
+                    continue
             action_key = _action_key(g, info_where, path)
             cameras: dict[str, tuple[int, int]] = {}
             obs = g["obs"]
@@ -211,14 +217,26 @@ def _action_key(g: h5py.Group, where: str, path: Path) -> str:
     if act.ndim != 2 or act.shape[1] != IK_ACTION_DIM:
         return "actions"  # joint actions (their joint count is checked with the data)
     target = g.get(JOINT_TARGET_KEY)
-    if isinstance(target, h5py.Dataset) and target.ndim == 2 and target.shape[1] == NUM_JOINTS:
-        return JOINT_TARGET_KEY
-    raise HDF5FormatError(
+    what = (
         f"{where}/actions: {IK_ACTION_DIM}-D actions (end-effector pose + gripper, as Isaac Lab Mimic's "
-        "annotate_demos.py / generate_dataset.py leave them) and no obs/joint_pos_target to take the joint "
-        "targets from: convert the file to joint actions in the LeIsaac checkout first, "
-        f"python scripts/mimic/eef_action_process.py --input_file {path} --output_file "
-        f"{path.with_name('final_' + path.name)} --to_joint --headless, and import that file"
+        "annotate_demos.py / generate_dataset.py leave them)"
+    )
+    if isinstance(target, h5py.Dataset):
+        if target.ndim == 2 and target.shape[1] == NUM_JOINTS:
+            return JOINT_TARGET_KEY
+        raise HDF5FormatError(
+            f"{what}, and its {JOINT_TARGET_KEY} has shape {target.shape}, expected (N, {NUM_JOINTS}) joint "
+            "targets: the file's joint targets are not the SO-101's six joints, so no joint action can be "
+            "taken from it (LeIsaac's eef_action_process.py --to_joint copies exactly that dataset)"
+        )
+    # eef_action_process.py --to_joint (ik_action_to_joint) reads obs/joint_pos_target itself, so it
+    # cannot convert this file either: the joint targets were never recorded in it.
+    raise HDF5FormatError(
+        f"{what}, and no {JOINT_TARGET_KEY}: the joint targets were not recorded, so neither this import "
+        "nor LeIsaac's eef_action_process.py --to_joint (which copies that dataset) can turn these actions "
+        "back into joint actions. Import the file the demos came from instead (the seed or annotated file, "
+        "whose actions are joint positions), or generate again with a recorder that writes "
+        f"{JOINT_TARGET_KEY} (LeIsaac's does)"
     )
 
 
@@ -330,6 +348,7 @@ class Selection:
     empty: int = 0
     short: int = 0
     not_selected: int = 0
+    damaged: list[str] = field(default_factory=list)  # "<file>: <demo>: why"
 
 
 def select_demos(
@@ -348,6 +367,9 @@ def select_demos(
     """
     sel = Selection()
     for d in demos:
+        if d.damaged:
+            sel.damaged.append(f"{d.where()}: {d.damaged}")
+            continue
         if d.empty:
             sel.empty += 1
             continue
@@ -477,8 +499,10 @@ def import_hdf5(
     """Append the selected demos of ``files`` to the dataset at ``dataset_root``.
 
     Defaults follow LeIsaac's converter: empty demos skipped, missing success = failure, fewer
-    than 10 steps dropped, first 5 steps skipped; every skip is counted in the summary.
-    Everything is validated before the dataset is opened; on any format error nothing is written.
+    than 10 steps dropped, first 5 steps skipped; every skip is counted in the summary. A demo
+    whose ``num_samples`` does not match its rows (torn by a crash or a full disk) is skipped and
+    named in ``demos_skipped_damaged``; the file's other demos are imported.
+    Everything is validated before the dataset is opened; on any other format error nothing is written.
     """
     summary = ImportSummary(files=[str(p) for p in files], skip_frames=skip_frames, min_frames=min_frames)
     plan: list[DemoInfo] = []
@@ -492,6 +516,7 @@ def import_hdf5(
         summary.demos_skipped_empty += sel.empty
         summary.demos_skipped_short += sel.short
         summary.demos_not_selected += sel.not_selected
+        summary.demos_skipped_damaged += sel.damaged
         summary.demos_actions_from_joint_targets += sum(d.action_key != "actions" for d in sel.chosen)
         plan += sel.chosen
         if remaining is not None:
@@ -691,7 +716,11 @@ def _why_not_a_seed(ep: int, tag, root: Path) -> str | None:
             path = root / path
         if not path.exists():
             return f"episode {ep}: imported from {src['file']} {src['demo']}, but that file is gone"
-        with h5py.File(path, "r") as f:
+        try:
+            f = h5py.File(path, "r")
+        except (OSError, ValueError) as exc:
+            return f"episode {ep}: its source file {src['file']} is not a readable HDF5 file any more ({exc})"
+        with f:
             g = f.get(f"data/{src['demo']}")
             if g is None:
                 return f"episode {ep}: {src['file']} has no {src['demo']} any more"
@@ -759,10 +788,16 @@ def export_hdf5(
             for demo_i, ep in enumerate(indices):
                 src = tags[ep].source
                 path = Path(src["file"]) if Path(src["file"]).exists() else root / src["file"]
-                with h5py.File(path, "r") as s_f:
-                    if not env_name and "env_args" in s_f["data"].attrs:
-                        env_name = json.loads(s_f["data"].attrs["env_args"]).get("env_name", "")
-                    s_f.copy(s_f[f"data/{src['demo']}"], data, name=f"demo_{demo_i}")
+                try:
+                    with h5py.File(path, "r") as s_f:
+                        if not env_name and "env_args" in s_f["data"].attrs:
+                            env_name = json.loads(s_f["data"].attrs["env_args"]).get("env_name", "")
+                        s_f.copy(s_f[f"data/{src['demo']}"], data, name=f"demo_{demo_i}")
+                except (OSError, KeyError, RuntimeError) as exc:  # damaged beyond what the check read
+                    raise ExportRefused(
+                        f"cannot export Mimic seed demos: episode {ep}: reading {src['demo']} from its source "
+                        f"file {src['file']} failed ({exc})"
+                    ) from None
                 g = data[f"demo_{demo_i}"]
                 g.attrs["so101d_episode_index"] = ep
                 total_steps += int(np.asarray(g.attrs.get("num_samples", g["actions"].shape[0])).item())

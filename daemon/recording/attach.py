@@ -110,6 +110,8 @@ class SimEpisodes(Protocol):
 
     def events(self) -> list[Any]: ...
 
+    def stats(self) -> dict[str, Any]: ...
+
 
 def attach_recorder(
     daemon: DaemonContext | HasContext,
@@ -149,6 +151,9 @@ def attach_recorder(
         from daemon.recording.sim_episodes import SimEpisodeHook
 
         rec.add_episode_hook(SimEpisodeHook(follower))
+        sim = follower
+        # the sim's own seed-demo file (LeIsaac --seed_hdf5): a failed write shows in status
+        ctx.status_extras["sim"] = lambda: {"seed_recording_error": sim.stats().get("seed_error")}
     rec.open()
     reg = ctx.server.register
     reg("episode.start", _verb(lambda req: rec.start_episode(req.get("task"), _origin_arg(req))))

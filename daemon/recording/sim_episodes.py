@@ -70,10 +70,19 @@ class SimEpisodeHook:
                 if verdict is None:  # the first signal decides (a cube lifted, then dropped: success)
                     verdict = ev.event == "success"
         self._episode_seq = None
+        seed_error = self._seed_error()
+        if seed_error:
+            notes.append(f"sim seed recording failed: {seed_error}")
         mapping = getattr(self.follower, "sim_mapping", None)
         if isinstance(mapping, str):  # which leader -> sim mapping drove this episode
             notes.append(f"sim_mapping: {mapping}")
         return verdict, notes
+
+    def _seed_error(self) -> str | None:
+        try:
+            return self.follower.stats().get("seed_error")
+        except Exception:
+            return None
 
     # -- staleness watch ---------------------------------------------------------------------------
     def _fresh(self) -> bool:
