@@ -154,3 +154,56 @@ def test_the_cli_says_saving_until_an_answer_is_durable():
     st = {"phase": "idle", "episode": 4, "saving": [3], "dropped_episodes": ["episode 2 ('x'): why"]}
     text = format_status(st)
     assert "saving… episode 3" in text and "DROPPED: episode 2 ('x'): why" in text
+
+
+def _hand_staged(staging: Path, name: str, number: int, task: str) -> Path:
+    """A staged episode's folder as the writer leaves it (its files' content does not matter to
+    repair's sorting; only which names exist)."""
+    d = staging / name
+    (d / "front").mkdir(parents=True)
+    (d / "front" / "video.mp4").write_bytes(b"\0" * 64)
+    (d / "rows.npz").write_bytes(b"\0" * 64)
+    (d / "start.json").write_text(json.dumps({"uid": name[3:], "task": task, "episode": number}))
+    (d / "saving.json").write_text(json.dumps({"episode": number}))
+    return d
+
+
+def test_repair_sets_aside_a_damaged_or_missing_episode_json_and_never_deletes_a_staged_one(tmp_path):
+    """episode.json cut to one byte must not stop every restart; one that went missing after the
+    episode was staged (answered durable) must be kept, not deleted as 'never on the disk'."""
+    from daemon.recording.store import STAGED_FILE, DatasetStore, StoreConfig
+
+    root = tmp_path / "ds"
+    staging = staging_dir(root)
+    broken = _hand_staged(staging, "ep-1-a", 1, "broken json")
+    (broken / "episode.json").write_text("{")
+    (broken / STAGED_FILE).touch()
+    gone = _hand_staged(staging, "ep-2-b", 2, "json removed")
+    (gone / STAGED_FILE).touch()
+    _hand_staged(staging, "ep-3-c", 3, "killed while saving")  # no episode.json, never staged
+
+    store = DatasetStore(StoreConfig(root=str(root)))
+    store.repair(wait_s=0)
+    try:
+        texts = [d.describe() for d in store.dropped]
+        assert len(texts) == 3, texts
+        assert texts[0].startswith("episode 1 ('broken json'): could not be committed"), texts
+        assert "ep-1-a/episode.json is unreadable" in texts[0], texts
+        assert texts[1].startswith("episode 2 ('json removed'): could not be committed"), texts
+        assert "episode.json is missing" in texts[1] and "before it was on the disk" not in texts[1], texts
+        assert (
+            texts[2] == "episode 3 ('killed while saving'): killed while it was being saved, before it was on the disk"
+        )
+        assert (staging / "unfinished-ep-1-a" / "front" / "video.mp4").exists()
+        assert (staging / "unfinished-ep-2-b" / "front" / "video.mp4").exists()
+        assert not (staging / "ep-3-c").exists()
+        assert store.staged_episodes() == []
+    finally:
+        store.release_ownership()
+    # the next restart names the two kept ones again, once each
+    store = DatasetStore(StoreConfig(root=str(root)))
+    store.repair(wait_s=0)
+    try:
+        assert [d.episode for d in store.dropped] == [1, 2], [d.describe() for d in store.dropped]
+    finally:
+        store.release_ownership()

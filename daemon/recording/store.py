@@ -55,7 +55,9 @@ loads and appends: its plain MP4s are never extended (the next episode opens the
 Then complete staged episodes not yet committed are committed (the save's answer waits until the
 episode is staged and synced, so a power cut right after "saved" loses nothing); incomplete ones
 (the episode in progress) are deleted, and a staged one whose files cannot be committed is set
-aside (``unfinished-ep-*``, kept). Each of those is named in ``dropped`` (number, task, why).
+aside (``unfinished-ep-*``, kept), as is one whose episode.json is unreadable, or missing although
+``staged.ok`` (made after it, before a save is answered durable) says it was on the disk: an
+episode answered durable is never deleted. Each of those is named in ``dropped`` (number, task, why).
 
 The staging folder is a hidden sibling of the dataset (``.<name>.so101d-staging``), on the same
 filesystem so renames stay atomic.
@@ -128,6 +130,9 @@ REWRITTEN_IN_PLACE = ("meta/info.json", "meta/stats.json", "meta/tasks.parquet")
 
 START_FILE = "start.json"  # in a staged episode: its task and number, written when it starts
 SAVING_FILE = "saving.json"  # in a staged episode: its save was asked for (the writer read the SAVE)
+# in a staged episode: made (and synced) after episode.json, before the save can be answered
+# durable: an episode that has it was on the disk when answered, so repair never deletes it
+STAGED_FILE = "staged.ok"
 SET_ASIDE_PREFIX = "unfinished-"  # a staged episode that cannot be committed, kept for a person
 SET_ASIDE_REASON = "reason.txt"
 # errno values where the disk, not the episode, is at fault: the episode stays staged and is
@@ -362,7 +367,13 @@ class DatasetStore:
         committed_uids = {t.source.get("recording_uid") for t in tags.values()}
         self.dropped = []
         for d in sorted(self.staging.glob("ep-*")):
-            if not (d / "episode.json").exists():
+            if not (d / "episode.json").exists() and (d / STAGED_FILE).exists():
+                # answered durable, then its episode.json went: keep the rest for a person
+                self.dropped.append(
+                    set_aside(d, f"{d.name}/episode.json is missing; the episode was staged and on the disk before")
+                )
+                notes.append(f"set aside {d.name}: {self.dropped[-1].describe()}")
+            elif not (d / "episode.json").exists():
                 number, task = _staged_identity(d)
                 reason = (
                     "killed while it was being saved, before it was on the disk"
@@ -372,9 +383,22 @@ class DatasetStore:
                 shutil.rmtree(d, ignore_errors=True)
                 self.dropped.append(DroppedEpisode(number, task, reason, d.name))
                 notes.append(f"dropped incomplete episode {d.name}: {self.dropped[-1].describe()}")
-            elif json.loads((d / "episode.json").read_text()).get("uid") in committed_uids:
-                shutil.rmtree(d, ignore_errors=True)  # committed, crash before the clean-up
+            else:
+                try:
+                    meta = json.loads((d / "episode.json").read_text())
+                    uid = meta.get("uid") if isinstance(meta, dict) else None
+                    if not isinstance(meta, dict):
+                        raise ValueError("not a JSON object")
+                except (OSError, ValueError) as exc:
+                    self.dropped.append(set_aside(d, f"{d.name}/episode.json is unreadable: {exc}"))
+                    notes.append(f"set aside {d.name}: {self.dropped[-1].describe()}")
+                    continue
+                if uid in committed_uids:
+                    shutil.rmtree(d, ignore_errors=True)  # committed, crash before the clean-up
+        just_now = {d.uid for d in self.dropped}
         for d in sorted(self.staging.glob(SET_ASIDE_PREFIX + "ep-*")):  # until a person removes them
+            if d.name.removeprefix(SET_ASIDE_PREFIX) in just_now:
+                continue
             number, task = _staged_identity(d)
             try:
                 why = (d / SET_ASIDE_REASON).read_text().strip()

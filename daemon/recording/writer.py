@@ -37,6 +37,7 @@ import numpy as np
 from daemon.recording.ring import KIND_DISCARD, KIND_FRAME, KIND_SAVE, KIND_START, Ring, RingSpec
 from daemon.recording.store import (
     SAVING_FILE,
+    STAGED_FILE,
     START_FILE,
     DatasetMismatchError,
     DatasetStore,
@@ -289,6 +290,8 @@ class EpisodeBuild:
             "video_stats": {name: e.stats for e, name in zip(self.encoders, self.cameras)},
         }
         write_json_atomic(self.dir / "episode.json", meta)  # synced, with the episode's folder
+        (self.dir / STAGED_FILE).touch()  # empty: its name is its content, the folder sync keeps it
+        fsync_dir(self.dir)
         fsync_dir(self.staging)  # the episode's folder itself, made at start
         return meta
 
