@@ -207,3 +207,62 @@ def test_repair_sets_aside_a_damaged_or_missing_episode_json_and_never_deletes_a
         assert [d.episode for d in store.dropped] == [1, 2], [d.describe() for d in store.dropped]
     finally:
         store.release_ownership()
+
+
+def test_an_episode_number_is_never_given_to_another_episode(tmp_path):
+    """LeRobot's episode_index closes up when a saved episode is set aside; the number answered to
+    the operator does not: the next episodes get new numbers (kept on the disk across a restart),
+    each one's tag carries its number, and the drop note says nothing untrue about numbers."""
+    root = tmp_path / "ds"
+    staging = staging_dir(root)
+    rec = Recorder(RecorderConfig(root=str(root)), small_camera())
+    rec.open()
+    rec.wait_ready(120)
+    answers = []
+    try:
+        with SyntheticLoop(rec):
+            rec.start_episode("ep a")
+            record_frames(rec, 8)
+            answers.append(rec.save_episode(True))
+            assert rec.wait_saved(60)
+            with open(staging / "commit.lock", "a") as lock:  # b and c stay staged
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                for task in ("ep b", "ep c"):
+                    assert rec.start_episode(task)["episode"] == len(answers)
+                    record_frames(rec, 8)
+                    answers.append(rec.save_episode(True))
+                    assert answers[-1]["durable"] is True
+                first, _ = sorted(staging.glob("ep-*"))
+                video = first / "front" / "video.mp4"
+                with open(video, "r+b") as fh:  # b's video damaged: b is set aside at its commit
+                    fh.truncate(video.stat().st_size // 2)
+            assert wait_until(lambda: rec.status()["dropped_episodes"], 60), rec.status()
+            assert rec.wait_saved(60)
+            (dropped,) = rec.status()["dropped_episodes"]
+            assert dropped.startswith("episode 1 ('ep b'): could not be committed"), dropped
+            assert "will be the next one saved" not in dropped, dropped
+            assert rec.status()["last_committed"] == "episode 2 (dataset episode 1)"
+            assert "last committed: episode 2 (dataset episode 1)" in format_status(rec.status())
+            assert rec.start_episode("ep d")["episode"] == 3  # not 2: that one is 'ep c'
+            record_frames(rec, 8)
+            answers.append(rec.save_episode(True))
+            assert answers[-1]["episode"] == 3
+            assert rec.wait_saved(60)
+    finally:
+        rec.close()
+    rec = Recorder(RecorderConfig(root=str(root)), small_camera())
+    rec.open()
+    rec.wait_ready(120)
+    try:
+        assert rec.status()["episode"] == 4  # after a restart too: 4 numbers were handed out
+        with SyntheticLoop(rec):
+            assert rec.start_episode("ep e")["episode"] == 4
+            record_frames(rec, 8)
+            rec.save_episode(True)
+            assert rec.wait_saved(60)
+    finally:
+        rec.close()
+    ds = load_dataset(root)
+    tags = read_episode_tags(root)
+    by_number = {t.episode_number: (i, list(ds.meta.episodes[i]["tasks"])) for i, t in tags.items()}
+    assert by_number == {0: (0, ["ep a"]), 2: (1, ["ep c"]), 3: (2, ["ep d"]), 4: (3, ["ep e"])}, by_number

@@ -133,6 +133,8 @@ SAVING_FILE = "saving.json"  # in a staged episode: its save was asked for (the 
 # in a staged episode: made (and synced) after episode.json, before the save can be answered
 # durable: an episode that has it was on the disk when answered, so repair never deletes it
 STAGED_FILE = "staged.ok"
+# beside the staged episodes: the next operator-facing episode number (never handed out twice)
+NUMBERS_FILE = "episode_numbers.json"
 SET_ASIDE_PREFIX = "unfinished-"  # a staged episode that cannot be committed, kept for a person
 SET_ASIDE_REASON = "reason.txt"
 # errno values where the disk, not the episode, is at fault: the episode stays staged and is
@@ -179,6 +181,11 @@ def set_aside(stage: Path, reason: str) -> DroppedEpisode:
     (dst / SET_ASIDE_REASON).write_text(reason)
     _fsync_dir(stage.parent)
     return DroppedEpisode(number, task, f"could not be committed ({reason}); its files are kept in {dst}", stage.name)
+
+
+def reserve_episode_number(root: Path, number: int) -> None:
+    """Records durably that ``number`` is handed out: the next one is ``number + 1``."""
+    write_json_atomic(staging_dir(root) / NUMBERS_FILE, {"next": number + 1})
 
 
 class DatasetMismatchError(ValueError):
@@ -347,6 +354,25 @@ class DatasetStore:
         if not info_path.exists():
             return 0
         return int(json.loads(info_path.read_text()).get("total_episodes", 0))
+
+    def next_episode_number(self) -> int:
+        """The next operator-facing episode number: past every one handed out (the numbers file),
+        committed (tags) or staged, and never below the dataset's episode count (a dataset
+        recorded before these numbers, or copied without its staging folder)."""
+        best = self.total_episodes()
+        try:
+            best = max(best, int(json.loads((self.staging / NUMBERS_FILE).read_text())["next"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # none yet, or unreadable: the other sources still bound it
+        if (self.root / "meta" / "info.json").exists():
+            for tag in read_episode_tags(self.root).values():
+                if tag.episode_number is not None:
+                    best = max(best, tag.episode_number + 1)
+        for d in list(self.staging.glob("ep-*")) + list(self.staging.glob(SET_ASIDE_PREFIX + "ep-*")):
+            number, _ = _staged_identity(d)
+            if number is not None:
+                best = max(best, number + 1)
+        return best
 
     def repair(self, wait_s: float = 60.0) -> list[str]:
         """Roll back a torn commit, drop incomplete staged episodes. Returns what was done.
@@ -517,7 +543,13 @@ class DatasetStore:
         for stage in stages:
             shutil.rmtree(stage, ignore_errors=True)
         return [
-            {"episode_index": i, "frames": int(m["frames"]), "commit_s": commit_s, "uid": m["uid"]}
+            {
+                "episode_index": i,
+                "episode": m.get("episode"),
+                "frames": int(m["frames"]),
+                "commit_s": commit_s,
+                "uid": m["uid"],
+            }
             for i, m in zip(indices, metas)
         ]
 
@@ -1027,6 +1059,8 @@ def _episode_tag(meta: dict[str, Any], episode_index: int) -> EpisodeTag:
     """The staged episode's tag, with its index here and the recording uid that outlives it."""
     tag_data = dict(meta["tag"])
     tag_data["episode_index"] = episode_index
+    if isinstance(meta.get("episode"), int):
+        tag_data["episode_number"] = meta["episode"]
     # an episode copied from another dataset (repack) keeps the uid it was recorded under
     tag_data["source"] = {"recording_uid": meta["uid"], **(tag_data.get("source") or {})}
     # which bench recorded it: one daemon per bench, so the host, unless SO101D_BENCH names it
