@@ -196,6 +196,7 @@ class Recorder:
         # number, task and reason (status, console, log).
         self._dropped: list[str] = []
         self._disk_full = False  # recording stopped on a full disk: resumes once there is room
+        self._disk_error = ""  # what failed on it, without the figures (those change)
         self._kept_in_staging: list[str] = []  # filled at close: staged, committed at the next start
         # Frames refused at the edge (wrong shape/dtype for the dataset feature), per camera.
         self._refused: dict[str, int] = {c.name: 0 for c in self.cameras}
@@ -586,6 +587,15 @@ class Recorder:
                 "([recording] min_free_mb); free some space and start again"
             )
 
+    def _disk_figures(self) -> str:
+        """What a full disk message adds: the figures, as the start refusal gives them."""
+        free = self._free_mb()
+        shown = f"{free:.1f} MB" if free is not None else "unknown space"
+        return (
+            f"; {shown} free for {self.store_cfg.root_path}, at least {self.cfg.min_free_mb:.0f} MB needed "
+            "([recording] min_free_mb); free some space and start again (no restart needed)"
+        )
+
     def _resume_after_disk_full(self) -> None:
         """After a full disk stopped recording: once there is room again, the writer commits the
         staged episodes (in order, before any new one) and recording goes on; no restart."""
@@ -593,11 +603,7 @@ class Recorder:
             return
         free = self._free_mb()
         if free is None or free < self.cfg.min_free_mb:
-            raise RecordingError(
-                f"recording stopped, the disk is full: {self._error}; {free} MB free for "
-                f"{self.store_cfg.root_path}, at least {self.cfg.min_free_mb:.0f} MB needed "
-                "([recording] min_free_mb); free some space and start again (no restart needed)"
-            )
+            raise RecordingError(f"recording stopped, the disk is full: {self._disk_error}{self._disk_figures()}")
         try:
             self._conn.send({"cmd": "resume"})
         except (OSError, BrokenPipeError) as exc:
@@ -1044,9 +1050,12 @@ class Recorder:
                     self._note_lost(p, str(msg.get("error", "writer error")))
             # msg["staged"]: the commit failed, the episode stays staged (committed at the next start)
             if msg.get("fatal"):
+                error = str(msg.get("error", "writer error"))
                 if msg.get("disk_full"):
                     self._disk_full = True
-                self._fail(msg.get("error", "writer error"))
+                    self._disk_error = error
+                    error += self._disk_figures()
+                self._fail(error)
             else:
                 log.error("recording: %s", msg.get("error"))
                 self._error = msg.get("error", "")
