@@ -139,8 +139,9 @@ def test_the_episode_in_progress_at_a_crash_is_named_after_the_restart(tmp_path)
     try:
         assert rec.status()["dropped_episodes"] == [
             "episode 0 ('cut mid-episode'): recording was interrupted before the episode was saved (found at"
-            " restart); the dataset's episode 0 will be the next one saved, not this one"
+            " restart); episode number 0 is not given to another episode"
         ]
+        assert rec.status()["episode"] == 1  # the next episode's number
     finally:
         rec.close()
 
