@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import stat
 import tomllib
 import types
 import typing
@@ -389,13 +390,32 @@ def validate(cfg: Config) -> Config:
 
 def _check_distinct_ports(leader: str, follower: str) -> None:
     """One serial port cannot serve both arms (each side takes an exclusive lock on it: the
-    second would retry forever); a udev symlink names the same device as its target."""
+    second would retry forever); a udev symlink names the same device as its target, and a bind
+    mount or a second device node (a container's ``--device A:B``) is the same device too."""
+    same: str | None = None
     if os.path.realpath(leader) == os.path.realpath(follower):
         same = "" if leader == follower else f" (both are {os.path.realpath(leader)})"
+    else:
+        same = _same_device(leader, follower)
+    if same is not None:
         raise ConfigError(
             f"leader.port {leader!r} and follower.port {follower!r} name the same serial port{same}: "
             "each arm needs its own (see `so101d find-ports`)"
         )
+
+
+def _same_device(a: str, b: str) -> str | None:
+    """' (both are device 188:0)' where two existing paths are one device, else None (a port
+    not plugged in yet is not an error here)."""
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return None
+    if stat.S_ISCHR(sa.st_mode) and stat.S_ISCHR(sb.st_mode) and sa.st_rdev == sb.st_rdev:
+        return f" (both are device {os.major(sa.st_rdev)}:{os.minor(sa.st_rdev)})"
+    if (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino):
+        return f" (both are the same file, {os.path.realpath(a)})"
+    return None
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:

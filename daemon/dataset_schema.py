@@ -117,6 +117,9 @@ class EpisodeTag:
     missing_frames: int = 0
     worst_camera_skew_ms: float = 0.0
     notes: list[str] = field(default_factory=list)  # e.g. "sim went stale at frame 120"
+    # the number the operator was told at `episode start` (never reused, unlike episode_index,
+    # which LeRobot keeps gap-free); None: recorded before these numbers were kept
+    episode_number: int | None = None
 
     @property
     def uid(self) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 import tomllib
 from pathlib import Path
 
@@ -96,3 +98,33 @@ def test_one_serial_port_for_both_arms_is_refused_naming_both_keys(tmp_path):
         config_from_dict({"leader": {"port": str(link)}, "follower": {"port": str(device)}})
     # a simulated follower has no serial port
     config_from_dict({"leader": {"port": "/dev/ttyUSB0"}, "follower": {"kind": "sim", "port": "/dev/ttyUSB0"}})
+    # a hard link (what a bind mount looks like to stat) is the same file under another name
+    hard = tmp_path / "bound-here"
+    os.link(device, hard)
+    with pytest.raises(ConfigError, match=r"name the same serial port \(both are the same file"):
+        config_from_dict({"leader": {"port": str(hard)}, "follower": {"port": str(device)}})
+
+
+def test_a_second_device_node_for_the_follower_port_is_refused(tmp_path):
+    """A container's `--device /dev/ttyACM0:/dev/so101-leader` makes a second node, not a link."""
+    import pty
+
+    main_fd, sub_fd = pty.openpty()
+    try:
+        tty = os.ttyname(sub_fd)
+        node = tmp_path / "leader-node"
+        try:
+            os.mknod(node, 0o600 | stat.S_IFCHR, os.stat(tty).st_rdev)
+        except PermissionError:
+            pytest.skip("mknod is not allowed here")
+        with pytest.raises(ConfigError, match=r"name the same serial port \(both are device \d+:\d+\)"):
+            config_from_dict({"leader": {"port": str(node)}, "follower": {"port": tty}})
+        other_main, other_sub = pty.openpty()  # another device: accepted
+        try:
+            config_from_dict({"leader": {"port": str(node)}, "follower": {"port": os.ttyname(other_sub)}})
+        finally:
+            os.close(other_main)
+            os.close(other_sub)
+    finally:
+        os.close(main_fd)
+        os.close(sub_fd)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -121,11 +122,18 @@ def test_real_disk_full_on_a_tiny_tmpfs(small_tmpfs):
             wait_until(lambda: rec.pending_saves() == 0 or rec.phase == "error", 30)
         assert rec.phase == "error", rec.status()
         assert "No space left on device" in rec.status()["error"]
+        # the figures, as the start refusal gives them
+        assert re.search(r"\d+\.\d MB free for .*free some space and start again", rec.status()["error"]), rec.status()
         n = len(loop.costs_s)
         assert wait_until(lambda: len(loop.costs_s) > n + 10, 10)  # teleoperation's loop never stopped
+        filler.unlink()
+        lost = rec.status()["lost_episodes"]
+        again = rec.start_episode("after space came back")["episode"]
+        # a LOST episode's number is not answered again for another one
+        assert not any(text.startswith(f"episode {again} ") for text in lost), (again, lost)
+        rec.discard_episode()
     rec.close()
     assert load_dataset(root).num_episodes >= 1
-    filler.unlink()
     before = restart_and_append(root, {1, 2, 3, 4, 5, 6, 7}, min_free_mb=0)
     assert before >= 1
 

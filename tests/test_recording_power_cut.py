@@ -139,8 +139,9 @@ def test_the_episode_in_progress_at_a_crash_is_named_after_the_restart(tmp_path)
     try:
         assert rec.status()["dropped_episodes"] == [
             "episode 0 ('cut mid-episode'): recording was interrupted before the episode was saved (found at"
-            " restart); the dataset's episode 0 will be the next one saved, not this one"
+            " restart); episode number 0 is not given to another episode"
         ]
+        assert rec.status()["episode"] == 1  # the next episode's number
     finally:
         rec.close()
 
@@ -154,3 +155,115 @@ def test_the_cli_says_saving_until_an_answer_is_durable():
     st = {"phase": "idle", "episode": 4, "saving": [3], "dropped_episodes": ["episode 2 ('x'): why"]}
     text = format_status(st)
     assert "saving… episode 3" in text and "DROPPED: episode 2 ('x'): why" in text
+
+
+def _hand_staged(staging: Path, name: str, number: int, task: str) -> Path:
+    """A staged episode's folder as the writer leaves it (its files' content does not matter to
+    repair's sorting; only which names exist)."""
+    d = staging / name
+    (d / "front").mkdir(parents=True)
+    (d / "front" / "video.mp4").write_bytes(b"\0" * 64)
+    (d / "rows.npz").write_bytes(b"\0" * 64)
+    (d / "start.json").write_text(json.dumps({"uid": name[3:], "task": task, "episode": number}))
+    (d / "saving.json").write_text(json.dumps({"episode": number}))
+    return d
+
+
+def test_repair_sets_aside_a_damaged_or_missing_episode_json_and_never_deletes_a_staged_one(tmp_path):
+    """episode.json cut to one byte must not stop every restart; one that went missing after the
+    episode was staged (answered durable) must be kept, not deleted as 'never on the disk'."""
+    from daemon.recording.store import STAGED_FILE, DatasetStore, StoreConfig
+
+    root = tmp_path / "ds"
+    staging = staging_dir(root)
+    broken = _hand_staged(staging, "ep-1-a", 1, "broken json")
+    (broken / "episode.json").write_text("{")
+    (broken / STAGED_FILE).touch()
+    gone = _hand_staged(staging, "ep-2-b", 2, "json removed")
+    (gone / STAGED_FILE).touch()
+    _hand_staged(staging, "ep-3-c", 3, "killed while saving")  # no episode.json, never staged
+
+    store = DatasetStore(StoreConfig(root=str(root)))
+    store.repair(wait_s=0)
+    try:
+        texts = [d.describe() for d in store.dropped]
+        assert len(texts) == 3, texts
+        assert texts[0].startswith("episode 1 ('broken json'): could not be committed"), texts
+        assert "ep-1-a/episode.json is unreadable" in texts[0], texts
+        assert texts[1].startswith("episode 2 ('json removed'): could not be committed"), texts
+        assert "episode.json is missing" in texts[1] and "before it was on the disk" not in texts[1], texts
+        assert (
+            texts[2] == "episode 3 ('killed while saving'): killed while it was being saved, before it was on the disk"
+        )
+        assert (staging / "unfinished-ep-1-a" / "front" / "video.mp4").exists()
+        assert (staging / "unfinished-ep-2-b" / "front" / "video.mp4").exists()
+        assert not (staging / "ep-3-c").exists()
+        assert store.staged_episodes() == []
+    finally:
+        store.release_ownership()
+    # the next restart names the two kept ones again, once each
+    store = DatasetStore(StoreConfig(root=str(root)))
+    store.repair(wait_s=0)
+    try:
+        assert [d.episode for d in store.dropped] == [1, 2], [d.describe() for d in store.dropped]
+    finally:
+        store.release_ownership()
+
+
+def test_an_episode_number_is_never_given_to_another_episode(tmp_path):
+    """LeRobot's episode_index closes up when a saved episode is set aside; the number answered to
+    the operator does not: the next episodes get new numbers (kept on the disk across a restart),
+    each one's tag carries its number, and the drop note says nothing untrue about numbers."""
+    root = tmp_path / "ds"
+    staging = staging_dir(root)
+    rec = Recorder(RecorderConfig(root=str(root)), small_camera())
+    rec.open()
+    rec.wait_ready(120)
+    answers = []
+    try:
+        with SyntheticLoop(rec):
+            rec.start_episode("ep a")
+            record_frames(rec, 8)
+            answers.append(rec.save_episode(True))
+            assert rec.wait_saved(60)
+            with open(staging / "commit.lock", "a") as lock:  # b and c stay staged
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                for task in ("ep b", "ep c"):
+                    assert rec.start_episode(task)["episode"] == len(answers)
+                    record_frames(rec, 8)
+                    answers.append(rec.save_episode(True))
+                    assert answers[-1]["durable"] is True
+                first, _ = sorted(staging.glob("ep-*"))
+                video = first / "front" / "video.mp4"
+                with open(video, "r+b") as fh:  # b's video damaged: b is set aside at its commit
+                    fh.truncate(video.stat().st_size // 2)
+            assert wait_until(lambda: rec.status()["dropped_episodes"], 60), rec.status()
+            assert rec.wait_saved(60)
+            (dropped,) = rec.status()["dropped_episodes"]
+            assert dropped.startswith("episode 1 ('ep b'): could not be committed"), dropped
+            assert "will be the next one saved" not in dropped, dropped
+            assert rec.status()["last_committed"] == "episode 2 (dataset episode 1)"
+            assert "last committed: episode 2 (dataset episode 1)" in format_status(rec.status())
+            assert rec.start_episode("ep d")["episode"] == 3  # not 2: that one is 'ep c'
+            record_frames(rec, 8)
+            answers.append(rec.save_episode(True))
+            assert answers[-1]["episode"] == 3
+            assert rec.wait_saved(60)
+    finally:
+        rec.close()
+    rec = Recorder(RecorderConfig(root=str(root)), small_camera())
+    rec.open()
+    rec.wait_ready(120)
+    try:
+        assert rec.status()["episode"] == 4  # after a restart too: 4 numbers were handed out
+        with SyntheticLoop(rec):
+            assert rec.start_episode("ep e")["episode"] == 4
+            record_frames(rec, 8)
+            rec.save_episode(True)
+            assert rec.wait_saved(60)
+    finally:
+        rec.close()
+    ds = load_dataset(root)
+    tags = read_episode_tags(root)
+    by_number = {t.episode_number: (i, list(ds.meta.episodes[i]["tasks"])) for i, t in tags.items()}
+    assert by_number == {0: (0, ["ep a"]), 2: (1, ["ep c"]), 3: (2, ["ep d"]), 4: (3, ["ep e"])}, by_number

@@ -37,3 +37,45 @@ def test_writing_records_does_not_grow_the_resident_memory():
     finally:
         reader.close()
         ring.close()
+
+
+def test_a_killed_process_groups_ring_segments_are_swept_at_the_next_start(tmp_path):
+    """SIGKILL of the whole group takes Python's resource tracker too: the segments stay in
+    /dev/shm. The next ring made removes them (its maker is gone), and nothing that is not ours
+    or whose maker still runs."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from daemon.recording.shm_names import SHM_DIR, segment_name
+
+    repo = Path(__file__).resolve().parents[1]
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from daemon.recording.ring import Ring; r = Ring.create([('front', 48, 64)], 64, 2);"
+            "print(r.spec.records_name, r.spec.pixels_name, r.spec.counters_name, flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(repo)),
+        start_new_session=True,
+    )
+    names = child.stdout.readline().split() if child.stdout else []
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    assert len(names) == 3 and all((SHM_DIR / n).exists() for n in names), names
+    alive = SHM_DIR / segment_name("records")  # this process's own name: its maker runs
+    alive.write_bytes(b"\0")
+    foreign = SHM_DIR / f"psm_not_ours_{os.getpid()}"
+    foreign.write_bytes(b"\0")
+    try:
+        ring = Ring.create([("front", 48, 64)], n_records=64, n_pixel_slots=2)
+        ring.close()
+        assert not any((SHM_DIR / n).exists() for n in names), names
+        assert alive.exists() and foreign.exists()
+    finally:
+        alive.unlink()
+        foreign.unlink()

@@ -48,6 +48,8 @@ def format_status(st: dict) -> str:
     if st.get("phase") == "recording":
         line += f"  {st.get('elapsed_s', 0):.1f} s  {st.get('frames')} frames  task {st.get('task')!r}"
     line += f"\n  dataset {st.get('dataset')} ({st.get('episodes_in_dataset')} episodes, {st.get('saves_pending')} being written)"
+    if st.get("last_committed"):
+        line += f"\n  last committed: {st['last_committed']}"
     last = st.get("last_staged") or {}
     if last.get("tag"):
         t = last["tag"]

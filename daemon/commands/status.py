@@ -258,6 +258,8 @@ def _recording_line(st: dict[str, Any], cut: _Cut) -> Any | None:
         f"  frames {_fmt(rec.get('frames'), '>5')}  saved {_fmt(rec.get('episodes_in_dataset'), '>4')}"
         f"  backlog {_fmt(rec.get('writer_backlog_frames'), '>3')}"
     )
+    if "dataset episode" in str(rec.get("last_committed") or ""):  # numbers and dataset index differ
+        line.append(f"  last {rec['last_committed']}")
     if rec.get("error"):
         line.append(f"  {cut(rec['error'], 80)}", style="red")
     if rec.get("waiting_for"):
@@ -340,7 +342,13 @@ def one_line(st: dict[str, Any]) -> str:
         if "phase" in rec:
             parts.append(
                 f"recording {rec['phase']} episode {rec.get('episode')} frames {rec.get('frames')}"
-                f" saved {rec.get('episodes_in_dataset')}" + (f" error: {rec['error']}" if rec.get("error") else "")
+                f" saved {rec.get('episodes_in_dataset')}"
+                + (
+                    f" last {rec['last_committed']}"
+                    if "dataset episode" in str(rec.get("last_committed") or "")
+                    else ""
+                )
+                + (f" error: {rec['error']}" if rec.get("error") else "")
             )
             if rec.get("waiting_for"):
                 parts.append(f"recording waiting: {rec['waiting_for']}")

@@ -34,6 +34,7 @@ from daemon.recording.store import (
     DroppedEpisode,
     StoreConfig,
     config_differences,
+    reserve_episode_number,
     staging_dir,
 )
 from daemon.recording.writer import store_config_dict
@@ -67,13 +68,14 @@ class PendingSave:
     """An episode answered "saved" (queued) and not yet committed to the dataset."""
 
     seq: int  # the recorder's episode sequence number (negative: recovered from staging at start)
-    episode: int  # the dataset index it was announced as
+    episode: int  # the number the operator was told (not the dataset index)
     task: str
     frames: int
     staged: bool = False  # durable in staging: a writer crash keeps it (committed at the next start)
 
     def describe(self) -> str:
-        return f"episode {self.episode} ({self.task!r}, {self.frames} frames)"
+        name = f"episode {self.episode}" if self.episode >= 0 else "an episode"
+        return f"{name} ({self.task!r}, {self.frames} frames)"
 
 
 def frame_refusal(expected_hw: tuple[int, int], pixels: Any) -> str:
@@ -182,6 +184,10 @@ class Recorder:
         self._task = cfg.default_task
         self._ready = threading.Event()
         self._committed_total = 0
+        # operator-facing episode numbers: handed out at start, kept on the disk, never reused
+        # (the dataset index differs once an episode is dropped or set aside: LeRobot has no gaps)
+        self._number = 0  # the episode recording now
+        self._next_number = 0
         # Saves answered "queued" and not committed yet, by episode seq (insertion = commit order).
         self._pending: dict[int, PendingSave] = {}
         self._lost: list[str] = []  # episodes that will never be in the dataset (logged, status, exit code)
@@ -190,6 +196,7 @@ class Recorder:
         # number, task and reason (status, console, log).
         self._dropped: list[str] = []
         self._disk_full = False  # recording stopped on a full disk: resumes once there is room
+        self._disk_error = ""  # what failed on it, without the figures (those change)
         self._kept_in_staging: list[str] = []  # filled at close: staged, committed at the next start
         # Frames refused at the edge (wrong shape/dtype for the dataset feature), per camera.
         self._refused: dict[str, int] = {c.name: 0 for c in self.cameras}
@@ -538,6 +545,13 @@ class Recorder:
         with self._lock:
             self._starting = False
             self._check_can_start()
+            number = self._next_number
+            try:
+                reserve_episode_number(self.store_cfg.root_path, number)  # synced before it is answered
+            except OSError as exc:
+                raise RecordingError(f"episode not started: its number could not be kept on the disk: {exc}") from None
+            self._next_number = number + 1
+            self._number = number
             self._seq += 1
             self._task = task
             self._origin = origin
@@ -547,10 +561,11 @@ class Recorder:
             self._t0 = None
             self._next_grid_s = 0.0
             self._episode_started_s = time.monotonic()
-            self._q.append((KIND_START, self._seq, task, self.episode_number))
+            self._q.append((KIND_START, self._seq, task, number))
             self._phase = RECORDING
         self._wake.set()
-        return {"episode": self.episode_number, "task": task, "origin": origin}
+        log.info("episode %d started (%r)", number, task)
+        return {"episode": number, "task": task, "origin": origin}
 
     def _free_mb(self) -> float | None:
         """Free space where episodes are staged and committed (one filesystem), in MB."""
@@ -572,6 +587,15 @@ class Recorder:
                 "([recording] min_free_mb); free some space and start again"
             )
 
+    def _disk_figures(self) -> str:
+        """What a full disk message adds: the figures, as the start refusal gives them."""
+        free = self._free_mb()
+        shown = f"{free:.1f} MB" if free is not None else "unknown space"
+        return (
+            f"; {shown} free for {self.store_cfg.root_path}, at least {self.cfg.min_free_mb:.0f} MB needed "
+            "([recording] min_free_mb); free some space and start again (no restart needed)"
+        )
+
     def _resume_after_disk_full(self) -> None:
         """After a full disk stopped recording: once there is room again, the writer commits the
         staged episodes (in order, before any new one) and recording goes on; no restart."""
@@ -579,11 +603,7 @@ class Recorder:
             return
         free = self._free_mb()
         if free is None or free < self.cfg.min_free_mb:
-            raise RecordingError(
-                f"recording stopped, the disk is full: {self._error}; {free} MB free for "
-                f"{self.store_cfg.root_path}, at least {self.cfg.min_free_mb:.0f} MB needed "
-                "([recording] min_free_mb); free some space and start again (no restart needed)"
-            )
+            raise RecordingError(f"recording stopped, the disk is full: {self._disk_error}{self._disk_figures()}")
         try:
             self._conn.send({"cmd": "resume"})
         except (OSError, BrokenPipeError) as exc:
@@ -726,16 +746,18 @@ class Recorder:
             self._check_can_end("discarded")
             self._q.append((KIND_DISCARD, self._seq))
             frames = self._frame_index
+            number = self._number
             self._phase = IDLE
             self._counters["episodes_discarded"] += 1
         self._wake.set()
         self._run_ending_hooks(saved=False)
-        return {"episode": self.episode_number, "discarded_frames": frames}
+        return {"episode": number, "discarded_frames": frames}
 
     @property
     def episode_number(self) -> int:
-        """Dataset index of the episode recording now (or of the next one)."""
-        return self._committed_total + len(self._pending)
+        """The operator's number of the episode recording now (or of the next one): handed out
+        once, never reused. Not the dataset index: that one closes up when an episode is dropped."""
+        return self._number if self._phase == RECORDING else self._next_number
 
     @property
     def phase(self) -> str:
@@ -788,6 +810,12 @@ class Recorder:
             "writer_backlog_records": ring.pending() if ring is not None else 0,
             "last_staged": self._last_staged,
             "last_saved": self._last_saved,
+            # "episode 4 (dataset episode 3)": the operator's number and where it is in the dataset
+            "last_committed": (
+                episode_name(self._last_saved.get("episode"), self._last_saved.get("episode_index"))
+                if self._last_saved
+                else None
+            ),
             "counters": dict(self._counters),
             "cameras": [c.stats() for c in self.cameras],
         }
@@ -957,11 +985,12 @@ class Recorder:
         ev = msg.get("event")
         if ev == "ready":
             self._committed_total = int(msg.get("total_episodes", 0))
+            numbers = list(msg.get("recovered_numbers", []))
             with self._lock:
+                self._next_number = max(self._next_number, int(msg.get("next_episode_number", self._committed_total)))
                 for i in range(int(msg.get("recovered", 0))):  # staged before a crash, committed first
-                    self._pending[-(i + 1)] = PendingSave(
-                        -(i + 1), self._committed_total + i, "(recovered from staging)", 0, staged=True
-                    )
+                    number = numbers[i] if i < len(numbers) and numbers[i] is not None else -1
+                    self._pending[-(i + 1)] = PendingSave(-(i + 1), number, "(recovered from staging)", 0, staged=True)
             for note in msg.get("repair", []):
                 log.warning("dataset repair: %s", note)
             for d in msg.get("dropped", []):
@@ -996,9 +1025,12 @@ class Recorder:
             self._committed_total = int(msg["episode_index"]) + 1
             self._take_pending(msg.get("episode_seq"))
             self._counters["episodes_saved"] += 1
-            self._last_saved = {k: msg.get(k) for k in ("episode_index", "frames", "commit_s")}
+            self._last_saved = {k: msg.get(k) for k in ("episode", "episode_index", "frames", "commit_s")}
             log.info(
-                "episode %d saved (%d frames, commit %.2f s)", msg["episode_index"], msg["frames"], msg["commit_s"]
+                "%s committed (%d frames, commit %.2f s)",
+                episode_name(msg.get("episode"), int(msg["episode_index"])),
+                msg["frames"],
+                msg["commit_s"],
             )
         elif ev == "dropped":
             self._take_pending(msg.get("episode_seq"))
@@ -1018,9 +1050,12 @@ class Recorder:
                     self._note_lost(p, str(msg.get("error", "writer error")))
             # msg["staged"]: the commit failed, the episode stays staged (committed at the next start)
             if msg.get("fatal"):
+                error = str(msg.get("error", "writer error"))
                 if msg.get("disk_full"):
                     self._disk_full = True
-                self._fail(msg.get("error", "writer error"))
+                    self._disk_error = error
+                    error += self._disk_figures()
+                self._fail(error)
             else:
                 log.error("recording: %s", msg.get("error"))
                 self._error = msg.get("error", "")
@@ -1034,9 +1069,8 @@ class Recorder:
 
     def _note_dropped(self, d: DroppedEpisode, when: str) -> None:
         text = f"{d.describe()}" + (f" (found {when})" if when else "")
-        if d.episode is not None and d.episode >= self._committed_total:
-            # LeRobot numbers episodes without gaps: say so rather than let the number change hands
-            text += f"; the dataset's episode {d.episode} will be the next one saved, not this one"
+        if d.episode is not None:
+            text += f"; episode number {d.episode} is not given to another episode"
         with self._lock:
             self._dropped.append(text)
         log.error("episode DROPPED, not in the dataset: %s", text)
@@ -1049,6 +1083,15 @@ class Recorder:
         with self._staged_cv:
             self._staged_cv.notify_all()
         log.error("episode LOST: %s", text)
+
+
+def episode_name(number: int | None, dataset_index: int | None) -> str:
+    """ "episode 4 (dataset episode 3)" where the operator's number and the dataset index differ."""
+    if number is None:
+        return f"dataset episode {dataset_index}"
+    if dataset_index is None or dataset_index == number:
+        return f"episode {number}"
+    return f"episode {number} (dataset episode {dataset_index})"
 
 
 def _writer_exit_text(exitcode: int | None) -> str:

@@ -20,6 +20,8 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
+from daemon.recording.shm_names import segment_name, sweep_stale
+
 MAX_CAMERAS = 4
 TASK_BYTES = 512
 
@@ -75,9 +77,11 @@ class Ring:
         self._owner = create
         pix_bytes = max(1, spec.slot_bytes * spec.n_pixel_slots)
         if create:
-            self._shm_rec = shared_memory.SharedMemory(create=True, size=RECORD_DTYPE.itemsize * spec.n_records)
-            self._shm_pix = shared_memory.SharedMemory(create=True, size=pix_bytes)
-            self._shm_cnt = shared_memory.SharedMemory(create=True, size=8 * N_COUNTERS)
+            sweep_stale()  # a killed process group's segments (the resource tracker died with it)
+            rec_bytes = RECORD_DTYPE.itemsize * spec.n_records
+            self._shm_rec = shared_memory.SharedMemory(segment_name("records"), create=True, size=rec_bytes)
+            self._shm_pix = shared_memory.SharedMemory(segment_name("pixels"), create=True, size=pix_bytes)
+            self._shm_cnt = shared_memory.SharedMemory(segment_name("counters"), create=True, size=8 * N_COUNTERS)
             spec.records_name, spec.pixels_name, spec.counters_name = (
                 self._shm_rec.name,
                 self._shm_pix.name,

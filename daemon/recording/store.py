@@ -55,7 +55,9 @@ loads and appends: its plain MP4s are never extended (the next episode opens the
 Then complete staged episodes not yet committed are committed (the save's answer waits until the
 episode is staged and synced, so a power cut right after "saved" loses nothing); incomplete ones
 (the episode in progress) are deleted, and a staged one whose files cannot be committed is set
-aside (``unfinished-ep-*``, kept). Each of those is named in ``dropped`` (number, task, why).
+aside (``unfinished-ep-*``, kept), as is one whose episode.json is unreadable, or missing although
+``staged.ok`` (made after it, before a save is answered durable) says it was on the disk: an
+episode answered durable is never deleted. Each of those is named in ``dropped`` (number, task, why).
 
 The staging folder is a hidden sibling of the dataset (``.<name>.so101d-staging``), on the same
 filesystem so renames stay atomic.
@@ -128,6 +130,11 @@ REWRITTEN_IN_PLACE = ("meta/info.json", "meta/stats.json", "meta/tasks.parquet")
 
 START_FILE = "start.json"  # in a staged episode: its task and number, written when it starts
 SAVING_FILE = "saving.json"  # in a staged episode: its save was asked for (the writer read the SAVE)
+# in a staged episode: made (and synced) after episode.json, before the save can be answered
+# durable: an episode that has it was on the disk when answered, so repair never deletes it
+STAGED_FILE = "staged.ok"
+# beside the staged episodes: the next operator-facing episode number (never handed out twice)
+NUMBERS_FILE = "episode_numbers.json"
 SET_ASIDE_PREFIX = "unfinished-"  # a staged episode that cannot be committed, kept for a person
 SET_ASIDE_REASON = "reason.txt"
 # errno values where the disk, not the episode, is at fault: the episode stays staged and is
@@ -174,6 +181,11 @@ def set_aside(stage: Path, reason: str) -> DroppedEpisode:
     (dst / SET_ASIDE_REASON).write_text(reason)
     _fsync_dir(stage.parent)
     return DroppedEpisode(number, task, f"could not be committed ({reason}); its files are kept in {dst}", stage.name)
+
+
+def reserve_episode_number(root: Path, number: int) -> None:
+    """Records durably that ``number`` is handed out: the next one is ``number + 1``."""
+    write_json_atomic(staging_dir(root) / NUMBERS_FILE, {"next": number + 1})
 
 
 class DatasetMismatchError(ValueError):
@@ -343,6 +355,25 @@ class DatasetStore:
             return 0
         return int(json.loads(info_path.read_text()).get("total_episodes", 0))
 
+    def next_episode_number(self) -> int:
+        """The next operator-facing episode number: past every one handed out (the numbers file),
+        committed (tags) or staged, and never below the dataset's episode count (a dataset
+        recorded before these numbers, or copied without its staging folder)."""
+        best = self.total_episodes()
+        try:
+            best = max(best, int(json.loads((self.staging / NUMBERS_FILE).read_text())["next"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # none yet, or unreadable: the other sources still bound it
+        if (self.root / "meta" / "info.json").exists():
+            for tag in read_episode_tags(self.root).values():
+                if tag.episode_number is not None:
+                    best = max(best, tag.episode_number + 1)
+        for d in list(self.staging.glob("ep-*")) + list(self.staging.glob(SET_ASIDE_PREFIX + "ep-*")):
+            number, _ = _staged_identity(d)
+            if number is not None:
+                best = max(best, number + 1)
+        return best
+
     def repair(self, wait_s: float = 60.0) -> list[str]:
         """Roll back a torn commit, drop incomplete staged episodes. Returns what was done.
 
@@ -362,7 +393,13 @@ class DatasetStore:
         committed_uids = {t.source.get("recording_uid") for t in tags.values()}
         self.dropped = []
         for d in sorted(self.staging.glob("ep-*")):
-            if not (d / "episode.json").exists():
+            if not (d / "episode.json").exists() and (d / STAGED_FILE).exists():
+                # answered durable, then its episode.json went: keep the rest for a person
+                self.dropped.append(
+                    set_aside(d, f"{d.name}/episode.json is missing; the episode was staged and on the disk before")
+                )
+                notes.append(f"set aside {d.name}: {self.dropped[-1].describe()}")
+            elif not (d / "episode.json").exists():
                 number, task = _staged_identity(d)
                 reason = (
                     "killed while it was being saved, before it was on the disk"
@@ -372,9 +409,22 @@ class DatasetStore:
                 shutil.rmtree(d, ignore_errors=True)
                 self.dropped.append(DroppedEpisode(number, task, reason, d.name))
                 notes.append(f"dropped incomplete episode {d.name}: {self.dropped[-1].describe()}")
-            elif json.loads((d / "episode.json").read_text()).get("uid") in committed_uids:
-                shutil.rmtree(d, ignore_errors=True)  # committed, crash before the clean-up
+            else:
+                try:
+                    meta = json.loads((d / "episode.json").read_text())
+                    uid = meta.get("uid") if isinstance(meta, dict) else None
+                    if not isinstance(meta, dict):
+                        raise ValueError("not a JSON object")
+                except (OSError, ValueError) as exc:
+                    self.dropped.append(set_aside(d, f"{d.name}/episode.json is unreadable: {exc}"))
+                    notes.append(f"set aside {d.name}: {self.dropped[-1].describe()}")
+                    continue
+                if uid in committed_uids:
+                    shutil.rmtree(d, ignore_errors=True)  # committed, crash before the clean-up
+        just_now = {d.uid for d in self.dropped}
         for d in sorted(self.staging.glob(SET_ASIDE_PREFIX + "ep-*")):  # until a person removes them
+            if d.name.removeprefix(SET_ASIDE_PREFIX) in just_now:
+                continue
             number, task = _staged_identity(d)
             try:
                 why = (d / SET_ASIDE_REASON).read_text().strip()
@@ -493,7 +543,13 @@ class DatasetStore:
         for stage in stages:
             shutil.rmtree(stage, ignore_errors=True)
         return [
-            {"episode_index": i, "frames": int(m["frames"]), "commit_s": commit_s, "uid": m["uid"]}
+            {
+                "episode_index": i,
+                "episode": m.get("episode"),
+                "frames": int(m["frames"]),
+                "commit_s": commit_s,
+                "uid": m["uid"],
+            }
             for i, m in zip(indices, metas)
         ]
 
@@ -1003,6 +1059,8 @@ def _episode_tag(meta: dict[str, Any], episode_index: int) -> EpisodeTag:
     """The staged episode's tag, with its index here and the recording uid that outlives it."""
     tag_data = dict(meta["tag"])
     tag_data["episode_index"] = episode_index
+    if isinstance(meta.get("episode"), int):
+        tag_data["episode_number"] = meta["episode"]
     # an episode copied from another dataset (repack) keeps the uid it was recorded under
     tag_data["source"] = {"recording_uid": meta["uid"], **(tag_data.get("source") or {})}
     # which bench recorded it: one daemon per bench, so the host, unless SO101D_BENCH names it

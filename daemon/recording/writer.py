@@ -37,6 +37,7 @@ import numpy as np
 from daemon.recording.ring import KIND_DISCARD, KIND_FRAME, KIND_SAVE, KIND_START, Ring, RingSpec
 from daemon.recording.store import (
     SAVING_FILE,
+    STAGED_FILE,
     START_FILE,
     DatasetMismatchError,
     DatasetStore,
@@ -169,7 +170,7 @@ class EpisodeBuild:
         self.fps = fps
         self.task = task
         self.seq = seq
-        self.number = number  # the dataset index the operator was told
+        self.number = number  # the episode number the operator was told (not the dataset index)
         # not synced: it only names the episode should a restart find it unfinished
         (self.dir / START_FILE).write_text(json.dumps({"uid": self.uid, "task": task, "episode": number}))
         self.cameras = [name for name, _, _ in store.cfg.cameras]
@@ -289,6 +290,8 @@ class EpisodeBuild:
             "video_stats": {name: e.stats for e, name in zip(self.encoders, self.cameras)},
         }
         write_json_atomic(self.dir / "episode.json", meta)  # synced, with the episode's folder
+        (self.dir / STAGED_FILE).touch()  # empty: its name is its content, the folder sync keeps it
+        fsync_dir(self.dir)
         fsync_dir(self.staging)  # the episode's folder itself, made at start
         return meta
 
@@ -425,7 +428,10 @@ def writer_main(
             commits.put(item)
         log.info("recording resumes: %d staged episode(s) to commit", len(again))
 
-    for stage in store.staged_episodes():  # saved before a crash, never committed
+    recovered = store.staged_episodes()  # saved before a crash, never committed
+    recovered_numbers = [_staged_number(stage) for stage in recovered]
+    next_number = store.next_episode_number()
+    for stage in recovered:
         commits.put((stage, None))
     committer = threading.Thread(target=commit_worker, name="commit", daemon=True)
     committer.start()
@@ -434,7 +440,9 @@ def writer_main(
             "event": "ready",
             "total_episodes": store.total_episodes(),
             "repair": notes,
-            "recovered": len(store.staged_episodes()),
+            "recovered": len(recovered),
+            "recovered_numbers": recovered_numbers,
+            "next_episode_number": next_number,
             "dropped": [asdict(d) for d in store.dropped],
         }
     )
@@ -529,6 +537,14 @@ def writer_main(
             conn.close()
         except OSError:
             pass
+
+
+def _staged_number(stage: Path) -> int | None:
+    try:
+        number = json.loads((stage / "episode.json").read_text()).get("episode")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return number if isinstance(number, int) else None
 
 
 def save_extras(raw: bytes) -> dict[str, Any]:
