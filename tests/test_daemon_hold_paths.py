@@ -7,51 +7,22 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from security_support import running_daemon
 from support import wait_status
 from test_daemon_socket_poison import POISON
 
-from calibration.calibration_file import save_calibration
 from daemon.control_client import ControlClient
-from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 
 
 @pytest.fixture
 def daemon() -> Iterator[tuple[Path, subprocess.Popen[str]]]:
-    with tempfile.TemporaryDirectory(prefix="so101d-") as d:
-        run_dir = Path(d)
-        cal_root = run_dir / "cal"
-        save_calibration(reference_calibration("leader"), "leader", "l1", cal_root)
-        save_calibration(reference_calibration("follower"), "follower", "f1", cal_root)
-        sock = run_dir / "control.sock"
-        cfg = run_dir / "so101d.toml"
-        cfg.write_text(
-            f'[leader]\nport = "{run_dir / "leader"}"\nid = "l1"\n'
-            f'[follower]\nport = "{run_dir / "follower"}"\nid = "f1"\n'
-            f'[calibration]\nroot = "{cal_root}"\n[socket]\npath = "{sock}"\n'
-        )
-        with (
-            BusEmulator(run_dir / "leader", EmulatedArm("leader")),
-            BusEmulator(run_dir / "follower", EmulatedArm("follower")),
-        ):
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            try:
-                wait_status(sock, lambda s: s["mode"] == "teleop", proc=proc)
-                yield sock, proc
-            finally:
-                if proc.poll() is None:
-                    proc.terminate()
-                    proc.wait(30)
+    with tempfile.TemporaryDirectory(prefix="so101d-") as d, running_daemon(Path(d)) as bench:
+        yield bench
 
 
 def test_after_every_poison_line_a_fresh_connection_still_holds(daemon: tuple[Path, subprocess.Popen[str]]) -> None:

@@ -98,7 +98,7 @@ def test_piped_demo_prints_one_status_line_a_second_and_one_line_per_episode(pip
     assert len(status) >= 2, out[-3000:]
     assert all("mode " in line and " Hz" in line for line in status)
     assert out.count("demo: recording episode 0 (1/1, 2 s)") == 1
-    assert len(re.findall(r"so101d\.recording: episode 0 saved", err)) == 1, err[-3000:]
+    assert len(re.findall(r"so101d\.recording: episode 0 committed", err)) == 1, err[-3000:]
 
 
 def test_the_printed_load_command_loads_without_a_traceback(piped_demo, tmp_path: Path) -> None:

@@ -266,7 +266,7 @@ function showRecording(rec) {
   if (rec.error && !rec.phase) { $("rec-error").hidden = false; $("rec-error").textContent = rec.error; return; }
   $("rec-phase").textContent = rec.phase + (rec.phase === "recording" ? ` ${fmt(rec.elapsed_s)} s` : "");
   $("rec-episode").textContent = rec.episode;
-  $("rec-count").textContent = `${rec.episodes_in_dataset}` + (rec.saves_pending ? ` (+${rec.saves_pending} saving)` : "") + (rec.last_committed ? ` · last ${rec.last_committed}` : "");
+  $("rec-count").textContent = `${rec.episodes_in_dataset}` + (rec.saves_pending ? ` (+${rec.saves_pending} saving)` : "") + (String(rec.last_committed || "").includes("dataset episode") ? ` · last ${rec.last_committed}` : "");
   $("rec-backlog").textContent = `${rec.writer_backlog_frames} frames, ${rec.writer_backlog_records} records`;
   $("rec-frames").textContent = rec.frames;
   const stopped = rec.phase === "error" ? `RECORDING STOPPED: ${rec.error}` + (rec.lost_episodes && rec.lost_episodes.length ? `\nLOST: ${rec.lost_episodes.join("; ")}` : "") : "";
