@@ -747,6 +747,14 @@ class Recorder:
             self._q.append((KIND_DISCARD, self._seq))
             frames = self._frame_index
             number = self._number
+            if self._next_number == number + 1:
+                # The operator threw this one away, so its number names nothing: the redo takes it,
+                # as LeRobot's re-record keeps the episode index. A number lost to a crash is not given back.
+                try:
+                    reserve_episode_number(self.store_cfg.root_path, number - 1)  # next = number
+                    self._next_number = number
+                except OSError as exc:
+                    log.warning("episode %d discarded; its number stays used (%s)", number, exc)
             self._phase = IDLE
             self._counters["episodes_discarded"] += 1
         self._wake.set()
