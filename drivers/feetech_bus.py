@@ -289,6 +289,20 @@ class FeetechBus:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _read_some(self, fd: int, max_bytes: int, what: str) -> bytes | None:
+        """Up to ``max_bytes`` from the port, counted; None when nothing is there yet (EAGAIN);
+        a read error or end of file is the port gone."""
+        try:
+            chunk = os.read(fd, max_bytes)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise self._gone(what, exc) from exc
+        if not chunk:
+            raise self._gone(what, None)
+        self._rx_bytes += len(chunk)
+        return chunk
+
     def _gone(self, what: str, exc: BaseException | None) -> PortGoneError:
         self._close_locked()
         detail = f": {exc}" if exc is not None else ""
@@ -406,15 +420,9 @@ class FeetechBus:
             if not ready:
                 quiet = received > 0 and time.monotonic() < deadline
                 break
-            try:
-                chunk = os.read(fd, max(want - len(buf), 64))
-            except BlockingIOError:
+            chunk = self._read_some(fd, max(want - len(buf), 64), what)
+            if chunk is None:
                 continue
-            except OSError as exc:
-                raise self._gone(what, exc) from exc
-            if not chunk:
-                raise self._gone(what, None)
-            self._rx_bytes += len(chunk)
             received += len(chunk)
             last_rx = time.monotonic()
             buf += chunk
@@ -672,15 +680,9 @@ class FeetechBus:
                     raise self._gone(what, exc) from exc
                 if not ready:
                     break
-                try:
-                    chunk = os.read(self._fd, 4096)
-                except BlockingIOError:
+                chunk = self._read_some(self._fd, 4096, what)
+                if chunk is None:
                     continue
-                except OSError as exc:
-                    raise self._gone(what, exc) from exc
-                if not chunk:
-                    raise self._gone(what, None)
-                self._rx_bytes += len(chunk)
                 buf += chunk
                 deadline = time.monotonic() + quiet_s
             received = len(buf)
