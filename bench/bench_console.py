@@ -45,11 +45,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from daemon.commands.demo import prepare_bench
-from daemon.control_client import ControlClient, DaemonUnavailable
+from daemon.api.client import ControlClient, DaemonUnavailable
+from daemon.apps.commands.demo import prepare_bench
 from drivers.emulator.process import EmulatorProcess
 
-STATS_WINDOW_CYCLES = 2048  # daemon/stats.py RollingStats' capacity
+STATS_WINDOW_CYCLES = 2048  # daemon/control/timing_stats.py RollingStats' capacity
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -84,7 +84,7 @@ def rerun_window(sock: Path, rrd: Path, env: dict, window_s: float) -> dict:
     rerun` streaming the daemon's joints and both cameras to it; their CPU and what was saved."""
     import rerun_cli
 
-    from daemon.rerun_stream import viewer_reachable
+    from daemon.apps.rerun_stream import viewer_reachable
 
     port = 9877
     sink = subprocess.Popen(
@@ -105,7 +105,7 @@ def rerun_window(sock: Path, rrd: Path, env: dict, window_s: float) -> dict:
     while viewer_reachable("127.0.0.1", port) is not None and time.monotonic() < end:
         time.sleep(0.1)
     streamer = subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "rerun", "--connect", f"127.0.0.1:{port}", "--socket", str(sock)],
+        [sys.executable, "-m", "daemon.apps.cli", "rerun", "--connect", f"127.0.0.1:{port}", "--socket", str(sock)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,
@@ -184,7 +184,7 @@ def main() -> int:
         cam["width"], cam["height"] = 640, 480
     base.setdefault("control", {})["realtime_priority"] = args.realtime_priority
     base_file = tmp / "base.toml"
-    from daemon.config import config_from_dict, dump_toml
+    from daemon.config.settings import config_from_dict, dump_toml
 
     base_file.write_text(dump_toml(config_from_dict(base)))
     sock = tmp / "control.sock"
@@ -193,7 +193,7 @@ def main() -> int:
     prepare_bench(tmp, str(base_file), socket_path=str(sock), dataset_root=tmp / "datasets")
     with open(tmp / "daemon.log", "wb") as log:  # the child keeps its own descriptor
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "daemon.cli", "run", "--config", str(tmp / "so101d.toml")],
+            [sys.executable, "-m", "daemon.apps.cli", "run", "--config", str(tmp / "so101d.toml")],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -221,7 +221,7 @@ def main() -> int:
                     [
                         sys.executable,
                         "-m",
-                        "daemon.cli",
+                        "daemon.apps.cli",
                         "console",
                         "--bind",
                         f"127.0.0.1:{port}",

@@ -1,7 +1,7 @@
 """The console's peer lookup (who owns this loopback connection), sock_diag beside /proc/net/tcp.
 
 The loopback console asks, for each request, which user owns the client's end of the TCP
-connection (daemon/console/access.py). Any local user can open thousands of loopback
+connection (daemon/apps/console/access.py). Any local user can open thousands of loopback
 connections; reading /proc/net/tcp costs a line per socket, the sock_diag lookup of one 4-tuple
 does not. This opens ``--connections`` extra loopback connection pairs (two table rows each),
 then times both lookups of one live connection, interleaved, and prints p50 / max and the ratio.
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from daemon.console import access
+from daemon.apps.console import access
 
 
 def _time_ms(fn: Callable[[access._Conn], object], key: access._Conn) -> float:

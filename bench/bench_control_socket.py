@@ -42,8 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from calibration.calibration_file import save_calibration
-from daemon.control_client import ControlClient, DaemonUnavailable
-from daemon.control_socket import MAX_CONNECTIONS
+from daemon.api.client import ControlClient, DaemonUnavailable
+from daemon.api.server import MAX_CONNECTIONS
 from drivers.emulator import reference_calibration
 from drivers.emulator.process import EmulatorProcess
 
@@ -59,7 +59,7 @@ def start_daemon(d: Path) -> tuple[subprocess.Popen, Path]:
         f'[calibration]\nroot = "{cal}"\n[socket]\npath = "{sock}"\n'
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)],
+        [sys.executable, "-m", "daemon.apps.cli", "run", "--config", str(cfg)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

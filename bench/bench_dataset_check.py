@@ -3,7 +3,7 @@
 The dataset (default 200 episodes of 90 frames, no cameras: the check reads tables, not video)
 is written once by the real DatasetStore (tests/dataset_support.py). Then, side by side in one
 run, each in a fresh subprocess (peak RSS is per process):
-  - ours:  daemon.datasets.check.check_dataset (the data parquet read column-wise, file by file)
+  - ours:  daemon.data.check.check_dataset (the data parquet read column-wise, file by file)
   - naive: the same per-episode arrays read through LeRobotDataset (hf_dataset, one episode at a
            time), as a script built on LeRobot's loader would, without any checking
 Prints episodes/s and peak RSS for both and the ratios.
@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "tests"))
 def child(which: str, root: str) -> None:
     t0 = time.perf_counter()
     if which == "ours":
-        from daemon.datasets.check import check_dataset
+        from daemon.data.check import check_dataset
 
         n = len(check_dataset(Path(root)))
     else:

@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from calibration.conventions import JOINT_NAMES
-from daemon.config import config_from_dict
-from daemon.service import Daemon
+from daemon.config.settings import config_from_dict
+from daemon.service.daemon import Daemon
 from drivers.emulator import reference_calibration
 from drivers.emulator.process import EmulatorProcess
 from drivers.feetech_arm import FeetechFollower, FeetechLeader

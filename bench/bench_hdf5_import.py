@@ -1,7 +1,7 @@
 """Import throughput and peak memory of `so101d import-hdf5` on a many-demo LeIsaac file.
 
 Side by side in one run, each in a fresh subprocess (peak RSS is per process):
-  - ours:  daemon.datasets.isaaclab_hdf5.import_hdf5 (streams demo by demo, chunk by chunk), with the
+  - ours:  daemon.data.isaaclab_hdf5.import_hdf5 (streams demo by demo, chunk by chunk), with the
            CLI's progress bar, every step kept (--skip-frames 0 --min-frames 0) so both read the same rows
   - naive: what LeIsaac's converter does: np.array() of each demo's whole datasets, then the
            same LeRobotDataset add_frame / save_episode calls (no resampling).
@@ -55,8 +55,8 @@ def make_file(path: Path, demos: int, steps: int, height: int, width: int) -> No
 
 
 def run_ours(src: str, root: str) -> dict:
-    from daemon.commands.import_hdf5 import RichImportProgress
-    from daemon.datasets.isaaclab_hdf5 import import_hdf5
+    from daemon.apps.commands.import_hdf5 import RichImportProgress
+    from daemon.data.isaaclab_hdf5 import import_hdf5
 
     t0 = time.monotonic()
     # as the CLI runs it (progress bar on stderr), every step kept so both sides read the same rows
@@ -71,7 +71,7 @@ def run_naive(src: str, root: str) -> dict:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     from calibration.conventions import sim_rad_to_units
-    from daemon.dataset_schema import ROBOT_TYPE, TAG_KEY, EpisodeTag, dataset_features, tag_to_cell
+    from daemon.data.schema import ROBOT_TYPE, TAG_KEY, EpisodeTag, dataset_features, tag_to_cell
 
     t0 = time.monotonic()
     frames = 0

@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from calibration.calibration_file import calibration_path, save_calibration
-from daemon.config import config_from_dict
-from daemon.control_loop import ControlLoop
+from daemon.config.settings import config_from_dict
+from daemon.control.loop import ControlLoop
 from drivers.emulator import reference_calibration
 from drivers.emulator.process import EmulatorProcess
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
@@ -157,7 +157,7 @@ def baseline_jitter(seconds: float, period_s: float = 0.01) -> dict:
     """The machine's own floor: the loop's wait (sleep, then spin the last 0.3 ms) with no work."""
     import threading
 
-    from daemon.control_loop import _SPIN_S
+    from daemon.control.loop import _SPIN_S
 
     ev = threading.Event()
     lateness = []

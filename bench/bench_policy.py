@@ -211,8 +211,8 @@ def bench_gc() -> None:
     import lerobot.datasets.lerobot_dataset  # noqa: F401
     import torch  # noqa: F401
 
-    import daemon.recording.attach
-    import daemon.service  # noqa: F401
+    import daemon.service.attach_recording
+    import daemon.service.daemon  # noqa: F401
 
     gc.unfreeze()
     n = len(gc.get_objects())
@@ -285,7 +285,7 @@ def bench_serve(ckpt: Path, requests: int) -> dict:
     d = tempfile.mkdtemp(prefix="so101d-serve-")
     endpoint = f"ipc://{d}/policy.ipc"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "policy", "serve", str(ckpt), "--endpoint", endpoint],
+        [sys.executable, "-m", "daemon.apps.cli", "policy", "serve", str(ckpt), "--endpoint", endpoint],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -477,9 +477,9 @@ def bench_lerobot(ckpt: Path, requests: int, server: LeRobotServerProc | None = 
 
 # -- control loop: teleop vs policy -------------------------------------------------------------------
 def bench_loop(ckpt: Path, seconds: float) -> dict:
-    from daemon.config import config_from_dict
-    from daemon.policy.attach import attach_policy
-    from daemon.service import Daemon
+    from daemon.config.settings import config_from_dict
+    from daemon.service.attach_policy import attach_policy
+    from daemon.service.daemon import Daemon
     from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
     from drivers.feetech_arm import FeetechFollower, FeetechLeader
 
@@ -558,10 +558,10 @@ def _old_rule_source():
 
 
 def bench_refill_round(ckpt: Path, rule: str, seconds: float) -> dict:
-    from daemon.config import config_from_dict
-    from daemon.control_client import ControlClient
-    from daemon.policy.attach import queue_config_from
-    from daemon.service import Daemon
+    from daemon.api.client import ControlClient
+    from daemon.config.settings import config_from_dict
+    from daemon.service.attach_policy import queue_config_from
+    from daemon.service.daemon import Daemon
     from drivers.cameras import CameraConfig as CamCfg
     from drivers.cameras import VirtualArmCamera
     from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration

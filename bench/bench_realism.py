@@ -30,8 +30,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from daemon.config import config_from_dict
-from daemon.control_loop import ControlLoop
+from daemon.config.settings import config_from_dict
+from daemon.control.loop import ControlLoop
 from drivers.emulator import reference_calibration
 from drivers.emulator.process import EmulatorProcess
 from drivers.feetech_arm import FeetechFollower, FeetechLeader

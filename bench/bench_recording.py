@@ -71,7 +71,7 @@ class Loop:
         self._t = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> None:
-        sys.setswitchinterval(0.001)  # what the daemon's control loop sets (daemon/control_loop.py)
+        sys.setswitchinterval(0.001)  # what the daemon's control loop sets (daemon/control/loop.py)
         self._t.start()
 
     def stop(self) -> None:
@@ -182,8 +182,8 @@ def run_baseline(a, root: Path) -> dict:
 
 
 def run_so101d(a, root: Path) -> dict:
-    from daemon.dataset_schema import read_episode_tags
-    from daemon.recording.recorder import Recorder, RecorderConfig
+    from daemon.data.recorder import Recorder, RecorderConfig
+    from daemon.data.schema import read_episode_tags
 
     rec = Recorder(RecorderConfig(root=str(root)), make_cameras(a.width, a.height))
     mem = TreeMemory()
@@ -240,7 +240,7 @@ def run_lerobot(a, root: Path, streaming: bool) -> dict:
     from lerobot.configs.video import RGBEncoderConfig
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    from daemon.dataset_schema import TAG_KEY, EpisodeTag, dataset_features, tag_to_cell
+    from daemon.data.schema import TAG_KEY, EpisodeTag, dataset_features, tag_to_cell
 
     cams = make_cameras(a.width, a.height)
     feats = dataset_features({c.name: (c.height, c.width) for c in cams})

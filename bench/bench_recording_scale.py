@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from daemon.dataset_schema import EpisodeTag, tag_to_cell
+from daemon.data.schema import EpisodeTag, tag_to_cell
 
 # LeRobot's writer gets the same per-frame tag column our store writes (same columns, fair race)
 TAG_CELL = tag_to_cell(EpisodeTag(0, follower_kind="emulated"))
@@ -106,7 +106,7 @@ def main() -> None:
     from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata  # noqa: F401
     from lerobot.datasets.video_utils import get_video_info  # noqa: F401
 
-    from daemon.recording.store import DatasetStore, StoreConfig
+    from daemon.data.store import DatasetStore, StoreConfig
 
     checkpoints = sorted({int(c) for c in args.checkpoints.split(",") if int(c) <= args.episodes})
     tmp = Path(tempfile.mkdtemp(prefix="so101d-scale-"))

@@ -32,7 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from daemon.recording.recorder import Recorder, RecorderConfig
+from daemon.data.recorder import Recorder, RecorderConfig
 from drivers.cameras import Camera, CameraConfig, VirtualArmCamera
 
 

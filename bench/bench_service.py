@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from daemon.sd_notify import Notifier, WatchdogGate
+from daemon.system.sd_notify import Notifier, WatchdogGate
 
 N = 200_000
 

@@ -34,9 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from daemon.bounded_json import loads_bounded
-from daemon.control_requests import Request, parse_request
-from daemon.control_socket import ControlServer
+from daemon.api.bounded_json import loads_bounded
+from daemon.api.requests import Request, parse_request
+from daemon.api.server import ControlServer
 
 LIVE_REPLY: dict[str, Any] = {
     "mode": "teleop",

@@ -54,7 +54,7 @@ EXPORTED_RE = re.compile(r"Exported (\d+) \(out of (\d+)\)")
 
 
 def so101d(*args: str) -> list[str]:
-    return [sys.executable, "-m", "daemon.cli", *args]
+    return [sys.executable, "-m", "daemon.apps.cli", *args]
 
 
 def _toml_value(v: object) -> str:
@@ -76,7 +76,7 @@ def _toml_tables(data: dict, prefix: str = "") -> list[str]:
 def write_bench_config(path: Path, endpoint: str, dataset_root: Path, cameras: tuple[str, ...]) -> None:
     """The virtual bench's configuration with the simulated follower and its cameras (sim cameras
     take the simulator's size: no width/height written)."""
-    from daemon.config import config_from_dict
+    from daemon.config.settings import config_from_dict
 
     data = tomllib.loads((REPO / "daemon" / "configs" / "virtual_bench.toml").read_text())
     data["follower"] = {"kind": "sim", "id": "emulated_follower", "endpoint": endpoint, "stale_timeout_s": 0.1}
@@ -272,7 +272,7 @@ def main() -> int:
     results.append(
         ("sim fresh for the daemon", fresh > 0.9 and losses == 0, f"{fresh:.0%} of status reads, {losses} link losses")
     )
-    from daemon.dataset_schema import read_episode_tags
+    from daemon.data.schema import read_episode_tags
 
     ds = work / "datasets" / "leisaac-check"
     roots = [p.parent.parent for p in (work / "datasets").rglob("meta/info.json")]

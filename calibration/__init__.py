@@ -5,5 +5,5 @@
 
 This package imports nothing else of ours (``.ci/check_imports.py``). What drives servos lives
 above it: the calibration registers in ``drivers.calibration_io``, the procedure in
-``daemon.calibration_procedure`` and ``so101d calibrate`` in ``daemon.commands.calibrate``.
+``daemon.apps.calibration_procedure`` and ``so101d calibrate`` in ``daemon.apps.commands.calibrate``.
 """

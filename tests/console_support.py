@@ -18,8 +18,8 @@ from typing import Any
 
 from support import free_port, wait_status
 
-from daemon.commands.demo import prepare_bench
-from daemon.control_client import ControlClient
+from daemon.api.client import ControlClient
+from daemon.apps.commands.demo import prepare_bench
 from drivers.emulator.process import EmulatorProcess
 
 CHROMIUM = "/usr/bin/chromium"
@@ -64,7 +64,7 @@ class Bench:
         self.start_daemon()
         with open(self.dir / "console.log", "wb") as log:
             self.console = subprocess.Popen(
-                [sys.executable, "-m", "daemon.cli", "console", "--bind", f"127.0.0.1:{self.port}"]
+                [sys.executable, "-m", "daemon.apps.cli", "console", "--bind", f"127.0.0.1:{self.port}"]
                 + ["--socket", str(self.sock)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -76,7 +76,7 @@ class Bench:
     def start_daemon(self) -> None:
         with open(self.dir / "daemon.log", "ab") as log:
             self.daemon = subprocess.Popen(
-                [sys.executable, "-m", "daemon.cli", "run", "--config", str(self.dir / "so101d.toml")],
+                [sys.executable, "-m", "daemon.apps.cli", "run", "--config", str(self.dir / "so101d.toml")],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env,

@@ -60,7 +60,7 @@ class Ep:
 
 
 def store_for(root: Path, cameras: list[tuple[str, int, int]] | None = None):
-    from daemon.recording.store import DatasetStore, StoreConfig
+    from daemon.data.store import DatasetStore, StoreConfig
 
     store = DatasetStore(StoreConfig(root=str(root), repo_id=f"local/{root.name}", fps=FPS, cameras=cameras or []))
     store.repair(wait_s=5.0)
@@ -68,9 +68,9 @@ def store_for(root: Path, cameras: list[tuple[str, int, int]] | None = None):
 
 
 def stage_episode(store, ep: Ep, phase: float = 0.0) -> Path:
-    """One episode in the writer's staged format (see daemon/recording/writer.py EpisodeBuffer.stage)."""
-    from daemon.recording.store import write_json_atomic
-    from daemon.recording.writer import CameraEncoder
+    """One episode in the writer's staged format (see daemon/data/writer.py EpisodeBuffer.stage)."""
+    from daemon.data.store import write_json_atomic
+    from daemon.data.writer import CameraEncoder
 
     uid = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
     stage = store.staging / f"ep-{uid}"
@@ -160,7 +160,7 @@ def info_json(root: Path) -> dict[str, Any]:
 def so101d_here(capsys, *args: str) -> tuple[int, str, str]:
     """The same `so101d` entry point, run in this process (LeRobot imported once per test run):
     (exit code, stdout, stderr)."""
-    from daemon.cli import main
+    from daemon.apps.cli import main
 
     capsys.readouterr()
     rc = main(list(args))

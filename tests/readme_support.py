@@ -2,7 +2,7 @@
 
 Used by test_readme.py (every name the README shows exists) and test_readme_walkthrough.py (the
 commands run as written). Nothing here knows which commands or keys *should* exist: that is
-asked of the real parser (daemon.cli.build_parser) and the real schema (daemon.config).
+asked of the real parser (daemon.apps.cli.build_parser) and the real schema (daemon.config.settings).
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ REPO_DIRS = ("daemon", "drivers", "calibration", "sim_bridge", "systemd", "bench
 
 
 def repo_paths(text: str | None = None) -> list[tuple[str, int]]:
-    """Repository paths the README names (`daemon/config.py`, `bench/bench_sim.py`, ...)."""
+    """Repository paths the README names (`daemon/config/settings.py`, `bench/bench_sim.py`, ...)."""
     text = readme_text() if text is None else text
     out: list[tuple[str, int]] = []
     pattern = re.compile(r"(?<![\w/.~-])((?:{})/[\w./-]*)".format("|".join(re.escape(d) for d in REPO_DIRS)))

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from recording_support import SyntheticLoop, record_frames
 
-from daemon.recording.recorder import Recorder, RecorderConfig
+from daemon.data.recorder import Recorder, RecorderConfig
 from drivers.cameras import CameraConfig, VirtualArmCamera
 
 

@@ -40,7 +40,7 @@ def running_daemon(run_dir: Path, extra_toml: str = "") -> Iterator[tuple[Path, 
         BusEmulator(run_dir / "follower", EmulatedArm("follower")),
     ):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)],
+            [sys.executable, "-m", "daemon.apps.cli", "run", "--config", str(cfg)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -66,7 +66,17 @@ class Console:
 def running_console(sock: Path, *extra: str, bind_host: str = "127.0.0.1") -> Iterator[Console]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "console", "--bind", f"{bind_host}:{port}", "--socket", str(sock), *extra],
+        [
+            sys.executable,
+            "-m",
+            "daemon.apps.cli",
+            "console",
+            "--bind",
+            f"{bind_host}:{port}",
+            "--socket",
+            str(sock),
+            *extra,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

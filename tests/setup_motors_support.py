@@ -18,7 +18,7 @@ from drivers.emulator.process import EmulatorProcess
 
 REPO = Path(__file__).resolve().parents[1]
 _CONSOLE = Path(sys.executable).with_name("so101d")
-SO101D = [str(_CONSOLE)] if _CONSOLE.exists() else [sys.executable, "-m", "daemon.cli"]
+SO101D = [str(_CONSOLE)] if _CONSOLE.exists() else [sys.executable, "-m", "daemon.apps.cli"]
 PROMPT = re.compile(r"Connect ONLY the (\w+) servo \(it becomes id (\d)\)")
 CHAIN_PROMPT = re.compile(r"Now connect all six \w+ servos in one daisy chain, .* then press ENTER")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from daemon.control_client import ControlClient, DaemonUnavailable
+from daemon.api.client import ControlClient, DaemonUnavailable
 from drivers.emulator import BusEmulator, EmulatedArm
 
 

@@ -28,7 +28,7 @@ from calibration.calibration_file import (
     load_calibration_file,
 )
 from calibration.conventions import GRIPPER_INDEX, JOINT_NAMES, ticks_to_units, unit_limits
-from daemon.calibration_procedure import CalibrationProcedureError, CalibrationSession
+from daemon.apps.calibration_procedure import CalibrationProcedureError, CalibrationSession
 from drivers.arm_interface import BusTimeoutError
 from drivers.calibration_io import CalibrationMismatchError, check_against_servos, verify_against_servos
 from drivers.emulator import BusEmulator, EmulatedArm
@@ -375,7 +375,7 @@ def _send(proc: subprocess.Popen, expect: str, reply: str = "\n", timeout_s: flo
 def _cli(*args: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "calibrate", *args],
+        [sys.executable, "-m", "daemon.apps.cli", "calibrate", *args],
         cwd=REPO,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -423,7 +423,7 @@ def test_cli_calibrates_then_verifies(leader: Bench) -> None:
         [
             sys.executable,
             "-m",
-            "daemon.cli",
+            "daemon.apps.cli",
             "calibrate",
             "leader",
             "--verify",
@@ -447,7 +447,7 @@ def test_cli_calibrates_then_verifies(leader: Bench) -> None:
         [
             sys.executable,
             "-m",
-            "daemon.cli",
+            "daemon.apps.cli",
             "calibrate",
             "leader",
             "--verify",
@@ -486,7 +486,7 @@ def test_cli_reports_a_missing_port(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "daemon.cli",
+            "daemon.apps.cli",
             "calibrate",
             "follower",
             "--port",
@@ -508,7 +508,7 @@ def test_cli_rejects_a_bad_id(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "daemon.cli",
+            "daemon.apps.cli",
             "calibrate",
             "follower",
             "--port",
@@ -538,7 +538,7 @@ def test_json_written_is_lerobots_format(follower: Bench) -> None:
 
 def test_port_guess_prefers_the_udev_name_then_a_single_adapter(tmp_path: Path) -> None:
     from calibration.calibration_file import CalibrationError
-    from daemon.commands.calibrate import _guess_port
+    from daemon.apps.commands.calibrate import _guess_port
 
     dev = tmp_path / "dev"
     dev.mkdir()
@@ -556,7 +556,7 @@ def test_port_guess_prefers_the_udev_name_then_a_single_adapter(tmp_path: Path) 
 def test_live_table_redraws_in_place_on_a_terminal(follower: Bench) -> None:
     import io
 
-    from daemon.commands.calibrate import _LiveTable
+    from daemon.apps.commands.calibrate import _LiveTable
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

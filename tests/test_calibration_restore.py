@@ -24,7 +24,12 @@ import pytest
 
 from calibration.calibration_file import calibration_path, load_calibration_file, save_calibration_file
 from calibration.conventions import JOINT_IDS, JOINT_NAMES, unit_limits
-from daemon.calibration_procedure import CalibrationProcedureError, CalibrationRestoreError, CalibrationSession, Step
+from daemon.apps.calibration_procedure import (
+    CalibrationProcedureError,
+    CalibrationRestoreError,
+    CalibrationSession,
+    Step,
+)
 from drivers.calibration_io import verify_against_servos
 from drivers.emulator import BusEmulator, EmulatedArm
 from drivers.feetech_bus import FeetechBus
@@ -211,7 +216,7 @@ def _cli(follower: CalibratedFollower, *extra: str) -> subprocess.Popen:
         [
             sys.executable,
             "-m",
-            "daemon.cli",
+            "daemon.apps.cli",
             "calibrate",
             "follower",
             "--port",
@@ -251,7 +256,7 @@ def _verify_cli(follower: CalibratedFollower) -> subprocess.CompletedProcess:
         [
             sys.executable,
             "-m",
-            "daemon.cli",
+            "daemon.apps.cli",
             "calibrate",
             "follower",
             "--verify",

@@ -31,11 +31,11 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
         shutil.copytree(REPO / layer, tree / layer, ignore=shutil.ignore_patterns("__pycache__"))
     bad = tree / "calibration" / "conventions.py"
     bad.write_text(
-        bad.read_text() + "\n\ndef _late() -> None:\n    from daemon.config import load_config  # noqa: F401\n"
+        bad.read_text() + "\n\ndef _late() -> None:\n    from daemon.config.settings import load_config  # noqa: F401\n"
     )
     out = subprocess.run([sys.executable, str(tree / ".ci" / "check_imports.py")], capture_output=True, text=True)
     assert out.returncode == 1
-    assert "calibration/conventions.py" in out.stdout and "imports daemon.config (upward" in out.stdout
+    assert "calibration/conventions.py" in out.stdout and "imports daemon.config.settings (upward" in out.stdout
 
 
 def test_ruff_finds_nothing_to_say() -> None:

@@ -19,7 +19,7 @@ from support import free_port
 
 def _start(tmp_path: Path, bind: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "console", "--bind", bind, "--socket", str(tmp_path / "none.sock")]
+        [sys.executable, "-m", "daemon.apps.cli", "console", "--bind", bind, "--socket", str(tmp_path / "none.sock")]
         + ["--state-dir", str(tmp_path / "state")],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -116,7 +116,7 @@ def test_a_page_from_another_site_cannot_open_the_websocket(tmp_path: Path) -> N
 )
 def test_a_bad_bind_address_is_refused_with_the_reason(tmp_path: Path, bind: str, why: str) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "console", "--bind", bind, "--socket", str(tmp_path / "x.sock")],
+        [sys.executable, "-m", "daemon.apps.cli", "console", "--bind", bind, "--socket", str(tmp_path / "x.sock")],
         capture_output=True,
         text=True,
         timeout=60,

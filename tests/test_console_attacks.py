@@ -31,7 +31,7 @@ from console_support import browser_missing, close_browser, open_browser
 from security_support import as_user, intruder, no_intruder_reason, running_console, running_daemon
 from support import free_port, wait_status
 
-from daemon.control_client import ControlClient
+from daemon.api.client import ControlClient
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +242,7 @@ def test_a_user_the_socket_admits_by_group_is_admitted_by_the_console(other_user
         os.chown(run, 0, gid)
         os.chmod(run, 0o750)
         sock = run / "control.sock"
-        from daemon.control_socket import ControlServer
+        from daemon.api.server import ControlServer
 
         srv = ControlServer(sock, mode=0o660)
         srv.start()
@@ -268,7 +268,7 @@ def test_a_token_file_others_can_read_is_refused_with_the_reason(tmp_path: Path)
     token_file.write_text("A" * 32 + "\n")
     os.chmod(token_file, 0o644)
     out = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "console", "--bind", f"0.0.0.0:{free_port()}"]
+        [sys.executable, "-m", "daemon.apps.cli", "console", "--bind", f"0.0.0.0:{free_port()}"]
         + ["--socket", str(tmp_path / "none.sock"), "--state-dir", str(state)],
         capture_output=True,
         text=True,

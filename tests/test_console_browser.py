@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from console_support import Bench, browser_missing, close_browser, console_errors, open_browser, wait_js
 
-from daemon.dataset_schema import read_episode_tags
+from daemon.data.schema import read_episode_tags
 
 pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
 
@@ -79,7 +79,7 @@ def _canvas_spread(page: Any, canvas_id: str) -> float:
 
 
 def _camera_frames(bench: Bench) -> dict[str, int]:
-    from daemon.control_client import ControlClient
+    from daemon.api.client import ControlClient
 
     with ControlClient(bench.sock) as c:
         return {x["name"]: int(x["stats"]["frames"]) for x in c.request("camera.list")["cameras"]}
@@ -256,7 +256,7 @@ def test_camera_preview_verb_on_the_control_socket(bench: Bench, page: Any) -> N
     """What the console asks the daemon for is the documented API: any client gets the same."""
     import base64
 
-    from daemon.control_client import ControlClient
+    from daemon.api.client import ControlClient
 
     with ControlClient(bench.sock) as c:
         cams = c.request("camera.list")["cameras"]
@@ -345,7 +345,7 @@ def test_a_recorder_that_fails_is_shown_not_hidden(bench: Bench, page: Any) -> N
     module: this daemon records no more."""
     import signal
 
-    from daemon.control_client import ControlClient
+    from daemon.api.client import ControlClient
 
     with ControlClient(bench.sock) as c:
         writer_pid = c.request("status")["recording"]["writer_pid"]

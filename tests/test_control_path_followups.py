@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from daemon.bounded_json import JsonRefused, loads_bounded
-from daemon.commands.status import one_line
-from daemon.console import access, page_verbs
-from daemon.control_client import ControlClient
-from daemon.control_requests import BadField, parse_request
-from daemon.control_socket import ControlServer
+from daemon.api.bounded_json import JsonRefused, loads_bounded
+from daemon.api.client import ControlClient
+from daemon.api.requests import BadField, parse_request
+from daemon.api.server import ControlServer
+from daemon.apps.commands.status import one_line
+from daemon.apps.console import access, page_verbs
 from daemon.policy.checkpoint import MAX_WALK_ENTRIES, CheckpointError, inspect_checkpoint
 
 # ------------------------------------------------------------------------------- who is the peer

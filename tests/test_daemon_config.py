@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.config import Config, ConfigError, config_from_dict, dump_toml, load_config
+from daemon.config.settings import Config, ConfigError, config_from_dict, dump_toml, load_config
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "daemon" / "configs" / "so101d.example.toml"
 

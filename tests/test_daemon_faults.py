@@ -1,10 +1,10 @@
-"""Fault classification (daemon/faults.py) with plain data: what a failed read or write, or a
+"""Fault classification (daemon/control/faults.py) with plain data: what a failed read or write, or a
 health reading, means for the operator standing next to the arm."""
 
 from __future__ import annotations
 
-from daemon.config import SafetyConfig
-from daemon.faults import (
+from daemon.config.settings import SafetyConfig
+from daemon.control.faults import (
     classify_read_failure,
     classify_write_failure,
     describe_faults,

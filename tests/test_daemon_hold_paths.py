@@ -16,7 +16,7 @@ from security_support import running_daemon
 from support import wait_status
 from test_daemon_socket_poison import POISON
 
-from daemon.control_client import ControlClient
+from daemon.api.client import ControlClient
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from daemon.logs import CurrentStderrHandler, setup_logging
+from daemon.system.logs import CurrentStderrHandler, setup_logging
 
 
 @pytest.fixture

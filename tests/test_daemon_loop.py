@@ -17,9 +17,9 @@ import pytest
 from support import still_arm_on_pty, wait_for
 
 from calibration.conventions import GRIPPER_INDEX
-from daemon.config import config_from_dict
-from daemon.control_client import ControlClient
-from daemon.service import Daemon
+from daemon.api.client import ControlClient
+from daemon.config.settings import config_from_dict
+from daemon.service.daemon import Daemon
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 

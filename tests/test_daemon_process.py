@@ -18,10 +18,10 @@ import pytest
 from support import wait_status  # also imported from here by other test files
 
 from calibration.calibration_file import save_calibration
-from daemon.control_client import ControlClient
+from daemon.api.client import ControlClient
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 
-SO101D = [sys.executable, "-m", "daemon.cli"]
+SO101D = [sys.executable, "-m", "daemon.apps.cli"]
 
 
 @pytest.fixture

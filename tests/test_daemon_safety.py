@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.config import SafetyConfig
-from daemon.safety import ControllerState, CycleInputs, SafetyParams, update
+from daemon.config.settings import SafetyConfig
+from daemon.control.safety import ControllerState, CycleInputs, SafetyParams, update
 
 PERIOD_S = 0.01
 LOWER = np.array([-110.0, -100.0, -95.0, -95.0, -160.0, 0.0])

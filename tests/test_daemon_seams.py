@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from support import still_arm_on_pty, wait_for
 
-from daemon.config import config_from_dict
-from daemon.context import DaemonContext
-from daemon.control_loop import ControlLoop
-from daemon.recording.attach import follower_dataset_kind
-from daemon.service import Daemon
+from daemon.config.settings import config_from_dict
+from daemon.control.loop import ControlLoop
+from daemon.service.attach_recording import follower_dataset_kind
+from daemon.service.context import DaemonContext
+from daemon.service.daemon import Daemon
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from support import poll_until, wait_for
 
-from daemon.control_client import CommandFailed, ControlClient, DaemonUnavailable
-from daemon.control_socket import ControlServer, RequestError, SocketInUseError
+from daemon.api.client import CommandFailed, ControlClient, DaemonUnavailable
+from daemon.api.server import ControlServer, RequestError, SocketInUseError
 
 
 @pytest.fixture
@@ -463,7 +463,7 @@ def test_client_retries_a_full_listen_backlog_then_gets_through(sock_dir):
 
 
 def test_cli_verb_retries_a_full_backlog(sock_dir, capsys):
-    from daemon.cli import main
+    from daemon.apps.cli import main
 
     stalled = _StalledListener(sock_dir / "c.sock")
     try:
@@ -488,7 +488,7 @@ def test_client_gives_up_on_a_backlog_that_stays_full(sock_dir):
 
 _LOW_FD_SERVER = """
 import resource, sys, time
-from daemon.control_socket import ControlServer
+from daemon.api.server import ControlServer
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 srv = ControlServer(sys.argv[1], max_connections=10_000)
 srv.start()

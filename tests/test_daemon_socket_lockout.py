@@ -23,8 +23,8 @@ from test_daemon_loop import make_bench  # noqa: F401  (fixture)
 from test_policy_daemon import bench as policy_bench  # noqa: F401  (fixture)
 from test_policy_daemon import ckpt  # noqa: F401  (fixture)
 
-from daemon.cli import main as so101d
-from daemon.control_client import ControlClient
+from daemon.api.client import ControlClient
+from daemon.apps.cli import main as so101d
 
 IDLE_CLIENTS = 300
 
@@ -128,7 +128,10 @@ def test_300_idle_connections_never_lock_the_operator_out(make_bench, capsys):
 
         # the operator's terminal: `so101d status` as its own process
         r = subprocess.run(
-            [sys.executable, "-m", "daemon.cli", "status", "--socket", path], capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "daemon.apps.cli", "status", "--socket", path],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert r.returncode == 0, r.stderr
         assert "idle" in r.stdout

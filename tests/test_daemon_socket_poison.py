@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from daemon.control_client import ControlClient
-from daemon.control_socket import ControlServer
+from daemon.api.client import ControlClient
+from daemon.api.server import ControlServer
 
 POISON = [
     b'{"cmd":{"a":1}}',

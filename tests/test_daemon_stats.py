@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from daemon.stats import LoopStats, RollingStats
+from daemon.control.timing_stats import LoopStats, RollingStats
 
 
 def test_percentiles_over_window_and_all_time_max():

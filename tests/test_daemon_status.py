@@ -17,13 +17,13 @@ import pytest
 from rich.console import Console
 from support import may_take_fifo, still_arm_on_pty, wait_for
 
-from daemon.commands.status import render
-from daemon.config import config_from_dict
-from daemon.service import Daemon
+from daemon.apps.commands.status import render
+from daemon.config.settings import config_from_dict
+from daemon.service.daemon import Daemon
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 
-SO101D = [sys.executable, "-m", "daemon.cli"]
+SO101D = [sys.executable, "-m", "daemon.apps.cli"]
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -139,7 +139,7 @@ def test_what_the_operator_must_act_on_is_shown_in_the_table_and_the_line() -> N
     """A dead writer lost an episode, a sim camera waits for its size, frames were refused, the
     adapters cannot reach the rate, a servo refused a timing register, an overload needs a power
     cycle: each shows in the live table and in the one-line form a pipe gets."""
-    from daemon.commands.status import one_line
+    from daemon.apps.commands.status import one_line
 
     st = dict(
         BASE,
@@ -171,7 +171,7 @@ def test_what_the_operator_must_act_on_is_shown_in_the_table_and_the_line() -> N
 
 
 def test_a_remote_policy_server_line_keeps_round_trip_network_and_server_time_apart() -> None:
-    from daemon.commands.status import one_line
+    from daemon.apps.commands.status import one_line
 
     srv = {
         "address": "127.0.0.1:8080",

@@ -10,7 +10,7 @@ import numpy as np
 from support import wait_for
 from test_daemon_loop import POSE_A, TOL_DEG, make_bench  # noqa: F401  (fixture)
 
-from daemon.control_client import ControlClient
+from daemon.api.client import ControlClient
 from drivers.emulator.realism import STRICT_SERVO, USB_CH343, USB_FTDI, BusRealism
 
 

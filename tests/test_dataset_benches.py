@@ -16,7 +16,7 @@ import pytest
 from dataset_support import so101d
 from recording_support import train_tiny_act
 
-from daemon.dataset_schema import read_episode_tags
+from daemon.data.schema import read_episode_tags
 
 pytest.importorskip("accelerate", reason="lerobot-train needs accelerate (lerobot[training])")
 
@@ -25,7 +25,7 @@ def _start_bench(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
     out = tmp_path / f"{name}.out"
     with open(out, "w") as fo, open(tmp_path / f"{name}.err", "w") as fe:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "daemon.cli", "demo", "--dir", str(tmp_path / name), "--record", "1"]
+            [sys.executable, "-m", "daemon.apps.cli", "demo", "--dir", str(tmp_path / name), "--record", "1"]
             + ["--episode-time", "2", "--socket", str(tmp_path / f"{name}.sock")],
             stdout=fo,
             stderr=fe,

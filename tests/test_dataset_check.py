@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from dataset_support import FPS, Ep, make_dataset, smooth_motion, so101d, so101d_here
 
-from daemon.datasets.check import Thresholds, check_dataset
+from daemon.data.check import Thresholds, check_dataset
 
 
 def _stalled_shoulder_pan(state: np.ndarray, action: np.ndarray):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from dataset_support import Ep, info_json, lerobot_edit_dataset, make_dataset, so101d, store_for
 
-from daemon.dataset_schema import EPISODE_TAGS_FILE, TAG_KEY, read_episode_tags, read_sidecar_tags
-from daemon.datasets.tags import tag_report
+from daemon.data.schema import EPISODE_TAGS_FILE, TAG_KEY, read_episode_tags, read_sidecar_tags
+from daemon.data.tags import tag_report
 
 CAMERA = [("front", 48, 64)]
 

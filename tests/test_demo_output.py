@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.recording.demo_session import episodes_on_disk
+from daemon.data.demo_session import episodes_on_disk
 
 pytestmark = pytest.mark.e2e  # `so101d demo` in a pipe and quiet
 
@@ -38,7 +38,7 @@ def _demo(tmp: Path, *extra: str) -> tuple[str, str, Path]:
             [
                 sys.executable,
                 "-m",
-                "daemon.cli",
+                "daemon.apps.cli",
                 "demo",
                 "--dir",
                 str(run_dir),

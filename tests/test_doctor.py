@@ -32,7 +32,7 @@ def _argv(ep: EmulatorProcess, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "daemon.cli",
+        "daemon.apps.cli",
         "doctor",
         "--leader",
         str(ep.leader_path),
@@ -204,7 +204,7 @@ def _follower_only(ep: EmulatorProcess, *extra: str) -> subprocess.CompletedProc
     argv = [
         sys.executable,
         "-m",
-        "daemon.cli",
+        "daemon.apps.cli",
         "doctor",
         "--only",
         "follower",

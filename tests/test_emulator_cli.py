@@ -106,7 +106,7 @@ def test_raw_socket_client_gets_json_errors_for_garbage(tmp_path: Path) -> None:
 def test_sigint_is_clean_too(tmp_path: Path) -> None:
     link = tmp_path / "leader"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "emulate", "--leader", str(link), "--no-wire-time"],
+        [sys.executable, "-m", "daemon.apps.cli", "emulate", "--leader", str(link), "--no-wire-time"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -138,7 +138,7 @@ def test_sigint_is_clean_too(tmp_path: Path) -> None:
 def test_bad_arguments_exit_2_with_a_reason(tmp_path: Path, args: list[str], message: str) -> None:
     args = [a.replace("X", str(tmp_path / "x")) for a in args]
     res = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "emulate", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "daemon.apps.cli", "emulate", *args], capture_output=True, text=True, timeout=60
     )
     assert res.returncode == 2
     assert message in res.stderr

@@ -28,7 +28,7 @@ def test_kill_9_of_the_demo_takes_its_emulator_and_helpers_with_it(tmp_path: Pat
             [
                 sys.executable,
                 "-m",
-                "daemon.cli",
+                "daemon.apps.cli",
                 "demo",
                 "--duration",
                 "600",

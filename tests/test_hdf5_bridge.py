@@ -21,9 +21,8 @@ import pytest
 from fixtures.isaaclab_recorder import leisaac_episode, mimic_ik_episode, record_session, write_isaaclab_file
 
 from calibration.conventions import sim_rad_to_units, units_to_sim_rad
-from daemon.cli import main as so101d
-from daemon.dataset_schema import read_episode_tags
-from daemon.datasets.isaaclab_hdf5 import (
+from daemon.apps.cli import main as so101d
+from daemon.data.isaaclab_hdf5 import (
     ExportRefused,
     HDF5FormatError,
     dataset_summary,
@@ -32,6 +31,7 @@ from daemon.datasets.isaaclab_hdf5 import (
     parse_episode_selection,
     resample_indices,
 )
+from daemon.data.schema import read_episode_tags
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 H, W = 32, 48
@@ -267,7 +267,7 @@ def test_export_refuses_real_and_mujoco_episodes_saying_why_and_what_to_do(tmp_p
 
     from recording_support import SyntheticLoop, record_frames
 
-    from daemon.recording.recorder import Recorder, RecorderConfig
+    from daemon.data.recorder import Recorder, RecorderConfig
 
     root = tmp_path / "ds"
     rec = Recorder(RecorderConfig(root=str(root), fps=30, follower_kind="emulated"), [])
@@ -429,7 +429,7 @@ def test_cli_import_info_and_clear_error(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_import_is_refused_while_another_process_owns_the_dataset(tmp_path: Path) -> None:
-    from daemon.recording.store import DatasetStore, StoreConfig
+    from daemon.data.store import DatasetStore, StoreConfig
 
     src = tmp_path / "demos.hdf5"
     write_leisaac_file(src, lengths=(21,), failed=(), cameras=())
@@ -454,7 +454,7 @@ def test_kill_9_mid_import_keeps_every_committed_episode(tmp_path: Path) -> None
     import sys
     import time
 
-    from daemon.datasets.isaaclab_hdf5 import COMMIT_BATCH
+    from daemon.data.isaaclab_hdf5 import COMMIT_BATCH
 
     demos = 2 * COMMIT_BATCH + 8
     src = tmp_path / "many.hdf5"
@@ -462,7 +462,7 @@ def test_kill_9_mid_import_keeps_every_committed_episode(tmp_path: Path) -> None
     root = tmp_path / "ds"
     tags = root / "meta" / "so101d_episodes.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "import-hdf5", str(src), "--dataset", str(root)],
+        [sys.executable, "-m", "daemon.apps.cli", "import-hdf5", str(src), "--dataset", str(root)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.commands.setup_motors import EXIT_STOPPED, SetupRun
+from daemon.apps.commands.setup_motors import EXIT_STOPPED, SetupRun
 from drivers import protocol as P
 from drivers.arm_interface import HandshakeError
 from drivers.emulator import reference_calibration
@@ -34,7 +34,7 @@ def _env() -> dict[str, str]:
 
 def _so101d(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "daemon.cli", *argv],
+        [sys.executable, "-m", "daemon.apps.cli", *argv],
         capture_output=True,
         text=True,
         timeout=120,

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from support import wait_for
 
-from daemon.config import config_from_dict
-from daemon.control_loop import ControlLoop
+from daemon.config.settings import config_from_dict
+from daemon.control.loop import ControlLoop
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 from drivers.emulator.process import EmulatorProcess
 from drivers.feetech_arm import FeetechFollower, FeetechLeader, FollowerBusConfig

@@ -25,7 +25,7 @@ out, mode = Path(sys.argv[1]), sys.argv[2]
 if mode == "baseline":
     logging.basicConfig(level=logging.INFO)
 else:
-    from daemon.logs import setup_logging
+    from daemon.system.logs import setup_logging
     setup_logging(mode, libav=True)
 import av
 import datasets
@@ -89,7 +89,7 @@ def test_our_packages_keep_their_info_lines_and_other_libraries_do_not(capsys, m
     for var in ("SO101D_LOG_LEVEL", "HF_DATASETS_DISABLE_PROGRESS_BARS"):  # set by setup_logging: restored after
         monkeypatch.delenv(var, raising=False)
 
-    from daemon.logs import setup_logging
+    from daemon.system.logs import setup_logging
 
     root = logging.getLogger()
     saved = root.handlers[:], root.level

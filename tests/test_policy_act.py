@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from daemon.dataset_schema import ACTION_KEY
+from daemon.data.schema import ACTION_KEY
 from daemon.policy.action_queue import QueueConfig
 from daemon.policy.checkpoint import (
     CheckpointError,

@@ -17,11 +17,11 @@ import pytest
 from support import wait_status
 
 from calibration.calibration_file import save_calibration
-from daemon.dataset_schema import read_episode_tags
+from daemon.data.schema import read_episode_tags
 from daemon.policy.tiny import tiny_act_checkpoint
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 
-SO101D = [sys.executable, "-m", "daemon.cli"]
+SO101D = [sys.executable, "-m", "daemon.apps.cli"]
 H, W = 48, 64
 
 
@@ -116,7 +116,7 @@ def test_policy_cli_against_so101d_run(ckpt: Path) -> None:
             assert rc == 0, proc.stderr.read()[-2000:]
         tags = read_episode_tags(root)
         assert len(tags) == 1 and tags[0].success is True and tags[0].frames > 20
-        from daemon.recording.recorder import Recorder
+        from daemon.data.recorder import Recorder
 
         if "origin" in inspect.signature(Recorder.start_episode).parameters:
             assert tags[0].origin == "policy"

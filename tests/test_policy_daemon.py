@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from support import still_arm_on_pty, wait_for
 
-from daemon.config import config_from_dict
-from daemon.control_client import ControlClient
-from daemon.policy.attach import attach_policy
+from daemon.api.client import ControlClient
+from daemon.config.settings import config_from_dict
 from daemon.policy.tiny import tiny_act_checkpoint
-from daemon.service import Daemon
+from daemon.service.attach_policy import attach_policy
+from daemon.service.daemon import Daemon
 from drivers.cameras import CameraConfig as CamCfg
 from drivers.cameras import VirtualArmCamera
 from drivers.emulator import reference_calibration
@@ -187,7 +187,7 @@ def test_takeover_hands_over_to_teleop_without_a_jump(bench, ckpt: Path) -> None
 
 
 def so101d(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "daemon.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "daemon.apps.cli", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_policy_verbs_say_what_the_arm_does(bench, ckpt: Path) -> None:
@@ -241,7 +241,7 @@ def test_a_sim_camera_without_a_size_is_checked_at_the_simulators_size() -> None
     against the size the simulator announced, not the 640x480 default; a size given is kept."""
     from types import SimpleNamespace
 
-    from daemon.policy.attach import PolicyController
+    from daemon.service.attach_policy import PolicyController
 
     cfg = config_from_dict({"cameras": {"front": {"kind": "sim"}, "wrist": {"kind": "sim", "width": 64, "height": 48}}})
     announced = SimpleNamespace(width=320, height=240)

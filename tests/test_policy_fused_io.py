@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from daemon.dataset_schema import IMAGE_KEY_PREFIX, STATE_KEY
+from daemon.data.schema import IMAGE_KEY_PREFIX, STATE_KEY
 from daemon.policy.checkpoint import ExpectedIO
 from daemon.policy.engine import PolicyEngine
 from daemon.policy.fused_io import fuse

@@ -23,13 +23,13 @@ import numpy as np
 import pytest
 from support import still_arm_on_pty, wait_for
 
-from daemon.config import config_from_dict
-from daemon.control_client import ControlClient
-from daemon.policy.attach import attach_policy
+from daemon.api.client import ControlClient
+from daemon.config.settings import config_from_dict
 from daemon.policy.engine import FORWARD_DELAY_ENV
 from daemon.policy.runner import STAGE_KEYS
 from daemon.policy.tiny import tiny_act_checkpoint
-from daemon.service import Daemon
+from daemon.service.attach_policy import attach_policy
+from daemon.service.daemon import Daemon
 from drivers.cameras import CameraConfig as CamCfg
 from drivers.cameras import VirtualArmCamera
 from drivers.emulator import reference_calibration
@@ -177,14 +177,14 @@ def test_policy_slower_than_its_usable_horizon_is_explained_and_holds(ckpt: Path
                 wait_for(lambda: c.request("policy.status")["results"] >= 2, 30, "two (too late) chunks")
                 st = c.request("status")
             r = subprocess.run(
-                [sys.executable, "-m", "daemon.cli", "policy", "status", "--socket", sock],
+                [sys.executable, "-m", "daemon.apps.cli", "policy", "status", "--socket", sock],
                 capture_output=True,
                 text=True,
                 timeout=60,
             )
             wide = dict(os.environ, COLUMNS="200")  # the status table's width, not a terminal's
             r_all = subprocess.run(
-                [sys.executable, "-m", "daemon.cli", "status", "--socket", sock],
+                [sys.executable, "-m", "daemon.apps.cli", "status", "--socket", sock],
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -214,7 +214,18 @@ def test_policy_check_warns_about_a_configuration_that_cannot_keep_up(ckpt: Path
     def check(delay_s: str) -> subprocess.CompletedProcess:
         env = dict(os.environ, HF_HUB_OFFLINE="1", **{FORWARD_DELAY_ENV: delay_s})
         return subprocess.run(
-            [sys.executable, "-m", "daemon.cli", "policy", "check", str(ckpt), "--config", str(cfg), "--repeats", "2"],
+            [
+                sys.executable,
+                "-m",
+                "daemon.apps.cli",
+                "policy",
+                "check",
+                str(ckpt),
+                "--config",
+                str(cfg),
+                "--repeats",
+                "2",
+            ],
             capture_output=True,
             text=True,
             timeout=120,

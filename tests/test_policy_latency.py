@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from daemon.commands.policy import format_status
+from daemon.apps.commands.policy import format_status
 from daemon.policy.action_queue import QueueConfig
 from daemon.policy.runner import OVERHEAD_STAGES, STAGE_KEYS, PolicyRunnerConfig, PolicySource
 from daemon.policy.tiny import synthetic_frame, synthetic_pose, tiny_act_checkpoint

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from security_support import intruder, no_intruder_reason, running_daemon
 
-from daemon.control_client import ControlClient
+from daemon.api.client import ControlClient
 from daemon.policy.checkpoint import MAX_WALK_ENTRIES
 
 

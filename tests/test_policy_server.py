@@ -24,13 +24,13 @@ import numpy as np
 import pytest
 from support import still_arm_on_pty, wait_for
 
-from daemon.commands.policy import format_status
-from daemon.config import config_from_dict
-from daemon.control_client import ControlClient
-from daemon.policy.attach import attach_policy
+from daemon.api.client import ControlClient
+from daemon.apps.commands.policy import format_status
+from daemon.config.settings import config_from_dict
 from daemon.policy.safe_unpickle import UnsafePickleError, loads_actions
 from daemon.policy.tiny import tiny_act_checkpoint
-from daemon.service import Daemon
+from daemon.service.attach_policy import attach_policy
+from daemon.service.daemon import Daemon
 from drivers.cameras import CameraConfig as CamCfg
 from drivers.cameras import VirtualArmCamera
 from drivers.emulator import reference_calibration
@@ -164,7 +164,7 @@ def make_bench(
     cam.start()
     recorder = None
     if record:
-        from daemon.recording.attach import attach_recorder
+        from daemon.service.attach_recording import attach_recorder
 
         recorder = attach_recorder(daemon, cameras=[cam])
         daemon.recorder = recorder  # the daemon's start() then uses this one (our virtual camera)
@@ -280,7 +280,7 @@ def test_follower_moves_under_the_remote_policy_and_the_episode_is_tagged(ckpt: 
                 saved = c.request("policy.stop")
                 assert saved["episode"] is not None, saved
                 assert daemon.recorder_for_test.wait_saved(120), daemon.recorder_for_test.status()
-            from daemon.dataset_schema import read_episode_tags
+            from daemon.data.schema import read_episode_tags
 
             tags = read_episode_tags(root / "datasets" / "eval" / "remote")
             assert len(tags) == 1 and tags[0].origin == "policy", tags
@@ -435,7 +435,7 @@ def test_malicious_server_reply_runs_nothing_and_the_daemon_holds(ckpt: Path) ->
 
 def _policy_check(capsys, *args: str) -> tuple[int, str, str]:
     """`so101d policy check ...` as the operator types it (the CLI's own main, in this process)."""
-    from daemon.cli import main
+    from daemon.apps.cli import main
 
     capsys.readouterr()
     rc = main(["policy", "check", *args])

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for
 
-from daemon.config import config_from_dict
-from daemon.policy.attach import attach_policy
+from daemon.config.settings import config_from_dict
 from daemon.policy.tiny import tiny_act_checkpoint
-from daemon.service import Daemon
+from daemon.service.attach_policy import attach_policy
+from daemon.service.daemon import Daemon
 from drivers.cameras import CameraConfig as CamCfg
 from drivers.cameras import VirtualArmCamera
 from drivers.emulator import reference_calibration

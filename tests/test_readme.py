@@ -2,7 +2,7 @@
 
 A new user copies commands, keys and imports from the README. Each one is checked against the
 real thing, never against a list kept here: `so101d ...` commands are parsed by the real parser
-(daemon.cli.build_parser), config keys are looked up in daemon.config's dataclasses and in the
+(daemon.apps.cli.build_parser), config keys are looked up in daemon.config.settings's dataclasses and in the
 shipped example configuration, Python imports are imported, repository paths are stat'ed.
 The last tests feed the checks the drifted lines issue #18 found, so they are known to catch them.
 """
@@ -34,8 +34,8 @@ from readme_support import (
     snippets,
 )
 
-import daemon.config as config_module
-from daemon.cli import build_parser
+import daemon.config.settings as config_module
+from daemon.apps.cli import build_parser
 
 EXAMPLE_TOML = REPO / "daemon/configs/so101d.example.toml"
 
@@ -44,7 +44,7 @@ EXAMPLE_TOML = REPO / "daemon/configs/so101d.example.toml"
 # the real schema and parser
 # ---------------------------------------------------------------------------------------------
 def _schema() -> dict[str, set[str]]:
-    """Section -> keys, from daemon.config.Config's dataclasses ("cameras.*" for a camera table)."""
+    """Section -> keys, from daemon.config.settings.Config's dataclasses ("cameras.*" for a camera table)."""
     hints = typing.get_type_hints(config_module.Config)
     out: dict[str, set[str]] = {}
     for name, tp in hints.items():
@@ -79,9 +79,9 @@ def _key_problems(keys: list[ConfigKey]) -> list[str]:
                 problems.append(f"{where}: '{k.key}' is not a configuration key in any section")
             continue
         if section not in schema:
-            problems.append(f"{where}: no section [{k.section}] in daemon/config.py")
+            problems.append(f"{where}: no section [{k.section}] in daemon/config/settings.py")
         elif k.key not in schema[section]:
-            problems.append(f"{where}: [{k.section}] has no key '{k.key}' in daemon/config.py")
+            problems.append(f"{where}: [{k.section}] has no key '{k.key}' in daemon/config/settings.py")
         elif k.key not in example.get(section, set()):
             problems.append(f"{where}: [{k.section}] {k.key} is missing from {EXAMPLE_TOML.relative_to(REPO)}")
     return problems
@@ -143,7 +143,7 @@ def test_every_so101d_command_and_flag_in_the_readme_parses() -> None:
 
 
 def test_every_subcommand_of_the_cli_is_in_the_readme() -> None:
-    from daemon.cli import COMMANDS
+    from daemon.apps.cli import COMMANDS
 
     shown = {c.variants[0][0] for c in commands() if c.variants and c.variants[0]}
     assert sorted(set(COMMANDS) - shown) == []
@@ -281,7 +281,7 @@ def test_the_realtime_priority_the_readme_suggests_is_what_the_drop_in_allows() 
 
 
 def test_the_calibration_steps_are_the_prompts_the_cli_shows() -> None:
-    cli = (REPO / "daemon/commands/calibrate.py").read_text()
+    cli = (REPO / "daemon/apps/commands/calibrate.py").read_text()
     prompts = re.findall(r'"(\d)/(\d) ', cli)
     total = int(prompts[0][1])
     assert [int(p[0]) for p in prompts] == list(range(1, total + 1))

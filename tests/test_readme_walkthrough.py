@@ -43,7 +43,7 @@ from drivers.emulator.process import ControlClient
 pytestmark = pytest.mark.e2e
 
 _CONSOLE = Path(sys.executable).with_name("so101d")
-SO101D = [str(_CONSOLE)] if _CONSOLE.exists() else [sys.executable, "-m", "daemon.cli"]
+SO101D = [str(_CONSOLE)] if _CONSOLE.exists() else [sys.executable, "-m", "daemon.apps.cli"]
 MIDDLE = [0.0, 0.0, 0.0, 0.0, 0.0, 50.0]  # LeRobot units: every joint mid-range
 
 
@@ -58,7 +58,7 @@ class Machine:
 
     @property
     def socket(self) -> Path:
-        """The default control socket (daemon.config.default_socket_path under $RUNTIME_DIRECTORY)."""
+        """The default control socket (daemon.config.settings.default_socket_path under $RUNTIME_DIRECTORY)."""
         return Path(self.env["RUNTIME_DIRECTORY"]) / "control.sock"
 
     def expand(self, arg: str) -> str:

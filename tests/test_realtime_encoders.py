@@ -27,8 +27,8 @@ import pytest
 from recording_support import SyntheticLoop, record_frames
 from support import may_take_fifo
 
-from daemon.realtime import current_policy, give_up_realtime_right, run_without_realtime
-from daemon.recording.recorder import Recorder, RecorderConfig
+from daemon.data.recorder import Recorder, RecorderConfig
+from daemon.system.realtime import current_policy, give_up_realtime_right, run_without_realtime
 from drivers.cameras import CameraConfig, VirtualArmCamera
 
 REPO = Path(__file__).resolve().parents[1]

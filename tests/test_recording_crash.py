@@ -18,9 +18,9 @@ from pathlib import Path
 
 from recording_support import SyntheticLoop, load_dataset, record_frames, wait_until
 
-from daemon.dataset_schema import read_episode_tags
-from daemon.recording.recorder import Recorder, RecorderConfig
-from daemon.recording.store import staging_dir
+from daemon.data.recorder import Recorder, RecorderConfig
+from daemon.data.schema import read_episode_tags
+from daemon.data.store import staging_dir
 from drivers.cameras import CameraConfig, VirtualArmCamera
 
 CHILD = Path(__file__).resolve().parent / "recording_crash_child.py"
@@ -150,7 +150,7 @@ def test_kill_9_writer_mid_rollover_keeps_every_committed_episode(tmp_path):
     earlier episode still decodes."""
     from test_recording_scale import stage_episode
 
-    from daemon.recording.store import DatasetStore, StoreConfig
+    from daemon.data.store import DatasetStore, StoreConfig
 
     root = tmp_path / "ds"
     store = DatasetStore(

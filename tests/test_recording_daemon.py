@@ -18,10 +18,10 @@ from recording_support import load_dataset
 from test_daemon_process import wait_status
 
 from calibration.calibration_file import save_calibration
-from daemon.dataset_schema import read_episode_tags
+from daemon.data.schema import read_episode_tags
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 
-SO101D = [sys.executable, "-m", "daemon.cli"]
+SO101D = [sys.executable, "-m", "daemon.apps.cli"]
 
 
 pytestmark = pytest.mark.e2e  # `so101d run` with recording, driven by the episode/record CLIs

@@ -17,9 +17,9 @@ import pytest
 from recording_support import SyntheticLoop, load_dataset, record_frames, wait_until
 
 from calibration.conventions import FEATURE_NAMES
-from daemon.dataset_schema import EPISODE_TAGS_FILE, read_episode_tags
-from daemon.recording.recorder import Recorder, RecorderConfig, RecordingError
-from daemon.recording.store import DatasetMismatchError, staging_dir
+from daemon.data.recorder import Recorder, RecorderConfig, RecordingError
+from daemon.data.schema import EPISODE_TAGS_FILE, read_episode_tags
+from daemon.data.store import DatasetMismatchError, staging_dir
 from drivers.cameras import CameraConfig, VirtualArmCamera
 
 W, H, FPS = 320, 240, 30

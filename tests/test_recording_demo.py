@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 from recording_support import load_dataset
 
-from daemon.config import config_from_dict
-from daemon.recording.demo_session import record_demo_episodes
-from daemon.service import Daemon
+from daemon.config.settings import config_from_dict
+from daemon.data.demo_session import record_demo_episodes
+from daemon.service.daemon import Daemon
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 from drivers.emulator.motion import DemoMotion
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
@@ -80,7 +80,7 @@ def test_so101d_demo_records_episodes_and_prints_a_load_command_that_works(tmp_p
             [
                 sys.executable,
                 "-m",
-                "daemon.cli",
+                "daemon.apps.cli",
                 "demo",
                 "--dir",
                 str(run_dir),

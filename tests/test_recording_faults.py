@@ -20,9 +20,9 @@ import pytest
 from recording_support import SyntheticLoop, load_dataset, record_frames, wait_until
 from test_recording_crash import cams, restart_and_append
 
-from daemon.dataset_schema import read_episode_tags
-from daemon.recording.recorder import Recorder, RecorderConfig, RecordingError
-from daemon.recording.store import staging_dir
+from daemon.data.recorder import Recorder, RecorderConfig, RecordingError
+from daemon.data.schema import read_episode_tags
+from daemon.data.store import staging_dir
 from drivers.cameras import CameraConfig, VirtualArmCamera
 
 

@@ -37,18 +37,18 @@ from recording_support import SyntheticLoop, load_dataset, wait_until
 from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for
 
 from calibration.calibration_file import save_calibration
-from daemon.commands.episode import format_status
-from daemon.config import config_from_dict
-from daemon.control_client import ControlClient
-from daemon.dataset_schema import read_episode_tags
-from daemon.recording.recorder import Recorder, RecorderConfig, RecordingError, frame_refusal
-from daemon.service import EXIT_DATA_LOST, RECORDING_DISABLED, Daemon
+from daemon.api.client import ControlClient
+from daemon.apps.commands.episode import format_status
+from daemon.config.settings import config_from_dict
+from daemon.data.recorder import Recorder, RecorderConfig, RecordingError, frame_refusal
+from daemon.data.schema import read_episode_tags
+from daemon.service.daemon import EXIT_DATA_LOST, RECORDING_DISABLED, Daemon
 from drivers.cameras import CameraConfig, VirtualArmCamera
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 from drivers.sim_follower import SimFollower
 
-SO101D = [sys.executable, "-m", "daemon.cli"]
+SO101D = [sys.executable, "-m", "daemon.apps.cli"]
 POSE = np.array([10.0, -50.0, 55.0, 30.0, 0.0, 40.0])
 
 

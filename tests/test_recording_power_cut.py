@@ -18,10 +18,10 @@ from pathlib import Path
 from recording_support import SyntheticLoop, load_dataset, record_frames, wait_until
 from test_recording_crash import pid_alive
 
-from daemon.commands.episode import format_status
-from daemon.dataset_schema import read_episode_tags
-from daemon.recording.recorder import Recorder, RecorderConfig
-from daemon.recording.store import staging_dir
+from daemon.apps.commands.episode import format_status
+from daemon.data.recorder import Recorder, RecorderConfig
+from daemon.data.schema import read_episode_tags
+from daemon.data.store import staging_dir
 from drivers.cameras import CameraConfig, VirtualArmCamera
 
 CHILD = Path(__file__).resolve().parent / "recording_crash_child.py"
@@ -147,7 +147,7 @@ def test_the_episode_in_progress_at_a_crash_is_named_after_the_restart(tmp_path)
 
 
 def test_the_cli_says_saving_until_an_answer_is_durable():
-    from daemon.commands.episode import describe
+    from daemon.apps.commands.episode import describe
 
     reply = {"episode": 3, "frames": 75, "success": True, "queued": True, "handed_to_writer": True}
     assert describe("save", dict(reply, durable=False)).startswith("episode 3 saving… (75 frames, success; not on")
@@ -172,7 +172,7 @@ def _hand_staged(staging: Path, name: str, number: int, task: str) -> Path:
 def test_repair_sets_aside_a_damaged_or_missing_episode_json_and_never_deletes_a_staged_one(tmp_path):
     """episode.json cut to one byte must not stop every restart; one that went missing after the
     episode was staged (answered durable) must be kept, not deleted as 'never on the disk'."""
-    from daemon.recording.store import STAGED_FILE, DatasetStore, StoreConfig
+    from daemon.data.store import STAGED_FILE, DatasetStore, StoreConfig
 
     root = tmp_path / "ds"
     staging = staging_dir(root)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from daemon.recording.ring import KIND_FRAME, Ring
+from daemon.data.ring import KIND_FRAME, Ring
 
 
 def rss_shmem_kb() -> int:
@@ -48,14 +48,14 @@ def test_a_killed_process_groups_ring_segments_are_swept_at_the_next_start(tmp_p
     import subprocess
     import sys
 
-    from daemon.recording.shm_names import SHM_DIR, segment_name
+    from daemon.data.shm_names import SHM_DIR, segment_name
 
     repo = Path(__file__).resolve().parents[1]
     child = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys, time; from daemon.recording.ring import Ring; r = Ring.create([('front', 48, 64)], 64, 2);"
+            "import sys, time; from daemon.data.ring import Ring; r = Ring.create([('front', 48, 64)], 64, 2);"
             "print(r.spec.records_name, r.spec.pixels_name, r.spec.counters_name, flush=True); time.sleep(600)",
         ],
         stdout=subprocess.PIPE,

@@ -22,8 +22,8 @@ import av
 import numpy as np
 import pytest
 
-from daemon.recording.store import DatasetStore, StoreConfig, write_json_atomic
-from daemon.recording.writer import CameraEncoder
+from daemon.data.store import DatasetStore, StoreConfig, write_json_atomic
+from daemon.data.writer import CameraEncoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 av.logging.set_level(av.logging.ERROR)  # no libx264 summary per staged episode
@@ -271,7 +271,7 @@ def lerobot_sessions(root: Path, episodes: int, frames: int) -> None:
     from lerobot.configs.video import RGBEncoderConfig
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    from daemon.dataset_schema import TAG_KEY, EpisodeTag, dataset_features, tag_to_cell
+    from daemon.data.schema import TAG_KEY, EpisodeTag, dataset_features, tag_to_cell
 
     enc = RGBEncoderConfig(vcodec="h264", preset="ultrafast", crf=23, g=2)
     for e in range(episodes):
@@ -306,7 +306,7 @@ def lerobot_sessions(root: Path, episodes: int, frames: int) -> None:
 def run_pack(root: Path) -> subprocess.CompletedProcess[str]:
     """`so101d dataset pack ROOT` as the operator runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "dataset", "pack", str(root)],
+        [sys.executable, "-m", "daemon.apps.cli", "dataset", "pack", str(root)],
         capture_output=True,
         text=True,
         env=dict(os.environ, HF_HUB_OFFLINE="1"),
@@ -409,7 +409,7 @@ def test_a_failed_append_leaves_every_shared_file_as_it_was(tmp_path):
 def test_pack_finishes_a_swap_cut_short_by_a_crash(tmp_path):
     """Power cut between pack's two renames: the dataset folder is gone, the packed copy and the
     old one are beside it. The next `so101d dataset pack` puts the packed copy in place first."""
-    from daemon.recording.repack import pack_dirs
+    from daemon.data.repack import pack_dirs
 
     root = tmp_path / "ds"
     store = make_store(root)

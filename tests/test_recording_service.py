@@ -16,8 +16,8 @@ import pytest
 from recording_support import load_dataset
 from test_service_daemon import _start_daemon, _stop, bench  # noqa: F401 - bench is a fixture
 
-from daemon.control_client import ControlClient
-from daemon.dataset_schema import read_episode_tags
+from daemon.api.client import ControlClient
+from daemon.data.schema import read_episode_tags
 
 pytestmark = pytest.mark.e2e  # the daemon as a service with a recorder
 

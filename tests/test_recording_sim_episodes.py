@@ -22,10 +22,10 @@ import pytest
 from recording_support import load_dataset, record_frames
 from support import wait_for
 
-from daemon.config import config_from_dict
-from daemon.control_client import ControlClient
-from daemon.dataset_schema import read_episode_tags
-from daemon.service import Daemon
+from daemon.api.client import ControlClient
+from daemon.config.settings import config_from_dict
+from daemon.data.schema import read_episode_tags
+from daemon.service.daemon import Daemon
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 from drivers.feetech_arm import FeetechLeader
 from sim_bridge.mujoco_follower import MujocoFollower, MujocoFollowerConfig

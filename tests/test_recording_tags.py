@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from recording_support import SyntheticLoop, load_dataset
 
-from daemon.dataset_schema import TAG_KEY, read_episode_tags
-from daemon.recording.recorder import Recorder, RecorderConfig, RecordingError, save_extras_bytes
-from daemon.recording.ring import TASK_BYTES
-from daemon.recording.writer import save_extras
+from daemon.data.recorder import Recorder, RecorderConfig, RecordingError, save_extras_bytes
+from daemon.data.ring import TASK_BYTES
+from daemon.data.schema import TAG_KEY, read_episode_tags
+from daemon.data.writer import save_extras
 
 
 class VerdictHook:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from recording_support import SyntheticLoop, record_frames, train_tiny_act
 
-from daemon.recording.recorder import Recorder, RecorderConfig
+from daemon.data.recorder import Recorder, RecorderConfig
 from drivers.cameras import CameraConfig, VirtualArmCamera
 
 pytest.importorskip("accelerate", reason="lerobot-train needs accelerate (lerobot[training])")

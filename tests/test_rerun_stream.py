@@ -23,10 +23,10 @@ from support import free_port, poll_until, wait_status
 from test_service_signals import REPO, alive
 
 from calibration.conventions import JOINT_NAMES
-from daemon.commands.demo import prepare_bench
-from daemon.config import ConfigError, config_from_dict, dump_toml
-from daemon.control_client import ControlClient
-from daemon.rerun_stream import JOINT_SERIES, MODE_ENTITY, camera_entity, joint_entity, viewer_reachable
+from daemon.api.client import ControlClient
+from daemon.apps.commands.demo import prepare_bench
+from daemon.apps.rerun_stream import JOINT_SERIES, MODE_ENTITY, camera_entity, joint_entity, viewer_reachable
+from daemon.config.settings import ConfigError, config_from_dict, dump_toml
 from drivers.emulator.process import EmulatorProcess
 
 RERUN_BIN = Path(rerun_cli.__file__).with_name("rerun")  # the binary itself: the `rerun` script only wraps it
@@ -43,7 +43,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _so101d(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "daemon.cli", *args], capture_output=True, text=True, timeout=120, env=env or _env()
+        [sys.executable, "-m", "daemon.apps.cli", *args], capture_output=True, text=True, timeout=120, env=env or _env()
     )
 
 
@@ -144,7 +144,7 @@ class Bench:
         (directory / "so101d.toml").write_text(dump_toml(config_from_dict(data)))
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "daemon.cli", "run", "--config", str(directory / "so101d.toml"), *run_args],
+                [sys.executable, "-m", "daemon.apps.cli", "run", "--config", str(directory / "so101d.toml"), *run_args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=_env(**env),
@@ -220,7 +220,7 @@ def test_so101d_rerun_by_hand_streams_joints_and_frames_and_follows_a_viewer_res
     try:
         bench.wait_teleop()
         streamer = subprocess.Popen(
-            [sys.executable, "-m", "daemon.cli", "rerun", "--connect", f"127.0.0.1:{port}"]
+            [sys.executable, "-m", "daemon.apps.cli", "rerun", "--connect", f"127.0.0.1:{port}"]
             + ["--socket", str(bench.sock)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -303,7 +303,7 @@ def test_kill_9_of_the_demo_takes_its_rerun_streamer_with_it(tmp_path: Path) -> 
     log = tmp_path / "demo.log"
     with open(log, "wb") as out:
         demo = subprocess.Popen(
-            [sys.executable, "-m", "daemon.cli", "demo", "--record", "0", "--duration", "600"]
+            [sys.executable, "-m", "daemon.apps.cli", "demo", "--record", "0", "--duration", "600"]
             + ["--dir", str(tmp_path / "run"), "--socket", str(sock), "--rerun", f"127.0.0.1:{free_port()}"],
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from support import still_arm_on_pty, wait_for
 
-from daemon.config import config_from_dict
-from daemon.control_loop import ControlLoop
+from daemon.config.settings import config_from_dict
+from daemon.control.loop import ControlLoop
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from calibration.calibration_file import save_calibration
-from daemon.config import config_from_dict
-from daemon.control_client import ControlClient
-from daemon.sd_notify import Notifier
-from daemon.service import Daemon
+from daemon.api.client import ControlClient
+from daemon.config.settings import config_from_dict
+from daemon.service.daemon import Daemon
+from daemon.system.sd_notify import Notifier
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.commands import find_ports
-from daemon.serial_ports import PortDiffError, PortInfo, missing_port, new_port, scan_ports, serial_is_unique
-from daemon.udev_rules import ArmMatch, RuleError, render_rules
+from daemon.apps.commands import find_ports
+from daemon.system.serial_ports import PortDiffError, PortInfo, missing_port, new_port, scan_ports, serial_is_unique
+from daemon.system.udev_rules import ArmMatch, RuleError, render_rules
 
 REPO = Path(__file__).resolve().parents[1]
 SO101D = str(Path(sys.executable).with_name("so101d"))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.commands.install_service import SERVICE_OVERRIDES, InstallError, set_toml_values, writable_paths_for
-from daemon.config import load_config
+from daemon.apps.commands.install_service import SERVICE_OVERRIDES, InstallError, set_toml_values, writable_paths_for
+from daemon.config.settings import load_config
 
 SO101D = str(Path(sys.executable).with_name("so101d"))
 EXPECTED = [

@@ -1,4 +1,4 @@
-"""SIGHUP reload planning (daemon/reload.py) and memory locking (daemon/realtime.py)."""
+"""SIGHUP reload planning (daemon/config/reload.py) and memory locking (daemon/system/realtime.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.config import CameraConfig, Config, ConfigError, dump_toml
-from daemon.reload import apply_live, flatten, plan_reload, reload_config
+from daemon.config.reload import apply_live, flatten, plan_reload, reload_config
+from daemon.config.settings import CameraConfig, Config, ConfigError, dump_toml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,7 +74,7 @@ _LOCK_SCRIPT = """
 import logging, resource, sys
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
 resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 * 1024, 64 * 1024))
-from daemon.realtime import lock_memory
+from daemon.system.realtime import lock_memory
 r = lock_memory()
 print("LOCKED" if r.locked else "UNLOCKED")
 """

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.sd_notify import Notifier, ServiceStatus, StatusReporter, WatchdogGate
+from daemon.system.sd_notify import Notifier, ServiceStatus, StatusReporter, WatchdogGate
 
 
 class FakeSystemd:

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from support import poll_until, wait_status
 
-from daemon.commands.demo import prepare_bench
-from daemon.control_client import ControlClient
-from daemon.recording.attach import dataset_root
-from daemon.recording.demo_session import episodes_on_disk
+from daemon.api.client import ControlClient
+from daemon.apps.commands.demo import prepare_bench
+from daemon.data.demo_session import episodes_on_disk
+from daemon.service.attach_recording import dataset_root
 from drivers.emulator.process import EmulatorProcess
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,12 +137,12 @@ def bench(tmp_path: Path):
 
 def _start_foreground_run(term: Terminal, run_dir: Path, sock: Path, err: Path, prefix: str = "") -> tuple[int, dict]:
     cmd = (
-        f"{prefix}{shlex.quote(sys.executable)} -m daemon.cli run --config {shlex.quote(str(run_dir / 'so101d.toml'))}"
+        f"{prefix}{shlex.quote(sys.executable)} -m daemon.apps.cli run --config {shlex.quote(str(run_dir / 'so101d.toml'))}"
         f" 2>{shlex.quote(str(err))}\n"
     )
     term.type(cmd)
     st = wait_status(sock, lambda s: (s.get("recording") or {}).get("phase") == "idle", timeout_s=180)
-    daemons = [p for p in children(term.shell_pid) if "daemon.cli run" in cmdline(p)]
+    daemons = [p for p in children(term.shell_pid) if "daemon.apps.cli run" in cmdline(p)]
     assert len(daemons) == 1, [cmdline(p) for p in children(term.shell_pid)]
     return daemons[0], st
 
@@ -282,7 +282,7 @@ def test_a_daemon_that_cannot_start_leaves_no_helper_or_shared_memory_behind(ben
     try:
         env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
         proc = subprocess.run(
-            [sys.executable, "-m", "daemon.cli", "run", "--config", str(run_dir / "so101d.toml")],
+            [sys.executable, "-m", "daemon.apps.cli", "run", "--config", str(run_dir / "so101d.toml")],
             env=env,
             capture_output=True,
             text=True,
@@ -303,11 +303,11 @@ def test_closing_the_terminal_of_a_live_demo_stops_it_and_its_emulator(tmp_path:
     term = Terminal(tmp_path)
     try:
         term.type(
-            f"{shlex.quote(sys.executable)} -m daemon.cli demo --dir {run_dir} --socket {sock} --record 3"
+            f"{shlex.quote(sys.executable)} -m daemon.apps.cli demo --dir {run_dir} --socket {sock} --record 3"
             f" --episode-time 3 2>{err}\n"
         )
         wait_status(sock, lambda s: (s.get("recording") or {}).get("phase") == "recording", timeout_s=180)
-        demos = [p for p in children(term.shell_pid) if "daemon.cli demo" in cmdline(p)]
+        demos = [p for p in children(term.shell_pid) if "daemon.apps.cli demo" in cmdline(p)]
         assert len(demos) == 1
         ours = descendants(demos[0])
         assert any("emulate" in cmdline(p) for p in ours) and any("resource_tracker" in cmdline(p) for p in ours)
@@ -336,7 +336,7 @@ def test_shared_memory_is_released_when_the_daemon_is_stopped_or_killed(bench, t
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     with open(tmp_path / "daemon.err", "w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "daemon.cli", "run", "--config", str(run_dir / "so101d.toml")],
+            [sys.executable, "-m", "daemon.apps.cli", "run", "--config", str(run_dir / "so101d.toml")],
             env=env,
             stderr=err,
             start_new_session=True,

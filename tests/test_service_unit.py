@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.commands.install_service import CONSOLE_TEMPLATE, InstallError, render_unit
+from daemon.apps.commands.install_service import CONSOLE_TEMPLATE, InstallError, render_unit
 
 REPO = Path(__file__).resolve().parents[1]
 SO101D = Path(sys.executable).with_name("so101d")

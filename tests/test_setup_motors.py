@@ -17,7 +17,7 @@ import pytest
 from setup_motors_support import SetupSession, plug_only, set_up_arm
 
 from calibration.conventions import JOINT_IDS, JOINT_NAMES
-from daemon.commands.setup_motors import SetupRun
+from daemon.apps.commands.setup_motors import SetupRun
 from drivers.emulator.process import EmulatorProcess
 from drivers.feetech_bus import FeetechBus
 from drivers.sts3215_table import CONTROL_TABLE, EEPROM_END

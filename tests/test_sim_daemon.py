@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for
 
-from daemon.config import config_from_dict
-from daemon.service import Daemon
+from daemon.config.settings import config_from_dict
+from daemon.service.daemon import Daemon
 from drivers.emulator import EmulatedArm, reference_calibration
 from drivers.feetech_arm import FeetechLeader
 from drivers.sim_follower import SimFollower
@@ -80,7 +80,7 @@ def test_daemon_teleoperates_the_mujoco_follower_and_survives_a_sim_restart(benc
 
 
 def test_make_follower_builds_a_sim_follower():
-    from daemon.service import make_follower
+    from daemon.service.daemon import make_follower
 
     cfg = config_from_dict({"follower": {"kind": "sim", "endpoint": "ipc:///tmp/x.sock", "stale_timeout_s": 0.15}})
     f = make_follower(cfg)

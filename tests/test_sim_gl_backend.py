@@ -23,7 +23,7 @@ def test_osmesa_backend_without_its_library_is_one_clear_error() -> None:
         [
             sys.executable,
             "-m",
-            "daemon.cli",
+            "daemon.apps.cli",
             "sim-follower",
             "--backend",
             "mujoco",

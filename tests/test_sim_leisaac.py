@@ -320,9 +320,9 @@ def test_daemon_with_sim_mapping_leisaac_drives_the_sim_as_leisaacs_leader_would
     tag notes name the mapping."""
     from support import still_arm_on_pty
 
-    from daemon.config import config_from_dict
-    from daemon.recording.sim_episodes import SimEpisodeHook
-    from daemon.service import Daemon, make_follower
+    from daemon.config.settings import config_from_dict
+    from daemon.data.sim_episodes import SimEpisodeHook
+    from daemon.service.daemon import Daemon, make_follower
     from drivers.emulator import reference_calibration
     from drivers.feetech_arm import FeetechLeader
 
@@ -364,7 +364,7 @@ def test_daemon_with_sim_mapping_leisaac_drives_the_sim_as_leisaacs_leader_would
         _, notes = SimEpisodeHook(daemon.follower).episode_ending(None, True)
         assert "sim_mapping: leisaac" in notes
         # LeIsaac's remote-leader stream (if also enabled) still carries the leader's own ticks
-        from daemon.service import RemoteLeaderHook
+        from daemon.service.daemon import RemoteLeaderHook
 
         sent = []
         pub = SimpleNamespace(publish_ticks=lambda ticks, cal: sent.append(np.asarray(ticks)))
@@ -392,7 +392,7 @@ def test_seed_demos_survive_strict_reset_to_replay_and_the_ik_step(tmp_path, env
     from fixtures.isaaclab_recorder import annotate_reads, eef_to_ik_reads, leisaac_converter_counts
     from fixtures.isaaclab_scene import StrictScene
 
-    from daemon.datasets.isaaclab_hdf5 import import_hdf5
+    from daemon.data.isaaclab_hdf5 import import_hdf5
     from sim_bridge.seed_recorder import SeedDemoRecorder
 
     path = tmp_path / "seeds.hdf5"
@@ -477,9 +477,9 @@ def test_readme_leisaac_commands_parse():
     import tomllib
     from pathlib import Path
 
-    from daemon.commands import export_hdf5 as export_cmd
-    from daemon.commands import import_hdf5 as import_cmd
-    from daemon.config import config_from_dict
+    from daemon.apps.commands import export_hdf5 as export_cmd
+    from daemon.apps.commands import import_hdf5 as import_cmd
+    from daemon.config.settings import config_from_dict
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     start = readme.index("### Running the LeIsaac follower on a GPU workstation")

@@ -214,7 +214,18 @@ def _free_tcp_port() -> int:
 def _spawn(bind: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "sim-follower", "--backend", "mujoco", "--bind", bind, "--cameras", ""],
+        [
+            sys.executable,
+            "-m",
+            "daemon.apps.cli",
+            "sim-follower",
+            "--backend",
+            "mujoco",
+            "--bind",
+            bind,
+            "--cameras",
+            "",
+        ],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -17,10 +17,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from recording_support import record_frames
 from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for
 
-from daemon.config import config_from_dict
-from daemon.dataset_schema import read_episode_tags
-from daemon.recording.attach import attach_recorder
-from daemon.service import Daemon
+from daemon.config.settings import config_from_dict
+from daemon.data.schema import read_episode_tags
+from daemon.service.attach_recording import attach_recorder
+from daemon.service.daemon import Daemon
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechLeader
 from drivers.sim_follower import SimFollower

@@ -16,7 +16,7 @@ import zmq
 
 from calibration.calibration_file import ArmCalibration, MotorCalibration
 from calibration.conventions import JOINT_IDS, JOINT_NAMES
-from daemon.leisaac_remote_leader import LeisaacRemoteLeaderPublisher, encode_packet
+from daemon.service.leisaac_remote_leader import LeisaacRemoteLeaderPublisher, encode_packet
 
 MOTOR_NAMES = ["shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper"]
 

@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 from support import still_arm_on_pty, wait_for
 
-from daemon.config import config_from_dict
-from daemon.service import Daemon
+from daemon.config.settings import config_from_dict
+from daemon.service.daemon import Daemon
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 
 REPO = Path(__file__).resolve().parents[1]
-SO101D = f"{shlex.quote(sys.executable)} -m daemon.cli"
+SO101D = f"{shlex.quote(sys.executable)} -m daemon.apps.cli"
 
 
 @pytest.fixture

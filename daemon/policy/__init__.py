@@ -1,4 +1,4 @@
-"""Local low-latency inference: LeRobot policies served next to the servos (issue 6).
+"""LeRobot policies served next to the servos, locally or through LeRobot's policy server.
 
 checkpoint.py  safe offline loading (safetensors only) + input/output checks against the config
 engine.py      one observation -> one action chunk (the only torch code on the hot path)
@@ -6,10 +6,13 @@ worker.py      the policy process (spawned); obs_buffer.py the shared-memory obs
 action_queue.py time-stamped chunks: stale dropping, latest (cross-faded) / temporal-ensembling merge,
                usable horizon (what the refill rule compares with the measured latency)
 runner.py      PolicySource: the control loop's microsecond-cost ``target(now, state)``
-attach.py      policy.* socket verbs, mode policy, evaluation episodes, take-over wiring
 takeover.py    policy -> teleop without a jump (leader moved to the follower, then released)
 serve.py       ZeroMQ endpoint + PolicyClient for other local programs
 lerobot_server.py backend "lerobot-server": the worker speaks LeRobot's async-inference gRPC to its
                policy server (GPU host); safe_unpickle.py the only way its replies are decoded
 tiny.py        small real checkpoints built offline (tests, benchmarks)
+
+The socket verbs and episode wiring live in daemon/service/attach_policy.py.
+
+May import: calibration, drivers, daemon.system, daemon.config, daemon.control, daemon.data.
 """

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.conventions import NUM_JOINTS
-from daemon.dataset_schema import ACTION_KEY, IMAGE_KEY_PREFIX, STATE_KEY
+from daemon.data.schema import ACTION_KEY, IMAGE_KEY_PREFIX, STATE_KEY
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"

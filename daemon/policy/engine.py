@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from daemon.dataset_schema import IMAGE_KEY_PREFIX, STATE_KEY
+from daemon.data.schema import IMAGE_KEY_PREFIX, STATE_KEY
 from daemon.policy.checkpoint import CheckpointError, ExpectedIO, LoadedPolicy, load_policy
 from daemon.policy.fused_io import FusedIO, device_not_fusable, fuse
 

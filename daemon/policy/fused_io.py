@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from daemon.dataset_schema import IMAGE_KEY_PREFIX, STATE_KEY
+from daemon.data.schema import IMAGE_KEY_PREFIX, STATE_KEY
 
 # Accept the fused form when it matches the pipeline to float32 rounding of normalised values
 # (|y| up to ~10 for ImageNet-style statistics: 1e-4 is ~100 ulps, far below one pixel level).

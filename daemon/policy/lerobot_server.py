@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from calibration.conventions import JOINT_NAMES, NUM_JOINTS
-from daemon.config import parse_host_port
+from daemon.config.settings import parse_host_port
 from daemon.policy.checkpoint import CheckpointInfo
 from daemon.policy.engine import InferenceTimings
 from daemon.policy.safe_unpickle import UnsafePickleError, loads_actions

@@ -34,7 +34,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from daemon.dataset_schema import IMAGE_KEY_PREFIX, STATE_KEY
+from daemon.data.schema import IMAGE_KEY_PREFIX, STATE_KEY
 
 log = logging.getLogger("so101d.policy.serve")
 

@@ -1,6 +1,6 @@
 """Build small, real LeRobot checkpoints offline: for tests, benchmarks and `so101d policy selftest`.
 
-A synthetic LeRobotDataset in the daemon's schema (daemon/dataset_schema.py) is written with
+A synthetic LeRobotDataset in the daemon's schema (daemon/data/schema.py) is written with
 LeRobot's own API, a policy (ACT or Diffusion) is trained on it for a few steps with LeRobot's own
 processors, and saved exactly as LeRobot 0.6.1 saves checkpoints (``save_pretrained`` of the
 policy and of both processor pipelines). Nothing is downloaded: backbones start from random
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from calibration.conventions import GRIPPER_INDEX, NUM_JOINTS
-from daemon.dataset_schema import (
+from daemon.data.schema import (
     ACTION_KEY,
     DEFAULT_FPS,
     IMAGE_KEY_PREFIX,
@@ -33,7 +33,7 @@ from daemon.dataset_schema import (
     dataset_features,
     tag_to_cell,
 )
-from daemon.realtime import run_without_realtime
+from daemon.system.realtime import run_without_realtime
 
 
 def synthetic_pose(t_s: float, phase: float = 0.0) -> np.ndarray:

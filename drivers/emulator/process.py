@@ -377,7 +377,7 @@ class EmulatorProcess:
         self.leader_path = self.directory / "leader" if leader else None
         self.follower_path = self.directory / "follower" if follower else None
         self.control_path = self.directory / "emulator.sock"
-        self.args = [sys.executable, "-m", "daemon.cli", "emulate", "--control", str(self.control_path)]
+        self.args = [sys.executable, "-m", "daemon.apps.cli", "emulate", "--control", str(self.control_path)]
         if self.leader_path:
             self.args += ["--leader", str(self.leader_path), "--leader-motion", leader_motion]
         if self.follower_path:

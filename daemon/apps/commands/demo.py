@@ -1,0 +1,278 @@
+"""`so101d demo`: the daemon on the virtual bench (what `make run` starts).
+
+It is exactly `so101d run` on a bench configuration: the emulator runs as a subprocess
+(`so101d emulate`, its own process and GIL, wire time modelled) serving an emulated leader (moving
+through a pick-and-place demo) and follower on pseudo-terminals in a run directory; the emulated
+arms' reference calibrations are written to a bench calibration root there; the daemon runs on
+daemon/configs/virtual_bench.toml with those paths filled in, and live status is printed to the
+terminal until Ctrl-C (or ``--duration`` seconds).
+
+Meanwhile it records ``--record N`` short demo episodes (default 3; 0 = no recording) with two
+virtual cameras into a dataset that outlives the demo (~/so101d/demo-datasets, or <--dir>/datasets),
+then prints where it is and the exact command that loads it (again when the demo exits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from daemon.apps.commands.run import add_rerun_argument, rerun_argument_error
+
+log = logging.getLogger("so101d.demo")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (scripted use)")
+    parser.add_argument(
+        "--dir",
+        metavar="DIR",
+        help="run directory for ports, calibration and config (default: a temporary one, removed at exit)",
+    )
+    parser.add_argument(
+        "--config", metavar="FILE", help="bench configuration (default: daemon/configs/virtual_bench.toml)"
+    )
+    parser.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="control socket (default: the usual per-user path, so `so101d status` finds it)",
+    )
+    parser.add_argument("--no-wire-time", action="store_true", help="emulator answers at once (no modelled wire time)")
+    parser.add_argument(
+        "--quiet", action="store_true", help="errors and the final summary only (no status, no progress lines)"
+    )
+    parser.add_argument(
+        "--record",
+        type=int,
+        default=3,
+        metavar="N",
+        help="record N demo episodes, then say how to load them (default 3; 0 = no recording)",
+    )
+    parser.add_argument(
+        "--episode-time", type=float, default=5.0, metavar="S", help="length of a demo episode (default 5 s)"
+    )
+    add_rerun_argument(parser)
+
+
+def bench_config_data(base_file: str | None) -> dict[str, Any]:
+    if base_file:
+        return tomllib.loads(Path(base_file).read_text())
+    text = resources.files("daemon").joinpath("configs/virtual_bench.toml").read_text()
+    return tomllib.loads(text)
+
+
+def prepare_bench(
+    run_dir: Path,
+    base_file: str | None = None,
+    socket_path: str | None = None,
+    dataset_root: str | Path | None = None,
+    record: bool = True,
+) -> tuple[Any, dict[str, Any]]:
+    """Bench calibration root + configuration for arms linked at run_dir/leader and run_dir/follower.
+
+    ``dataset_root`` replaces [recording] dataset_root; ``record=False`` turns recording off."""
+    from calibration.calibration_file import save_calibration
+    from daemon.config.settings import config_from_dict, dump_toml
+    from drivers.emulator import reference_calibration
+
+    data = bench_config_data(base_file)
+    data.setdefault("leader", {})["port"] = str(run_dir / "leader")
+    data.setdefault("follower", {})["port"] = str(run_dir / "follower")
+    data.setdefault("calibration", {})["root"] = str(run_dir / "calibration")
+    if socket_path:
+        data.setdefault("socket", {})["path"] = socket_path
+    if dataset_root is not None:
+        data.setdefault("recording", {})["dataset_root"] = str(dataset_root)
+    if not record:
+        data.setdefault("recording", {})["enabled"] = False
+    cfg = config_from_dict(data)
+    root = Path(cfg.calibration.root)
+    save_calibration(reference_calibration("leader"), "leader", cfg.leader.id, root)
+    save_calibration(reference_calibration("follower"), "follower", cfg.follower.id, root)
+    (run_dir / "so101d.toml").write_text(dump_toml(cfg))
+    return cfg, data
+
+
+def run(args: argparse.Namespace) -> int:
+    from daemon.api.server import SocketInUseError
+    from daemon.config.settings import ConfigError
+    from daemon.service.daemon import Daemon, StartupError
+    from drivers.emulator.process import EmulatorProcess
+
+    if args.record < 0:
+        print(f"so101d demo: --record must be 0 or more, got {args.record}", file=sys.stderr)
+        return 2
+    if not args.episode_time > 0:
+        print(f"so101d demo: --episode-time must be positive, got {args.episode_time}", file=sys.stderr)
+        return 2
+    bad = rerun_argument_error(args)
+    if bad:
+        print(f"so101d demo: {bad}", file=sys.stderr)
+        return 2
+    if args.quiet:  # errors, warnings and the final summary only (the recording writer too)
+        from daemon.system.logs import set_log_level
+
+        set_log_level(logging.getLevelName(max(logging.getLogger().level, logging.WARNING)))
+    temp = args.dir is None
+    run_dir = Path(tempfile.mkdtemp(prefix="so101d-demo-")) if temp else Path(args.dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    emu = None
+    try:
+        try:
+            # the dataset must outlive the run dir when that is temporary: then the config's root
+            ds_root = run_dir / "datasets" if (not temp and not args.config) else None
+            cfg, _ = prepare_bench(run_dir, args.config, args.socket, dataset_root=ds_root, record=args.record > 0)
+        except (ConfigError, OSError, tomllib.TOMLDecodeError) as exc:
+            print(f"so101d demo: bad bench configuration: {exc}", file=sys.stderr)
+            return 2
+        emu = EmulatorProcess(run_dir, wire_time=not args.no_wire_time, leader_motion="demo")
+        emu.start()
+        log.info(
+            "virtual bench: emulator pid %s, ports %s and %s, config %s",
+            emu.pid,
+            cfg.leader.port,
+            cfg.follower.port,
+            run_dir / "so101d.toml",
+        )
+        try:
+            daemon = Daemon(cfg, rerun=args.rerun)
+        except StartupError as exc:
+            print(f"so101d demo: cannot start: {exc}", file=sys.stderr)
+            return 2
+        if not args.quiet:
+            print(
+                f"so101d demo: daemon on the virtual bench; control socket {daemon.socket_path}"
+                f" (try `so101d status --watch --socket {daemon.socket_path}`); Ctrl-C stops",
+                file=sys.stderr,
+            )
+        # at a terminal: the live table; into a pipe or file: one status line a second; quiet: neither
+        live = not args.quiet and sys.stdout.isatty()
+        demo = (
+            _DemoRecording(daemon, args.record, args.episode_time, live, args.quiet)
+            if cfg.recording.enabled and args.record > 0
+            else None
+        )
+        try:
+            if args.quiet:
+                return daemon.run_forever(duration_s=args.duration)
+            if not live:
+                from daemon.apps.commands.status import one_line
+
+                last = [0.0]
+
+                def tick() -> None:
+                    now = time.monotonic()
+                    if now - last[0] >= 1.0 and daemon.loop.cycles:
+                        last[0] = now
+                        _print_line(one_line(daemon.status()))
+
+                return daemon.run_forever(duration_s=args.duration, on_tick=tick)
+            return _run_live(daemon, args.duration)
+        except SocketInUseError as exc:
+            print(f"so101d demo: {exc} (stop it, or give --socket PATH)", file=sys.stderr)
+            return 2
+        except StartupError as exc:  # e.g. the demo dataset was recorded with other cameras
+            print(f"so101d demo: cannot start: {exc}", file=sys.stderr)
+            return 2
+        finally:
+            if demo is not None:
+                demo.stop()
+                if daemon.loop.cycles:
+                    demo.summary(cfg)
+    finally:
+        if emu is not None:
+            emu.stop()
+        if temp:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _print_line(text: str) -> None:
+    """A progress line on stdout; a closed terminal or reader (EIO, EPIPE) does not stop the demo."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        pass
+
+
+class _DemoRecording:
+    """``record_demo_episodes`` on a thread beside the live status; stopped (the episode in
+    progress discarded) before the recorder closes."""
+
+    def __init__(self, daemon: Any, episodes: int, episode_s: float, live: bool, quiet: bool = False) -> None:
+        from daemon.data.demo_session import record_demo_episodes
+
+        self._stop = threading.Event()
+        self.saved = 0
+        self.error = ""
+        # live: lines go through logging (printed above the status table); quiet: only the final
+        # summary (summary()) is printed; else plain stdout, one line per episode
+        say = log.info if live else (lambda text: None) if quiet else _print_line
+
+        def body() -> None:
+            try:
+                self.saved = record_demo_episodes(daemon, episodes, episode_s, say=say, stop=self._stop.is_set)
+            except Exception as exc:
+                self.error = str(exc)
+                log.error("demo recording failed: %s", exc)
+
+        self._thread = threading.Thread(target=body, name="demo-recording", daemon=True)
+        daemon.on_stop.insert(0, self.stop)  # before the recorder's close
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def summary(self, cfg: Any) -> None:
+        """Printed when the demo exits: the dataset is complete on disk now."""
+        from daemon.data.demo_session import episodes_on_disk, how_to_load
+        from daemon.service.attach_recording import dataset_root
+
+        root = dataset_root(cfg.recording).resolve()
+        n = episodes_on_disk(root)
+        if n == 0:
+            print(f"so101d demo: no episodes recorded{': ' + self.error if self.error else ''}", flush=True)
+            return
+        print(f"so101d demo: {n} episodes in the dataset", flush=True)
+        print(how_to_load(str(root), cfg.recording.repo_id), flush=True)
+
+
+def _run_live(daemon: Any, duration: float | None) -> int:
+    """Live status table in place; log lines printed above it (rich), no flicker."""
+    from rich.live import Live
+    from rich.logging import RichHandler
+
+    from daemon.apps.commands.status import render
+
+    root = logging.getLogger()
+    old_handlers = root.handlers[:]
+    with Live(refresh_per_second=4, auto_refresh=False, transient=False) as live:
+        from daemon.system.logs import ThirdPartyBelowInfo
+
+        handler = RichHandler(console=live.console, show_path=False, show_time=True)
+        handler.addFilter(ThirdPartyBelowInfo())
+        root.handlers[:] = [handler]
+        last = [0.0]
+
+        def tick() -> None:
+            now = time.monotonic()
+            if now - last[0] >= 0.25:
+                last[0] = now
+                try:
+                    live.update(render(daemon.status()), refresh=True)
+                except OSError:  # EIO: the terminal closed; its SIGHUP is on the way (daemon/system/terminal.py)
+                    pass
+
+        try:
+            return daemon.run_forever(duration_s=duration, on_tick=tick)
+        finally:
+            root.handlers[:] = old_handlers

@@ -1,0 +1,169 @@
+"""`so101d record`: a recording session against the running daemon.
+
+For each of N episodes: start, record ``--episode-time`` seconds, save, then ``--reset-time``
+seconds to reset the scene. With a terminal attached (a USB foot pedal that types a key works
+the same way): right arrow or enter = save now as success, ``f`` = save now as failure,
+backspace = discard and redo this episode, esc = stop the session (the episode in progress is
+discarded), during the reset any of these skips the rest of the reset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import sys
+import time
+from typing import Any
+
+from daemon.api.client import (
+    CommandFailed,
+    ControlClient,
+    DaemonUnavailable,
+    add_socket_arguments,
+    socket_path_from_args,
+)
+
+KEY_SUCCESS, KEY_FAILURE, KEY_REDO, KEY_STOP = "success", "failure", "redo", "stop"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--episodes", type=int, default=10, help="number of episodes to record (default 10)")
+    parser.add_argument("--episode-time", type=float, default=30.0, help="seconds per episode (default 30)")
+    parser.add_argument("--reset-time", type=float, default=10.0, help="seconds between episodes (default 10)")
+    parser.add_argument("--task", help="task text of every episode (default: the daemon's [recording] task)")
+    parser.add_argument("--no-keys", action="store_true", help="ignore the keyboard even on a terminal")
+    add_socket_arguments(parser)
+
+
+def decode_keys(data: bytes) -> list[str]:
+    """Key presses in a chunk of raw terminal input -> session actions."""
+    out: list[str] = []
+    i = 0
+    while i < len(data):
+        b = data[i : i + 1]
+        if data[i : i + 3] in (b"\x1b[C", b"\x1bOC"):
+            out.append(KEY_SUCCESS)
+            i += 3
+            continue
+        if b == b"\x1b":
+            if data[i + 1 : i + 2] == b"[":  # another escape sequence: skip it
+                i += 3
+                continue
+            out.append(KEY_STOP)
+        elif b in (b"\r", b"\n"):
+            out.append(KEY_SUCCESS)
+        elif b in (b"f", b"F"):
+            out.append(KEY_FAILURE)
+        elif b in (b"\x7f", b"\x08"):
+            out.append(KEY_REDO)
+        i += 1
+    return out
+
+
+class Keys:
+    """Raw, non-blocking terminal input while the session runs (restored on exit)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stdin.isatty()
+        self._saved: Any = None
+        self._pending: list[str] = []  # keys read together with an earlier one (fast typing)
+
+    def __enter__(self) -> Keys:
+        if self.enabled:
+            import termios
+            import tty
+
+            self._saved = termios.tcgetattr(sys.stdin.fileno())
+            tty.setcbreak(sys.stdin.fileno())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._saved is not None:
+            import termios
+
+            termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, self._saved)
+
+    def wait(self, seconds: float) -> str | None:
+        """Sleeps up to ``seconds``; returns the first action key pressed, if any."""
+        if self._pending:
+            return self._pending.pop(0)
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if not self.enabled:
+                time.sleep(min(left, 0.2))
+                continue
+            r, _, _ = select.select([sys.stdin], [], [], min(left, 0.2))
+            if r:
+                keys = decode_keys(os.read(sys.stdin.fileno(), 64))
+                if keys:
+                    self._pending.extend(keys[1:])
+                    return keys[0]
+
+
+def session(
+    client: Any,
+    episodes: int,
+    episode_time_s: float,
+    reset_time_s: float,
+    task: str | None,
+    keys: Keys,
+    say: Any = print,
+) -> int:
+    """The session loop (testable with any client exposing ``request``). Returns episodes saved."""
+    saved = 0
+    while saved < episodes:
+        fields = {"task": task} if task else {}
+        r = client.request("episode.start", **fields)
+        say(
+            f"episode {r['episode']} ({saved + 1}/{episodes}) recording {episode_time_s:.0f} s: {r['task']!r}"
+            + ("   [enter/→ save  f failure  ⌫ redo  esc stop]" if keys.enabled else "")
+        )
+        key = keys.wait(episode_time_s)
+        if key == KEY_STOP:
+            client.request("episode.discard")
+            say("stopped; the episode in progress was discarded")
+            return saved
+        if key == KEY_REDO:
+            client.request("episode.discard")
+            say("discarded; recording it again")
+            continue
+        r = client.request("episode.save", success=(key != KEY_FAILURE) if key else None)
+        saved += 1
+        tag = "failure" if key == KEY_FAILURE else ("success" if key == KEY_SUCCESS else "untagged")
+        say(f"episode {r['episode']} saved: {r['frames']} frames, {tag}")
+        if saved < episodes and reset_time_s > 0:
+            say(f"reset the scene: {reset_time_s:.0f} s")
+            if keys.wait(reset_time_s) == KEY_STOP:
+                return saved
+    return saved
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.episodes < 1 or args.episode_time <= 0 or args.reset_time < 0:
+        print("so101d record: --episodes >= 1, --episode-time > 0 and --reset-time >= 0 please", file=sys.stderr)
+        return 1
+    try:
+        with ControlClient(socket_path_from_args(args), timeout_s=10.0) as c, Keys(not args.no_keys) as keys:
+            n = session(c, args.episodes, args.episode_time, args.reset_time, args.task, keys)
+            st = c.request("episode.status")
+            print(
+                f"{n} episodes saved; dataset {st.get('dataset')} "
+                f"({st.get('episodes_in_dataset')} episodes, {st.get('saves_pending')} still being written)"
+            )
+            # A session is not "done" when recording failed under it: say what was lost, fail.
+            if st.get("phase") == "error" or st.get("lost_episodes"):
+                print(f"so101d record: recording stopped: {st.get('error')}", file=sys.stderr)
+                for lost in st.get("lost_episodes") or []:
+                    print(f"so101d record: LOST {lost}", file=sys.stderr)
+                return 1
+    except DaemonUnavailable as exc:
+        print(f"so101d: {exc}", file=sys.stderr)
+        return 2
+    except CommandFailed as exc:
+        print(f"so101d record: {exc}", file=sys.stderr)
+        return 1
+    return 0

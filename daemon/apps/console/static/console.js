@@ -1,0 +1,490 @@
+// so101d console page: one websocket to the console process (daemon/apps/console/app.py has the protocol).
+// No build step: plain DOM and canvas. window.so101dConsole exposes counters the tests read.
+"use strict";
+
+const JOINTS = ["shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper"];
+const PLOT_WINDOW_S = 10;
+const COLORS = { leader: "#2b6cb0", command: "#dd6b20", follower: "#2f855a" };
+const $ = (id) => document.getElementById(id);
+
+const C = (window.so101dConsole = {
+  statusCount: 0, liveCount: 0, previewFrames: {}, replies: 0, connected: false, link: null, lastStatus: null,
+  samples: [], // {t, leader[], command[], follower[]} newest last
+  session: { active: false, phase: "idle", deadline: 0, task: "" },
+});
+
+let ws = null;
+let nextId = 1;
+const pending = new Map(); // request id -> button to re-enable
+let retryMs = 500;
+
+// ------------------------------------------------------------------ connection
+function connect() {
+  const proto = location.protocol === "https:" ? "wss:" : "ws:";
+  ws = new WebSocket(`${proto}//${location.host}/ws`);
+  ws.binaryType = "arraybuffer";
+  ws.onopen = () => { retryMs = 500; };
+  ws.onmessage = (ev) => (typeof ev.data === "string" ? onText(JSON.parse(ev.data)) : onPreview(ev.data));
+  ws.onclose = () => {
+    C.connected = false;
+    banner("bad", "console unreachable: reconnecting…");
+    for (const btn of pending.values()) if (btn) btn.disabled = false;
+    pending.clear();
+    setTimeout(connect, retryMs);
+    retryMs = Math.min(retryMs * 2, 4000);
+  };
+}
+
+function banner(kind, text) {
+  const b = $("link-banner");
+  b.className = "banner " + kind;
+  b.textContent = text;
+}
+
+function onText(m) {
+  if (m.t === "hello" || m.t === "link") {
+    showLink(m.link);
+    if (m.cameras) setCameras(m.cameras);
+  } else if (m.t === "live") {
+    C.liveCount++;
+    onLive(m.live);
+  } else if (m.t === "status") {
+    C.statusCount++;
+    onStatus(m.status);
+  } else if (m.t === "reply") {
+    C.replies++;
+    const btn = pending.get(m.id);
+    pending.delete(m.id);
+    if (btn) btn.disabled = false;
+    onReply(m);
+  }
+}
+
+function showLink(link) {
+  C.link = link;
+  C.connected = !!link.connected;
+  if (link.connected) {
+    banner(link.restarts ? "warn" : "good", link.restarts ? `daemon restarted (${link.restarts}×); reconnected` : "");
+    if (link.restarts) setTimeout(() => C.connected && banner("good", ""), 5000);
+  } else {
+    banner("bad", `daemon not answering: ${link.error || "?"} (reconnecting by itself)`);
+    $("mode").textContent = "no daemon";
+    $("mode").className = "mode fault";
+  }
+}
+
+// ------------------------------------------------------------------ verbs
+function send(cmd, args, btn) {
+  if (!ws || ws.readyState !== WebSocket.OPEN) { say(`${cmd}: console not connected`, true); return null; }
+  const id = `p${Date.now()}-${nextId++}`;
+  if (btn) { if (btn.disabled) return null; btn.disabled = true; }
+  pending.set(id, btn || null);
+  ws.send(JSON.stringify({ t: "verb", id, cmd, args: args || {} }));
+  return id;
+}
+
+const replyHandlers = new Map(); // id -> fn(reply)
+function sendThen(cmd, args, btn, fn) { const id = send(cmd, args, btn); if (id && fn) replyHandlers.set(id, fn); return id; }
+
+function onReply(m) {
+  const fn = replyHandlers.get(m.id);
+  replyHandlers.delete(m.id);
+  if (m.ok) say(m.message || `${m.cmd}: ok` + (m.episode !== undefined ? ` (episode ${m.episode})` : ""), false);
+  else say(`${m.cmd || "request"}: ${m.error || "failed"}`, true);
+  if (fn) fn(m);
+}
+
+function say(text, isError) {
+  const el = $("message");
+  el.textContent = text;
+  el.className = "message" + (isError ? " error" : "");
+}
+
+// ------------------------------------------------------------------ live status
+function fmt(v, d = 1) { return v === null || v === undefined || Number.isNaN(v) ? "–" : Number(v).toFixed(d); }
+
+function showMode(mode, reason) {
+  const el = $("mode");
+  el.textContent = mode;
+  el.className = "mode " + mode;
+  $("reason").textContent = reason || "";
+}
+
+// 20 Hz: mode and joints (status.live); the rest comes with the 5 Hz status
+function onLive(lv) {
+  showMode(lv.mode, lv.reason);
+  const now = performance.now() / 1000;
+  C.samples.push({ t: now, leader: lv.joints.leader, command: lv.joints.command, follower: lv.joints.follower });
+  while (C.samples.length && C.samples[0].t < now - PLOT_WINDOW_S) C.samples.shift();
+}
+
+function onStatus(st) {
+  C.lastStatus = st;
+  showMode(st.mode, st.reason);
+  $("follower-kind").textContent = `follower: ${st.follower_kind}`;
+  $("rate").textContent = `${fmt(st.rate_hz)} / ${fmt(st.rate_hz_target, 0)} Hz`;
+  const t = st.timing_ms || {};
+  $("jitter").textContent = t.jitter ? `${fmt(t.jitter.p50, 2)} / ${fmt(t.jitter.p99, 2)} ms` : "–";
+  $("overruns").textContent = `${st.overruns} (missed ${st.missed_cycles})`;
+  $("scheduling").textContent = st.scheduling || "–";
+  const bus = (l) => (l && l.bus ? `${l.bus.retries} retries, ${l.bus.failures} errors${l.connected ? "" : " DISCONNECTED"}` : "–");
+  $("bus").textContent = `${bus(st.leader)} / ${bus(st.follower)}`;
+  $("stages").innerHTML = ["leader_read", "update", "follower_write", "follower_read", "hooks", "cycle"]
+    .filter((k) => t[k]).map((k) => `<span class="k">${k}</span> ${fmt(t[k].p50, 2)}/${fmt(t[k].p99, 2)} ms`).join(" · ");
+  showSafety(st);
+  showServos(st);
+  showRecording(st.recording);
+  showPolicy(st.policy);
+}
+
+function showSafety(st) {
+  const s = st.safety || {};
+  const hits = Object.entries(s.limit_hits || {}).filter(([, n]) => n > 0).map(([j, n]) => `${j} ${n}`).join(", ");
+  const el = $("safety");
+  el.innerHTML = `<span class="k">fault latched</span> <b>${esc(s.fault_latched || "none")}</b> · ` +
+    `<span class="k">now</span> ${esc(s.fault_now || "none")} · <span class="k">limited cycles</span> ${s.limited_cycles ?? "–"}` +
+    (hits ? ` · <span class="k">limits hit</span> ${esc(hits)}` : "");
+  el.className = "safety" + (s.fault_latched ? " bad" : "");
+}
+
+function showServos(st) {
+  const body = $("servos").tBodies[0];
+  const servos = st.servos || {};
+  const rows = JOINTS.filter((j) => servos[j]).map((j) => {
+    const s = servos[j];
+    const temp = s.temperature_c >= 65 ? "bad" : s.temperature_c >= 55 ? "warn" : "";
+    const volt = s.voltage_v !== null && (s.voltage_v < 6.0 || s.voltage_v > 8.4) ? "bad" : s.voltage_v < 6.5 ? "warn" : "";
+    const load = Math.abs(s.load_pct) >= 90 ? "bad" : Math.abs(s.load_pct) >= 60 ? "warn" : "";
+    const status = s.status ? "bad" : "";
+    return `<tr><td>${j}</td><td class="${temp}">${fmt(s.temperature_c, 0)}</td><td class="${volt}">${fmt(s.voltage_v, 1)}</td>` +
+      `<td class="${load}">${fmt(s.load_pct, 0)}</td><td class="${status}">${s.status ? "0x" + s.status.toString(16) : "ok"}</td></tr>`;
+  });
+  for (const j of st.missing_servos || []) rows.push(`<tr><td>${esc(j)}</td><td class="bad" colspan="4">not answering</td></tr>`);
+  body.innerHTML = rows.join("");
+}
+
+function esc(s) { return String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]); }
+
+// ------------------------------------------------------------------ joint plots
+const plotCanvases = {};
+function makePlots() {
+  const box = $("plots");
+  for (const j of JOINTS) {
+    const fig = document.createElement("figure");
+    fig.innerHTML = `<figcaption>${j}</figcaption>`;
+    const cv = document.createElement("canvas");
+    cv.id = `plot-${j}`;
+    cv.width = 300; cv.height = 110;
+    fig.appendChild(cv);
+    box.appendChild(fig);
+    plotCanvases[j] = cv;
+  }
+}
+
+function drawSeries(ctx, w, h, xs, ys, lo, hi, color) {
+  ctx.strokeStyle = color;
+  ctx.lineWidth = 1.5;
+  ctx.beginPath();
+  let started = false;
+  for (let i = 0; i < xs.length; i++) {
+    const y = ys[i];
+    if (y === null || y === undefined) { started = false; continue; }
+    const px = xs[i] * w, py = h - ((y - lo) / (hi - lo)) * (h - 10) - 5;
+    if (!started) { ctx.moveTo(px, py); started = true; } else ctx.lineTo(px, py);
+  }
+  ctx.stroke();
+}
+
+function drawPlots() {
+  const now = performance.now() / 1000;
+  const s = C.samples;
+  const xs = s.map((p) => 1 - (now - p.t) / PLOT_WINDOW_S);
+  JOINTS.forEach((name, k) => {
+    const cv = plotCanvases[name];
+    const ctx = cv.getContext("2d");
+    ctx.clearRect(0, 0, cv.width, cv.height);
+    let lo = Infinity, hi = -Infinity;
+    for (const p of s) for (const key of ["leader", "command", "follower"]) {
+      const v = p[key] && p[key][k];
+      if (v !== null && v !== undefined) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    }
+    if (!Number.isFinite(lo)) return;
+    if (hi - lo < 2) { lo -= 1; hi += 1; }
+    ctx.fillStyle = "#7a8599";
+    ctx.font = "10px sans-serif";
+    ctx.fillText(hi.toFixed(1), 2, 10);
+    ctx.fillText(lo.toFixed(1), 2, cv.height - 2);
+    for (const key of ["leader", "command", "follower"]) drawSeries(ctx, cv.width, cv.height, xs, s.map((p) => p[key] && p[key][k]), lo, hi, COLORS[key]);
+  });
+}
+
+// ------------------------------------------------------------------ camera previews
+const camCanvases = {};
+function setCameras(names) {
+  const box = $("cameras");
+  const have = Object.keys(camCanvases).sort().join(",");
+  if (have === [...names].sort().join(",") && names.length) return;
+  box.innerHTML = names.length ? "" : '<span class="dim">no camera configured</span>';
+  for (const k of Object.keys(camCanvases)) delete camCanvases[k];
+  for (const n of names) {
+    const fig = document.createElement("figure");
+    const cv = document.createElement("canvas");
+    cv.id = `cam-${n}`;
+    cv.width = 320; cv.height = 240;
+    const cap = document.createElement("figcaption");
+    cap.id = `cam-${n}-caption`;
+    cap.textContent = n;
+    fig.append(cv, cap);
+    box.appendChild(fig);
+    camCanvases[n] = { cv, cap, busy: false };
+  }
+}
+
+function onPreview(buf) {
+  const dv = new DataView(buf);
+  const hlen = dv.getUint32(0);
+  const head = JSON.parse(new TextDecoder().decode(new Uint8Array(buf, 4, hlen)));
+  const cam = camCanvases[head.camera];
+  if (!cam || cam.busy) return; // still drawing the previous one: newest wins
+  cam.busy = true;
+  createImageBitmap(new Blob([new Uint8Array(buf, 4 + hlen)], { type: "image/jpeg" }))
+    .then((bmp) => {
+      cam.cv.getContext("2d").drawImage(bmp, 0, 0, cam.cv.width, cam.cv.height);
+      bmp.close();
+      C.previewFrames[head.camera] = (C.previewFrames[head.camera] || 0) + 1;
+      cam.cap.textContent = `${head.camera} · frame ${head.seq} · ${head.width}x${head.height} · age ${fmt(head.age_ms, 0)} ms`;
+    })
+    .catch((e) => say(`preview of ${head.camera}: ${e}`, true))
+    .finally(() => { cam.busy = false; });
+}
+
+// ------------------------------------------------------------------ recording session
+function showRecording(rec) {
+  const disabled = !rec;
+  $("rec-disabled").hidden = !disabled;
+  if (disabled) return;
+  if (rec.error && !rec.phase) { $("rec-error").hidden = false; $("rec-error").textContent = rec.error; return; }
+  $("rec-phase").textContent = rec.phase + (rec.phase === "recording" ? ` ${fmt(rec.elapsed_s)} s` : "");
+  $("rec-episode").textContent = rec.episode;
+  $("rec-count").textContent = `${rec.episodes_in_dataset}` + (rec.saves_pending ? ` (+${rec.saves_pending} saving)` : "") + (String(rec.last_committed || "").includes("dataset episode") ? ` · last ${rec.last_committed}` : "");
+  $("rec-backlog").textContent = `${rec.writer_backlog_frames} frames, ${rec.writer_backlog_records} records`;
+  $("rec-frames").textContent = rec.frames;
+  const stopped = rec.phase === "error" ? `RECORDING STOPPED: ${rec.error}` + (rec.lost_episodes && rec.lost_episodes.length ? `\nLOST: ${rec.lost_episodes.join("; ")}` : "") : "";
+  const dropped = (rec.dropped_episodes || []).map((d) => `DROPPED: ${d}`).join("\n");
+  const err = [stopped, dropped].filter((x) => x).join("\n");
+  const saving = (rec.saving || []).map((n) => `saving… episode ${n}`).join(", ");
+  if (saving) $("rec-count").textContent += ` ${saving}`;
+  if (C.savingEpisode !== undefined && !(rec.saving || []).includes(C.savingEpisode)) { say(`episode ${C.savingEpisode} saved`, false); C.savingEpisode = undefined; }
+  $("rec-error").hidden = !err;
+  $("rec-error").textContent = err;
+  const recording = rec.phase === "recording";
+  $("btn-start").disabled = recording || rec.phase !== "idle" || pending.size > 0;
+  for (const id of ["btn-save-success", "btn-save-failure", "btn-discard"]) $(id).disabled = !recording;
+  if (!C.taskFilled && rec.task) { C.taskFilled = true; if (!$("task").value) $("task").value = rec.task; } // once: never over the operator's typing
+  const s = C.session;
+  if (s.active && s.phase === "episode" && !recording && !s.waiting) s.phase = "idle"; // ended elsewhere
+}
+
+function task() { return $("task").value.trim(); }
+function numberField(id, fallback) { const v = Number($(id).value); return Number.isFinite(v) && v >= 0 ? v : fallback; }
+
+function startEpisode() {
+  const s = C.session;
+  s.waiting = true;
+  sendThen("episode.start", { task: task() }, $("btn-start"), (r) => {
+    s.waiting = false;
+    if (r.ok) { s.active = true; s.phase = "episode"; s.deadline = performance.now() + numberField("episode-time", 30) * 1000; }
+  });
+}
+function endEpisode(cmd, args, btn) {
+  const s = C.session;
+  const was = s.phase;
+  if (!sendThen(cmd, args, btn, (r) => {
+    if (r.ok && r.durable === false) { C.savingEpisode = r.episode; say(`episode ${r.episode} saving… (not on the disk yet)`, false); }
+    if (r.ok && s.active) { s.phase = "reset"; s.deadline = performance.now() + numberField("reset-time", 10) * 1000; }
+    else if (!r.ok && s.phase === "ending") s.phase = was;
+  })) return;
+  if (s.phase === "episode") s.phase = "ending"; // Esc now must not discard what is being saved
+}
+function redo() {
+  const s = C.session;
+  s.waiting = true;
+  sendThen("episode.redo", { task: task() }, $("btn-redo"), (r) => {
+    s.waiting = false;
+    if (r.ok) { s.active = true; s.phase = "episode"; s.deadline = performance.now() + numberField("episode-time", 30) * 1000; }
+  });
+}
+function stopSession() {
+  // like esc in `so101d record`: the episode this session is recording is discarded; one being
+  // saved (enter, then esc at once) is not touched
+  const s = C.session;
+  const recording = s.active && s.phase === "episode";
+  s.active = false; s.phase = "idle";
+  if (recording) send("episode.discard", {}, $("btn-discard"));
+}
+
+function tickSession() {
+  const s = C.session;
+  const el = $("countdown");
+  if (!s.active || s.waiting) { el.textContent = "–"; return; }
+  const left = (s.deadline - performance.now()) / 1000;
+  el.textContent = `${s.phase} ${Math.max(0, left).toFixed(1)} s`;
+  if (left > 0) return;
+  if (s.phase === "episode") endEpisode("episode.save", { success: true }, $("btn-save-success"));
+  else if (s.phase === "reset") { s.phase = "starting"; startEpisode(); }
+}
+
+// ------------------------------------------------------------------ policy
+function showPolicy(pol) {
+  const el = $("policy-status");
+  if (!pol || pol.state === "none") { el.textContent = "no policy loaded"; return; }
+  const lat = pol.inference_latency_ms || {};
+  el.textContent = `${pol.state}${pol.driving ? " DRIVING" : " standby"} · inference p50/p99 ${fmt(lat.p50)}/${fmt(lat.p99)} ms · ` +
+    `chunk age ${fmt(pol.chunk_age_ms, 0)} ms · queue ${pol.queue_depth ?? "–"}` +
+    (pol.takeover && pol.takeover.phase ? ` · take-over ${pol.takeover.phase}` : "") + (pol.warning ? ` · ${pol.warning}` : "");
+  const err = pol.error || pol.last_error;
+  if (err) { $("policy-error").hidden = false; $("policy-error").textContent = err; }
+}
+
+// ------------------------------------------------------------------ episodes
+async function loadEpisodes() {
+  const r = await fetch("/api/episodes");
+  if (!r.ok) { $("dataset-root").textContent = await r.text(); return; }
+  const d = await r.json();
+  $("dataset-root").textContent = `${d.root} · ${d.episodes.length} episodes` + (d.note ? ` · ${d.note}` : "");
+  const body = $("episode-list").tBodies[0];
+  body.innerHTML = d.episodes.map((e) => {
+    const t = e.tag || {};
+    const ok = t.success === true ? "success" : t.success === false ? "failure" : "–";
+    return `<tr data-index="${e.episode_index}"><td>${e.episode_index}</td><td>${e.length}</td><td>${esc(e.tasks.join("; "))}</td>` +
+      `<td>${ok}</td><td>${esc(t.origin || "–")}</td><td>${esc(t.follower_kind || "–")}</td>` +
+      `<td>${t.late_frames ?? "–"}/${t.missing_frames ?? "–"}</td><td>${fmt(t.worst_camera_skew_ms)}</td></tr>`;
+  }).join("");
+  for (const tr of body.rows) tr.onclick = () => openEpisode(Number(tr.dataset.index), tr);
+}
+
+const playback = { detail: null, videos: [], raf: 0, t0: 0, playing: false, cursor: 0 };
+C.playback = playback;
+
+async function openEpisode(index, tr) {
+  for (const row of $("episode-list").tBodies[0].rows) row.classList.toggle("selected", row === tr);
+  const r = await fetch(`/api/episodes/${index}`);
+  if (!r.ok) { say(await r.text(), true); return; }
+  const d = await r.json();
+  playback.detail = d;
+  $("playback").hidden = false;
+  $("playback-index").textContent = `${index} (${d.length} frames, ${esc(d.tasks.join("; "))})`;
+  $("viz-command").textContent = d.viz_command;
+  const box = $("playback-videos");
+  box.innerHTML = "";
+  playback.videos = [];
+  for (const [name, v] of Object.entries(d.videos)) {
+    const fig = document.createElement("figure");
+    const vid = document.createElement("video");
+    vid.id = `playback-${name}`;
+    vid.muted = true; vid.preload = "auto"; vid.src = v.url;
+    vid.addEventListener("loadedmetadata", () => { vid.currentTime = v.from_s; });
+    const cap = document.createElement("figcaption");
+    cap.textContent = name;
+    fig.append(vid, cap);
+    box.appendChild(fig);
+    playback.videos.push({ vid, from_s: v.from_s, to_s: v.to_s });
+  }
+  playback.cursor = 0;
+  drawPlayback();
+}
+
+function playEpisode() {
+  const d = playback.detail;
+  if (!d) return;
+  playback.playing = true;
+  for (const v of playback.videos) { v.vid.currentTime = v.from_s; v.vid.play().catch((e) => say(`video: ${e}`, true)); }
+  playback.t0 = performance.now();
+  const dur = d.length / d.fps;
+  const step = () => {
+    // the first video is the clock; the plot cursor follows it (videos and joints stay in sync)
+    const v = playback.videos[0];
+    const t = v ? v.vid.currentTime - v.from_s : (performance.now() - playback.t0) / 1000;
+    playback.cursor = Math.min(dur, Math.max(0, t));
+    for (const w of playback.videos) if (w.vid.currentTime >= w.to_s) w.vid.pause();
+    drawPlayback();
+    if (playback.cursor < dur - 1 / d.fps && playback.playing && !(v && v.vid.paused)) playback.raf = requestAnimationFrame(step);
+    else playback.playing = false;
+  };
+  playback.raf = requestAnimationFrame(step);
+}
+
+function drawPlayback() {
+  const d = playback.detail;
+  const cv = $("playback-plot");
+  const ctx = cv.getContext("2d");
+  ctx.clearRect(0, 0, cv.width, cv.height);
+  if (!d || !d.state.length) return;
+  const n = d.state.length;
+  const rowH = cv.height / 2;
+  // top: observation.state (measured), bottom: action (sent); one colour per joint
+  const palette = ["#2b6cb0", "#dd6b20", "#2f855a", "#805ad5", "#c53030", "#718096"];
+  [["state", 0], ["action", 1]].forEach(([key, row]) => {
+    const rows = d[key];
+    let lo = Infinity, hi = -Infinity;
+    for (const r of rows) for (const v of r) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    if (hi - lo < 1) hi = lo + 1;
+    ctx.fillStyle = "#5a6477"; ctx.font = "10px sans-serif";
+    ctx.fillText(key === "state" ? "observation.state" : "action", 4, row * rowH + 10);
+    for (let j = 0; j < rows[0].length; j++) {
+      ctx.strokeStyle = palette[j % palette.length];
+      ctx.beginPath();
+      rows.forEach((r, i) => {
+        const x = (i / Math.max(1, n - 1)) * cv.width;
+        const y = row * rowH + rowH - ((r[j] - lo) / (hi - lo)) * (rowH - 14) - 2;
+        if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+      });
+      ctx.stroke();
+    }
+  });
+  const x = (playback.cursor / (n / d.fps)) * cv.width;
+  ctx.strokeStyle = "#000";
+  ctx.beginPath(); ctx.moveTo(x, 0); ctx.lineTo(x, cv.height); ctx.stroke();
+}
+
+// ------------------------------------------------------------------ wiring
+function wire() {
+  $("btn-hold").onclick = (e) => send("hold", {}, e.currentTarget);
+  $("btn-torque-off").onclick = (e) => send("torque.off", {}, e.currentTarget);
+  $("btn-resume").onclick = (e) => send("teleop.start", {}, e.currentTarget);
+  $("btn-start").onclick = () => startEpisode();
+  $("btn-save-success").onclick = (e) => endEpisode("episode.save", { success: true }, e.currentTarget);
+  $("btn-save-failure").onclick = (e) => endEpisode("episode.save", { success: false }, e.currentTarget);
+  $("btn-discard").onclick = (e) => endEpisode("episode.discard", {}, e.currentTarget);
+  $("btn-redo").onclick = () => redo();
+  $("btn-stop-session").onclick = () => stopSession();
+  $("btn-policy-load").onclick = (e) => {
+    $("policy-error").hidden = true;
+    sendThen("policy.load", { path: $("policy-path").value, wait_s: 60 }, e.currentTarget, (r) => {
+      if (!r.ok) { $("policy-error").hidden = false; $("policy-error").textContent = r.error; }
+    });
+  };
+  $("btn-policy-start").onclick = (e) => send("policy.start", task() ? { task: task() } : {}, e.currentTarget);
+  $("btn-policy-stop").onclick = (e) => send("policy.stop", {}, e.currentTarget);
+  $("btn-policy-takeover").onclick = (e) => send("policy.takeover", {}, e.currentTarget);
+  $("btn-episodes-refresh").onclick = () => loadEpisodes();
+  $("btn-play").onclick = () => playEpisode();
+  document.addEventListener("keydown", (e) => {
+    if (e.target instanceof HTMLInputElement) return; // typing the task
+    const k = e.key;
+    if (k === " ") { e.preventDefault(); startEpisode(); }
+    else if (k === "Enter" || k === "ArrowRight") endEpisode("episode.save", { success: true }, $("btn-save-success"));
+    else if (k === "f" || k === "F") endEpisode("episode.save", { success: false }, $("btn-save-failure"));
+    else if (k === "Backspace") { e.preventDefault(); redo(); }
+    else if (k === "d") endEpisode("episode.discard", {}, $("btn-discard"));
+    else if (k === "Escape") stopSession();
+    else if (k === "h") send("hold", {}, $("btn-hold"));
+  });
+}
+
+makePlots();
+wire();
+connect();
+loadEpisodes().catch(() => {});
+setInterval(drawPlots, 50);
+setInterval(tickSession, 100);

@@ -1,1 +1,0 @@
-"""Recording: cameras, the loop-side recorder and the writer process that owns the dataset."""

@@ -1,0 +1,175 @@
+"""Wires a Recorder into the running daemon: the daemon's cameras, verbs, hook, status, stop.
+
+The daemon core calls ``attach_recorder(context)`` when ``[recording] enabled = true`` (or `demo`
+does). Everything the recorder needs from the daemon goes through the declared context
+(daemon/service/context.py): ``loop.add_hook`` (the recorder is a ``CycleHook``), ``server.register``,
+``status_extras``, ``on_stop``, ``data_lost`` and the daemon's ``cameras``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from daemon.api.server import RequestError
+from daemon.config.settings import RecordingConfig
+from daemon.data.recorder import Recorder, RecorderConfig, RecordingError
+from daemon.service.cameras import build_cameras, configured_size, sim_camera_factory
+from daemon.service.context import DaemonContext, HasContext, context_of
+from drivers.cameras import Camera
+
+log = logging.getLogger("so101d.recording")
+
+
+def dataset_root(recording_cfg: RecordingConfig) -> Path:
+    """<dataset_root>/<repo_id>, as documented in daemon/config/settings.py."""
+    return Path(recording_cfg.dataset_root).expanduser() / recording_cfg.repo_id
+
+
+__all__ = ["attach_recorder", "build_cameras", "configured_size", "dataset_root", "sim_camera_factory"]
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def _verb(fn: Handler) -> Handler:
+    def handler(req: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return fn(req)
+        except (RecordingError, ValueError) as exc:
+            raise RequestError(str(exc)) from None
+
+    return handler
+
+
+def _success_arg(req: dict[str, Any]) -> bool | None:
+    v = req.get("success")
+    if v is None or isinstance(v, bool):
+        return v
+    raise ValueError(f'"success" must be true, false or null, got {v!r}')
+
+
+@runtime_checkable
+class NamesItsDataset(Protocol):
+    """A follower that says which dataset kind its episodes are (the sim follower: "sim-mujoco",
+    "sim-leisaac" once the simulator said hello)."""
+
+    @property
+    def dataset_kind(self) -> str: ...
+
+
+# Unix98 pseudo-terminal slaves (/dev/pts/N) have device majors 136..143 (the kernel's
+# Documentation/admin-guide/devices.txt); a USB serial adapter (ttyACM 166, ttyUSB 188) never does.
+_PTY_SLAVE_MAJORS = range(136, 144)
+
+
+def is_pseudo_terminal(port: str) -> bool:
+    """The port is a pseudo-terminal (our bus emulator, `so101d emulate`), by its device number."""
+    try:
+        st = os.stat(port)  # follows the emulator's link to its /dev/pts/N
+    except OSError:
+        return False
+    return stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) in _PTY_SLAVE_MAJORS
+
+
+def follower_dataset_kind(follower: object) -> str:
+    """The EpisodeTag follower_kind: the sim's ("sim-mujoco", "sim-leisaac"), "emulated" for a
+    Feetech follower on a pseudo-terminal (our bus emulator; a real USB adapter never is one),
+    else "feetech"."""
+    if isinstance(follower, NamesItsDataset):
+        kind = follower.dataset_kind
+        if isinstance(kind, str) and kind:
+            return kind
+    base = str(getattr(follower, "kind", None) or "feetech")
+    port = getattr(follower, "port", None)
+    if base == "feetech" and isinstance(port, str) and is_pseudo_terminal(port):
+        return "emulated"
+    return base
+
+
+def _origin_arg(req: dict[str, Any]) -> str | None:
+    v = req.get("origin")
+    if v is None or isinstance(v, str):
+        return v
+    raise ValueError(f'"origin" must be a string, got {v!r}')
+
+
+@runtime_checkable
+class SimEpisodes(Protocol):
+    """A follower whose world has episodes of its own (the sim follower, drivers/sim_follower.py):
+    they follow the recorder's (daemon/data/sim_episodes.py)."""
+
+    def reset_episode(self, seed: int | None = None, timeout_s: float | None = 5.0) -> int: ...
+
+    def start_episode(self) -> int: ...
+
+    def stop_episode(self) -> int: ...
+
+    def events(self) -> list[Any]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+def attach_recorder(
+    daemon: DaemonContext | HasContext,
+    cameras: list[Camera] | None = None,
+    follower_kind: str | None = None,
+    root: str | Path | None = None,
+) -> Recorder:
+    """Builds, opens and plugs in the recorder; returns it (already registered and hooked).
+
+    ``daemon`` is the daemon's context (or the daemon). The cameras are the daemon's
+    (``context.cameras``) unless the caller brings its own, which then become the daemon's. With a
+    simulated follower (anything with reset/start/stop_episode) its cameras serve kind "sim", its
+    episodes follow the recorder's (SimEpisodeHook) and episodes are tagged with its backend; on
+    shutdown the episode in progress is saved or discarded per [recording] on_shutdown.
+    """
+    ctx = context_of(daemon)
+    rc = ctx.cfg.recording
+    follower = ctx.follower
+    if cameras is None:
+        cameras = ctx.cameras.all()
+    else:
+        ctx.cameras.use(cameras)
+    rec = Recorder(
+        RecorderConfig(
+            root=str(root or dataset_root(rc)),
+            repo_id=rc.repo_id,
+            fps=rc.fps,
+            default_task=rc.task,
+            min_free_mb=rc.min_free_mb,
+            follower_kind=str(follower_kind or follower_dataset_kind(follower)),
+        ),
+        cameras,
+    )
+    if follower_kind is None:  # a sim names its backend only once connected: ask at save time
+        rec.follower_kind_fn = lambda: follower_dataset_kind(follower)
+    if isinstance(follower, SimEpisodes):
+        from daemon.data.sim_episodes import SimEpisodeHook
+
+        rec.add_episode_hook(SimEpisodeHook(follower))
+        sim = follower
+        # the sim's own seed-demo file (LeIsaac --seed_hdf5): a failed write shows in status
+        ctx.status_extras["sim"] = lambda: {"seed_recording_error": sim.stats().get("seed_error")}
+    rec.open()
+    reg = ctx.server.register
+    reg("episode.start", _verb(lambda req: rec.start_episode(req.get("task"), _origin_arg(req))))
+    reg("episode.save", _verb(lambda req: rec.save_episode(_success_arg(req))))
+    reg("episode.discard", _verb(lambda req: rec.discard_episode()))
+    reg("episode.status", _verb(lambda req: rec.status()))
+    ctx.loop.add_hook(rec)
+    ctx.status_extras["recording"] = rec.status
+    ctx.recorder = rec  # the policy's evaluation episodes find it here
+    # read at stop time: a reloaded configuration counts
+    ctx.on_stop.append(lambda: _close(ctx, rec))
+    return rec
+
+
+def _close(ctx: DaemonContext, rec: Recorder) -> None:
+    """The daemon's stop hook: episodes lost go to ``data_lost`` (the exit code says so)."""
+    rc = ctx.cfg.recording
+    lost = rec.close(timeout_s=float(rc.stop_timeout_s), on_episode=rc.on_shutdown)
+    ctx.data_lost.extend(f"recording: {text}" for text in lost)

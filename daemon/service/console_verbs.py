@@ -1,0 +1,202 @@
+"""Control-socket verbs the browser console (and any other client) needs beyond ``status``.
+
+- ``camera.list`` -> ``{"cameras": [{"name", "width", "height", "kind", "stats"}]}``
+- ``camera.preview`` ``{"camera": NAME, "max_width": 320, "max_height": 240, "quality": 70,
+  "after_seq": N}`` -> ``{"camera", "seq", "width", "height", "age_ms", "jpeg_b64"}``: the
+  newest frame of that camera, downscaled (aspect kept) and JPEG-encoded. With ``after_seq`` and
+  no newer frame yet the reply says ``"unchanged": true`` and carries no image, so a client polling
+  faster than the camera costs no encoding. ``"jpeg_b64": null`` with ``"why"`` when the camera has
+  not delivered a frame yet.
+
+- ``status.live`` -> ``{"mode", "reason", "fault", "cycles", "joints": {"leader", "command",
+  "follower"}}``: the few fields that change every cycle, for a 20 Hz plot. ``status`` computes
+  percentiles over every stage's window (about a millisecond of the interpreter's time); asked 20
+  times a second it would compete with the loop for the GIL. This one reads references.
+
+Why this costs the control loop nothing: the loop is never asked anything. A camera publishes
+its newest ``Frame`` by reference on its own thread (drivers/cameras.py); the verb reads that
+reference on a socket worker thread and does the resize and the encode there (OpenCV releases the
+GIL for both). The encoded preview is cached per camera, so several pages watching one camera
+cost one encode per frame.
+
+The daemon's cameras are the daemon's own (``DaemonContext.cameras``, daemon/service/cameras.py): the
+recorder, the policy and these verbs all see the same camera objects.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from daemon.api.server import ControlServer, RequestError
+from daemon.control.loop import ControlLoop
+from daemon.service.context import DaemonContext
+from drivers.cameras import Camera
+
+PREVIEW_MAX_SIDE_PX = 1920  # a preview larger than this is a recording, not a preview
+DEFAULT_PREVIEW_WIDTH_PX = 320
+DEFAULT_PREVIEW_HEIGHT_PX = 240
+DEFAULT_JPEG_QUALITY = 70
+
+
+def daemon_loop(context: DaemonContext) -> ControlLoop:
+    """The control loop whose published state ``status.live`` reads."""
+    return context.loop
+
+
+def daemon_cameras(context: DaemonContext) -> list[Camera]:
+    """The cameras the daemon captures from; a bad [cameras.*] section is the client's clear error."""
+    try:
+        return context.cameras.all()
+    except ValueError as exc:
+        raise RequestError(f"cameras: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    seq: int
+    key: tuple[int, int, int]  # (max_width, max_height, quality) it was encoded for
+    width: int
+    height: int
+    capture_monotonic_s: float
+    jpeg_b64: str
+    encode_ms: float
+
+
+def _int_arg(req: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int:
+    v = req.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise RequestError(f'"{name}" must be a whole number from {lo} to {hi}, got {v!r}')
+    if not lo <= v <= hi:
+        raise RequestError(f'"{name}" must be from {lo} to {hi}, got {v}')
+    return v
+
+
+def encode_preview(pixels_rgb: Any, max_width: int, max_height: int, quality: int) -> tuple[bytes, int, int]:
+    """RGB uint8 HxWx3 -> (JPEG bytes, width, height), shrunk to fit max_width x max_height."""
+    import cv2
+
+    h, w = int(pixels_rgb.shape[0]), int(pixels_rgb.shape[1])
+    scale = min(1.0, max_width / w, max_height / h)
+    img = pixels_rgb
+    if scale < 1.0:
+        w, h = max(1, round(w * scale)), max(1, round(h * scale))
+        img = cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA)
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise RequestError("the JPEG encoder refused the frame")
+    return buf.tobytes(), w, h
+
+
+class ConsoleApi:
+    """The verbs above, bound to one daemon."""
+
+    def __init__(self, context: DaemonContext) -> None:
+        self.context = context
+        self._cache: dict[str, _Encoded] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def register(self, server: ControlServer) -> None:
+        server.register("camera.list", self.camera_list)
+        server.register("camera.preview", self.camera_preview)
+        server.register("status.live", self.status_live)
+
+    def status_live(self, req: dict[str, Any]) -> dict[str, Any]:
+        loop = daemon_loop(self.context)
+        st = loop.state  # the loop replaces these objects each cycle, never changes them in place
+        joints = {"leader": loop.leader_units, "command": loop.command, "follower": loop.measured}
+        return {
+            "mode": st.mode,
+            "reason": st.reason,
+            "fault": st.fault,
+            "cycles": loop.cycles,
+            "joints": {k: None if v is None else [round(float(x), 3) for x in v] for k, v in joints.items()},
+        }
+
+    def _camera(self, name: Any) -> Any:
+        cams = daemon_cameras(self.context)
+        if not isinstance(name, str) or not name:
+            raise RequestError(f'"camera" must name a camera ({", ".join(c.name for c in cams) or "none configured"})')
+        for cam in cams:
+            if cam.name == name:
+                return cam
+        raise RequestError(f"no camera {name!r} (configured: {', '.join(c.name for c in cams) or 'none'})")
+
+    def camera_list(self, req: dict[str, Any]) -> dict[str, Any]:
+        out = []
+        for cam in daemon_cameras(self.context):
+            try:
+                stats = cam.stats()
+            except Exception as exc:  # a camera's counters must not hide the others
+                stats = {"error": f"{type(exc).__name__}: {exc}"}
+            out.append(
+                {
+                    "name": cam.name,
+                    "width": int(cam.width),
+                    "height": int(cam.height),
+                    "kind": type(cam).__name__,
+                    "stats": stats,
+                }
+            )
+        return {"cameras": out}
+
+    def _lock_for(self, name: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(name, threading.Lock())
+
+    def camera_preview(self, req: dict[str, Any]) -> dict[str, Any]:
+        cam = self._camera(req.get("camera"))
+        max_w = _int_arg(req, "max_width", DEFAULT_PREVIEW_WIDTH_PX, 16, PREVIEW_MAX_SIDE_PX)
+        max_h = _int_arg(req, "max_height", DEFAULT_PREVIEW_HEIGHT_PX, 16, PREVIEW_MAX_SIDE_PX)
+        quality = _int_arg(req, "quality", DEFAULT_JPEG_QUALITY, 10, 95)
+        after = req.get("after_seq")
+        if after is not None and (isinstance(after, bool) or not isinstance(after, int)):
+            raise RequestError(f'"after_seq" must be a frame number or null, got {after!r}')
+        frame = cam.latest_frame()  # a reference read: the camera thread published it
+        if frame is None:
+            return {"camera": cam.name, "seq": None, "jpeg_b64": None, "why": "no frame from this camera yet"}
+        now_s = time.monotonic()
+        if after is not None and frame.seq <= after:
+            return {"camera": cam.name, "seq": frame.seq, "unchanged": True}
+        key = (max_w, max_h, quality)
+        with self._lock_for(cam.name):  # two pages on one camera: one encode per frame
+            enc = self._cache.get(cam.name)
+            if enc is None or enc.seq != frame.seq or enc.key != key:
+                t0 = time.perf_counter()
+                jpeg, w, h = encode_preview(frame.pixels, max_w, max_h, quality)
+                enc = _Encoded(
+                    seq=frame.seq,
+                    key=key,
+                    width=w,
+                    height=h,
+                    capture_monotonic_s=frame.capture_monotonic_s,
+                    jpeg_b64=base64.b64encode(jpeg).decode("ascii"),
+                    encode_ms=(time.perf_counter() - t0) * 1000.0,
+                )
+                self._cache[cam.name] = enc
+        return {
+            "camera": cam.name,
+            "seq": enc.seq,
+            "width": enc.width,
+            "height": enc.height,
+            # how old the image is as it leaves the daemon (capture -> now, same clock)
+            "age_ms": round((now_s - enc.capture_monotonic_s) * 1000.0, 2),
+            # CLOCK_MONOTONIC is one clock for every process of this machine: a client beside
+            # the daemon measures capture -> display with it (bench/bench_console.py)
+            "capture_monotonic_s": enc.capture_monotonic_s,
+            "encode_ms": round(enc.encode_ms, 2),
+            "jpeg_b64": enc.jpeg_b64,
+        }
+
+
+def attach_console_api(context: DaemonContext) -> ConsoleApi:
+    """Registers the console's verbs on the daemon's control socket; returns the API object."""
+    api = ConsoleApi(context)
+    api.register(context.server)
+    return api
