@@ -1,55 +1,15 @@
 """Low-level Feetech protocol-0 bus (STS3215) for the daemon: one port, bounded retries, no stale data.
 
-Why a lean implementation on pyserial and not scservo_sdk or LeRobot's FeetechMotorsBus
-----------------------------------------------------------------------------------------
-The issue asks to build on scservo_sdk or FeetechMotorsBus and to pick by measurement. We measured
-them side by side with this module and a bare request/response on the same emulated 1 Mbaud bus,
-the emulator in its own process, on this shared 2-core machine (``bench/bench_bus.py``, 500
-interleaved samples each, 2026-11-29; six-servo sync read of Present_Position, 62 bytes =
-0.620 ms on the wire):
-
-==========================================  ========  ========  ===============
-client                                      p50 (ms)  p99 (ms)  stale replies
-==========================================  ========  ========  ===============
-minimal raw pyserial (emulator floor)       0.714     3.7       0
-LeRobot FeetechMotorsBus.sync_read          1.040     6.7       see below
-scservo_sdk GroupSyncRead, as shipped       1.003     5.9       see below
-scservo_sdk GroupSyncRead, blocking reads   0.915     4.8       see below
-this module (FeetechBus.sync_read)          0.780     2.0       0
-==========================================  ========  ========  ===============
-
-ours/wire 1.26 (target 1.3; the emulator alone is 1.15), ours/LeRobot 0.75 (target 1.0). Under
-heavier load from the other processes on the machine (load average 6 on 2 cores) LeRobot's p50
-went to 1.0 - 3.0 ms while ours stayed at 0.72 - 0.82 ms. Without wire-time modelling the
-client overhead is ~30 us over the raw request/response for ours, ~90 us for the SDK.
-
-What the measurement says, and the reasons besides it:
-
-* scservo_sdk polls the port with ``timeout=0`` in a busy loop while it waits for a reply. On a
-  2-core machine that also runs the bus server, cameras and the recorder, the spinning client
-  competes for the CPU the reply needs (p99 6 to 15 ms for a 0.62 ms transaction under load).
-  Made to block instead of spin, the SDK is FeetechMotorsBus' transport minus LeRobot's wrapper:
-  an SDK-based driver would sit between the two, and still need the guards below.
-* The SDK never clears its input before a request. When one reply comes late (a timeout on a
-  loaded machine), every later SDK transaction reads the previous request's reply as its own: the
-  benchmark counts replies that arrive faster than the wire allows ("stale"); before it flushed the
-  tty between blocks it saw 27 of 500 LeRobot reads return such stale positions (and 2 of ours,
-  before the settle step below existed). This module
-  drains input before each request and, after a timed-out attempt, swallows the replies still
-  owed to it before the next request (``test_late_reply_to_an_earlier_request_is_not_taken...``).
-* ``GroupSyncRead`` keeps the previous cycle's bytes for the servos after the first one that did
-  not answer, its ``rxPacket`` silently drops replies whose id it does not expect, a Python
-  exception inside a transfer leaves ``port.is_using`` stuck (every later call answers "port
-  busy"), the byte order is a module global, and it never discards stray input before a request.
-  Each of those would need a guard around the SDK anyway.
-* The protocol is small (see ``drivers/sts3215_table.py`` and so101-facts section 2): building
-  packets and cutting status packets is ``drivers/protocol.py``, the one codec the emulator uses
-  too, tested against LeRobot/scservo_sdk talking to the same emulator. This module is the
-  transport around it: when to send, how long to wait, what to retry.
-
-So: the same protocol the SDK speaks, with one ``select`` wait per transaction instead of a spin,
-all replies of a sync read parsed from one buffer, every reply checked (header, id, length,
-checksum) and a transaction either returns fresh values for *every* servo asked or raises.
+Feetech protocol 0 spoken here on pyserial rather than through scservo_sdk or LeRobot's
+FeetechMotorsBus: one ``select`` wait per transaction instead of a busy poll (which competes on a
+small machine for the CPU the reply needs), input drained before each request and the replies
+still owed to a timed-out attempt swallowed before the next (so a late reply is never taken for a
+new one's), all replies of a sync read parsed from one buffer, and every reply checked (header,
+id, length, checksum): a transaction either returns fresh values for *every* servo asked or
+raises. Packets are built and cut by ``drivers/protocol.py``, the codec the emulator uses too;
+this module is the transport around it: when to send, how long to wait, what to retry. The
+measurement that chose this over the SDK and LeRobot's bus is in docs/design/feetech-bus.md
+(``bench/bench_bus.py`` reruns it).
 
 Failure semantics (what the control loop relies on)
 ---------------------------------------------------
@@ -58,7 +18,7 @@ Failure semantics (what the control loop relies on)
   after the full reply deadline; only an attempt that got no byte at all waits the deadline. A
   retry of a sync read asks only the servos still missing (after noise) and keeps the whole
   replies already in. Damaged replies get ``NOISE_RETRIES`` extra attempts on top of ``retries``
-  (issue 12: 2 % damaged packets must never fail a read); silence gets ``retries``. Then
+  (a noisy cable's 2 % damaged packets must never fail a read); silence gets ``retries``. Then
   ``ServoNoReplyError`` (a ``BusTimeoutError``) naming the servo ids that stayed silent and
   the port; ``counters.failures`` counts it. A partial sync read is never returned as a whole.
 * The port vanished -> ``PortGoneError``; the port is closed and ``open()`` may be called again.
@@ -508,8 +468,8 @@ class FeetechBus:
                         got.update(inc.got)
                         if not inc.quiet:
                             # only an attempt that met its deadline may still deliver late; the next
-                            # transaction's settle wait stays within ``tries`` reply budgets (as before
-                            # issue 12), however many quick noise attempts there were
+                            # transaction's settle wait stays within ``tries`` reply budgets, however
+                            # many quick noise attempts there were
                             in_flight = True
                             window_s = max(window_s, tries * budget_s)
                         log.debug("%s: %s: no reply from %s (try %d)", self.port, what, inc.missing, attempt)

@@ -36,9 +36,9 @@ Bus (``BusRealism``, per adapter):
 Presets combine them (``--realism strict,ch343``; ``realism`` control command).
 
 What each option mirrors: the register semantics follow the STS3215 control table as LeRobot 0.6.1
-lays it out (lerobot/motors/feetech/tables.py) and the reports collected in issue 19 (Lock
+lays it out (lerobot/motors/feetech/tables.py) and what real units were reported doing (Lock
 semantics, register 85 reading 306 on a real unit in LR#673, Torque_Limit seeded from
-Max_Torque_Limit, the overload latch); the framing the host sees follows the Feetech SDK
+Max_Torque_Limit, the overload latch: docs/design/emulator-realism.md); the framing the host sees follows the Feetech SDK
 (scservo_sdk/protocol_packet_handler.py: rxPacket hunts for FF FF and checks LEN and checksum);
 USB delivery follows the Linux drivers' documented behaviour (ftdi_sio's ``latency_timer`` sysfs
 attribute, default 16 ms; cdc_acm bulk transfers of 64 bytes at full speed).
