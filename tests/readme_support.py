@@ -1,8 +1,10 @@
-"""README.md as data: the `so101d ...` commands, config keys, Python snippets and repo paths it shows.
+"""The docs as data: the `so101d ...` commands, config keys, Python snippets, repo paths and links a page shows.
 
-Used by test_readme.py (every name the README shows exists) and test_readme_walkthrough.py (the
-commands run as written). Nothing here knows which commands or keys *should* exist: that is
-asked of the real parser (daemon.apps.cli.build_parser) and the real schema (daemon.config.settings).
+A page is README.md or any Markdown file under docs/ (``PAGES``); every extractor takes a page's
+text (README.md's when none is given). Used by test_readme.py (every name a page shows exists,
+every link resolves) and test_readme_walkthrough.py (the commands run as written). Nothing here
+knows which commands or keys *should* exist: that is asked of the real parser
+(daemon.apps.cli.build_parser) and the real schema (daemon.config.settings).
 """
 
 from __future__ import annotations
@@ -14,6 +16,48 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+DOCS = REPO / "docs"
+# Written by a generator from the control API's schema, and checked by that generator's own test.
+GENERATED = DOCS / "reference"
+
+
+def pages() -> list[Path]:
+    """README.md, then every hand-written Markdown page under docs/ (sorted)."""
+    found = sorted(p for p in DOCS.rglob("*.md") if GENERATED not in p.parents)
+    return [README, *found]
+
+
+def page_name(page: Path) -> str:
+    return page.relative_to(REPO).as_posix()
+
+
+def page_text(page: Path = README) -> str:
+    return page.read_text(encoding="utf-8")
+
+
+def all_pages_text() -> str:
+    return "\n".join(page_text(p) for p in pages())
+
+
+def section(heading: str) -> tuple[Path, str]:
+    """The page holding the one heading that starts with ``heading``, and that section's text
+    (up to the next heading of the same or a higher level)."""
+    found = []
+    for page in pages():
+        lines = page_text(page).splitlines()
+        for i, line in enumerate(lines):
+            m = re.match(r"^(#+) (.*)$", line)
+            if m and m.group(2).startswith(heading):
+                level = len(m.group(1))
+                end = next(
+                    (j for j in range(i + 1, len(lines)) if re.match(rf"^#{{1,{level}}} ", lines[j])), len(lines)
+                )
+                found.append((page, "\n".join(lines[i:end])))
+    assert len(found) == 1, (
+        f"heading {heading!r} is on {len(found)} pages/places, not one: {[page_name(p) for p, _ in found]}"
+    )
+    return found[0]
+
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _INLINE = re.compile(r"`([^`\n]+)`")
@@ -195,9 +239,50 @@ def config_keys(known_sections: set[str], text: str | None = None) -> list[Confi
 
 
 # ---------------------------------------------------------------------------------------------
+# links between pages
+# ---------------------------------------------------------------------------------------------
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def links(text: str | None = None) -> list[tuple[str, int]]:
+    """Markdown link and image targets outside code (`[text](target)`), with their line."""
+    text = readme_text() if text is None else text
+    out = []
+    fence = False
+    for n, raw in enumerate(text.splitlines(), start=1):
+        if raw.startswith("```"):
+            fence = not fence
+            continue
+        if fence:
+            continue
+        for m in _LINK.finditer(_INLINE.sub("", raw)):
+            out.append((m.group(1), n))
+    return out
+
+
+def anchors(text: str) -> set[str]:
+    """The `#anchor` every heading of a page gets on GitHub: lower case, punctuation dropped,
+    spaces to hyphens (a repeated heading gets -1, -2, ...)."""
+    out: set[str] = set()
+    fence = False
+    for raw in text.splitlines():
+        if raw.startswith("```"):
+            fence = not fence
+        m = re.match(r"^#+ (.*)$", raw)
+        if fence or not m:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+        base, i = slug, 1
+        while slug in out:
+            slug, i = f"{base}-{i}", i + 1
+        out.add(slug)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # paths and Python names
 # ---------------------------------------------------------------------------------------------
-REPO_DIRS = ("daemon", "drivers", "calibration", "sim_bridge", "systemd", "bench", "tests", ".ci")
+REPO_DIRS = ("daemon", "drivers", "calibration", "sim_bridge", "systemd", "bench", "tests", ".ci", "docs")
 
 
 def repo_paths(text: str | None = None) -> list[tuple[str, int]]:

@@ -1,10 +1,13 @@
-"""Everything README.md names exists: the docs cannot drift from the code again.
+"""Everything the docs name exists: README.md and every page under docs/ cannot drift from the code.
 
-A new user copies commands, keys and imports from the README. Each one is checked against the
-real thing, never against a list kept here: `so101d ...` commands are parsed by the real parser
-(daemon.apps.cli.build_parser), config keys are looked up in daemon.config.settings's dataclasses and in the
-shipped example configuration, Python imports are imported, repository paths are stat'ed.
-The last tests feed the checks the drifted lines issue #18 found, so they are known to catch them.
+A new user copies commands, keys and imports from the README and the pages it links. Each one is
+checked against the real thing, never against a list kept here: `so101d ...` commands are parsed
+by the real parser (daemon.apps.cli.build_parser), config keys are looked up in
+daemon.config.settings's dataclasses and in the shipped example configuration, Python blocks are
+compiled and their imports imported, dotted names resolved, repository paths stat'ed, links and
+their `#anchors` followed. Each check runs once per page (``PAGES``). The last tests feed the
+checks drifted lines (as once found in the README) and a page with a bad command, key, path, name
+and link, so they are known to catch them.
 """
 
 from __future__ import annotations
@@ -19,18 +22,26 @@ import re
 import shlex
 import tomllib
 import typing
+from pathlib import Path
 
 import pytest
 from readme_support import (
+    GENERATED,
+    README,
     REPO,
     Command,
     ConfigKey,
+    anchors,
     commands,
     config_keys,
     dotted_python_names,
+    links,
+    page_name,
+    page_text,
+    pages,
     python_blocks,
-    readme_text,
     repo_paths,
+    section,
     snippets,
 )
 
@@ -38,6 +49,9 @@ import daemon.config.settings as config_module
 from daemon.apps.cli import build_parser
 
 EXAMPLE_TOML = REPO / "daemon/configs/so101d.example.toml"
+PAGES = pages()
+PAGE_IDS = [page_name(p) for p in PAGES]
+README_MAX_LINES = 250
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,12 +82,12 @@ def _example() -> dict[str, set[str]]:
     return out
 
 
-def _key_problems(keys: list[ConfigKey]) -> list[str]:
+def _key_problems(keys: list[ConfigKey], page: str = "README.md") -> list[str]:
     schema, example = _schema(), _example()
     problems = []
     for k in keys:
-        section = "cameras.*" if k.section.startswith("cameras.") else k.section
-        where = f"README.md:{k.line} ({k.how!r})"
+        section = "cameras.*" if k.section.startswith("cameras.") or k.section == "cameras.NAME" else k.section
+        where = f"{page}:{k.line} ({k.how!r})"
         if not section:
             if not any(k.key in keys_ for keys_ in schema.values()):
                 problems.append(f"{where}: '{k.key}' is not a configuration key in any section")
@@ -111,7 +125,7 @@ def _parse(argv: tuple[str, ...]) -> str | None:
     return message
 
 
-def _command_problems(found: list[Command]) -> list[str]:
+def _command_problems(found: list[Command], page: str = "README.md") -> list[str]:
     problems = []
     for cmd in found:
         for argv in cmd.variants:
@@ -123,63 +137,41 @@ def _command_problems(found: list[Command]) -> list[str]:
             if error and cmd.kind == "inline" and "arguments are required" in error:
                 continue
             if error:
-                problems.append(f"README.md:{cmd.line} `{cmd.text}` -> so101d {' '.join(argv)}: {error}")
+                problems.append(f"{page}:{cmd.line} `{cmd.text}` -> so101d {' '.join(argv)}: {error}")
     return problems
 
 
-# ---------------------------------------------------------------------------------------------
-# the README as it is
-# ---------------------------------------------------------------------------------------------
-def test_the_readme_shows_so101d_commands_at_all() -> None:
-    found = commands()
-    shown = {c.variants[0][0] for c in found if c.variants and c.variants[0]}
-    # Guards the extractor itself: if it stopped finding commands every check below would pass.
-    assert len(found) > 30
-    assert {"demo", "run", "status", "calibrate", "emulate", "episode", "record", "sim-follower"} <= shown
-
-
-def test_every_so101d_command_and_flag_in_the_readme_parses() -> None:
-    assert _command_problems(commands()) == []
-
-
-def test_every_subcommand_of_the_cli_is_in_the_readme() -> None:
-    from daemon.apps.cli import COMMANDS
-
-    shown = {c.variants[0][0] for c in commands() if c.variants and c.variants[0]}
-    assert sorted(set(COMMANDS) - shown) == []
-
-
-def test_every_config_key_in_the_readme_exists_in_the_schema_and_the_example() -> None:
-    keys = config_keys(set(_schema()))
-    assert len(keys) > 15  # the extractor still finds them
-    assert _key_problems(keys) == []
-
-
-def test_the_example_config_loads_with_every_key_of_the_schema() -> None:
-    schema, example = _schema(), _example()
-    assert {s: sorted(schema[s] - example.get(s, set())) for s in schema if schema[s] - example.get(s, set())} == {}
-    config_module.load_config(EXAMPLE_TOML)  # and it loads as shipped
-
-
-def test_every_python_import_in_the_readme_imports() -> None:
-    blocks = python_blocks()
-    assert blocks, "the README's Python snippets were not found"
-    for code, line in blocks:
-        tree = ast.parse(code, filename=f"README.md:{line}")
+def _python_problems(text: str, page: str) -> list[str]:
+    """Every fenced python block compiles, and every name it imports exists."""
+    problems = []
+    for code, line in python_blocks(text):
+        try:
+            tree = ast.parse(code, filename=f"{page}:{line}")
+        except SyntaxError as exc:
+            problems.append(f"{page}:{line}: the python block does not parse: {exc.msg}")
+            continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
-                    importlib.import_module(alias.name)
+                    if importlib.util.find_spec(alias.name) is None:
+                        problems.append(f"{page}:{line}: no module {alias.name}")
             elif isinstance(node, ast.ImportFrom):
-                module = importlib.import_module(node.module or "")
-                for alias in node.names:
-                    assert hasattr(module, alias.name), f"README.md:{line}: {node.module} has no {alias.name}"
+                try:
+                    module = importlib.import_module(node.module or "")
+                except ModuleNotFoundError:
+                    problems.append(f"{page}:{line}: no module {node.module}")
+                    continue
+                problems += [
+                    f"{page}:{line}: {node.module} has no {alias.name}"
+                    for alias in node.names
+                    if not hasattr(module, alias.name)
+                ]
+    return problems
 
 
-def test_every_dotted_python_name_in_the_readme_resolves() -> None:
-    names = dotted_python_names()
-    assert names
-    for name, line in names:
+def _dotted_name_problems(text: str, page: str) -> list[str]:
+    problems = []
+    for name, line in dotted_python_names(text):
         parts = name.split(".")
         for cut in range(len(parts), 0, -1):
             try:
@@ -188,17 +180,47 @@ def test_every_dotted_python_name_in_the_readme_resolves() -> None:
             except ModuleNotFoundError:
                 continue
         else:
-            pytest.fail(f"README.md:{line}: nothing of {name} imports")
+            problems.append(f"{page}:{line}: nothing of {name} imports")
+            continue
         for attr in parts[cut:]:
-            assert hasattr(obj, attr), f"README.md:{line}: {name}: no {attr}"
+            if not hasattr(obj, attr):
+                problems.append(f"{page}:{line}: {name}: no {attr}")
+                break
             obj = getattr(obj, attr)
+    return problems
 
 
-def test_every_repository_path_in_the_readme_exists() -> None:
-    paths = repo_paths()
-    assert len(paths) > 20
-    missing = [f"README.md:{line}: {path}" for path, line in paths if not (REPO / path).exists()]
-    assert missing == []
+def _path_problems(text: str, page: str) -> list[str]:
+    # the generated reference may be named before its generator's output is in the tree (see links)
+    return [
+        f"{page}:{line}: no {path}"
+        for path, line in repo_paths(text)
+        if not (REPO / path).exists() and not (REPO / path).resolve().is_relative_to(GENERATED)
+    ]
+
+
+def _link_problems(text: str, page: Path) -> list[str]:
+    """Every relative link resolves to a file of the repository, and its #anchor to a heading there."""
+    problems = []
+    where = page_name(page)
+    for target, line in links(text):
+        if re.match(r"^[a-z]+:", target):
+            continue  # https:, mailto:: not ours to check offline
+        path_part, _, anchor = target.partition("#")
+        dest = (page.parent / path_part).resolve() if path_part else page
+        if path_part and not dest.exists():
+            # The control API reference is generated from the schema by its own tool; until that
+            # tool's output is in the tree, a link to it is the only link allowed to dangle.
+            if GENERATED in dest.parents:
+                continue
+            problems.append(f"{where}:{line}: link to {target}: no {dest.relative_to(REPO)}")
+            continue
+        if anchor:
+            if dest.suffix != ".md":
+                problems.append(f"{where}:{line}: link to {target}: an anchor into a file that is not a page")
+            elif anchor not in anchors(dest.read_text(encoding="utf-8")):
+                problems.append(f"{where}:{line}: link to {target}: no heading #{anchor} in {dest.relative_to(REPO)}")
+    return problems
 
 
 # LeRobot's programs parse their flags with draccus from a config dataclass (no build_parser)
@@ -210,45 +232,221 @@ def _resolve(dotted: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def test_python_modules_and_bench_scripts_the_readme_runs_exist_with_their_flags() -> None:
+def _program_problems(text: str, page: str) -> tuple[list[str], int]:
+    """`python -m MODULE --flags` and `python bench/x.py --flags` / `python .ci/x.py --flags`: the
+    module or script exists and knows every flag shown. Returns the problems and how many were seen."""
+    problems: list[str] = []
     seen = 0
-    for s in snippets():
+    for s in snippets(text):
         for m in re.finditer(r"python -m ([\w.]+)((?: +--?\w[\w-]*(?: +[^\s\\-][^\s\\]*)?)*)", s.text):
             module, args = m.group(1), shlex.split(m.group(2))
             if module == "pytest":
                 continue
             seen += 1
-            assert importlib.util.find_spec(module) is not None, f"README.md:{s.line}: no module {module}"
+            if importlib.util.find_spec(module) is None:
+                problems.append(f"{page}:{s.line}: no module {module}")
+                continue
             if module in DRACCUS_CONFIGS:  # LeRobot's own programs: flags are fields of their config
                 config = _resolve(DRACCUS_CONFIGS[module])
                 fields = {f.name for f in dataclasses.fields(config)}
                 flags = {a.split("=", 1)[0].removeprefix("--") for a in args if a.startswith("--")}
-                assert flags <= fields, f"README.md:{s.line}: {module} has no {sorted(flags - fields)}"
+                if not flags <= fields:
+                    problems.append(f"{page}:{s.line}: {module} has no {sorted(flags - fields)}")
                 continue
-            mod = importlib.import_module(module)
-            parser = mod.build_parser()
+            parser = importlib.import_module(module).build_parser()
             _ns, unknown = parser.parse_known_args(args)
             # Isaac Lab's AppLauncher adds these at run time (isaaclab.app.AppLauncher
             # .add_app_launcher_args); it is only installed on the GPU workstation.
             unknown = [u for u in unknown if u not in ("--enable_cameras", "--device", "cuda", "--headless")]
-            assert unknown == [], f"README.md:{s.line}: {module} does not know {unknown}"
-        for m in re.finditer(r"python (bench/\w+\.py)((?: *\[?--[\w-]+(?: \d+)?\]?)*)", s.text):
+            if unknown:
+                problems.append(f"{page}:{s.line}: {module} does not know {unknown}")
+        for m in re.finditer(r"python ((?:bench|\.ci)/\w+\.py)((?: *\[?--[\w-]+(?: [\d.]+)?\]?)*)", s.text):
             script = REPO / m.group(1)
             seen += 1
-            assert script.is_file(), f"README.md:{s.line}: no {m.group(1)}"
-            for flag in re.findall(r"--[\w-]+", m.group(2)):
-                assert f'"{flag}"' in script.read_text(), f"README.md:{s.line}: {m.group(1)} has no {flag}"
-    assert seen >= 4
+            if not script.is_file():
+                problems.append(f"{page}:{s.line}: no {m.group(1)}")
+                continue
+            problems += [
+                f"{page}:{s.line}: {m.group(1)} has no {flag}"
+                for flag in re.findall(r"--[\w-]+", m.group(2))
+                if f'"{flag}"' not in script.read_text()
+            ]
+    return problems, seen
 
 
-def test_make_targets_the_readme_names_exist() -> None:
+def _make_targets(text: str) -> list[tuple[str, int]]:
+    """`make TARGET` as a command: a code block line or an inline span that starts with it."""
+    return [
+        (m.group(1), s.line) for s in snippets(text) if (m := re.match(r"make ([\w-]+)", s.text.strip())) is not None
+    ]
+
+
+def _make_problems(text: str, page: str) -> list[str]:
     targets = set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.M))
-    shown = set(re.findall(r"`?make (\w+)", readme_text()))
-    assert shown and shown <= targets
+    return [f"{page}:{line}: no make target {t}" for t, line in _make_targets(text) if t not in targets]
+
+
+def _page_problems(page: Path, text: str | None = None) -> list[str]:
+    """Every check of one page."""
+    text = page_text(page) if text is None else text
+    where = page_name(page)
+    return (
+        _command_problems(commands(text), where)
+        + _key_problems(config_keys(set(_schema()), text), where)
+        + _python_problems(text, where)
+        + _dotted_name_problems(text, where)
+        + _path_problems(text, where)
+        + _link_problems(text, page)
+        + _program_problems(text, where)[0]
+        + _make_problems(text, where)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
-# the checks catch the drift issue #18 found (README lines as they were)
+# every page as it is
+# ---------------------------------------------------------------------------------------------
+def test_the_docs_are_the_readme_and_the_pages_it_links() -> None:
+    names = set(PAGE_IDS)
+    assert {"README.md", "docs/operator-guide.md", "docs/configuration.md", "docs/security.md"} <= names
+    # every page is reachable from the README through links (none is an orphan nobody finds)
+    reached, todo = {README}, [README]
+    while todo:
+        page = todo.pop()
+        for target, _line in links(page_text(page)):
+            dest = (page.parent / target.partition("#")[0]).resolve()
+            if dest.suffix == ".md" and dest in PAGES and dest not in reached:
+                reached.add(dest)
+                todo.append(dest)
+    assert sorted(page_name(p) for p in set(PAGES) - reached) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
+def test_every_command_key_import_name_path_and_link_of_the_page_is_real(page: Path) -> None:
+    assert _page_problems(page) == []
+
+
+def test_the_readme_is_an_entry_point_that_starts_with_the_two_commands() -> None:
+    lines = page_text(README).splitlines()
+    assert len(lines) <= README_MAX_LINES
+    # .ci/run and the Makefile call these "the README's two commands": they come first
+    shell = [s.text.split("#")[0].strip() for s in snippets(page_text(README)) if s.kind == "block"]
+    assert shell[:2] == ["make run", "make test"]
+
+
+def test_the_pages_show_so101d_commands_at_all() -> None:
+    found = [c for p in PAGES for c in commands(page_text(p))]
+    shown = {c.variants[0][0] for c in found if c.variants and c.variants[0]}
+    # Guards the extractor itself: if it stopped finding commands every check would pass.
+    assert len(found) > 30
+    assert {"demo", "run", "status", "calibrate", "emulate", "episode", "record", "sim-follower"} <= shown
+    assert len([k for p in PAGES for k in config_keys(set(_schema()), page_text(p))]) > 15
+    assert len([x for p in PAGES for x in repo_paths(page_text(p))]) > 20
+    assert sum(len(links(page_text(p))) for p in PAGES) > 20
+    assert sum(_program_problems(page_text(p), page_name(p))[1] for p in PAGES) >= 4
+    assert [b for p in PAGES for b in python_blocks(page_text(p))]
+    assert [n for p in PAGES for n in dotted_python_names(page_text(p))]
+    assert {"run", "test", "bench"} <= {t for p in PAGES for t, _line in _make_targets(page_text(p))}
+
+
+def test_every_subcommand_of_the_cli_is_in_the_docs() -> None:
+    from daemon.apps.cli import COMMANDS
+
+    shown = {c.variants[0][0] for p in PAGES for c in commands(page_text(p)) if c.variants and c.variants[0]}
+    assert sorted(set(COMMANDS) - shown) == []
+
+
+def test_the_example_config_loads_with_every_key_of_the_schema() -> None:
+    schema, example = _schema(), _example()
+    assert {s: sorted(schema[s] - example.get(s, set())) for s in schema if schema[s] - example.get(s, set())} == {}
+    config_module.load_config(EXAMPLE_TOML)  # and it loads as shipped
+
+
+def _reference_rows() -> dict[str, dict[str, str]]:
+    """docs/configuration.md's tables: section -> key -> the default as shown (TOML)."""
+    out: dict[str, dict[str, str]] = {}
+    current = None
+    for raw in page_text(REPO / "docs/configuration.md").splitlines():
+        m = re.match(r"^## `\[([a-z_.A-Z]+)\]`", raw)
+        if m:
+            current = "cameras.*" if m.group(1).startswith("cameras.") else m.group(1)
+            out[current] = {}
+            continue
+        row = re.match(r"^\| `([a-z_]+)` \| `([^`]*)` \|", raw)
+        if row and current:
+            out[current][row.group(1)] = row.group(2)
+    return out
+
+
+def test_the_configuration_reference_lists_every_key_with_the_default_the_code_has() -> None:
+    rows = _reference_rows()
+    hints = typing.get_type_hints(config_module.Config)
+    problems = []
+    for name, tp in hints.items():
+        section_name = name
+        if typing.get_origin(tp) is dict:
+            tp, section_name = typing.get_args(tp)[1], "cameras.*"
+        default = tp()
+        for f in dataclasses.fields(tp):
+            shown = rows.get(section_name, {}).get(f.name)
+            if shown is None:
+                problems.append(f"[{section_name}] {f.name}: not in docs/configuration.md")
+                continue
+            value = tomllib.loads(f"v = {shown}")["v"]
+            if value != getattr(default, f.name):
+                problems.append(
+                    f"[{section_name}] {f.name}: the page says {shown}, the code {getattr(default, f.name)!r}"
+                )
+    extra = {f"[{s}] {k}" for s, keys in rows.items() for k in keys} - {
+        f"[{'cameras.*' if typing.get_origin(tp) is dict else n}] {f.name}"
+        for n, tp in hints.items()
+        for f in dataclasses.fields(typing.get_args(tp)[1] if typing.get_origin(tp) is dict else tp)
+    }
+    assert problems == [] and sorted(extra) == []
+
+
+def test_the_live_keys_the_reference_names_are_what_a_reload_applies() -> None:
+    from daemon.config.reload import LIVE_KEYS
+
+    _page, text = section("Reloading: SIGHUP")
+    listed = text.split("applied live:", 1)[1].split(". ", 1)[0]
+    assert sorted(re.findall(r"`([a-z_]+\.[a-z_*]+)`", listed)) == sorted(LIVE_KEYS)
+
+
+def test_the_realtime_priority_the_docs_suggest_is_what_the_drop_in_allows() -> None:
+    conf = (REPO / "systemd/so101d.service.d/realtime.conf").read_text()
+    allowed = int(re.search(r"^LimitRTPRIO=(\d+)", conf, re.M).group(1))  # type: ignore[union-attr]
+    suggested = [int(v) for p in PAGES for v in re.findall(r"`control\.realtime_priority = (\d+)`", page_text(p))]
+    assert suggested and all(0 < v <= allowed for v in suggested)
+    assert [int(v) for v in re.findall(r"`control\.realtime_priority = (\d+)`", DRIFTED)] == [50]  # would fail
+
+
+def test_the_calibration_steps_are_the_prompts_the_cli_shows() -> None:
+    cli = (REPO / "daemon/apps/commands/calibrate.py").read_text()
+    prompts = re.findall(r'"(\d)/(\d) ', cli)
+    total = int(prompts[0][1])
+    assert [int(p[0]) for p in prompts] == list(range(1, total + 1))
+    _page, text = section("Calibrating an arm")
+    steps = re.findall(r"^(\d)\. ", text, re.M)
+    assert [int(s) for s in steps] == list(range(1, total + 1))
+    assert f"`1/{total}` ... `{total}/{total}`" in text
+
+
+def test_the_emulators_calibration_ids_are_the_ones_the_docs_name() -> None:
+    import argparse
+
+    from drivers.emulator import cli as emulate_cli
+
+    p = argparse.ArgumentParser()
+    emulate_cli.add_arguments(p)
+    defaults = p.parse_args([])
+    _page, text = section("No arm? The emulated SO-101")
+    assert f"`{defaults.leader_id}`" in text and f"`{defaults.follower_id}`" in text
+    assert f'[leader] id = "{defaults.leader_id}"' in text
+    assert f'[follower] id = "{defaults.follower_id}"' in text
+
+
+# ---------------------------------------------------------------------------------------------
+# the checks catch drift (README lines as they once were) and a page that names what is not there
 # ---------------------------------------------------------------------------------------------
 DRIFTED = """\
 For jitter under 1 ms on a busy machine set `control.realtime_priority = 50` (needs LimitRTPRIO).
@@ -257,6 +455,23 @@ For jitter under 1 ms on a busy machine set `control.realtime_priority = 50` (ne
 - `so101d episode save --sucess`, `[follower] kind = "sim" endpont = "tcp://127.0.0.1:5555"`
 
     so101d sim-follower --backend bullet
+"""
+
+BAD_PAGE = """\
+# A page that drifted
+
+See [the service guide](service.md#no-such-heading), [the old guide](README.server.md) and
+[the policy guide](policy.md#policies-local-inference-and-lerobots-policy-server).
+The loop is in `daemon/control/cycle.py`; the reader is `daemon.control.loop.ControlLop`.
+
+    so101d teleop pause
+    .venv/bin/python bench/bench_loop.py --secnds 3
+    python .ci/check_imports.py --graph
+    make tests
+
+```python
+from daemon.control.loop import ControlLoop, Cycle
+```
 """
 
 
@@ -272,34 +487,19 @@ def test_the_checks_catch_a_flag_or_choice_that_does_not_exist() -> None:
     assert any("bullet" in p for p in problems)
 
 
-def test_the_realtime_priority_the_readme_suggests_is_what_the_drop_in_allows() -> None:
-    conf = (REPO / "systemd/so101d.service.d/realtime.conf").read_text()
-    allowed = int(re.search(r"^LimitRTPRIO=(\d+)", conf, re.M).group(1))  # type: ignore[union-attr]
-    suggested = [int(v) for v in re.findall(r"realtime_priority = (\d+)", readme_text())]
-    assert suggested and all(0 < v <= allowed for v in suggested)
-    assert [int(v) for v in re.findall(r"realtime_priority = (\d+)", DRIFTED)] == [50]  # would fail
-
-
-def test_the_calibration_steps_are_the_prompts_the_cli_shows() -> None:
-    cli = (REPO / "daemon/apps/commands/calibrate.py").read_text()
-    prompts = re.findall(r'"(\d)/(\d) ', cli)
-    total = int(prompts[0][1])
-    assert [int(p[0]) for p in prompts] == list(range(1, total + 1))
-    section = readme_text().split("### Calibrating an arm")[1].split("\n### ")[0]
-    steps = re.findall(r"^(\d)\. ", section, re.M)
-    assert [int(s) for s in steps] == list(range(1, total + 1))
-    assert f"`1/{total}` ... `{total}/{total}`" in section
-
-
-def test_the_emulators_calibration_ids_are_the_ones_the_readme_names() -> None:
-    import argparse
-
-    from drivers.emulator import cli as emulate_cli
-
-    p = argparse.ArgumentParser()
-    emulate_cli.add_arguments(p)
-    defaults = p.parse_args([])
-    section = readme_text().split("### No arm?")[1].split("\n### ")[0]
-    assert f"`{defaults.leader_id}`" in section and f"`{defaults.follower_id}`" in section
-    assert f'[leader] id = "{defaults.leader_id}"' in section
-    assert f'[follower] id = "{defaults.follower_id}"' in section
+def test_the_checks_catch_a_page_naming_a_command_path_name_or_link_that_is_not_there() -> None:
+    page = REPO / "docs" / "drifted.md"  # never written: the text is checked as if it were this page
+    problems = _page_problems(page, BAD_PAGE)
+    expected = [
+        "docs/drifted.md:7 `so101d teleop pause`",  # no such choice
+        "docs/drifted.md:3: link to service.md#no-such-heading: no heading #no-such-heading",
+        "docs/drifted.md:3: link to README.server.md: no docs/README.server.md",
+        "docs/drifted.md:5: no daemon/control/cycle.py",
+        "docs/drifted.md:5: daemon.control.loop.ControlLop: no ControlLop",
+        "docs/drifted.md:8: bench/bench_loop.py has no --secnds",
+        "docs/drifted.md:10: no make target tests",
+        "docs/drifted.md:13: daemon.control.loop has no Cycle",
+    ]
+    assert [e for e in expected if not any(p.startswith(e) for p in problems)] == [], problems
+    # and nothing else: the good link, the real script and flag pass
+    assert len(problems) == len(expected), problems
