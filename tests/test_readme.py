@@ -503,3 +503,15 @@ def test_the_checks_catch_a_page_naming_a_command_path_name_or_link_that_is_not_
     assert [e for e in expected if not any(p.startswith(e) for p in problems)] == [], problems
     # and nothing else: the good link, the real script and flag pass
     assert len(problems) == len(expected), problems
+
+
+def test_the_realism_presets_the_docs_list_are_the_emulators() -> None:
+    """`--realism` takes any string at parse time (the emulator checks it when it starts), so the
+    parser check cannot see a wrong preset name: the table is held to the emulator's presets."""
+    from drivers.emulator.realism import PRESETS
+
+    _page, text = section("No arm? The emulated SO-101")
+    table = re.findall(r"^\s*\| `([\w-]+)` \|", text, re.M)
+    assert sorted(table) == sorted(PRESETS)
+    shown = {p for m in re.findall(r"--realism ([\w,-]+)", text) for p in m.split(",")} - {"PRESET"}
+    assert shown and shown <= set(PRESETS)

@@ -1,7 +1,8 @@
-"""The README, walked through by a new user on the virtual bench: every command it shows, run as written.
+"""The README and the operator guide, walked through by a new user on the virtual bench: every
+command they show, run as written.
 
-Each command is taken as the README prints it (``readme()`` fails if the README no longer shows
-it) and only ports, paths and lengths are substituted: the emulator's pty links for
+Each command is taken as the docs print it (``readme()`` fails if neither the README nor a page
+under docs/ shows it any more: the README keeps the first steps, docs/ the rest) and only ports, paths and lengths are substituted: the emulator's pty links for
 /dev/ttyACM*, a temporary HOME (so `~/so101d/datasets`, `~/datasets/pick` and the demo's
 `~/so101d/demo-datasets` are where the README says, under it), a private XDG_RUNTIME_DIR (so the
 default control socket is this test's), HF_LEROBOT_CALIBRATION (LeRobot's own variable) for the
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from readme_support import REPO, commands, python_blocks
+from readme_support import REPO, all_pages_text, commands, page_name, page_text, pages, python_blocks
 from support import free_port, poll_until, wait_status
 
 from calibration.calibration_file import ArmCalibration
@@ -89,9 +90,9 @@ def machine(tmp_path_factory: pytest.TempPathFactory) -> Machine:
 
 
 def readme(shown: str, **subst: str) -> list[str]:
-    """The argv (after `so101d`) of a command the README shows, with values substituted.
+    """The argv (after `so101d`) of a command the docs show, with values substituted.
 
-    ``shown`` must be a command of the README exactly (whitespace aside, `.venv/bin/` and
+    ``shown`` must be a command of the README or a docs/ page exactly (whitespace aside, `.venv/bin/` and
     `sudo ` dropped); ``subst`` maps a token as shown to what this bench uses instead.
     """
 
@@ -99,8 +100,8 @@ def readme(shown: str, **subst: str) -> list[str]:
         return " ".join(text.replace(".venv/bin/", "").removeprefix("sudo ").split())
 
     norm = normal(shown)
-    texts = {normal(c.text) for c in commands()}
-    assert norm in texts, f"the README no longer shows `{shown}`"
+    texts = {normal(c.text) for page in pages() for c in commands(page_text(page))}
+    assert norm in texts, f"neither README.md nor docs/ shows `{shown}` any more ({', '.join(map(page_name, pages()))})"
     # Optional parts in brackets are left out (a test adds the ones it uses).
     tokens = shlex.split(re.sub(r"\s*\[[^\]]*\]", "", norm))[1:]
     return [subst.get(t, t) for t in tokens]
@@ -597,7 +598,7 @@ def test_sim_follower_episodes_are_recorded_and_load(machine: Machine, bench: Be
     )
     # so101d.toml:  [follower] kind = "sim"   endpoint = "tcp://127.0.0.1:5555"   stale_timeout_s = 0.1
     # and `[cameras.front] kind = "sim"` (no size: the simulator's)
-    readme_text = (REPO / "README.md").read_text()
+    readme_text = all_pages_text()
     assert '[follower] kind = "sim"   endpoint = "tcp://127.0.0.1:5555"   stale_timeout_s = 0.1' in readme_text
     assert '`kind = "sim"` with a simulated follower' in readme_text
     text = config.read_text()

@@ -468,7 +468,7 @@ def test_seed_demos_survive_strict_reset_to_replay_and_the_ik_step(tmp_path, env
 
 
 def test_readme_leisaac_commands_parse():
-    """Every so101d / sim_bridge command and the so101d.toml block of the README's LeIsaac and Mimic
+    """Every so101d / sim_bridge command and the so101d.toml block of docs/sim.md's LeIsaac and Mimic
     sections are real:
     the follower's own arguments parse (Isaac Lab's AppLauncher adds --enable_cameras, --device,
     --headless inside main()), the so101d subcommands parse, the config block loads."""
@@ -481,9 +481,9 @@ def test_readme_leisaac_commands_parse():
     from daemon.apps.commands import import_hdf5 as import_cmd
     from daemon.config.settings import config_from_dict
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    start = readme.index("### Running the LeIsaac follower on a GPU workstation")
-    text = readme[start : readme.index("### Local inference", start)]
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "sim.md").read_text()
+    start = readme.index("## Running the LeIsaac follower on a GPU workstation")
+    text = readme[start:]  # with the Mimic section after it: import-hdf5 / export-hdf5
     lines = [ln.strip() for ln in text.splitlines() if ln.startswith("    ")]
     follower = [ln for ln in lines if "sim_bridge.leisaac_follower" in ln]
     assert follower
