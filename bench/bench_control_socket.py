@@ -1,4 +1,4 @@
-"""Control socket under a connection leak (issue 12, "operator lock-out"), measured side by side.
+"""Control socket under a connection leak (an operator locked out by a leaking dashboard), measured side by side.
 
 `so101d run` serves the emulated bench (`so101d emulate`, wire time modelled), each in its own
 process, as on a real machine. This process plays the operator and a leaking dashboard: for each
@@ -15,15 +15,7 @@ rows interleaved over ``--rounds`` (the machine's load drifts), and prints the r
 
     .venv/bin/python bench/bench_control_socket.py [--requests 300] [--idle 0 300 1000]
 
-Measured here (2 shared cores, load average 4 to 8 from other jobs; three runs, 2 rounds each):
-- status on an open connection p50 0.9 to 1.4 ms at 0 idle, 0.9 to 2.8 ms at 300, 1.0 to 3.9 ms
-  at 1000 (509 kept: 512 minus the bench's own); p99 stays within 2 to 18 ms but for windows where
-  the machine was busy (up to 110 ms, in a 0-idle row as much as in the others);
-- the loop with only idle connections held: 300 / 0 idle 0.87x, 1.05x, 1.01x; 1000 / 0 idle
-  1.02x, 1.07x, 1.01x of the rate (the quietest run: 98.3 to 100.0 Hz in every row);
-- before this change (one server thread per client, 32 at most) the same bench stopped at the
-  300 row: the daemon wrote "too many connections" and closed the operator's connection
-  (DaemonUnavailable: Broken pipe).
+Earlier measurements and what they showed: docs/design/control-socket.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fault soak (issue 12): the daemon records on the virtual bench while faults are injected at
+"""Fault soak: the daemon records on the virtual bench while faults are injected at
 random for N minutes; no crash, no snap, nothing lost.
 
 The bench: ``so101d emulate`` in its own process (leader in its demo motion, follower), our

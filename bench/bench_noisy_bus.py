@@ -1,4 +1,4 @@
-"""Noisy-bus benchmark (issue 12): our control loop vs LeRobot 0.6.1's bus when the follower's
+"""Noisy-bus benchmark: our control loop vs LeRobot 0.6.1's bus when the follower's
 status packets are damaged, measured side by side in one run on one virtual bench.
 
 The emulator runs in its own process (``so101d emulate``, leader moving in its demo motion);

@@ -1,5 +1,6 @@
-"""Realism benchmark (issue 19): the control loop behind emulated USB adapters, and how long a
-corrupt LEN byte costs the driver today vs before issue 19. Measured side by side in one run.
+"""Realism benchmark: the control loop behind emulated USB adapters, and how long a corrupt LEN
+byte costs the driver today vs the driver before it resynchronised on a bad LEN. Measured side by
+side in one run.
 
 1. Loop at the configured rate (100 Hz) for each USB preset of the emulator (none, ch343,
    ftdi-1ms, ftdi = 16 ms latency timer): achieved rate, overruns, follower-read p50/p99, and
@@ -7,7 +8,7 @@ corrupt LEN byte costs the driver today vs before issue 19. Measured side by sid
 2. Corrupt-LEN recovery: a six-servo sync read of Present_Position whose first reply has a LEN
    byte that promises more than was sent (``corrupt`` control command, mode ``len``, the next
    reply only). The driver of this tree vs the driver as of ``--baseline`` (default: the commit
-   before issue 19), loaded from git into its own module; both read the same emulator,
+   before the LEN resynchronisation, docs/design/emulator-realism.md), loaded from git into its own module; both read the same emulator,
    interleaved in rounds. Prints p50/p99 of the damaged reads and of clean reads, and the ratio.
 
     .venv/bin/python bench/bench_realism.py [--seconds 3] [--reads 100] [--baseline REV]
@@ -37,7 +38,7 @@ from drivers.emulator.process import EmulatorProcess
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 from drivers.feetech_bus import FeetechBus
 
-PRE_ISSUE_19 = "6584b0f"  # main before issue 19's driver changes
+BASELINE_REV = "6584b0f"  # main before the driver resynchronised on a corrupt LEN
 IDS = [1, 2, 3, 4, 5, 6]
 
 
@@ -94,7 +95,7 @@ def baseline_bus_module(rev: str) -> ModuleType:
     src = subprocess.run(
         ["git", "-C", str(REPO), "show", f"{rev}:drivers/feetech_bus.py"], capture_output=True, text=True, check=True
     ).stdout
-    # Since issue 12 the broadcast and max ids live in the codec (drivers/protocol.py) alone; the
+    # Since 2026-11 the broadcast and max ids live in the codec (drivers/protocol.py) alone; the
     # old driver imported them from the control table, so it gets a table module that has them.
     from drivers import protocol, sts3215_table
 
@@ -142,7 +143,7 @@ def main() -> int:
     ap.add_argument("--reads", type=int, default=100, help="damaged reads per driver (default 100)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaving rounds (default 5)")
     ap.add_argument(
-        "--baseline", default=PRE_ISSUE_19, help=f"git revision of the driver to compare with (default {PRE_ISSUE_19})"
+        "--baseline", default=BASELINE_REV, help=f"git revision of the driver to compare with (default {BASELINE_REV})"
     )
     ap.add_argument("--skip-loop", action="store_true")
     args = ap.parse_args()

@@ -16,9 +16,9 @@ loop runs faster (100 Hz) and asks for the target *now*:
   ``exp(-ensemble_coeff * i)`` with i = 0 for the oldest);
 - ``usable_horizon_s(now)`` is the time until the last action that will still be used: a chunk's
   end or ``max_obs_age_s`` after its observation, whichever comes first. The runner asks for the
-  next chunk when that horizon falls to its measured inference latency plus a margin (issue 16:
-  counting queued actions also counted the ones that would expire before their slot, so the
-  queue ran dry once per ``max_obs_age_s``). ``refill_below`` remains a floor on the action count.
+  next chunk when that horizon falls to its measured inference latency plus a margin (counting
+  queued actions would also count the ones that expire before their slot: docs/design/policy-refill.md).
+  ``refill_below`` remains a floor on the action count.
 
 Everything here is plain numpy on (6,) arrays and a handful of chunks: a few microseconds per call.
 """

@@ -1,7 +1,7 @@
 """The policy worker's heap: keep freed memory instead of handing it back to the kernel.
 
-Measured (bench/bench_policy.py, tail run): with glibc's defaults one ACT request on a 320x240
-camera took ~4600 minor page faults. A forward pass allocates and frees tensors of a few hundred
+With glibc's defaults one ACT request takes thousands of minor page faults (measured in
+docs/design/policy-worker.md). A forward pass allocates and frees tensors of a few hundred
 kB to tens of MB; glibc serves blocks above its mmap threshold with a fresh ``mmap`` and returns
 them with ``munmap`` on free, and trims the top of the heap once more than its trim threshold is
 free. Either way the next request's buffers are new pages, and the kernel zero-fills each one on

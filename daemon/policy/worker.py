@@ -159,12 +159,10 @@ def torch_threads(configured: int | None) -> tuple[int, str]:
     torch is imported: libgomp reads its environment when it loads).
 
     By default one core is left to the control loop and its bus I/O: a forward pass on every core
-    starved the loop on small machines (measured: 250 ms stalls on 2 cores). When the forward
-    pass is given every core anyway, its OpenMP threads must not spin after each parallel region
-    (libgomp's default): spinning on every core kept the daemon's receiver thread off the CPU
-    for ~50 ms about once per 300 chunks (bench/bench_policy.py tail run, 2 threads on 2 cores:
-    overhead p99.9 52.9 ms spinning, 2.3 ms passive). An OMP_WAIT_POLICY set by the operator
-    is kept."""
+    starved the loop on small machines. When the forward pass is given every core anyway, its
+    OpenMP threads must not spin after each parallel region (libgomp's default): spinning on
+    every core kept the daemon's receiver thread off the CPU (docs/design/policy-worker.md has
+    the measurements). An OMP_WAIT_POLICY set by the operator is kept."""
     cores = len(os.sched_getaffinity(0))  # the cores this process may use (a cpuset, taskset)
     threads = configured or max(1, cores - 1)
     if threads >= cores and threads > 1:
