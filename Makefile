@@ -48,7 +48,8 @@ $(BROWSER_STAMP): $(STAMP)
 TEST_WORKERS ?= 4
 
 test: $(STAMP) $(BROWSER_STAMP)
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	@start=$$(date +%s); $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests; rc=$$?; \
+	  echo "make test: $$(( $$(date +%s) - start )) s wall, $(TEST_WORKERS) workers (exit $$rc)"; exit $$rc
 
 test-unit: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m unit tests
