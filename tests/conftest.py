@@ -171,11 +171,12 @@ def virtual_bench() -> Iterator[VirtualBench]:
 
 
 # -- the e2e tests, timed in every run -------------------------------------------------------------
-# `make test` ends with one line per e2e test (setup + call + teardown, so a module fixture that
-# starts a daemon counts where it runs) and their total, so a test that got slower shows up in the
-# output of the command everybody runs, not only when someone asks for ``--durations``.
+# `make test` ends with the slowest e2e tests (setup + call + teardown, so a module fixture that
+# starts a daemon counts where it runs) and the total of all, so a test that got slower shows up in
+# the output of the command everybody runs, not only when someone asks for ``--durations``.
 _E2E_SECONDS: dict[str, float] = defaultdict(float)
 _E2E_OUTCOME: dict[str, str] = {}
+_E2E_SHOWN = 30  # a third of the suite is e2e: its slowest tests, not a page of lines per run
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -194,8 +195,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not _E2E_SECONDS:
         return
     total_s = sum(_E2E_SECONDS.values())
-    terminalreporter.section(f"e2e tests: {len(_E2E_SECONDS)}, {total_s:.1f} s in all")
-    for nodeid, seconds in sorted(_E2E_SECONDS.items(), key=lambda kv: -kv[1]):
+    shown = sorted(_E2E_SECONDS.items(), key=lambda kv: -kv[1])[:_E2E_SHOWN]
+    terminalreporter.section(f"e2e tests: {len(_E2E_SECONDS)}, {total_s:.1f} s in all; the {len(shown)} slowest")
+    for nodeid, seconds in shown:
         terminalreporter.write_line(f"{seconds:8.2f} s  {_E2E_OUTCOME.get(nodeid, '?'):7s}  {nodeid}")
 
 
