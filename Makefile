@@ -1,6 +1,9 @@
 # so101d: the two commands of the README.
 #   make run   - set up .venv and run the daemon on the virtual bench (emulated arms)
-#   make test  - set up .venv and run the test suite
+#   make test  - set up .venv and run the test suite (parallel workers, one per file at a time;
+#                TEST_WORKERS=N to change their number; pytest prints the wall time at the end)
+#   make test-unit - only the unit tests (marker `unit`: no pty, child process or daemon), in
+#                seconds, while you work; `make test` runs them too
 # Everything installs into .venv; nothing is installed system-wide.
 
 VENV   := .venv
@@ -8,7 +11,7 @@ STAMP  := $(VENV)/.installed
 # pyenv's 3.12 is on every workstation and CI machine here; `python3` may be another version.
 PYTHON312 := $(shell for p in "$$PYENV_ROOT"/versions/3.12*/bin/python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 /usr/local/bin/python3.12; do [ -x "$$p" ] && { echo "$$p"; break; }; done)
 
-.PHONY: run test setup bench clean
+.PHONY: run test test-unit setup bench clean
 # The console's end-to-end tests run Debian's chromium + chromedriver (a system package: apt).
 BROWSER_STAMP := $(VENV)/.chromium
 
@@ -39,8 +42,17 @@ $(BROWSER_STAMP): $(STAMP)
 	fi
 	@touch $(BROWSER_STAMP)
 
+# Four workers on a 2-core machine: a test mostly waits (child processes starting, ptys, the
+# loop's clock), so two per core keep both busy. --dist loadfile: a file's tests stay on one worker,
+# so a module fixture (a daemon, a browser) starts once per file, not once per worker.
+TEST_WORKERS ?= 4
+
 test: $(STAMP) $(BROWSER_STAMP)
-	$(VENV)/bin/python -m pytest -q tests
+	@start=$$(date +%s); $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests; rc=$$?; \
+	  echo "make test: $$(( $$(date +%s) - start )) s wall, $(TEST_WORKERS) workers (exit $$rc)"; exit $$rc
+
+test-unit: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m unit tests
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do $(VENV)/bin/python $$b || exit 1; done

@@ -1,20 +1,182 @@
-"""Suite-wide pytest hooks: the long end-to-end tests (marker ``e2e``) are timed in every run.
+"""Suite-wide pytest setup: every test file's kind, the shared virtual bench, the e2e timing table,
+the check that a run leaves the working tree as it found it, and the end of the test process.
 
-`make test` ends with one line per e2e test (setup + call + teardown, so a module fixture that
-starts a daemon counts where it runs) and their total, so a test that got slower shows up in the
-output of the command everybody runs, not only when someone asks for ``--durations``.
+Kinds (markers ``unit``, ``integration``, ``e2e``; each test has exactly one):
+
+- ``unit``: one module in this process, plain data or a fake clock; no pseudo-terminal, no child
+  process, no daemon. `make test-unit` runs only these (``-m unit``), in seconds, while you work.
+- ``integration``: several of our parts together in this process (the loop and our driver on the
+  emulator's ptys, the socket server, the recorder and its writer process, LeRobot's libraries).
+- ``e2e``: through our programs as a user runs them (``so101d run``/``demo``/``emulate``, the CLI
+  verbs, the console in a browser) or through LeRobot's own programs.
+
+A file's kind comes from ``FILE_KINDS`` below; a ``pytestmark`` or a test's own marker of one of
+the kinds wins (a long e2e test in an integration file). A new test file must be given a kind:
+collection stops naming it.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from virtual_bench_support import VirtualBench, open_virtual_bench
 
+KINDS = ("unit", "integration", "e2e")
+
+FILE_KINDS: dict[str, str] = {
+    # plain data, one module
+    "test_calibration_file.py": "unit",
+    "test_conventions.py": "unit",
+    "test_daemon_config.py": "unit",
+    "test_daemon_faults.py": "unit",
+    "test_daemon_logs.py": "unit",
+    "test_daemon_safety.py": "unit",
+    "test_daemon_stats.py": "unit",
+    "test_emulator_dynamics.py": "unit",
+    "test_emulator_protocol.py": "unit",
+    "test_packaging.py": "unit",
+    "test_policy_path_check.py": "unit",
+    "test_policy_queue.py": "unit",
+    "test_readme.py": "unit",
+    "test_service_find_ports.py": "unit",
+    "test_service_reload.py": "unit",
+    "test_service_sd_notify.py": "unit",
+    "test_signal_wake.py": "unit",
+    "test_sim_protocol.py": "unit",
+    "test_sim_remote_leader.py": "unit",
+    # our parts together, in this process (ptys, sockets, the writer process, LeRobot's libraries)
+    "test_calibration_procedure.py": "integration",
+    "test_calibration_restore.py": "integration",
+    "test_code_shape.py": "integration",  # ruff, mypy and the import check over the whole tree
+    "test_control_path_followups.py": "integration",
+    "test_daemon_loop.py": "integration",
+    "test_daemon_seams.py": "integration",
+    "test_daemon_socket.py": "integration",
+    "test_daemon_socket_lockout.py": "integration",
+    "test_daemon_socket_poison.py": "integration",
+    "test_daemon_status.py": "integration",
+    "test_daemon_strict_servos.py": "integration",
+    "test_dataset_check.py": "integration",
+    "test_dataset_edit.py": "integration",
+    "test_dataset_tags.py": "integration",
+    "test_driver_arm.py": "integration",
+    "test_driver_bus.py": "integration",
+    "test_driver_strict_servos.py": "integration",
+    "test_emulator_faults.py": "integration",
+    "test_emulator_realism.py": "integration",
+    "test_emulator_sdk.py": "integration",
+    "test_noisy_bus.py": "integration",
+    "test_output_chatter.py": "integration",
+    "test_policy_act.py": "integration",
+    "test_policy_daemon.py": "integration",
+    "test_policy_fused_io.py": "integration",
+    "test_policy_heap.py": "integration",
+    "test_policy_keepup.py": "integration",
+    "test_policy_latency.py": "integration",
+    "test_policy_obs_buffer.py": "integration",
+    "test_policy_serve.py": "integration",
+    "test_policy_sim.py": "integration",
+    "test_policy_takeover.py": "integration",
+    "test_realtime_encoders.py": "integration",
+    "test_recording_cameras.py": "integration",
+    "test_recording_dataset.py": "integration",
+    "test_recording_faults.py": "integration",
+    "test_recording_ring_memory.py": "integration",
+    "test_recording_scale.py": "integration",
+    "test_recording_tags.py": "integration",
+    "test_review_loop.py": "integration",
+    "test_service_install.py": "integration",
+    "test_service_unit.py": "integration",
+    "test_sim_daemon.py": "integration",
+    "test_sim_leisaac.py": "integration",
+    "test_sim_mujoco.py": "integration",
+    "test_sim_recording.py": "integration",
+    # our programs as a user runs them, or LeRobot's
+    "test_console_access.py": "e2e",
+    "test_console_attacks.py": "e2e",
+    "test_console_browser.py": "e2e",
+    "test_daemon_hold_paths.py": "e2e",
+    "test_daemon_process.py": "e2e",
+    "test_dataset_benches.py": "e2e",
+    "test_demo_output.py": "e2e",
+    "test_doctor.py": "e2e",
+    "test_emulator_cli.py": "e2e",
+    "test_emulator_lerobot.py": "e2e",
+    "test_emulator_parent.py": "e2e",
+    "test_first_run_story.py": "e2e",
+    "test_hdf5_bridge.py": "e2e",
+    "test_new_kit_or_cut_chain.py": "e2e",
+    "test_policy_cli.py": "e2e",
+    "test_policy_server.py": "e2e",
+    "test_readme_walkthrough.py": "e2e",
+    "test_recording_crash.py": "e2e",
+    "test_recording_daemon.py": "e2e",
+    "test_recording_demo.py": "e2e",
+    "test_recording_health.py": "e2e",
+    "test_recording_power_cut.py": "e2e",
+    "test_recording_service.py": "e2e",
+    "test_recording_sim_episodes.py": "e2e",
+    "test_recording_train.py": "e2e",
+    "test_rerun_stream.py": "e2e",
+    "test_service_daemon.py": "e2e",
+    "test_service_signals.py": "e2e",
+    "test_setup_motors.py": "e2e",
+    "test_sim_gl_backend.py": "e2e",
+    "test_status_output.py": "e2e",
+}
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With ``-m unit`` alone (`make test-unit`), the other kinds' files are not even imported:
+    importing them (torch, LeRobot, MuJoCo) takes longer than running every unit test."""
+    if config.option.markexpr == "unit" and FILE_KINDS.get(collection_path.name, "unit") != "unit":
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unclassified: set[str] = set()
+    for item in items:
+        own = [m.name for m in item.iter_markers() if m.name in KINDS]
+        if own:
+            # a test's own marker is found first (closest), then its module's pytestmark
+            if len(set(own)) > 1:
+                item.own_markers[:] = [m for m in item.own_markers if m.name not in KINDS or m.name == own[0]]
+            continue
+        name = item.path.name
+        kind = FILE_KINDS.get(name)
+        if kind is None:
+            unclassified.add(name)
+            continue
+        item.add_marker(kind)
+    if unclassified:
+        raise pytest.UsageError(
+            f"tests without a kind: {sorted(unclassified)}; add each file to FILE_KINDS in tests/conftest.py "
+            f"(one of {', '.join(KINDS)}) or give it a pytestmark"
+        )
+
+
+@pytest.fixture
+def virtual_bench() -> Iterator[VirtualBench]:
+    """An emulated leader and follower on ptys in this process, calibrated, held still
+    (tests/virtual_bench_support.py)."""
+    with open_virtual_bench() as bench:
+        yield bench
+
+
+# -- the e2e tests, timed in every run -------------------------------------------------------------
+# `make test` ends with the slowest e2e tests (setup + call + teardown, so a module fixture that
+# starts a daemon counts where it runs) and the total of all, so a test that got slower shows up in
+# the output of the command everybody runs, not only when someone asks for ``--durations``.
 _E2E_SECONDS: dict[str, float] = defaultdict(float)
 _E2E_OUTCOME: dict[str, str] = {}
+_E2E_SHOWN = 30  # a third of the suite is e2e: its slowest tests, not a page of lines per run
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -26,12 +188,52 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _TREE_CHANGES:
+        terminalreporter.section("the tests changed the working tree: the run fails", red=True)
+        for line in _TREE_CHANGES:
+            terminalreporter.write_line(line)
     if not _E2E_SECONDS:
         return
     total_s = sum(_E2E_SECONDS.values())
-    terminalreporter.section(f"e2e tests: {len(_E2E_SECONDS)}, {total_s:.1f} s in all")
-    for nodeid, seconds in sorted(_E2E_SECONDS.items(), key=lambda kv: -kv[1]):
+    shown = sorted(_E2E_SECONDS.items(), key=lambda kv: -kv[1])[:_E2E_SHOWN]
+    terminalreporter.section(f"e2e tests: {len(_E2E_SECONDS)}, {total_s:.1f} s in all; the {len(shown)} slowest")
+    for nodeid, seconds in shown:
         terminalreporter.write_line(f"{seconds:8.2f} s  {_E2E_OUTCOME.get(nodeid, '?'):7s}  {nodeid}")
+
+
+# -- the working tree, before and after ------------------------------------------------------------
+# A test that writes into the checkout (LeRobot's policy server logs into ./logs of its working
+# directory, for one) leaves files someone commits by accident. `git status` before the session
+# and after it: anything new fails the run, naming the paths. Only the process that runs the
+# session checks (not each xdist worker), and only in a git checkout.
+_REPO = Path(__file__).resolve().parent.parent
+_TREE_BEFORE: list[set[str]] = []
+_TREE_CHANGES: list[str] = []
+
+
+def _tree_status() -> set[str] | None:
+    try:
+        r = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=all"],
+            cwd=_REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return set(r.stdout.splitlines()) if r.returncode == 0 else None
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return "workerinput" in config.__dict__
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not _is_xdist_worker(session.config):
+        before = _tree_status()
+        if before is not None:
+            _TREE_BEFORE.append(before)
 
 
 # -- the end of the test process -------------------------------------------------------------------
@@ -46,12 +248,18 @@ _EXIT_STATUS: list[int] = []
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _EXIT_STATUS.append(int(exitstatus))
+    if _TREE_BEFORE:
+        after = _tree_status()
+        if after is not None:
+            _TREE_CHANGES.extend(sorted(after - _TREE_BEFORE[0]))
+            if _TREE_CHANGES and session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    _EXIT_STATUS.append(int(session.exitstatus))
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _EXIT_STATUS and not os.environ.get("SO101D_TESTS_FULL_TEARDOWN"):
+    if _EXIT_STATUS and not _is_xdist_worker(config) and not os.environ.get("SO101D_TESTS_FULL_TEARDOWN"):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_EXIT_STATUS[-1])

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from console_support import Bench, browser_missing, close_browser, console_errors, open_browser, wait_js
+from support import wait_status
 
 from daemon.data.schema import read_episode_tags
 
@@ -26,7 +27,7 @@ DOCS_SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "console.png
 
 
 @pytest.fixture(scope="module")
-def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+def console_bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
     b = Bench(tmp_path_factory.mktemp("console"))
     try:
         b.start()
@@ -39,10 +40,10 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
 
 
 @pytest.fixture(scope="module")
-def page(bench: Bench) -> Iterator[Any]:
+def page(console_bench: Bench) -> Iterator[Any]:
     driver = open_browser()
     try:
-        driver.get(bench.url)
+        driver.get(console_bench.url)
         yield driver
     finally:
         close_browser(driver)
@@ -78,32 +79,42 @@ def _canvas_spread(page: Any, canvas_id: str) -> float:
     )
 
 
-def _camera_frames(bench: Bench) -> dict[str, int]:
+def _camera_frames(console_bench: Bench) -> dict[str, int]:
     from daemon.api.client import ControlClient
 
-    with ControlClient(bench.sock) as c:
+    with ControlClient(console_bench.sock) as c:
         return {x["name"]: int(x["stats"]["frames"]) for x in c.request("camera.list")["cameras"]}
 
 
-def test_live_view_shows_mode_moving_joints_and_camera_previews(bench: Bench, page: Any) -> None:
+def test_live_view_shows_mode_moving_joints_and_camera_previews(console_bench: Bench, page: Any) -> None:
     wait_js(page, "return window.so101dConsole.statusCount > 0", what="a first status")
     # (a loaded machine may briefly realign: the leader read late is a stale leader)
     wait_js(page, "return document.getElementById('mode').textContent.trim() === 'teleop'", what="mode teleop")
     assert _text(page, "reason")
     assert "feetech" in _text(page, "follower-kind")
-    c0 = page.execute_script("return [window.so101dConsole.liveCount, {...window.so101dConsole.previewFrames}]")
-    taken0 = _camera_frames(bench)
+    counts = "return [window.so101dConsole.liveCount, {...window.so101dConsole.previewFrames}]"
+    c0 = page.execute_script(counts)
+    taken0 = _camera_frames(console_bench)
+    t0 = time.monotonic()
     plot0 = page.execute_script("return document.getElementById('plot-shoulder_lift').toDataURL()")
-    time.sleep(3.0)
-    c1 = page.execute_script("return [window.so101dConsole.liveCount, {...window.so101dConsole.previewFrames}]")
-    taken1 = _camera_frames(bench)
-    live_hz = (c1[0] - c0[0]) / 3.0
+    # rates over a window of 30 updates of each (1.5 s at 20 Hz), 4 s at most
+    enough = (
+        f"const c = window.so101dConsole; return c.liveCount >= {c0[0] + 30}"
+        f" && (c.previewFrames.front || 0) >= {c0[1].get('front', 0) + 30}"
+        f" && (c.previewFrames.wrist || 0) >= {c0[1].get('wrist', 0) + 30}"
+    )
+    while not page.execute_script(enough) and time.monotonic() - t0 < 4.0:
+        time.sleep(0.05)
+    c1 = page.execute_script(counts)
+    taken1 = _camera_frames(console_bench)
+    window_s = time.monotonic() - t0
+    live_hz = (c1[0] - c0[0]) / window_s
     assert live_hz >= 10.0, f"live view (mode, joints) updated at {live_hz:.1f} Hz"
     for cam in ("front", "wrist"):
-        fps = (c1[1].get(cam, 0) - c0[1].get(cam, 0)) / 3.0
+        fps = (c1[1].get(cam, 0) - c0[1].get(cam, 0)) / window_s
         # >= 10 fps; a camera that itself delivered fewer frames (a machine too loaded to draw
         # the virtual camera at 30 fps) cannot be previewed faster than it took them
-        camera_fps = (taken1[cam] - taken0[cam]) / 3.0
+        camera_fps = (taken1[cam] - taken0[cam]) / window_s
         assert fps >= min(10.0, 0.8 * camera_fps), f"camera {cam} previewed at {fps:.1f} fps (took {camera_fps:.1f})"
         assert _canvas_spread(page, f"cam-{cam}") > 5.0, f"camera {cam}'s preview is blank"
         assert "320x240" in _text(page, f"cam-{cam}-caption")
@@ -121,12 +132,12 @@ def test_live_view_shows_mode_moving_joints_and_camera_previews(bench: Bench, pa
     assert "elbow_flex" in _text(page, "servos")
 
 
-def test_recording_an_episode_with_the_buttons(bench: Bench, page: Any) -> None:
+def test_recording_an_episode_with_the_buttons(console_bench: Bench, page: Any) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
 
     before = (
-        json.loads((bench.dataset / "meta" / "info.json").read_text())["total_episodes"]
-        if (bench.dataset / "meta" / "info.json").exists()
+        json.loads((console_bench.dataset / "meta" / "info.json").read_text())["total_episodes"]
+        if (console_bench.dataset / "meta" / "info.json").exists()
         else 0
     )
     task = page.find_element("id", "task")
@@ -139,10 +150,11 @@ def test_recording_an_episode_with_the_buttons(bench: Bench, page: Any) -> None:
     ActionChains(page).double_click(page.find_element("id", "btn-start")).perform()
     wait_js(page, "return document.getElementById('rec-phase').textContent.startsWith('recording')", what="recording")
     wait_js(page, "return document.getElementById('countdown').textContent.startsWith('episode')", what="countdown")
-    time.sleep(2.0)
+    # an episode with frames in it (the tag checked below needs more than 30)
+    wait_status(console_bench.sock, lambda s: (s.get("recording") or {}).get("frames", 0) > 60, timeout_s=30)
     # the README's picture, the console during a recording: refreshed with SO101D_UPDATE_SCREENSHOT=1
     # (a plain test run leaves the working tree as it was)
-    shot = DOCS_SCREENSHOT if os.environ.get("SO101D_UPDATE_SCREENSHOT") == "1" else bench.dir / "console.png"
+    shot = DOCS_SCREENSHOT if os.environ.get("SO101D_UPDATE_SCREENSHOT") == "1" else console_bench.dir / "console.png"
     assert page.save_screenshot(str(shot))
     _click(page, "btn-save-success")
     _click(page, "btn-stop-session")  # one episode: else the next starts after the reset countdown
@@ -153,9 +165,9 @@ def test_recording_an_episode_with_the_buttons(bench: Bench, page: Any) -> None:
         what=f"{before + 1} episodes in the dataset",
     )
     # on disk: one more episode, tagged a success with the task typed on the page
-    info = json.loads((bench.dataset / "meta" / "info.json").read_text())
+    info = json.loads((console_bench.dataset / "meta" / "info.json").read_text())
     assert info["total_episodes"] == before + 1, "a double click must not record two episodes"
-    tag = read_episode_tags(bench.dataset)[before]
+    tag = read_episode_tags(console_bench.dataset)[before]
     assert tag.success is True and tag.origin == "teleop" and tag.frames > 30
     # in the list, with its tags
     _click(page, "btn-episodes-refresh")
@@ -184,7 +196,7 @@ def test_recording_an_episode_with_the_buttons(bench: Bench, page: Any) -> None:
     assert _canvas_spread(page, "playback-plot") > 1.0
 
 
-def test_bad_input_from_the_page_gets_a_clear_error(bench: Bench, page: Any) -> None:
+def test_bad_input_from_the_page_gets_a_clear_error(console_bench: Bench, page: Any) -> None:
     send = """const ws = new WebSocket(`ws://${location.host}/ws`);
         const done = arguments[arguments.length - 1];
         const out = [];
@@ -202,11 +214,11 @@ def test_bad_input_from_the_page_gets_a_clear_error(bench: Bench, page: Any) -> 
     assert "success is required" in replies["b3"]["error"]
     assert "malformed JSON" in replies[None]["error"]
     # the daemon is untouched: still following, nothing recording
-    assert bench.wait_recorder_ready(timeout_s=10)["recording"]["phase"] == "idle"
+    assert console_bench.wait_recorder_ready(timeout_s=10)["recording"]["phase"] == "idle"
 
 
-def test_a_fault_tripped_on_the_servos_is_shown_and_cleared_from_the_page(bench: Bench, page: Any) -> None:
-    bench.emulator.control({"cmd": "temperature", "arm": "follower", "joint": "elbow_flex", "celsius": 80.0})
+def test_a_fault_tripped_on_the_servos_is_shown_and_cleared_from_the_page(console_bench: Bench, page: Any) -> None:
+    console_bench.emulator.control({"cmd": "temperature", "arm": "follower", "joint": "elbow_flex", "celsius": 80.0})
     try:
         wait_js(page, "return document.getElementById('mode').textContent === 'fault'", what="mode fault")
         # (the mode comes at 20 Hz, the safety line with the 5 Hz status)
@@ -217,7 +229,9 @@ def test_a_fault_tripped_on_the_servos_is_shown_and_cleared_from_the_page(bench:
             what="elbow_flex's temperature in red",
         )
     finally:
-        bench.emulator.control({"cmd": "temperature", "arm": "follower", "joint": "elbow_flex", "celsius": 30.0})
+        console_bench.emulator.control(
+            {"cmd": "temperature", "arm": "follower", "joint": "elbow_flex", "celsius": 30.0}
+        )
     # cooled down, the fault stays latched until the operator clears it
     wait_js(page, "return document.getElementById('safety').textContent.includes('now none')", what="fault gone now")
     assert _text(page, "mode") == "fault"
@@ -230,16 +244,16 @@ def test_a_fault_tripped_on_the_servos_is_shown_and_cleared_from_the_page(bench:
     wait_js(page, "return document.getElementById('safety').textContent.includes('fault latched none')")
 
 
-def test_the_page_says_when_the_daemon_is_gone_and_reconnects_by_itself(bench: Bench, page: Any) -> None:
-    bench.stop_daemon()
+def test_the_page_says_when_the_daemon_is_gone_and_reconnects_by_itself(console_bench: Bench, page: Any) -> None:
+    console_bench.stop_daemon()
     wait_js(
         page,
         "return document.getElementById('link-banner').textContent.includes('daemon not answering')",
         what="the daemon-lost banner",
     )
     assert _text(page, "mode") == "no daemon"
-    bench.start_daemon()
-    bench.wait_recorder_ready()
+    console_bench.start_daemon()
+    console_bench.wait_recorder_ready()
     wait_js(
         page,
         "return document.getElementById('mode').textContent.trim() === 'teleop'",
@@ -247,18 +261,22 @@ def test_the_page_says_when_the_daemon_is_gone_and_reconnects_by_itself(bench: B
         what="teleop again",
     )
     before = page.execute_script("return {...window.so101dConsole.previewFrames}")
-    time.sleep(1.5)
-    after = page.execute_script("return {...window.so101dConsole.previewFrames}")
-    assert all(after[c] > before[c] for c in ("front", "wrist")), (before, after)
+    wait_js(
+        page,
+        "const f = window.so101dConsole.previewFrames;"
+        f" return f.front > {before.get('front', 0)} && f.wrist > {before.get('wrist', 0)}",
+        timeout_s=30,
+        what=f"both previews moving again (before: {before})",
+    )
 
 
-def test_camera_preview_verb_on_the_control_socket(bench: Bench, page: Any) -> None:
+def test_camera_preview_verb_on_the_control_socket(console_bench: Bench, page: Any) -> None:
     """What the console asks the daemon for is the documented API: any client gets the same."""
     import base64
 
     from daemon.api.client import ControlClient
 
-    with ControlClient(bench.sock) as c:
+    with ControlClient(console_bench.sock) as c:
         cams = c.request("camera.list")["cameras"]
         assert [(x["name"], x["width"], x["height"]) for x in cams] == [("front", 320, 240), ("wrist", 320, 240)]
         p = c.request("camera.preview", camera="front", max_width=160, max_height=160)
@@ -275,7 +293,7 @@ def test_camera_preview_verb_on_the_control_socket(bench: Bench, page: Any) -> N
             assert reply["ok"] is False and why in reply["error"], reply
 
 
-def test_a_start_sent_twice_starts_one_episode(bench: Bench, page: Any) -> None:
+def test_a_start_sent_twice_starts_one_episode(console_bench: Bench, page: Any) -> None:
     """Two starts racing (two tabs, a double click that got through) and a start resent with the
     same request id (a page reconnecting) start one episode."""
     script = """const ws = new WebSocket(`ws://${location.host}/ws`);
@@ -301,11 +319,11 @@ def test_a_start_sent_twice_starts_one_episode(bench: Bench, page: Any) -> None:
     first = next(r for r in starts if r["ok"])
     assert replies[2]["repeated"] is True and replies[2]["ok"] is (first["id"] == "s1")
     assert replies[3]["ok"] is True, replies[3]  # the one episode, discarded
-    assert bench.wait_recorder_ready(timeout_s=30)["recording"]["phase"] == "idle"
+    assert console_bench.wait_recorder_ready(timeout_s=30)["recording"]["phase"] == "idle"
 
 
 def test_a_checkpoint_that_does_not_fit_is_refused_with_the_mismatch_list(
-    bench: Bench, page: Any, tmp_path_factory: pytest.TempPathFactory
+    console_bench: Bench, page: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """A real LeRobot ACT checkpoint trained for one camera "top" at 96x128: this bench records
     "front" and "wrist" at 320x240. Loading it from the page shows why it cannot drive."""
@@ -326,20 +344,20 @@ def test_a_checkpoint_that_does_not_fit_is_refused_with_the_mismatch_list(
     assert "no policy loaded" in _text(page, "policy-status")
 
 
-def test_only_the_dataset_videos_are_served(bench: Bench, page: Any) -> None:
+def test_only_the_dataset_videos_are_served(console_bench: Bench, page: Any) -> None:
     import urllib.error
     import urllib.request
 
     for path in ("dataset/videos/..%2F..%2Fmeta%2Finfo.json", "dataset/videos/%2E%2E/%2E%2E/so101d.toml"):
         with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(bench.url + path, timeout=10)
+            urllib.request.urlopen(console_bench.url + path, timeout=10)
         assert err.value.code in (403, 404), (path, err.value.code)
     with pytest.raises(urllib.error.HTTPError) as err:
-        urllib.request.urlopen(bench.url + "api/episodes/x", timeout=10)
+        urllib.request.urlopen(console_bench.url + "api/episodes/x", timeout=10)
     assert err.value.code == 400 and "whole number" in err.value.read().decode()
 
 
-def test_a_recorder_that_fails_is_shown_not_hidden(bench: Bench, page: Any) -> None:
+def test_a_recorder_that_fails_is_shown_not_hidden(console_bench: Bench, page: Any) -> None:
     """The dataset writer process dies (killed here; a full disk or a crash alike): the page says
     recording stopped and why, Start is off (the daemon refuses it with the reason), teleop goes on. Last in the
     module: this daemon records no more."""
@@ -347,7 +365,7 @@ def test_a_recorder_that_fails_is_shown_not_hidden(bench: Bench, page: Any) -> N
 
     from daemon.api.client import ControlClient
 
-    with ControlClient(bench.sock) as c:
+    with ControlClient(console_bench.sock) as c:
         writer_pid = c.request("status")["recording"]["writer_pid"]
     os.kill(writer_pid, signal.SIGKILL)
     shown = wait_js(
@@ -359,7 +377,7 @@ def test_a_recorder_that_fails_is_shown_not_hidden(bench: Bench, page: Any) -> N
     assert "RECORDING STOPPED" in shown, shown
     assert _text(page, "rec-phase") == "error"
     assert not page.find_element("id", "btn-start").is_enabled()
-    with ControlClient(bench.sock) as c:  # and the daemon itself refuses, saying why
+    with ControlClient(console_bench.sock) as c:  # and the daemon itself refuses, saying why
         reply = c.call("episode.start", task="after the crash")
     assert reply["ok"] is False and "recording stopped" in reply["error"], reply
     # teleop goes on (on a loaded machine the page may catch a moment of re-alignment first)

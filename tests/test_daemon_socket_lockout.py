@@ -20,8 +20,10 @@ from pathlib import Path
 
 from support import wait_for
 from test_daemon_loop import make_bench  # noqa: F401  (fixture)
-from test_policy_daemon import bench as policy_bench  # noqa: F401  (fixture)
-from test_policy_daemon import ckpt  # noqa: F401  (fixture)
+from test_policy_daemon import (
+    ckpt,  # noqa: F401  (fixture)
+    policy_bench,  # noqa: F401  (fixture)
+)
 
 from daemon.api.client import ControlClient
 from daemon.apps.cli import main as so101d

@@ -7,13 +7,13 @@ import itertools
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from support import still_arm_on_pty, wait_for
+from support import wait_for
+from virtual_bench_support import VirtualBench
 
 from daemon.api.client import ControlClient
 from daemon.config.settings import config_from_dict
@@ -48,11 +48,11 @@ def ckpt(tmp_path_factory) -> Path:
 
 
 @pytest.fixture()
-def bench():
-    d = tempfile.TemporaryDirectory(prefix="so101d-pol-")
-    root = Path(d.name)
-    la, lb = still_arm_on_pty(root / "leader", "leader", POSE)
-    _fa, fb = still_arm_on_pty(root / "follower", "follower", POSE)
+def policy_bench(virtual_bench: VirtualBench):
+    root = virtual_bench.root
+    la = virtual_bench.leader
+    la.set_pose_units(POSE)
+    virtual_bench.follower.set_pose_units(POSE)
     cfg = config_from_dict(
         {
             "socket": {"path": str(root / "c.sock")},
@@ -83,13 +83,10 @@ def bench():
     yield daemon, ctl, rows, la, root
     daemon.stop()
     cam.stop()
-    lb.stop()
-    fb.stop()
-    d.cleanup()
 
 
-def test_policy_mode_drives_the_follower_through_safety(bench, ckpt: Path) -> None:
-    daemon, _ctl, rows, _la_emu, root = bench
+def test_policy_mode_drives_the_follower_through_safety(policy_bench, ckpt: Path) -> None:
+    daemon, _ctl, rows, _la_emu, root = policy_bench
     loop = daemon.loop
     wait_for(
         lambda: loop.state.mode == "idle" or loop.state.mode == "teleop" or loop.state.mode == "hold",
@@ -107,7 +104,7 @@ def test_policy_mode_drives_the_follower_through_safety(bench, ckpt: Path) -> No
         assert c.request("policy.start", record=False)["ok"]
         wait_for(lambda: loop.state.mode == "policy", 20, f"policy mode (now {loop.state.mode}: {loop.state.reason})")
         start_policy = len(rows.rows)
-        time.sleep(1.5)
+        wait_for(lambda: len(rows.rows) >= start_policy + 100, 30, "100 loop cycles in policy mode")
         wait_for(lambda: c.request("status")["policy"]["results"] >= 2, 30, "two policy results")
         st = c.request("status")
         pol = st["policy"]
@@ -140,8 +137,8 @@ def test_policy_mode_drives_the_follower_through_safety(bench, ckpt: Path) -> No
     assert np.abs(last - first).max() > 1.0
 
 
-def test_load_lists_camera_mismatches_over_the_socket(bench, ckpt: Path, tmp_path: Path) -> None:
-    daemon, _ctl, _rows, _la_emu, root = bench
+def test_load_lists_camera_mismatches_over_the_socket(policy_bench, ckpt: Path, tmp_path: Path) -> None:
+    daemon, _ctl, _rows, _la_emu, root = policy_bench
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.json").write_text("{}")  # looks like a checkpoint, so it is looked into
     (tmp_path / "bad" / "model.pth").write_bytes(b"\x80\x04")
@@ -157,15 +154,19 @@ def test_load_lists_camera_mismatches_over_the_socket(bench, ckpt: Path, tmp_pat
         assert c.request("policy.status")["state"] == "none"
 
 
-def test_takeover_hands_over_to_teleop_without_a_jump(bench, ckpt: Path) -> None:
-    daemon, ctl, rows, la_emu, root = bench
+def test_takeover_hands_over_to_teleop_without_a_jump(policy_bench, ckpt: Path) -> None:
+    daemon, ctl, rows, la_emu, root = policy_bench
     loop = daemon.loop
     wait_for(lambda: loop.follower_link.connected and loop.measured is not None, 15, "follower connected")
     with ControlClient(str(root / "c.sock"), timeout_s=30) as c:
         assert c.request("policy.load", path=str(ckpt), wait_s=90)["state"] == "ready"
         c.request("policy.start", record=False)
         wait_for(lambda: loop.state.mode == "policy", 20, "policy mode")
-        time.sleep(1.0)  # let the policy move the follower away from the leader
+        wait_for(  # the policy moves the follower away from the (still) leader
+            lambda: np.abs(np.array(loop.leader_units) - np.array(loop.measured)).max() > 3.0,
+            30,
+            "the follower 3 degrees away from the leader",
+        )
         follower_at_stop = np.array(loop.measured)
         emu_leader = la_emu  # still playing its demo motion: the release pauses it (no snap back)
         leader_before = np.array(loop.leader_units)
@@ -176,7 +177,7 @@ def test_takeover_hands_over_to_teleop_without_a_jump(bench, ckpt: Path) -> None
         assert ctl.takeover_state.phase == "done", ctl.takeover_state.error
         wait_for(lambda: loop.state.mode == "teleop", 10, f"teleop after take-over (now {loop.state.mode})")
         n = len(rows.rows)
-        time.sleep(0.5)
+        wait_for(lambda: len(rows.rows) >= n + 50, 30, "50 loop cycles in teleop")
         st = c.request("policy.status")
         assert st["takeover"]["phase"] == "done" and not st["driving"]
     # no jump: from the policy's stop to teleop the follower stayed where the policy left it
@@ -190,10 +191,10 @@ def so101d(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "daemon.apps.cli", *args], capture_output=True, text=True, timeout=60)
 
 
-def test_policy_verbs_say_what_the_arm_does(bench, ckpt: Path) -> None:
+def test_policy_verbs_say_what_the_arm_does(policy_bench, ckpt: Path) -> None:
     """Issue 18: `so101d policy stop` with no policy said "policy stopped: holding" (exit 0) while
     the arm kept following the leader. Every policy verb now answers what actually happens."""
-    daemon, _ctl, _rows, _la_emu, root = bench
+    daemon, _ctl, _rows, _la_emu, root = policy_bench
     loop = daemon.loop
     sock = str(root / "c.sock")
     wait_for(lambda: loop.follower_link.connected and loop.measured is not None, 15, "follower connected")

@@ -200,7 +200,8 @@ def test_remote_policy_holds_without_server_drives_with_it_and_survives_a_restar
                 assert st["server"]["connected"] is False
                 assert f"127.0.0.1:{port}" in st["server"]["error"], st["server"]
                 assert c.request("policy.start", record=False)["ok"]
-                time.sleep(1.0)
+                c0 = c.request("status")["cycles"]
+                wait_for(lambda: c.request("status")["cycles"] >= c0 + 50, 30, "50 loop cycles after policy.start")
                 assert loop.state.mode == "hold", loop.state.mode  # nothing to follow: hold
 
                 # 2. the server comes up: the daemon reconnects (back-off), sets the policy up, drives
@@ -209,7 +210,8 @@ def test_remote_policy_holds_without_server_drives_with_it_and_survives_a_restar
                 wait_for(lambda: c.request("policy.status")["results"] >= 3, 30, "three remote chunks")
                 s0 = c.request("status")
                 t0 = time.monotonic()
-                time.sleep(2.0)
+                # the rate over 60 cycles (1.2 s at RATE_HZ); a slower loop takes longer and fails below
+                wait_for(lambda: c.request("status")["cycles"] >= s0["cycles"] + 60, 30, "60 loop cycles")
                 s1 = c.request("status")
                 rate = (s1["cycles"] - s0["cycles"]) / (time.monotonic() - t0)
                 assert rate > 0.8 * RATE_HZ, f"loop ran at {rate:.1f} Hz under the remote policy"
@@ -275,7 +277,7 @@ def test_follower_moves_under_the_remote_policy_and_the_episode_is_tagged(ckpt: 
                 wait_mode(loop, c, "policy", 60, "policy mode")
                 n0 = len(rows)
                 wait_for(lambda: c.request("policy.status")["results"] >= 5, 30, "five remote chunks")
-                time.sleep(1.0)
+                wait_for(lambda: sum(r[0] == "policy" for r in rows[n0:]) > 40, 30, "40 cycles driven by the policy")
                 n1 = len(rows)
                 saved = c.request("policy.stop")
                 assert saved["episode"] is not None, saved

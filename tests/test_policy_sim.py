@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -88,7 +87,7 @@ def test_policy_drives_the_mujoco_follower(ckpt: Path) -> None:
             )
             start = len(rows.rows)
             sim_before = sim.joint_units().copy()
-            time.sleep(2.0)
+            wait_for(lambda: len(rows.rows) >= start + 100, 30, "100 loop cycles in policy mode")
             wait_for(lambda: daemon.status()["policy"]["results"] >= 2, 30, "two policy results")
             status = daemon.status()
             wait_for(lambda: daemon.status()["cycles"] > status["cycles"] + 10, 10, "loop cycles during the policy")

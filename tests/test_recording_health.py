@@ -34,9 +34,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from recording_support import SyntheticLoop, load_dataset, wait_until
-from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for
+from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for, wait_status
+from virtual_bench_support import VirtualBench
 
-from calibration.calibration_file import save_calibration
 from daemon.api.client import ControlClient
 from daemon.apps.commands.episode import format_status
 from daemon.config.settings import config_from_dict
@@ -44,7 +44,7 @@ from daemon.data.recorder import Recorder, RecorderConfig, RecordingError, frame
 from daemon.data.schema import read_episode_tags
 from daemon.service.daemon import EXIT_DATA_LOST, RECORDING_DISABLED, Daemon
 from drivers.cameras import CameraConfig, VirtualArmCamera
-from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
+from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 from drivers.sim_follower import SimFollower
 
@@ -203,39 +203,16 @@ def test_an_episode_saved_before_the_feeder_died_is_named_lost_not_saved(tmp_pat
 # -------------------------------------------------------------------------------------------------
 # the writer killed, through the real daemon and CLI
 # -------------------------------------------------------------------------------------------------
-@pytest.fixture
-def bench():
-    with tempfile.TemporaryDirectory(prefix="so101d-health-") as d:
-        root = Path(d)
-        la, fa = EmulatedArm("leader", initial_pose_units=POSE), EmulatedArm("follower", initial_pose_units=POSE)
-        la.set_pose_units(POSE)
-        lb = BusEmulator(root / "leader", la).start()
-        fb = BusEmulator(root / "follower", fa).start()
-        cal = root / "calibration"
-        save_calibration(reference_calibration("leader"), "leader", "leader", cal)
-        save_calibration(reference_calibration("follower"), "follower", "follower", cal)
-        try:
-            yield root
-        finally:
-            lb.stop()
-            fb.stop()
+def _bench_at_pose(virtual_bench: VirtualBench) -> Path:
+    virtual_bench.leader.set_pose_units(POSE)
+    virtual_bench.follower.set_pose_units(POSE)
+    return virtual_bench.root
 
 
-def write_config(root: Path, extra: str) -> Path:
-    cfg = root / "so101d.toml"
-    cfg.write_text(
-        f'[leader]\nport = "{root / "leader"}"\n[follower]\nport = "{root / "follower"}"\n'
-        f'[calibration]\nroot = "{root / "calibration"}"\n[socket]\npath = "{root / "c.sock"}"\n'
-        "[control]\nrate_hz = 50.0\n" + extra
-    )
-    return cfg
-
-
-def test_writer_killed_mid_episode_is_visible_and_shutdown_exits_non_zero_naming_the_loss(bench):
-    root = bench
+def test_writer_killed_mid_episode_is_visible_and_shutdown_exits_non_zero_naming_the_loss(virtual_bench):
+    root = _bench_at_pose(virtual_bench)
     data = root / "datasets"
-    cfg = write_config(
-        root,
+    cfg = virtual_bench.write_config(
         f'[recording]\nenabled = true\ndataset_root = "{data}"\nrepo_id = "local/kill"\n'
         "stop_timeout_s = 20\n"
         '[cameras.front]\nkind = "virtual"\nwidth = 160\nheight = 120\n',
@@ -250,13 +227,9 @@ def test_writer_killed_mid_episode_is_visible_and_shutdown_exits_non_zero_naming
             env=dict(os.environ, HF_HUB_OFFLINE="1"),
         )
     try:
-        end = time.monotonic() + 180
-        while True:
-            r = cli("episode", "start", "--task", "fold the towel", *sock)
-            if r.returncode == 0:
-                break
-            assert proc.poll() is None and time.monotonic() < end, (r.stderr, log_path.read_text()[-3000:])
-            time.sleep(0.5)
+        wait_status(root / "c.sock", lambda s: (s.get("recording") or {}).get("phase") == "idle", 180, proc)
+        r = cli("episode", "start", "--task", "fold the towel", *sock)
+        assert r.returncode == 0, (r.stderr, log_path.read_text()[-3000:])
         with ControlClient(root / "c.sock", timeout_s=10) as c:
             wait_until(lambda: c.request("episode.status")["frames"] >= 15, 60)
             st = c.request("episode.status")
@@ -393,8 +366,8 @@ def test_frame_refusal_names_shape_and_dtype():
 # -------------------------------------------------------------------------------------------------
 # recording disabled
 # -------------------------------------------------------------------------------------------------
-def test_episode_and_record_against_a_daemon_without_recording_say_how_to_enable_it(bench):
-    root = bench
+def test_episode_and_record_against_a_daemon_without_recording_say_how_to_enable_it(virtual_bench):
+    root = _bench_at_pose(virtual_bench)
     cfg = config_from_dict(
         {
             "leader": {"port": str(root / "leader")},
@@ -438,11 +411,12 @@ def test_status_while_a_late_sized_camera_opens_the_writer_is_not_a_dead_writer(
     import multiprocessing.context
 
     spawning = threading.Event()
+    asked = threading.Event()
     original_start = multiprocessing.context.SpawnProcess.start
 
-    def slow_start(self):  # spawning a process takes a while on a loaded machine: widen the window
+    def slow_start(self):  # a spawn that takes as long as a loaded machine's: until status was asked
         spawning.set()
-        time.sleep(0.5)
+        asked.wait(30)
         original_start(self)
 
     monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", slow_start)
@@ -454,6 +428,10 @@ def test_status_while_a_late_sized_camera_opens_the_writer_is_not_a_dead_writer(
         assert rec.phase == "starting"
         cam.width, cam.height = 160, 120  # the simulator announced its size
         assert spawning.wait(30)
+        for _ in range(20):  # what `so101d status` asks while the writer process is being spawned
+            st = rec.status()
+            assert rec.phase == "starting", st
+        asked.set()
         while not rec._ready.is_set() and rec.phase == "starting":
             rec.status()  # what `so101d status` asks while the writer spawns
         rec.wait_ready(120)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 from recording_support import load_dataset
-from test_service_daemon import _start_daemon, _stop, bench  # noqa: F401 - bench is a fixture
+from test_service_daemon import _start_daemon, _stop, systemd_bench  # noqa: F401 - a fixture
 
 from daemon.api.client import ControlClient
 from daemon.data.schema import read_episode_tags
@@ -22,8 +22,8 @@ from daemon.data.schema import read_episode_tags
 pytestmark = pytest.mark.e2e  # the daemon as a service with a recorder
 
 
-def test_ready_waits_for_the_recorder_and_sigterm_saves_the_episode_in_progress(bench) -> None:
-    root, fake = bench
+def test_ready_waits_for_the_recorder_and_sigterm_saves_the_episode_in_progress(systemd_bench) -> None:
+    root, fake = systemd_bench
     data = root / "datasets"
     proc, _cfg, sock = _start_daemon(
         root,

@@ -5,11 +5,11 @@ with the episode in progress (save or discard). Real writer process, dataset loa
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 from recording_support import SyntheticLoop, load_dataset
+from support import poll_until
 
 from daemon.data.recorder import Recorder, RecorderConfig, RecordingError, save_extras_bytes
 from daemon.data.ring import TASK_BYTES
@@ -47,6 +47,11 @@ def test_extras_fit_the_record_field_and_round_trip():
     assert save_extras(b"") == {} and save_extras(b"{not json") == {}
 
 
+def _until_frames(rec: Recorder, n: int, timeout_s: float = 30.0) -> None:
+    """Wait until the episode in progress has ``n`` frames (the synthetic loop feeds it)."""
+    assert poll_until(lambda: rec.status()["frames"] >= n, timeout_s), rec.status()
+
+
 def test_origin_notes_kind_and_hooks_reach_the_episode_tags(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("SO101D_BENCH", "bench-7")  # the writer process names the bench in every tag
     root = tmp_path / "ds"
@@ -61,12 +66,12 @@ def test_origin_notes_kind_and_hooks_reach_the_episode_tags(tmp_path: Path, monk
         with SyntheticLoop(rec):
             r = rec.start_episode("teleop one")
             assert r["origin"] == "teleop"
-            time.sleep(0.5)
+            _until_frames(rec, 10)
             assert rec.add_note("operator bumped the table")
             rec.save_episode(False)  # explicit verdict wins over the hook's
             r = rec.start_episode("policy one", origin="policy")
             assert r["origin"] == "policy" and rec.status()["origin"] == "policy"
-            time.sleep(0.5)
+            _until_frames(rec, 10)
             rec.save_episode()  # no verdict given: the hook's
             hook.refuse_next = True
             with pytest.raises(RecordingError, match="scene not ready"):
@@ -75,7 +80,7 @@ def test_origin_notes_kind_and_hooks_reach_the_episode_tags(tmp_path: Path, monk
             with pytest.raises(RecordingError, match="origin"):
                 rec.start_episode("bad origin", origin=" ")
             rec.start_episode("in progress at close")
-            time.sleep(0.5)
+            _until_frames(rec, 10)
             assert rec.wait_saved(120), rec.status()
             rec.close(on_episode="save")
         assert not rec.add_note("after close")
@@ -109,10 +114,10 @@ def test_close_discards_the_episode_in_progress_when_asked(tmp_path: Path):
         rec.wait_ready(120)
         with SyntheticLoop(rec):
             rec.start_episode("kept")
-            time.sleep(0.4)
+            _until_frames(rec, 8)
             rec.save_episode()
             rec.start_episode("dropped")
-            time.sleep(0.4)
+            _until_frames(rec, 8)
             with pytest.raises(ValueError, match="on_episode"):
                 rec.close(on_episode="keep")
             rec.close(on_episode="discard")

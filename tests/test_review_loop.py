@@ -9,12 +9,12 @@ emulator, the loop itself; no daemon service around it).
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 from support import still_arm_on_pty, wait_for
+from virtual_bench_support import VirtualBench
 
 from daemon.config.settings import config_from_dict
 from daemon.control.loop import ControlLoop
@@ -67,12 +67,12 @@ def biggest_step(rows: list, params) -> np.ndarray:
 
 
 @pytest.fixture
-def bench():
-    d = tempfile.TemporaryDirectory(prefix="so101d-review-")
-    root = Path(d.name)
+def loop_bench(virtual_bench: VirtualBench):
+    root = virtual_bench.root
     parts: dict = {}
-    la, lb = still_arm_on_pty(root / "leader", "leader", POSE_A)
-    fa, fb = still_arm_on_pty(root / "follower", "follower", POSE_B)
+    la, fa = virtual_bench.leader, virtual_bench.follower
+    la.set_pose_units(POSE_A)
+    fa.set_pose_units(POSE_B)
     cfg = config_from_dict(
         {
             "socket": {"path": str(root / "c.sock")},
@@ -97,13 +97,10 @@ def bench():
         yield parts
     finally:
         loop.stop()
-        lb.stop()
-        fb.stop()
-        d.cleanup()
 
 
-def test_policy_to_teleop_switch_realigns_instead_of_jumping(bench) -> None:
-    loop, rec = bench["loop"], bench["rec"]
+def test_policy_to_teleop_switch_realigns_instead_of_jumping(loop_bench) -> None:
+    loop, rec = loop_bench["loop"], loop_bench["rec"]
     loop.policy_source = ConstantPolicy(POSE_B)  # the follower already stands at POSE_B
     loop.call(lambda: loop.set_intent("policy"))
     wait_for(lambda: loop.state.mode == "policy", 20.0, "policy tracking")
@@ -120,8 +117,8 @@ def test_policy_to_teleop_switch_realigns_instead_of_jumping(bench) -> None:
     assert any(r[0] == "aligning" for r in rows), "the switch did not re-align"
 
 
-def test_teleop_to_policy_switch_realigns_instead_of_jumping(bench) -> None:
-    loop, rec = bench["loop"], bench["rec"]
+def test_teleop_to_policy_switch_realigns_instead_of_jumping(loop_bench) -> None:
+    loop, rec = loop_bench["loop"], loop_bench["rec"]
     loop.call(lambda: loop.set_intent("teleop"))
     wait_for(lambda: loop.state.mode == "teleop", 30.0, "teleop tracking")
     params = loop.params
@@ -136,8 +133,8 @@ def test_teleop_to_policy_switch_realigns_instead_of_jumping(bench) -> None:
     )
 
 
-def test_policy_source_that_raises_does_not_kill_the_loop(bench) -> None:
-    loop, fa = bench["loop"], bench["fa"]
+def test_policy_source_that_raises_does_not_kill_the_loop(loop_bench) -> None:
+    loop, fa = loop_bench["loop"], loop_bench["fa"]
     src = BrokenPolicy()
     loop.policy_source = src
     pose_before = fa.pose_units()
@@ -151,12 +148,12 @@ def test_policy_source_that_raises_does_not_kill_the_loop(bench) -> None:
     loop.call(lambda: loop.set_intent("hold"))
 
 
-def test_torque_off_is_obeyed_while_a_fault_holds_the_arm(bench) -> None:
+def test_torque_off_is_obeyed_while_a_fault_holds_the_arm(loop_bench) -> None:
     """on_fault = hold latches a hold; the operator's `torque off` (e.g. to free a trapped hand)
     must still switch the follower limp, not be ignored until the fault is cleared."""
     from drivers.sts3215_table import ERR_OVERHEAT
 
-    loop, fa = bench["loop"], bench["fa"]
+    loop, fa = loop_bench["loop"], loop_bench["fa"]
     loop.call(lambda: loop.set_intent("hold"))
     wait_for(lambda: loop.state.mode == "hold" and all(s.torque_enabled for s in fa.servos), 20.0, "holding, torque on")
     fa.set_error_bits("elbow_flex", ERR_OVERHEAT)
@@ -239,14 +236,14 @@ def test_reconnect_does_not_hold_the_pose_measured_before_the_loss(tmp_path: Pat
         fb.stop()
 
 
-def test_failed_fault_clear_does_not_snap_back_to_the_old_hold_pose(bench) -> None:
+def test_failed_fault_clear_does_not_snap_back_to_the_old_hold_pose(loop_bench) -> None:
     """A fault holds; one servo's own protection had cut its torque and the joint was moved by
     hand. `teleop start` while another fault persists re-enables torque at the present pose and
     fails; the hold that follows must hold that present pose, not drive the joint back."""
     from drivers.emulator.servo import ADDR_TORQUE_ENABLE
     from drivers.sts3215_table import ERR_OVERHEAT
 
-    loop, fa = bench["loop"], bench["fa"]
+    loop, fa = loop_bench["loop"], loop_bench["fa"]
     loop.call(lambda: loop.set_intent("hold"))
     wait_for(lambda: loop.state.mode == "hold" and all(s.torque_enabled for s in fa.servos), 20.0, "holding, torque on")
     fa.set_error_bits("shoulder_pan", ERR_OVERHEAT)
@@ -264,10 +261,10 @@ def test_failed_fault_clear_does_not_snap_back_to_the_old_hold_pose(bench) -> No
     assert err < 3.0, f"the elbow moved {err:.1f} deg after the failed fault clear (back to the old hold pose)"
 
 
-def test_stop_with_hold_on_shutdown_leaves_the_follower_holding(bench) -> None:
+def test_stop_with_hold_on_shutdown_leaves_the_follower_holding(loop_bench) -> None:
     """follower.torque_off_on_shutdown = false (the default) promises a held pose when the daemon
     stops; closing the driver must not then switch the torque off (the arm would drop)."""
-    loop, fa = bench["loop"], bench["fa"]
+    loop, fa = loop_bench["loop"], loop_bench["fa"]
     assert loop.cfg.follower.torque_off_on_shutdown is False
     loop.call(lambda: loop.set_intent("hold"))
     wait_for(lambda: loop.state.mode == "hold" and all(s.torque_enabled for s in fa.servos), 20.0, "holding, torque on")

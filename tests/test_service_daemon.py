@@ -15,17 +15,20 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support import poll_until
+from virtual_bench_support import VirtualBench
 
 from calibration.calibration_file import save_calibration
 from daemon.api.client import ControlClient
 from daemon.config.settings import config_from_dict
 from daemon.service.daemon import Daemon
 from daemon.system.sd_notify import Notifier
-from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
+from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 
 SO101D = str(Path(sys.executable).with_name("so101d"))
@@ -72,16 +75,13 @@ class FakeSystemd:
 
 
 @pytest.fixture
-def bench(tmp_path: Path):
-    la, fa = EmulatedArm("leader", initial_pose_units=POSE), EmulatedArm("follower", initial_pose_units=POSE)
-    la.set_pose_units(POSE)
-    lb = BusEmulator(tmp_path / "leader", la).start()
-    fb = BusEmulator(tmp_path / "follower", fa).start()
-    fake = FakeSystemd(tmp_path / "notify.sock")
-    yield tmp_path, fake
+def systemd_bench(virtual_bench: VirtualBench) -> Iterator[tuple[Path, FakeSystemd]]:
+    """The virtual bench with both arms at POSE, and a fake systemd's notify socket beside it."""
+    virtual_bench.leader.set_pose_units(POSE)
+    virtual_bench.follower.set_pose_units(POSE)
+    fake = FakeSystemd(virtual_bench.root / "notify.sock")
+    yield virtual_bench.root, fake
     fake.close()
-    lb.stop()
-    fb.stop()
 
 
 def _start_daemon(
@@ -112,18 +112,22 @@ def _stop(proc: subprocess.Popen) -> str:
     return proc.log_path.read_text()  # type: ignore[attr-defined]
 
 
-def test_so101d_run_notifies_ready_watchdog_status_stopping(bench) -> None:
-    root, fake = bench
+def test_so101d_run_notifies_ready_watchdog_status_stopping(systemd_bench) -> None:
+    root, fake = systemd_bench
     proc, _cfg, sock = _start_daemon(root, fake)
     try:
         ready = fake.wait_for("READY=1", timeout_s=45)
         assert f"MAINPID={proc.pid}" in ready
         t_ready = time.monotonic()
         fake.wait_for("STATUS=", timeout_s=10)
-        time.sleep(2.2)
+        # three pings (a 1 s watchdog: one each 0.5 s at most), then their rate
+        deadline = t_ready + 30.0
+        while fake.pings(t_ready, time.monotonic()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        window_s = time.monotonic() - t_ready
         n = fake.pings(t_ready, time.monotonic())
-        assert n >= 1, "no WATCHDOG=1 in 2.2 s with a 1 s watchdog"  # >= 1: the loop may stall under load
-        assert n <= 2.2 / 0.5 + 2, f"{n} pings: the gate should rate-limit to period/2"
+        assert n >= 3, f"{n} WATCHDOG=1 in {window_s:.1f} s with a 1 s watchdog"
+        assert n <= window_s / 0.5 + 2, f"{n} pings in {window_s:.1f} s: the gate should rate-limit to period/2"
         statuses = [line for _, m in fake.messages for line in m if line.startswith("STATUS=")]
         assert any("Hz" in s for s in statuses), statuses
         # `so101d status` reaches the running service through its socket.
@@ -137,8 +141,8 @@ def test_so101d_run_notifies_ready_watchdog_status_stopping(bench) -> None:
         _stop(proc)
 
 
-def test_sighup_reloads_live_keys_with_reloading_then_ready(bench) -> None:
-    root, fake = bench
+def test_sighup_reloads_live_keys_with_reloading_then_ready(systemd_bench) -> None:
+    root, fake = systemd_bench
     proc, cfg, sock = _start_daemon(root, fake)
     try:
         fake.wait_for("READY=1", timeout_s=45)
@@ -161,8 +165,8 @@ def test_sighup_reloads_live_keys_with_reloading_then_ready(bench) -> None:
             _stop(proc)
 
 
-def test_sigterm_mid_episode_leaves_a_loadable_dataset(bench) -> None:
-    root, fake = bench
+def test_sigterm_mid_episode_leaves_a_loadable_dataset(systemd_bench) -> None:
+    root, fake = systemd_bench
     data = root / "datasets"
     proc, _cfg, sock = _start_daemon(
         root,
@@ -208,15 +212,17 @@ class StallHook:
 
     def __init__(self) -> None:
         self.stall = threading.Event()
+        self.stalled = threading.Event()  # the control thread is blocked in on_cycle
         self.release = threading.Event()
 
     def on_cycle(self, now, state, action, teleop_action) -> None:
         if self.stall.is_set():
+            self.stalled.set()
             self.release.wait(30)
 
 
-def test_stalled_loop_stops_the_watchdog_pings(bench) -> None:
-    root, fake = bench
+def test_stalled_loop_stops_the_watchdog_pings(systemd_bench) -> None:
+    root, fake = systemd_bench
     cfg = config_from_dict({"socket": {"path": str(root / "c.sock")}, "control": {"rate_hz": 50.0}})
     leader = FeetechLeader(str(root / "leader"), reference_calibration("leader"))
     follower = FeetechFollower(str(root / "follower"), reference_calibration("follower"))
@@ -225,11 +231,17 @@ def test_stalled_loop_stops_the_watchdog_pings(bench) -> None:
     hook = StallHook()
     daemon.loop.add_hook(hook)
     stop_ticks = threading.Event()
+    ticks = [0]  # each tick is a chance to pet the watchdog
 
     def ticker() -> None:  # the main thread's housekeeping keeps running during the stall
         while not stop_ticks.is_set():
             daemon.tick()
+            ticks[0] += 1
             time.sleep(0.1)
+
+    def after_ticks(n: int) -> None:
+        until = ticks[0] + n
+        assert poll_until(lambda: ticks[0] >= until, 30.0), f"the main thread ticked {ticks[0]}, not {until}"
 
     daemon.start()
     t = threading.Thread(target=ticker, daemon=True)
@@ -242,9 +254,10 @@ def test_stalled_loop_stops_the_watchdog_pings(bench) -> None:
             time.sleep(0.05)
         assert fake.pings(t0, time.monotonic()) >= 3
         hook.stall.set()
-        time.sleep(0.3)  # a ping already in flight may land
+        assert hook.stalled.wait(10), "the loop never reached the stalling hook"
+        after_ticks(2)  # a ping already in flight may land
         s0 = time.monotonic()
-        time.sleep(1.2)  # three watchdog periods
+        after_ticks(12)  # three watchdog periods of ticks, each one a chance to pet
         assert fake.pings(s0, time.monotonic()) == 0, "a stalled loop must not pet the watchdog"
         assert daemon.loop.is_running()  # stalled, not dead: only the watchdog can tell
         hook.stall.clear()

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support import still_arm_on_pty, wait_for
+from virtual_bench_support import open_virtual_bench
 
 from daemon.config.settings import config_from_dict
 from daemon.service.daemon import Daemon
@@ -30,29 +31,24 @@ SO101D = f"{shlex.quote(sys.executable)} -m daemon.apps.cli"
 
 
 @pytest.fixture
-def bench(tmp_path: Path):
-    where = tmp_path / ("a-bench-directory-with-a-rather-long-name-" * 2)
-    where.mkdir()
-    pose = np.array([0.0, -40.0, 45.0, 30.0, 0.0, 50.0])
-    _la, lb = still_arm_on_pty(where / "leader", "leader", pose)
-    _fa, fb = still_arm_on_pty(where / "follower", "follower", pose)
-    cfg = config_from_dict(
-        {
-            "socket": {"path": str(tmp_path / "c.sock")},
-            "control": {"reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.2},
-        }
-    )
-    daemon = Daemon(
-        cfg,
-        FeetechLeader(str(where / "leader"), reference_calibration("leader")),
-        FeetechFollower(str(where / "follower"), reference_calibration("follower")),
-    )
-    daemon.start()
-    wait_for(lambda: daemon.loop.status()["mode"] == "teleop", 30, "teleop")
-    yield daemon, tmp_path / "c.sock", lb
-    daemon.stop()
-    lb.stop()
-    fb.stop()
+def status_bench(tmp_path: Path):
+    # the virtual bench in a directory with a long name: long ports in the status table
+    with open_virtual_bench(tmp_path / ("a-bench-directory-with-a-rather-long-name-" * 2)) as vb:
+        cfg = config_from_dict(
+            {
+                "socket": {"path": str(tmp_path / "c.sock")},
+                "control": {"reconnect_backoff_min_s": 0.05, "reconnect_backoff_max_s": 0.2},
+            }
+        )
+        daemon = Daemon(
+            cfg,
+            FeetechLeader(str(vb.leader_port), reference_calibration("leader")),
+            FeetechFollower(str(vb.follower_port), reference_calibration("follower")),
+        )
+        daemon.start()
+        wait_for(lambda: daemon.loop.status()["mode"] == "teleop", 30, "teleop")
+        yield daemon, tmp_path / "c.sock", vb.leader_bus
+        daemon.stop()
 
 
 def _sh(cmd: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
@@ -61,8 +57,8 @@ def _sh(cmd: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
     )
 
 
-def test_watch_json_into_head_gives_three_json_objects_and_exits_cleanly(bench) -> None:
-    _, sock, _ = bench
+def test_watch_json_into_head_gives_three_json_objects_and_exits_cleanly(status_bench) -> None:
+    _, sock, _ = status_bench
     r = _sh(f"{SO101D} status --watch --json --interval 0.1 --socket {sock} | head -n 3")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -73,8 +69,8 @@ def test_watch_json_into_head_gives_three_json_objects_and_exits_cleanly(bench) 
     assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
 
 
-def test_watch_under_timeout_into_a_file_has_a_line_per_refresh(bench, tmp_path: Path) -> None:
-    _, sock, _ = bench
+def test_watch_under_timeout_into_a_file_has_a_line_per_refresh(status_bench, tmp_path: Path) -> None:
+    _, sock, _ = status_bench
     out = tmp_path / "watch.log"
     r = _sh(f"timeout 4 {SO101D} status --watch --interval 0.2 --socket {sock} > {out}")
     assert r.returncode == 124  # killed by timeout, as the operator's command was
@@ -83,8 +79,8 @@ def test_watch_under_timeout_into_a_file_has_a_line_per_refresh(bench, tmp_path:
     assert all(" mode teleop" in line and " Hz" in line for line in lines), lines
 
 
-def test_a_long_error_is_not_cut_when_status_goes_to_a_pipe(bench) -> None:
-    daemon, sock, leader_bus = bench
+def test_a_long_error_is_not_cut_when_status_goes_to_a_pipe(status_bench) -> None:
+    daemon, sock, leader_bus = status_bench
     leader_bus.stop()  # the leader's USB cable pulled: its link disappears
     # The first error names the read that failed; it is replaced by the reconnect attempts', which
     # all fail the same way while the cable stays out. Wait for that steady one, so the text read
