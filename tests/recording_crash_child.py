@@ -11,6 +11,8 @@ usage: recording_crash_child.py ROOT MODE
                repair), one episode is recorded and saved, the answer is printed ("SAVED <json>")
                and the whole process group (this process and its writer) is SIGKILLed
                POWER_CUT_DELAY_MS (argv[3]) after the answer, as a power cut does.
+  before_ready: the writer is started and its pid printed at once ("WRITER <pid>", before it
+               is ready: it is still importing LeRobot), then the child SIGKILLs itself.
 Prints "WRITER <pid>" once the writer process runs.
 """
 
@@ -54,6 +56,11 @@ def main() -> None:
     if mode == "power_cut":
         power_cut(root, float(sys.argv[3]))
         return
+    if mode == "before_ready":
+        rec = Recorder(RecorderConfig(root=root), [])
+        rec.open()
+        print(f"WRITER {rec._proc.pid}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
     cams = [VirtualArmCamera(CameraConfig(n, width=160, height=120)) for n in ("front", "wrist")]
     fault = "kill_in_rollover" if mode == "mid_rollover" else ""
     rec = Recorder(RecorderConfig(root=root, fault=fault), cams)

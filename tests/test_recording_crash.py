@@ -92,6 +92,35 @@ def restart_and_append(root: Path, expect_before: set[int], min_free_mb: float |
     return before
 
 
+def test_a_daemon_killed_while_its_writer_starts_leaves_no_writer_behind(tmp_path):
+    """The writer is still importing LeRobot (minutes at nice 19 on a busy machine) when the daemon
+    is killed -9: it notices at once and exits, instead of finishing its start for nobody."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), str(tmp_path / "ds"), "before_ready"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("WRITER"), first
+        writer_pid = int(first.split()[1])
+        # stderr is shared with the writer: it ends when the writer has exited
+        log = proc.stderr.read()
+        wait_until(lambda: not pid_alive(writer_pid), 30)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of the child's group is left
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    assert "the daemon died before the dataset writer was ready" in log, log
+    assert "parent process died" not in log  # it did not finish its start first
+
+
 def test_kill_9_everything_mid_episode(tmp_path):
     root = tmp_path / "ds"
     proc, writer = run_child_until_kill_point(root, "mid_episode")

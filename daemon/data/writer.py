@@ -301,6 +301,20 @@ class EpisodeBuild:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _exit_if_orphaned_until(parent_pid: int, ready: threading.Event) -> None:
+    """Until the writer is ready it holds nothing of its own (staged episodes wait on disk for the
+    next start), yet at nice 19 on a busy machine its imports take minutes: a daemon killed in that
+    window (a power cut, kill -9) must not leave a writer behind that nobody will ever stop."""
+
+    def watch() -> None:
+        while not ready.wait(0.25):
+            if os.getppid() != parent_pid:
+                log.warning("the daemon died before the dataset writer was ready: the writer exits")
+                os._exit(0)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
 def writer_main(
     store_cfg: dict[str, Any],
     ring_spec: dict[str, Any],
@@ -323,6 +337,8 @@ def writer_main(
     # every saved episode.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    serving = threading.Event()  # from here on the main loop watches the parent itself
+    _exit_if_orphaned_until(parent_pid, serving)
     # SCHED_BATCH: the kernel does not let a batch task preempt a waking task, so the loop's
     # wake-ups are served first. Both settings are inherited by the threads created below.
     try:
@@ -434,6 +450,7 @@ def writer_main(
     for stage in recovered:
         commits.put((stage, None))
     committer = threading.Thread(target=commit_worker, name="commit", daemon=True)
+    serving.set()
     committer.start()
     send(
         {
