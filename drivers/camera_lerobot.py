@@ -185,6 +185,7 @@ class LeRobotCamera(ThreadedCamera):
         self._recent: deque[float] = deque(maxlen=RECENT_FRAMES)
         self._dropped = 0
         self._gone_since_s = 0.0
+        self._gone_why = ""
         self._events_lock = threading.Lock()
 
     @staticmethod
@@ -243,19 +244,12 @@ class LeRobotCamera(ThreadedCamera):
     def _run(self) -> None:
         while not self._stop.is_set():
             if not self._source_present():
-                if not self._c.error.startswith("open failed"):
-                    self._c.error = f"open failed: {self.device} does not exist (not plugged in?)"
-                    if self.state != "gone":
-                        log.error("camera %s: %s", self.name, self._c.error)
-                self._stop.wait(REOPEN_PERIOD_S)
+                self._open_failed(f"{self.device} does not exist (not plugged in?)")
                 continue
             try:
                 cam = self._connect()
             except Exception as exc:
-                self._c.error = f"open failed: {exc}"
-                if self.state != "gone":
-                    log.error("camera %s: %s", self.name, self._c.error)
-                self._stop.wait(REOPEN_PERIOD_S)
+                self._open_failed(str(exc))
                 continue
             self._lr = cam
             try:
@@ -269,6 +263,14 @@ class LeRobotCamera(ThreadedCamera):
                     log.debug("camera %s: disconnect: %s", self.name, exc)
             if self.state == "refused":
                 return  # a configuration problem: reopening gives the same answer
+
+    def _open_failed(self, why: str) -> None:
+        """Said once (logged, in ``error``), then tried again; a gone camera keeps saying it is gone."""
+        text = f"gone: {self._gone_why}; reopening: {why}" if self.state == "gone" else f"open failed: {why}"
+        if text != self._c.error and self.state != "gone":
+            log.error("camera %s: %s", self.name, text)
+        self._c.error = text
+        self._stop.wait(REOPEN_PERIOD_S)
 
     def _takes_settings(self) -> bool:
         """A video file or a pipe takes no size or rate (OpenCV's ``set`` answers False); asking
@@ -344,22 +346,25 @@ class LeRobotCamera(ThreadedCamera):
             return True
         if v.problems:
             log.warning("camera %s: %s; recording what it gives (on_mismatch = warn)", self.name, "; ".join(v.problems))
+        if was_gone:
+            self._add_event(CameraEvent("back", time.monotonic()))
         self.state = "streaming"
         if was_gone:
             gone_for = time.monotonic() - self._gone_since_s
             log.warning("camera %s: back after %.1f s, delivering %s", self.name, gone_for, negotiated.text())
-            self._add_event(CameraEvent("back", time.monotonic()))
         else:
             log.info("camera %s: %s (measured %.1f fps)", self.name, negotiated.text(), measured_fps)
         return True
 
     def _went_away(self, why: str) -> None:
-        self.state = "gone"
-        self._gone_since_s = time.monotonic()
+        now = time.monotonic()
         self._latest = None  # the recorder marks its frames missing, the console shows none
+        self._gone_since_s = now
+        self._gone_why = why
         self._c.error = f"gone: {why}"
+        self._add_event(CameraEvent("gone", now, why))
+        self.state = "gone"  # last: whoever sees the state sees its event and its reason
         log.error("camera %s: gone (%s); reopening %s when it is back", self.name, why, self.device)
-        self._add_event(CameraEvent("gone", self._gone_since_s, why))
 
     def _add_event(self, event: CameraEvent) -> None:
         with self._events_lock:
