@@ -1,4 +1,4 @@
-"""Cameras: one interface for real (OpenCV), virtual (drawn arm) and simulated cameras.
+"""Cameras: one interface for real (drivers/camera_lerobot.py), virtual (drawn arm) and simulated cameras.
 
 Every camera captures on its own thread and only *publishes* its newest frame; the control loop
 and the recorder never wait for a camera. ``latest_frame()`` is a reference read (no copy, no
@@ -52,13 +52,29 @@ class Camera(Protocol):
 
 @dataclass
 class CameraConfig:
-    """One camera of the configuration: ``device`` is an index, a /dev/video path or 'virtual'."""
+    """One camera of the configuration: ``device`` is an index, a /dev/video path or 'virtual'.
+
+    The fields after ``fps`` are LeRobot's camera options under their names (a real camera opens
+    through LeRobot's classes: drivers/camera_lerobot.py); the virtual camera ignores them."""
 
     name: str
     device: str | int = "virtual"
     width: int = 640
     height: int = 480
     fps: float = 30.0
+    kind: str = "opencv"  # opencv | intelrealsense | zmq
+    on_mismatch: str = "refuse"  # refuse | warn: what the camera negotiates differs from the above
+    fourcc: str = ""
+    backend: str = "any"
+    rotation: int = 0
+    color_mode: str = "rgb"
+    warmup_s: int = 1
+    serial_number_or_name: str = ""
+    use_depth: bool = False
+    server_address: str = ""
+    port: int = 5555
+    camera_name: str = "zmq_camera"
+    timeout_ms: int = 5000
 
 
 @dataclass
@@ -73,7 +89,7 @@ class _Counters:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class _ThreadedCamera:
+class ThreadedCamera:
     """Shared machinery: a daemon capture thread, frame publication, stall detection."""
 
     def __init__(self, name: str, width: int, height: int, fps: float) -> None:
@@ -191,46 +207,7 @@ class _ThreadedCamera:
                 pass
 
 
-class OpenCVCamera(_ThreadedCamera):
-    """A V4L2/UVC camera through OpenCV (opencv-python-headless, as pinned by lerobot)."""
-
-    def __init__(self, config: CameraConfig) -> None:
-        super().__init__(config.name, config.width, config.height, config.fps)
-        self.device = config.device
-        self._cap: Any = None
-
-    def _open(self) -> None:
-        import cv2
-
-        dev: Any = self.device
-        if isinstance(dev, str) and dev.isdigit():
-            dev = int(dev)
-        cap = cv2.VideoCapture(dev)
-        if not cap.isOpened():
-            raise RuntimeError(f"cannot open camera device {self.device!r}")
-        cap.set(cv2.CAP_PROP_FRAME_WIDTH, self.width)
-        cap.set(cv2.CAP_PROP_FRAME_HEIGHT, self.height)
-        cap.set(cv2.CAP_PROP_FPS, self.fps)
-        cap.set(cv2.CAP_PROP_BUFFERSIZE, 1)  # newest frame, not a stale queue
-        self._cap = cap
-
-    def _grab(self) -> np.ndarray | None:
-        import cv2
-
-        ok, bgr = self._cap.read()
-        if not ok or bgr is None:
-            return None
-        if bgr.shape[0] != self.height or bgr.shape[1] != self.width:
-            bgr = cv2.resize(bgr, (self.width, self.height), interpolation=cv2.INTER_AREA)
-        return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
-
-    def _close(self) -> None:
-        if self._cap is not None:
-            self._cap.release()
-            self._cap = None
-
-
-class VirtualArmCamera(_ThreadedCamera):
+class VirtualArmCamera(ThreadedCamera):
     """Draws a side view of the (emulated) follower from its joint angles, at a fixed rate.
 
     The loop hands it the latest state with ``set_state(units)`` (one attribute store); the
@@ -338,10 +315,3 @@ class VirtualArmCamera(_ThreadedCamera):
             )
         cv2.circle(img, tuple(int(v) for v in c), max(3, h // 40), (200, 60, 60), -1, cv2.LINE_AA)
         return img
-
-
-def make_camera(config: CameraConfig) -> Camera:
-    """Camera for one configuration entry: 'virtual' draws the arm, anything else is OpenCV."""
-    if str(config.device) == "virtual":
-        return VirtualArmCamera(config)
-    return OpenCVCamera(config)

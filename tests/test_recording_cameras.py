@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from support import wait_for
 
-from drivers.cameras import Camera, CameraConfig, Frame, OpenCVCamera, VirtualArmCamera, make_camera
+from drivers.camera_lerobot import LeRobotCamera, make_camera
+from drivers.cameras import Camera, CameraConfig, Frame, VirtualArmCamera
 
 
 def test_virtual_camera_implements_the_protocol_and_delivers_at_its_rate():
@@ -50,7 +51,7 @@ def test_virtual_picture_follows_the_arm_and_the_gripper():
 
 def test_missing_device_is_reported_as_error_and_stalled_without_blocking():
     cam = make_camera(CameraConfig("front", device="/dev/video-does-not-exist", fps=30))
-    assert isinstance(cam, OpenCVCamera)
+    assert isinstance(cam, LeRobotCamera)
     t0 = time.monotonic()
     cam.start()
     assert time.monotonic() - t0 < 0.5  # start never waits for the device

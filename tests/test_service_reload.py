@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -38,11 +39,7 @@ def test_plan_splits_live_and_restart_keys_and_applies_only_live() -> None:
         "leader.port",
         "control.rate_hz",
         "cameras",
-        "cameras.wrist.device",
-        "cameras.wrist.fps",
-        "cameras.wrist.height",
-        "cameras.wrist.kind",
-        "cameras.wrist.width",
+        *(f"cameras.wrist.{f.name}" for f in dataclasses.fields(CameraConfig)),  # a new camera: all its keys
     }
     applied = apply_live(old, new, plan)
     assert applied.safety.max_step_deg == 5.0 and applied.recording.task == "pick the cube"

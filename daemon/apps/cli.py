@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "bring-up check of the arms (read-only; --power-cycle proves settings persist)",
     ),
     "emulate": ("drivers.emulator.cli", "serve emulated SO-101 arms on pseudo-terminals"),
+    "find-cameras": ("daemon.apps.commands.find_cameras", "list the cameras, their modes, a snapshot each, the config"),
     "find-ports": (
         "daemon.apps.commands.find_ports",
         "identify the leader's and follower's serial ports; write udev rules",

@@ -136,11 +136,29 @@ class RecordingConfig:
 
 @dataclass
 class CameraConfig:
-    kind: Literal["opencv", "virtual", "sim"] = "opencv"
-    device: str = "/dev/video0"  # opencv: device path or index
+    """One [cameras.<name>] table. Real cameras open through LeRobot's camera classes; the keys
+    after ``fps`` are those classes' options, under their names (lerobot/cameras/*/configuration_*.py)."""
+
+    kind: Literal["opencv", "intelrealsense", "zmq", "virtual", "sim"] = "opencv"
+    device: str = "/dev/video0"  # opencv: LeRobot's index_or_path (a /dev/v4l/by-id path survives a replug)
     width: int = 640
     height: int = 480
     fps: int = 30
+    # What the camera negotiates (size, rate, FOURCC) is checked at open: "refuse" stops recording
+    # naming both values; "warn" records at the rate/format the camera gives and tags the episode
+    # (a different size always refuses: the dataset's image shape is the configured one)
+    on_mismatch: Literal["refuse", "warn"] = "refuse"
+    fourcc: str = ""  # opencv: "MJPG", "YUYV", ...; "" keeps the camera's default
+    backend: Literal["any", "v4l2"] = "any"  # opencv: OpenCV's capture backend
+    rotation: Literal[0, 90, 180, -90] = 0  # opencv, intelrealsense: degrees clockwise
+    color_mode: Literal["rgb", "bgr"] = "rgb"
+    warmup_s: int = 1  # seconds LeRobot reads before the camera counts as open
+    serial_number_or_name: str = ""  # intelrealsense: which camera
+    use_depth: bool = False  # intelrealsense: also open the depth stream (not recorded, see docs/cameras.md)
+    server_address: str = ""  # zmq: the image server's host
+    port: int = 5555  # zmq
+    camera_name: str = "zmq_camera"  # zmq: the camera's name on that server
+    timeout_ms: int = 5000  # zmq: a read waits at most this long
 
 
 @dataclass
@@ -251,6 +269,10 @@ _CAMERA_CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
     ("width", lambda v: 0 < v <= 8192, "must be 1..8192"),
     ("height", lambda v: 0 < v <= 8192, "must be 1..8192"),
     ("fps", lambda v: 0 < v <= 240, "must be 1..240"),
+    ("fourcc", lambda v: v == "" or (len(v) == 4 and v.isascii()), 'must be "" or 4 characters (MJPG, YUYV)'),
+    ("warmup_s", lambda v: 0 <= v <= 60, "must be 0..60"),
+    ("port", lambda v: 0 < v <= 65535, "must be 1..65535"),
+    ("timeout_ms", lambda v: v > 0, _POSITIVE),
 ]
 
 

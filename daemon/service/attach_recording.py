@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from daemon.api.server import RequestError
 from daemon.config.settings import RecordingConfig
 from daemon.data.recorder import Recorder, RecorderConfig, RecordingError
-from daemon.service.cameras import build_cameras, configured_size, sim_camera_factory
+from daemon.service.cameras import CameraEpisodeHook, build_cameras, configured_size, sim_camera_factory
 from daemon.service.context import DaemonContext, HasContext, context_of
 from drivers.cameras import Camera
 
@@ -145,6 +145,7 @@ def attach_recorder(
         ),
         cameras,
     )
+    rec.add_episode_hook(CameraEpisodeHook(cameras))  # real cameras: verified, gone/back in the tag
     if follower_kind is None:  # a sim names its backend only once connected: ask at save time
         rec.follower_kind_fn = lambda: follower_dataset_kind(follower)
     if isinstance(follower, SimEpisodes):

@@ -9,12 +9,15 @@ daemon stops; ``start`` is idempotent, so whoever needs frames starts them.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Protocol, runtime_checkable
 
 from daemon.config.settings import CameraConfig as CameraSection
 from daemon.config.settings import keys_given
-from drivers.cameras import Camera, CameraConfig, OpenCVCamera, VirtualArmCamera
+from daemon.data.recorder import Recorder, RecordingError
+from drivers.camera_lerobot import LEROBOT_KINDS, LeRobotCamera
+from drivers.cameras import Camera, CameraConfig, VirtualArmCamera
 
 log = logging.getLogger("so101d.cameras")
 
@@ -56,17 +59,44 @@ def sim_camera_factory(follower: object) -> SimCameraFactory | None:
     return make
 
 
+def driver_config(name: str, c: CameraSection) -> CameraConfig:
+    """The driver's configuration for one [cameras.<name>] table (LeRobot's options passed on)."""
+    return CameraConfig(
+        name=name,
+        device=c.device,
+        width=c.width,
+        height=c.height,
+        fps=c.fps,
+        kind=c.kind,
+        on_mismatch=c.on_mismatch,
+        fourcc=c.fourcc,
+        backend=c.backend,
+        rotation=c.rotation,
+        color_mode=c.color_mode,
+        warmup_s=c.warmup_s,
+        serial_number_or_name=c.serial_number_or_name,
+        use_depth=c.use_depth,
+        server_address=c.server_address,
+        port=c.port,
+        camera_name=c.camera_name,
+        timeout_ms=c.timeout_ms,
+    )
+
+
 def build_cameras(
     cameras_cfg: Mapping[str, CameraSection], sim_factory: SimCameraFactory | None = None
 ) -> list[Camera]:
     """Cameras of the configuration. kind "sim" needs ``sim_factory(name, cfg) -> Camera``."""
     cams: list[Camera] = []
     for name, c in sorted(cameras_cfg.items()):
-        cc = CameraConfig(name=name, device=c.device, width=c.width, height=c.height, fps=c.fps)
+        cc = driver_config(name, c)
         if c.kind == "virtual":
             cams.append(VirtualArmCamera(cc))
-        elif c.kind == "opencv":
-            cams.append(OpenCVCamera(cc))
+        elif c.kind in LEROBOT_KINDS:
+            try:
+                cams.append(LeRobotCamera(cc))
+            except ValueError as exc:  # LeRobot's own check of its options
+                raise ValueError(f"camera {name!r}: {exc}") from None
         elif c.kind == "sim":
             if sim_factory is None:
                 raise ValueError(f"camera {name!r}: kind 'sim' needs the simulated follower's cameras")
@@ -110,3 +140,61 @@ class DaemonCameras:
                 cam.stop()
             except Exception as exc:  # one camera's hung device must not keep the others running
                 log.warning("camera %s: stop failed: %s", cam.name, exc)
+
+
+class CameraEpisodeHook:
+    """The recorder's episode hook for real cameras: an episode does not start while a camera is
+    refused (it delivers another size, rate or format than configured: both values named), gone
+    or still opening; a saved episode's tag says when a camera went away and came back (its frames
+    in between are recorded missing, and counted) and that a camera recorded at another rate or
+    format than configured (on_mismatch = "warn")."""
+
+    def __init__(self, cameras: list[Camera]) -> None:
+        self.cameras = [c for c in cameras if isinstance(c, LeRobotCamera)]
+        self._started_s = 0.0
+
+    def episode_starting(self, recorder: Recorder) -> None:
+        refusals = [r for r in (c.refusal() for c in self.cameras) if r]
+        if refusals:
+            raise RecordingError("episode not started: " + "; ".join(refusals))
+        self._started_s = time.monotonic()
+
+    def episode_ending(self, recorder: Recorder, saved: bool) -> tuple[bool | None, list[str]]:
+        notes = [n for n in (c.mismatch_note() for c in self.cameras) if n]
+        for cam in self.cameras:
+            notes.extend(_gap_notes(cam, self._started_s))
+        return None, notes
+
+
+def _gap_notes(cam: LeRobotCamera, started_s: float) -> list[str]:
+    """'camera front: gone at 3.20 s (why), back at 5.10 s' for each time it went away this episode."""
+    notes: list[str] = []
+    gone: float | None = None
+    why = ""
+    for e in cam.events_since(started_s):
+        if e.kind == "gone":
+            gone, why = e.monotonic_s - started_s, e.why
+        elif e.kind == "back" and gone is not None:
+            notes.append(
+                f"camera {cam.name}: gone at {gone:.2f} s ({why}), back at {e.monotonic_s - started_s:.2f} s; "
+                "its frames in between are recorded missing"
+            )
+            gone = None
+    if gone is not None:
+        notes.append(
+            f"camera {cam.name}: gone at {gone:.2f} s ({why}), not back by the end; "
+            "its frames from then are recorded missing"
+        )
+    return notes
+
+
+def cameras_status(cameras: list[Camera]) -> dict[str, dict[str, object]]:
+    """The status section per camera: device, format, configured vs measured fps, dropped frames,
+    the newest frame's age, and its state (streaming, gone, refused, ...)."""
+    out: dict[str, dict[str, object]] = {}
+    for cam in cameras:
+        try:
+            out[cam.name] = dict(cam.stats())
+        except Exception as exc:  # one camera's counters must not hide the others
+            out[cam.name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out

@@ -29,10 +29,12 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from daemon.config.settings import CameraConfig
 
 PASS, WARN, FAIL, INFO = "PASS", "WARN", "FAIL", "INFO"
 
@@ -128,6 +130,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="how long to wait for the servos after the power cycle",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--no-cameras",
+        action="store_true",
+        help="do not open the configured cameras (the bandwidth is still estimated)",
+    )
 
 
 # -------------------------------------------------------------------------------------------------
@@ -462,11 +469,61 @@ def environment() -> dict[str, str]:
     }
 
 
+# -------------------------------------------------------------------------------------------------
+# the cameras: USB bandwidth of the configured streams, and what each camera really delivers
+# -------------------------------------------------------------------------------------------------
+CAMERA_SETTLE_S = 15.0  # LeRobot's warmup, then a second of frames timed
+
+
+def camera_report(cameras_cfg: Mapping[str, CameraConfig], open_cameras: bool) -> ArmReport | None:
+    """The [cameras] part of the report; None without real cameras configured."""
+    from daemon.service.cameras import driver_config
+    from drivers.camera_bandwidth import Stream, advice, estimate
+    from drivers.camera_lerobot import LeRobotCamera
+
+    real = {n: c for n, c in sorted(cameras_cfg.items()) if c.kind in ("opencv", "intelrealsense")}
+    if not real:
+        return None
+    rep = ArmReport("cameras", ", ".join(real))
+    usb = [Stream(n, c.width, c.height, float(c.fps), c.fourcc) for n, c in real.items() if c.kind == "opencv"]
+    if usb:
+        status, text = advice(estimate(usb))
+        rep.add("usb bandwidth", status, text, "" if status == PASS else 'set fourcc = "MJPG" in [cameras.*]')
+    if not open_cameras:
+        return rep
+    for name, c in real.items():
+        cam = LeRobotCamera(driver_config(name, c))
+        cam.start()
+        deadline = time.monotonic() + CAMERA_SETTLE_S + c.warmup_s
+        while cam.state in ("opening", "verifying") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        st = cam.stats()
+        cam.stop()
+        if cam.state == "streaming":
+            age = st["last_frame_age_s"]
+            rep.add(
+                f"camera {name}",
+                WARN if st["problems"] else PASS,
+                f"{st['device']}: {st['format']}; configured {c.fps} fps, measured {st['fps_verified']} fps; "
+                f"dropped {st['frames_dropped']}; newest frame {age if age is not None else '?'} s old"
+                + (f"; {'; '.join(st['problems'])} (on_mismatch = warn)" if st["problems"] else ""),
+            )
+        else:
+            rep.add(
+                f"camera {name}",
+                FAIL,
+                cam.refusal() or st["error"] or f"no frame within {CAMERA_SETTLE_S:g} s",
+                "so101d find-cameras",
+            )
+    return rep
+
+
 def render_text(env: dict[str, str], reps: list[ArmReport], config: str | None = None) -> str:
     out = ["so101d doctor report", "=" * 20, " ".join(f"{k}={v}" for k, v in env.items()), ""]
     for r in reps:
         out.append(f"[{r.role}] {r.port}")
-        out.append("  adapter: " + ", ".join(f"{k}={v}" for k, v in r.adapter.items()))
+        if r.adapter:
+            out.append("  adapter: " + ", ".join(f"{k}={v}" for k, v in r.adapter.items()))
         for j, s in r.servos.items():
             regs = r.registers.get(j, {})
             short = ", ".join(
@@ -587,6 +644,9 @@ def run(args: argparse.Namespace) -> int:
                 a.bus.close()
     env = environment()
     only_reps = [r for r, _ in reps]
+    cams = camera_report(cfg.cameras, open_cameras=not args.no_cameras)
+    if cams is not None:
+        only_reps.append(cams)
     if args.json:
         print(
             json.dumps(

@@ -1,0 +1,421 @@
+"""Real cameras through LeRobot's camera classes (lerobot/cameras/: opencv, realsense, zmq).
+
+LeRobot's classes open the device, apply FOURCC, size, rate, backend, rotation and colour order,
+and read on their own thread. Around one of them this adds what the daemon needs and they do not:
+
+- opening, reading and reopening on our capture thread: ``start`` returns at once, the loop and
+  the recorder only ever take a reference to the newest ``Frame``;
+- each frame keeps LeRobot's own capture timestamp (taken on its read thread right after the
+  read), not the time we happened to look;
+- what the camera really negotiated (size, rate, FOURCC) and the rate it really delivers over its
+  first second, compared with the configuration (``verification``);
+- a camera that goes away (unplugged: LeRobot's read thread ends after its consecutive failures)
+  is marked gone, its frames become missing, and it is reopened by its configured path (a
+  /dev/v4l/by-id path finds the same camera on whatever /dev/videoN it comes back as).
+
+A device that does not take the configured mode makes LeRobot's strict open fail ("failed to set
+fps=30"); it is then opened as it is and judged by what it delivers, so the answer names the
+configured and the delivered values. A source that takes no settings at all (a video file, a pipe:
+OpenCV's ``set`` answers False) is opened as it is at once and judged the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import stat
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from drivers.cameras import Camera, CameraConfig, ThreadedCamera, VirtualArmCamera
+
+log = logging.getLogger("so101d.camera")
+
+LEROBOT_KINDS = ("opencv", "intelrealsense", "zmq")
+# The measured rate must reach this share of the configured one (a camera that gives 15 fps when
+# 30 was asked is refused; scheduling noise on a busy machine is not).
+MIN_RATE_SHARE = 0.8
+VERIFY_WINDOW_S = 1.0  # frames timed after open before the rate is judged
+VERIFY_MIN_FRAMES = 8
+REOPEN_PERIOD_S = 0.5  # a gone camera is looked for this often
+FRAME_WAIT_S = 0.2  # one wait for LeRobot's next frame (then: is its read thread still alive?)
+RECENT_FRAMES = 60  # the recent rate is measured over this many frames
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What a stream is: size, rate and pixel format ("" where the backend does not say)."""
+
+    width: int
+    height: int
+    fps: float
+    fourcc: str = ""
+
+    def text(self) -> str:
+        return f"{self.width}x{self.height} {self.fourcc or '(format not reported)'} @ {self.fps:g} fps"
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The configuration against what the camera negotiated and delivered."""
+
+    configured: Mode
+    negotiated: Mode  # as the backend reports it after open
+    measured_fps: float  # frames over the first VERIFY_WINDOW_S
+    problems: tuple[str, ...]  # each names the configured and the real value
+    size_problem: bool  # a different image size: never recordable under this configuration
+
+    def refused(self, on_mismatch: str) -> bool:
+        return bool(self.problems) and (self.size_problem or on_mismatch != "warn")
+
+
+def lerobot_config(cfg: CameraConfig, request: bool = True) -> Any:
+    """LeRobot's camera configuration for ours. ``request`` False asks for nothing (size, rate):
+    the source is opened as it is. ValueError (LeRobot's own message) for a bad option."""
+    from lerobot.cameras.configs import ColorMode, Cv2Backends, Cv2Rotation
+
+    fps = round(cfg.fps) if request else None
+    width = int(cfg.width) if request else None
+    height = int(cfg.height) if request else None
+    color_mode = ColorMode(cfg.color_mode)
+    if cfg.kind == "opencv":
+        from lerobot.cameras.opencv import OpenCVCameraConfig
+
+        dev = str(cfg.device)
+        return OpenCVCameraConfig(
+            index_or_path=int(dev) if dev.isdigit() else Path(dev),
+            fps=fps,
+            width=width,
+            height=height,
+            color_mode=color_mode,
+            rotation=Cv2Rotation(cfg.rotation),
+            warmup_s=cfg.warmup_s,
+            fourcc=cfg.fourcc or None,
+            backend=Cv2Backends[cfg.backend.upper()],
+        )
+    if cfg.kind == "intelrealsense":
+        from lerobot.cameras.realsense.configuration_realsense import RealSenseCameraConfig
+
+        if not cfg.serial_number_or_name:
+            raise ValueError("kind 'intelrealsense' needs serial_number_or_name")
+        return RealSenseCameraConfig(
+            serial_number_or_name=cfg.serial_number_or_name,
+            fps=fps,
+            width=width,
+            height=height,
+            color_mode=color_mode,
+            use_depth=cfg.use_depth,
+            rotation=Cv2Rotation(cfg.rotation),
+            warmup_s=cfg.warmup_s,
+        )
+    if cfg.kind == "zmq":
+        from lerobot.cameras.zmq.configuration_zmq import ZMQCameraConfig
+
+        return ZMQCameraConfig(
+            server_address=cfg.server_address,
+            port=cfg.port,
+            camera_name=cfg.camera_name,
+            fps=fps,
+            width=width,
+            height=height,
+            color_mode=color_mode,
+            timeout_ms=cfg.timeout_ms,
+            warmup_s=cfg.warmup_s,
+        )
+    raise ValueError(f"unknown camera kind {cfg.kind!r} (one of {', '.join(LEROBOT_KINDS)})")
+
+
+def _fourcc_text(code: float) -> str:
+    n = int(code)
+    text = "".join(chr((n >> (8 * i)) & 0xFF) for i in range(4))
+    return text if n and text.isprintable() else ""
+
+
+def verify(configured: Mode, negotiated: Mode, measured_fps: float) -> Verification:
+    """Compare; every problem names both values."""
+    problems: list[str] = []
+    size_problem = (negotiated.width, negotiated.height) != (configured.width, configured.height)
+    if size_problem:
+        problems.append(
+            f"configured {configured.width}x{configured.height}, the camera gives {negotiated.width}x{negotiated.height}"
+        )
+    if negotiated.fps > 0 and not math.isclose(negotiated.fps, configured.fps, rel_tol=1e-3):
+        problems.append(f"configured {configured.fps:g} fps, the camera negotiated {negotiated.fps:g} fps")
+    if measured_fps < MIN_RATE_SHARE * configured.fps:
+        problems.append(f"configured {configured.fps:g} fps, the camera delivers {measured_fps:.1f} fps (measured)")
+    if configured.fourcc and negotiated.fourcc != configured.fourcc:
+        problems.append(
+            f"configured FOURCC {configured.fourcc}, the camera gives {negotiated.fourcc or '(not reported)'}"
+        )
+    return Verification(configured, negotiated, round(measured_fps, 2), tuple(problems), size_problem)
+
+
+@dataclass(frozen=True)
+class CameraEvent:
+    """A camera going away or coming back, at ``monotonic_s``."""
+
+    kind: str  # "gone" | "back"
+    monotonic_s: float
+    why: str = ""
+
+
+class LeRobotCamera(ThreadedCamera):
+    """One real camera (LeRobot's OpenCV, RealSense or ZMQ class) behind our ``Camera`` interface."""
+
+    def __init__(self, config: CameraConfig) -> None:
+        super().__init__(config.name, config.width, config.height, config.fps)
+        self.config = config
+        self.kind = config.kind
+        self.device = str(config.device) if config.kind == "opencv" else self._device_text(config)
+        self.on_mismatch = config.on_mismatch
+        lerobot_config(config)  # a bad option fails here, at build time, with LeRobot's message
+        self._configured = Mode(self.width, self.height, self.fps, config.fourcc)
+        self._lr: Any = None  # the LeRobot camera while open
+        self._clock_offset_s = time.monotonic() - time.perf_counter()  # LeRobot stamps perf_counter
+        self.state = "opening"  # opening | verifying | streaming | refused | gone
+        self.verification: Verification | None = None
+        self.events: list[CameraEvent] = []
+        self._recent: deque[float] = deque(maxlen=RECENT_FRAMES)
+        self._dropped = 0
+        self._gone_since_s = 0.0
+        self._gone_why = ""
+        self._events_lock = threading.Lock()
+
+    @staticmethod
+    def _device_text(config: CameraConfig) -> str:
+        if config.kind == "intelrealsense":
+            return f"realsense:{config.serial_number_or_name}"
+        return f"zmq:tcp://{config.server_address}:{config.port}/{config.camera_name}"
+
+    # -- open, verify --------------------------------------------------------------------------
+    def _connect(self) -> Any:
+        """LeRobot's camera, connected: asked for the configured mode first; a source that takes no
+        settings at all is opened as it is (then judged by what it gives)."""
+        from lerobot.cameras.utils import make_cameras_from_configs
+
+        if not self._takes_settings():
+            cam = make_cameras_from_configs({self.name: lerobot_config(self.config, request=False)})[self.name]
+            cam.connect()
+            return cam
+        try:
+            cam = make_cameras_from_configs({self.name: lerobot_config(self.config)})[self.name]
+            cam.connect()
+            return cam
+        except RuntimeError as exc:  # LeRobot: "failed to set fps=30 (actual_fps=15.0)" and the like
+            log.info("camera %s: %s; opening it as it is to see what it gives", self.name, exc)
+        cam = make_cameras_from_configs({self.name: lerobot_config(self.config, request=False)})[self.name]
+        cam.connect()
+        return cam
+
+    def _negotiated(self, cam: Any) -> Mode:
+        import cv2
+
+        width, height = int(cam.width or 0), int(cam.height or 0)
+        if self.kind == "opencv" and cam.videocapture is not None:
+            vc = cam.videocapture
+            return Mode(width, height, float(vc.get(cv2.CAP_PROP_FPS)), _fourcc_text(vc.get(cv2.CAP_PROP_FOURCC)))
+        return Mode(width, height, float(cam.fps or 0))
+
+    def _next_frame(self, cam: Any) -> tuple[np.ndarray, float] | None:
+        """LeRobot's newest unread frame and its capture time (perf_counter), or None after
+        FRAME_WAIT_S. The pair is read under LeRobot's frame lock, so the time is that frame's."""
+        if not cam.new_frame_event.wait(FRAME_WAIT_S):
+            return None
+        with cam.frame_lock:
+            frame, stamp = cam.latest_frame, cam.latest_timestamp
+            cam.new_frame_event.clear()
+        if frame is None or stamp is None:
+            return None
+        return frame, float(stamp)
+
+    @staticmethod
+    def _reader_alive(cam: Any) -> bool:
+        thread = cam.thread
+        return thread is not None and thread.is_alive()
+
+    # -- the capture thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self._source_present():
+                self._open_failed(f"{self.device} does not exist (not plugged in?)")
+                continue
+            try:
+                cam = self._connect()
+            except Exception as exc:
+                self._open_failed(str(exc))
+                continue
+            self._lr = cam
+            try:
+                self._stream(cam)
+            finally:
+                self._lr = None
+                self._latest = None
+                try:
+                    cam.disconnect()
+                except Exception as exc:  # already half gone: nothing more to release
+                    log.debug("camera %s: disconnect: %s", self.name, exc)
+            if self.state == "refused":
+                return  # a configuration problem: reopening gives the same answer
+
+    def _open_failed(self, why: str) -> None:
+        """Said once (logged, in ``error``), then tried again; a gone camera keeps saying it is gone."""
+        text = f"gone: {self._gone_why}; reopening: {why}" if self.state == "gone" else f"open failed: {why}"
+        if text != self._c.error and self.state != "gone":
+            log.error("camera %s: %s", self.name, text)
+        self._c.error = text
+        self._stop.wait(REOPEN_PERIOD_S)
+
+    def _takes_settings(self) -> bool:
+        """A video file or a pipe takes no size or rate (OpenCV's ``set`` answers False); asking
+        would only open it twice, and a pipe's second reader gets the stream mid-way."""
+        dev = str(self.config.device)
+        if self.kind != "opencv" or dev.isdigit():
+            return True
+        try:
+            return stat.S_ISCHR(os.stat(dev).st_mode)
+        except OSError:
+            return True  # not there: the open answers why
+
+    def _source_present(self) -> bool:
+        """A path source that is not there (unplugged: its by-id link is gone) is not opened:
+        OpenCV would only log its failure every half second."""
+        dev = str(self.config.device)
+        if self.kind != "opencv" or dev.isdigit():
+            return True
+        return os.path.exists(dev)
+
+    def _stream(self, cam: Any) -> None:
+        negotiated = self._negotiated(cam)
+        was_gone = self.state == "gone"
+        self._c.error = ""
+        self._recent.clear()
+        # size, negotiated rate and format are known at once; only the delivered rate needs frames
+        if not self._judge(negotiated, None, was_gone):
+            return
+        self.state = "verifying"
+        first: float | None = None
+        timed = 0
+        last: float | None = None
+        while not self._stop.is_set():
+            got = self._next_frame(cam)
+            if got is None:
+                if not self._reader_alive(cam):
+                    self._went_away("its read thread stopped (unplugged, or the stream ended)")
+                    return
+                continue
+            pixels, stamp = got
+            t = stamp + self._clock_offset_s
+            if last is not None and negotiated.fps > 0 and self.state == "streaming":
+                gap_periods = (t - last) * negotiated.fps
+                if gap_periods > 1.5:
+                    self._dropped += round(gap_periods) - 1
+            last = t
+            self._recent.append(t)
+            if self.state == "verifying":
+                first = t if first is None else first
+                timed += 1
+                if t - first >= VERIFY_WINDOW_S and timed >= VERIFY_MIN_FRAMES:
+                    measured = (timed - 1) / (t - first)
+                    if not self._judge(negotiated, measured, was_gone):
+                        return
+            if self.state == "refused":
+                return
+            if pixels.shape[0] != self.height or pixels.shape[1] != self.width:
+                continue  # judged above: never published at a size the recorder did not ask for
+            self._publish(pixels, t)
+
+    def _judge(self, negotiated: Mode, measured_fps: float | None, was_gone: bool) -> bool:
+        """False (and the camera refused) when it may not record; ``measured_fps`` None: the
+        checks that need no frames, at open."""
+        v = verify(self._configured, negotiated, self.fps if measured_fps is None else measured_fps)
+        self.verification = v
+        if v.refused(self.on_mismatch):
+            self.state = "refused"
+            hint = "" if v.size_problem else ' (or set on_mismatch = "warn" to record what it gives)'
+            self._c.error = f"camera {self.name}: " + "; ".join(v.problems) + hint
+            log.error("%s", self._c.error)
+            return False
+        if measured_fps is None:
+            return True
+        if v.problems:
+            log.warning("camera %s: %s; recording what it gives (on_mismatch = warn)", self.name, "; ".join(v.problems))
+        if was_gone:
+            self._add_event(CameraEvent("back", time.monotonic()))
+        self.state = "streaming"
+        if was_gone:
+            gone_for = time.monotonic() - self._gone_since_s
+            log.warning("camera %s: back after %.1f s, delivering %s", self.name, gone_for, negotiated.text())
+        else:
+            log.info("camera %s: %s (measured %.1f fps)", self.name, negotiated.text(), measured_fps)
+        return True
+
+    def _went_away(self, why: str) -> None:
+        now = time.monotonic()
+        self._latest = None  # the recorder marks its frames missing, the console shows none
+        self._gone_since_s = now
+        self._gone_why = why
+        self._c.error = f"gone: {why}"
+        self._add_event(CameraEvent("gone", now, why))
+        self.state = "gone"  # last: whoever sees the state sees its event and its reason
+        log.error("camera %s: gone (%s); reopening %s when it is back", self.name, why, self.device)
+
+    def _add_event(self, event: CameraEvent) -> None:
+        with self._events_lock:
+            self.events.append(event)
+
+    def events_since(self, monotonic_s: float) -> list[CameraEvent]:
+        with self._events_lock:
+            return [e for e in self.events if e.monotonic_s >= monotonic_s]
+
+    def refusal(self) -> str:
+        """Why recording must not start with this camera, or "" when it may."""
+        if self.state == "refused":
+            return self._c.error
+        if self.state == "gone":
+            return f"camera {self.name} ({self.device}) is gone: {self._c.error}"
+        if self.state in ("opening", "verifying"):
+            why = f": {self._c.error}" if self._c.error else ""
+            return f"camera {self.name} ({self.device}) is still opening (checking what it delivers){why}"
+        return ""
+
+    def mismatch_note(self) -> str:
+        """The tag's note for a camera recording at a rate/format other than configured."""
+        v = self.verification
+        if v is None or not v.problems or v.refused(self.on_mismatch):
+            return ""
+        return f"camera {self.name}: " + "; ".join(v.problems) + " (on_mismatch = warn)"
+
+    # -- what status shows -----------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        recent = list(self._recent)
+        fps_recent = (len(recent) - 1) / (recent[-1] - recent[0]) if len(recent) > 2 and recent[-1] > recent[0] else 0.0
+        v = self.verification
+        self._c.extra = {
+            "kind": self.kind,
+            "device": self.device,
+            "state": self.state,
+            "format": v.negotiated.text() if v else "",
+            "fourcc": v.negotiated.fourcc if v else "",
+            "fps_negotiated": v.negotiated.fps if v else None,
+            "fps_verified": v.measured_fps if v else None,
+            "fps_recent": round(fps_recent, 2),
+            "frames_dropped": self._dropped,
+            "gone_events": sum(1 for e in self.events if e.kind == "gone"),
+            "gone_for_s": round(time.monotonic() - self._gone_since_s, 1) if self.state == "gone" else None,
+            "problems": list(v.problems) if v else [],
+        }
+        return super().stats()
+
+
+def make_camera(config: CameraConfig) -> Camera:
+    """Camera for one configuration entry: 'virtual' draws the arm, anything else opens through LeRobot."""
+    if str(config.device) == "virtual":
+        return VirtualArmCamera(config)
+    return LeRobotCamera(config)

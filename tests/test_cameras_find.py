@@ -1,0 +1,84 @@
+"""`so101d find-cameras` on a fake /dev tree: a /dev/v4l/by-id link to /dev/video0 (a video file
+OpenCV really opens, as a camera node would), the driver's name in /sys; the CLI as typed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from daemon.config.settings import config_from_dict
+
+SO101D = [sys.executable, "-m", "daemon.apps.cli"]
+BY_ID = "usb-Fake_Webcam_C920_ABC123-video-index0"
+
+
+def fake_tree(root: Path) -> tuple[Path, Path]:
+    dev, sysfs = root / "dev", root / "sys"
+    (dev / "v4l" / "by-id").mkdir(parents=True)
+    w = cv2.VideoWriter(str(root / "clip.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 30, (320, 240))
+    for _ in range(1500):  # long enough that the reader is still on it when the snapshot is taken
+        w.write(np.full((240, 320, 3), (40, 90, 200), np.uint8))  # BGR: red 200
+    w.release()
+    (root / "clip.avi").rename(dev / "video0")  # the container is read from the file, not its name
+    (dev / "v4l" / "by-id" / BY_ID).symlink_to("../../video0")
+    (sysfs / "class" / "video4linux" / "video0").mkdir(parents=True)
+    (sysfs / "class" / "video4linux" / "video0" / "name").write_text("Fake Webcam C920\n")
+    return dev, sysfs
+
+
+def find_cameras(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    dev, sysfs = fake_tree(tmp_path)
+    return subprocess.run(
+        [*SO101D, "find-cameras", "--dev", str(dev), "--sys", str(sysfs), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)),
+    )
+
+
+def test_find_cameras_lists_the_by_id_path_a_snapshot_and_a_block_that_loads(tmp_path):
+    r = find_cameras(tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    by_id = str(tmp_path / "dev" / "v4l" / "by-id" / BY_ID)
+    assert "Fake Webcam C920" in out and f"path: {by_id}" in out and "video0" in out, out
+    assert "opens at: 320x240 MJPG @ 30 fps" in out, out
+    assert "not a character device" in out  # a file, not a V4L2 node: its modes cannot be asked
+    snap = tmp_path / "camera-snapshots" / f"{BY_ID}.png"
+    assert f"snapshot: {snap.relative_to(tmp_path)}" in out, out
+    img = cv2.imread(str(snap))
+    assert img.shape == (240, 320, 3) and abs(int(img[..., 2].mean()) - 200) < 20  # RGB stored right
+    block = out[out.index("[cameras.front]") :]
+    cfg = config_from_dict(tomllib.loads(block))
+    cam = cfg.cameras["front"]
+    assert (cam.kind, cam.device, cam.width, cam.height, cam.fps, cam.fourcc) == (
+        "opencv",
+        by_id,
+        320,
+        240,
+        30,
+        "MJPG",
+    )
+
+
+def test_find_cameras_json_and_no_camera(tmp_path):
+    r = find_cameras(tmp_path, "--json", "--no-snapshot")
+    assert r.returncode == 0, r.stderr
+    (cam,) = json.loads(r.stdout)["cameras"]
+    assert cam["device"].endswith(BY_ID) and cam["video_node"].endswith("video0") and cam["snapshot"] == ""
+    assert cam["config"].startswith("[cameras.front]")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = subprocess.run(
+        [*SO101D, "find-cameras", "--dev", str(empty), "--sys", str(empty)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 1 and "no camera found" in r.stdout, r.stdout

@@ -1,0 +1,188 @@
+"""Real cameras through LeRobot's OpenCV camera, against sources OpenCV really opens: a named pipe
+fed with a YUV4MPEG2 stream at a set rate (tests/cameras_support.py) and a video file. What the
+camera negotiated and delivers is checked at open; unplug and replug are survived."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from cameras_support import PipeCamera
+from support import wait_for
+
+from daemon.config.settings import config_from_dict
+from daemon.service.cameras import build_cameras
+from drivers.camera_lerobot import LeRobotCamera, Mode, verify
+from drivers.cameras import Camera, CameraConfig
+
+# LeRobot logs the end of a stream from its read thread by raising there: expected when unplugged
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+
+
+def camera(path: Path, **kw) -> LeRobotCamera:
+    cfg = dict(width=320, height=240, fps=30.0) | kw
+    return LeRobotCamera(CameraConfig("front", device=str(path), **cfg))
+
+
+def settled(cam: LeRobotCamera, timeout_s: float = 30) -> str:
+    wait_for(lambda: cam.state not in ("opening", "verifying"), timeout_s, f"camera settled ({cam.stats()})")
+    return cam.state
+
+
+@pytest.fixture
+def pipes(tmp_path, monkeypatch):
+    # FFmpeg probes a pipe for 5 MB by default (1.5 s of this stream); a header says it all
+    monkeypatch.setenv("OPENCV_FFMPEG_CAPTURE_OPTIONS", "probesize;65536|analyzeduration;0")
+    made: list[PipeCamera] = []
+
+    def make(**kw) -> PipeCamera:
+        src = PipeCamera(tmp_path / f"video-{len(made)}", **kw).plug()
+        made.append(src)
+        return src
+
+    yield make
+    for src in made:
+        src.unplug()
+
+
+def test_a_pipe_camera_opens_through_lerobot_verified_with_capture_timestamps(pipes):
+    src = pipes(width=320, height=240, header_fps=30, rate_fps=30)
+    cam = camera(src.path)
+    assert isinstance(cam, Camera)
+    cam.start()
+    try:
+        assert settled(cam) == "streaming", cam.stats()
+        wait_for(lambda: cam.stats()["frames"] >= 10, 20, "10 frames")
+        f1 = cam.latest_frame()
+        wait_for(lambda: (cam.latest_frame() or f1).seq > f1.seq, 10, "a newer frame")
+        f2 = cam.latest_frame()
+        st = cam.stats()
+    finally:
+        cam.stop()
+    assert cam.refusal() == "" or cam.state == "streaming"
+    assert f1 is not None and f2 is not None
+    assert f2.pixels.shape == (240, 320, 3) and f2.pixels.dtype == np.uint8
+    # LeRobot's own capture stamp, on our clock: before we read it, and recent
+    assert f1.capture_monotonic_s < f2.capture_monotonic_s <= time.monotonic()
+    assert time.monotonic() - f2.capture_monotonic_s < 5
+    assert st["kind"] == "opencv" and st["device"] == str(src.path) and st["state"] == "streaming"
+    assert st["format"].startswith("320x240") and st["fps_negotiated"] == 30
+    assert 24 <= st["fps_verified"] <= 36, st  # delivered at its rate, measured over its first second
+    assert st["problems"] == [] and st["error"] == ""
+    assert st["last_frame_age_s"] is not None
+
+
+def test_a_camera_giving_another_size_is_refused_naming_both_even_with_warn(pipes):
+    src = pipes(width=320, height=240)
+    for on_mismatch in ("refuse", "warn"):
+        cam = camera(src.path, width=640, height=480, on_mismatch=on_mismatch)
+        cam.start()
+        try:
+            assert settled(cam) == "refused"
+        finally:
+            cam.stop()
+        why = cam.refusal()
+        assert "configured 640x480, the camera gives 320x240" in why, why
+        assert cam.latest_frame() is None  # never published at a size the recorder did not ask for
+        assert cam.stats()["frames"] == 0
+
+
+def test_a_camera_that_negotiates_a_lower_rate_is_refused_or_recorded_with_a_note(pipes):
+    src = pipes(header_fps=15, rate_fps=15)
+    cam = camera(src.path)
+    cam.start()
+    try:
+        assert settled(cam) == "refused"
+    finally:
+        cam.stop()
+    assert "configured 30 fps, the camera negotiated 15 fps" in cam.refusal(), cam.refusal()
+    assert 'on_mismatch = "warn"' in cam.refusal()  # says how to record anyway
+
+    cam = camera(src.path, on_mismatch="warn")
+    cam.start()
+    try:
+        assert settled(cam) == "streaming", cam.stats()
+        wait_for(lambda: cam.stats()["frames"] >= 5, 20, "frames at the camera's own rate")
+    finally:
+        cam.stop()
+    assert cam.refusal() == ""
+    note = cam.mismatch_note()
+    assert "configured 30 fps" in note and "15 fps" in note and "warn" in note, note
+
+
+def test_a_camera_that_silently_delivers_half_its_rate_is_refused_by_measurement(pipes):
+    src = pipes(header_fps=30, rate_fps=12)  # says 30, gives 12: what the backend reports is not enough
+    cam = camera(src.path)
+    cam.start()
+    try:
+        assert settled(cam) == "refused"
+    finally:
+        cam.stop()
+    v = cam.verification
+    assert v is not None and v.negotiated.fps == 30
+    assert 8 <= v.measured_fps <= 16, v
+    assert "the camera delivers" in cam.refusal() and "(measured)" in cam.refusal(), cam.refusal()
+
+
+def test_unplug_marks_the_camera_gone_and_replug_reopens_it_by_its_path(pipes):
+    src = pipes()
+    cam = camera(src.path)
+    cam.start()
+    try:
+        assert settled(cam) == "streaming"
+        wait_for(lambda: cam.latest_frame() is not None, 10, "a frame")
+        src.unplug()  # the feeder killed, the path gone: a USB camera pulled out
+        wait_for(lambda: cam.state == "gone", 30, "the camera marked gone")
+        assert cam.latest_frame() is None  # nothing stale is served as new
+        st = cam.stats()
+        assert st["gone_events"] == 1 and st["gone_for_s"] is not None and "gone" in st["error"]
+        assert "is gone" in cam.refusal()
+        frames_before = st["frames"]
+        src.replug()
+        wait_for(lambda: cam.state == "streaming", 30, f"the camera back ({cam.stats()})")
+        wait_for(lambda: cam.stats()["frames"] > frames_before + 5, 20, "frames again")
+        assert cam.latest_frame() is not None
+    finally:
+        cam.stop()
+    kinds = [e.kind for e in cam.events]
+    assert kinds == ["gone", "back"], cam.events
+    assert cam.events[0].monotonic_s < cam.events[1].monotonic_s
+
+
+def test_a_video_file_is_read_and_its_end_is_a_camera_gone(tmp_path):
+    path = tmp_path / "clip.avi"
+    w = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 30, (320, 240))
+    for i in range(200):
+        w.write(np.full((240, 320, 3), i % 256, np.uint8))
+    w.release()
+    cam = camera(path, warmup_s=0)
+    cam.start()
+    try:
+        wait_for(lambda: cam.state == "gone", 30, f"the file read to its end ({cam.stats()})")
+    finally:
+        cam.stop()
+    v = cam.verification
+    assert v is not None and v.negotiated == Mode(320, 240, 30.0, "MJPG"), v
+    assert cam.stats()["frames"] > 0
+
+
+def test_verification_names_every_difference():
+    v = verify(Mode(640, 480, 30, "MJPG"), Mode(640, 480, 30, "YUYV"), 29.5)
+    assert v.problems == ("configured FOURCC MJPG, the camera gives YUYV",) and not v.size_problem
+    assert v.refused("refuse") and not v.refused("warn")
+    assert verify(Mode(640, 480, 30), Mode(640, 480, 30), 27.0).problems == ()
+
+
+def test_configuration_takes_lerobot_options_and_bad_ones_are_refused(tmp_path):
+    cfg = config_from_dict(
+        {"cameras": {"front": {"kind": "opencv", "device": "/dev/video9", "fourcc": "MJPG", "rotation": 90}}}
+    )
+    (cam,) = build_cameras(cfg.cameras)
+    assert isinstance(cam, LeRobotCamera) and cam.config.fourcc == "MJPG" and cam.config.rotation == 90
+    with pytest.raises(ValueError, match="serial_number_or_name"):
+        build_cameras(config_from_dict({"cameras": {"d": {"kind": "intelrealsense"}}}).cameras)
+    with pytest.raises(ValueError, match="server_address"):
+        build_cameras(config_from_dict({"cameras": {"z": {"kind": "zmq"}}}).cameras)
