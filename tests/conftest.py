@@ -129,6 +129,7 @@ FILE_KINDS: dict[str, str] = {
     "test_setup_motors.py": "e2e",
     "test_sim_gl_backend.py": "e2e",
     "test_status_output.py": "e2e",
+    "test_cameras_find.py": "e2e",
 }
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from dataset_support import Ep, make_dataset, so101d, so101d_here
 
+from daemon.data import edit
 from daemon.data.schema import read_episode_tags
 from daemon.data.store import DatasetStore, StoreConfig
-from daemon.data import edit
 
 
 def _fingerprint(root: Path) -> dict[str, str]:
