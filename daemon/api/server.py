@@ -639,7 +639,7 @@ class ControlServer:
     def _run_request(self, conn: _Conn, req: Request) -> None:
         """On a worker: the verb, its reply encoded, handed back to the selector thread."""
         try:
-            data = _encode(self._dispatch(req))
+            data = self.encode_reply(self._dispatch(req))
         except BaseException as exc:
             self._count_error()
             _rl.error(f"encode.{req.cmd}", "reply of %r could not be sent: %r", req.cmd, exc)
@@ -658,6 +658,10 @@ class ControlServer:
             self._serve_one(conn, 0)
 
     # -------------------------------------------------------------- dispatch
+    def encode_reply(self, reply: dict[str, Any]) -> bytes:
+        """One reply line (a method so bench/bench_socket_reply.py can put the old encoder beside it)."""
+        return _encode(reply)
+
     def handle_line(self, line: bytes) -> dict[str, Any]:
         """Decode and dispatch one request line; always returns a reply, never raises."""
         self.requests += 1
