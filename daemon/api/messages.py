@@ -136,6 +136,15 @@ class MessageReply(Reply):
 
 
 # -------------------------------------------------------------- status sections
+class BusCounters(msgspec.Struct, kw_only=True):
+    """A Feetech bus's counters since the daemon started."""
+
+    transactions: int = 0
+    retries: int = 0
+    failures: int = 0
+    reconnects: int = 0
+
+
 class LinkStatus(msgspec.Struct, kw_only=True):
     """One arm's connection."""
 
@@ -146,7 +155,7 @@ class LinkStatus(msgspec.Struct, kw_only=True):
     losses: int = 0
     last_error: str = ""
     configure_warnings: list[str] = msgspec.field(default_factory=list)
-    bus: dict[str, int] | None = None  # transactions, retries, failures, reconnects (None: a simulator)
+    bus: BusCounters | None = None  # None: the arm keeps no bus counters (a simulator)
 
 
 class StageTiming(msgspec.Struct, kw_only=True):
