@@ -10,7 +10,9 @@ without its declaration fails here). The generated files must match the declarat
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -154,3 +156,100 @@ def test_the_published_schema_and_reference_are_current() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert (REPO / "docs" / "reference" / "control-api.md").is_file()
+
+
+# ------------------------------------------------------------------ the console's page
+CONSOLE_JS = REPO / "daemon" / "apps" / "console" / "static" / "console.js"
+_PARAM = re.compile(r"/\*\*\s*@param \{([\w<>, ]+)\} (\w+)\s*\*/")
+_LOCAL = re.compile(r"/\*\*\s*@type \{([\w<>, ]+)\}\s*\*/\s*(?:const|let) (\w+)")
+_MAP = re.compile(r"Object<string, (\w+)>")
+
+
+def typed_names(js: str) -> dict[str, str]:
+    """JS name -> the schema type its JSDoc tag gives (one type per name in the whole file)."""
+    out: dict[str, str] = {}
+    for m in [*_PARAM.finditer(js), *_LOCAL.finditer(js)]:
+        kind, name = m.group(1), m.group(2)
+        assert out.get(name, kind) == kind, f"{name} is tagged both {out[name]} and {kind}: give each its own name"
+        out[name] = kind
+    return out
+
+
+def _next(doc: dict[str, Any], prop: dict[str, Any]) -> tuple[str, str] | None:
+    """Where a property leads: ("def", name) for a declared message, ("map", name) for an object
+    keyed by data (joint, stage, camera names) whose values are that message; None: a plain value."""
+    for p in [prop, *prop.get("anyOf", [])]:
+        if "$ref" in p:
+            return ("def", p["$ref"].rsplit("/", 1)[-1])
+        extra = p.get("additionalProperties")
+        if isinstance(extra, dict) and "$ref" in extra:
+            return ("map", extra["$ref"].rsplit("/", 1)[-1])
+    return None
+
+
+def undeclared_reads(js: str, doc: dict[str, Any]) -> tuple[list[str], int]:
+    """Every `name.field.field...` read through a typed name, walked through the schema: the
+    reads that name no declared field, and how many reads were checked."""
+    defs = doc["$defs"]
+    bad, checked = [], 0
+    for name, kind in typed_names(js).items():
+        m = _MAP.fullmatch(kind)
+        start = ("map", m.group(1)) if m else ("def", kind)
+        assert start[1] in defs, f"{name}: type {start[1]} is not in the schema"
+        for read in re.finditer(rf"(?<![\w.$]){name}((?:\.\w+)+)", js):
+            where: tuple[str, str] | None = start
+            for field in read.group(1).split(".")[1:]:
+                if where is None:
+                    break  # a plain value's own members (.length, .toString)
+                if where[0] == "map":
+                    where = ("def", where[1])  # a data key (a stage's name): its value is the message
+                    continue
+                props = defs[where[1]].get("properties", {})
+                checked += 1
+                if field not in props:
+                    bad.append(f"{name}{read.group(1)}: {where[1]} has no field {field!r}")
+                    break
+                where = _next(doc, props[field])
+    return bad, checked
+
+
+def test_the_console_page_reads_only_declared_fields() -> None:
+    doc = published()
+    js = CONSOLE_JS.read_text(encoding="utf-8")
+    bad, checked = undeclared_reads(js, doc)
+    assert not bad, "console.js reads fields the control API does not declare:\n" + "\n".join(bad)
+    assert checked >= 40  # the status, live, recording, policy, safety and servo reads
+    names = typed_names(js)
+    assert {"st", "lv", "rec", "pol"} <= set(names), names  # the page's entry points are typed
+
+
+def test_the_console_check_finds_an_undeclared_read() -> None:
+    """The check above can fail: a read the schema lacks, a typo, a field of a nested message."""
+    doc = published()
+    js = (
+        "/** @param {StatusReply} st */ function f(st) { st.mode; st.rate_hz_targt; st.follower.bus.retries;"
+        " st.follower.bus.retried; st.timing_ms.cycle.p50; }\n"
+        "/** @type {Object<string, StageTiming>} */ const t = {}; t.jitter.p77;"
+    )
+    bad, checked = undeclared_reads(js, doc)
+    assert sorted(b.split(":")[0] for b in bad) == [
+        "st.follower.bus.retried",
+        "st.rate_hz_targt",
+        "t.jitter.p77",
+    ], bad
+    assert checked == 11
+
+
+def test_the_console_serves_the_schema_the_page_is_checked_against(tmp_path: Path) -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from daemon.apps.console.app import Console, ConsoleConfig
+
+    async def fetch() -> tuple[int, Any]:
+        server = TestServer(Console(ConsoleConfig(socket_path=str(tmp_path / "none.sock"))).make_app())
+        async with TestClient(server) as client:
+            r = await client.get("/api/schema.json")
+            return r.status, await r.json()
+
+    status, body = asyncio.run(fetch())
+    assert status == 200 and body == published()
