@@ -228,6 +228,40 @@ class CameraStats(msgspec.Struct, kw_only=True):
     error: str = ""
 
 
+class StagedTag(msgspec.Struct, kw_only=True):
+    """The tag the writer staged with an episode (daemon/data/schema.py ``EpisodeTag``)."""
+
+    episode_index: int | None = None
+    episode_number: int | None = None
+    success: bool | None = None
+    origin: str | None = None
+    follower_kind: str | None = None
+    bench: str | None = None
+    source: dict[str, Any] = msgspec.field(default_factory=dict)
+    frames: int | None = None
+    late_frames: int | None = None
+    missing_frames: int | None = None
+    worst_camera_skew_ms: float | None = None
+    notes: list[str] = msgspec.field(default_factory=list)
+
+
+class LastStaged(msgspec.Struct, kw_only=True):
+    """The last episode the writer staged (empty before the first)."""
+
+    episode_seq: int | None = None
+    frames: int | None = None
+    tag: StagedTag | None = None
+
+
+class LastSaved(msgspec.Struct, kw_only=True):
+    """The last episode committed to the dataset (empty before the first)."""
+
+    episode: int | None = None
+    episode_index: int | None = None
+    frames: int | None = None
+    commit_s: float | None = None
+
+
 class RecordingStatus(msgspec.Struct, kw_only=True):
     """The recorder (``episode.status``, and ``status``'s ``recording``). A section whose extra
     failed carries only ``error``."""
@@ -256,8 +290,8 @@ class RecordingStatus(msgspec.Struct, kw_only=True):
     writer_pid: int | None = None
     writer_backlog_frames: int | None = None
     writer_backlog_records: int | None = None
-    last_staged: dict[str, Any] | None = None
-    last_saved: dict[str, Any] | None = None
+    last_staged: LastStaged = msgspec.field(default_factory=LastStaged)
+    last_saved: LastSaved = msgspec.field(default_factory=LastSaved)
     last_committed: str | None = None  # "episode 4 (dataset episode 3)"
     counters: dict[str, int] = msgspec.field(default_factory=dict)
     cameras: list[CameraStats] = msgspec.field(default_factory=list)
