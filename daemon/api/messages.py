@@ -304,12 +304,29 @@ class TakeoverStatus(msgspec.Struct, kw_only=True):
 
 
 class LatencyStats(msgspec.Struct, kw_only=True):
-    """p50 / p99 / max over a window of ``n`` (None before the first)."""
+    """p50 / p99 (/ p99.9) / max over a window of ``n``, ms (the section is null before the first)."""
 
     p50: float | None = None
     p99: float | None = None
+    p99_9: float | None = msgspec.field(default=None, name="p99.9")
     max: float | None = None
     n: int | None = None
+
+
+class WorkerInfo(msgspec.Struct, kw_only=True):
+    """The local inference worker, as it reported itself ready (empty until then)."""
+
+    policy_type: str | None = None
+    chunk_size: int | None = None
+    n_action_steps: int | None = None
+    cameras: list[str] = msgspec.field(default_factory=list)
+    device: str | None = None
+    warmup_s: float | None = None
+    pid: int | None = None
+    heap: str | None = None  # what was done to the allocator, in words
+    io: str | None = None  # how observations and actions are converted, in words
+    torch_threads: int | None = None
+    omp_wait_policy: str | None = None
 
 
 class PolicyServerStatus(msgspec.Struct, kw_only=True):
@@ -349,7 +366,7 @@ class PolicyStatus(msgspec.Struct, kw_only=True):
     checkpoint: str | None = None
     policy_type: str | None = None
     cameras: list[str] = msgspec.field(default_factory=list)
-    worker: dict[str, Any] | None = None  # the inference worker's process and device
+    worker: WorkerInfo = msgspec.field(default_factory=WorkerInfo)
     merge: str | None = None  # how a new chunk joins the queue
     queue_depth: int | None = None
     usable_horizon_ms: float | None = None
