@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from daemon.api.messages import API_VERSION, ErrorReply, ReplyMismatch, api_major, decode_reply
+from daemon.api.messages import API_VERSION, ErrorReply, MessageReply, ReplyMismatch, api_major, decode_reply
 from daemon.api.server import CLOSED_IDLE_PREFIXES
 
 
@@ -265,7 +265,7 @@ def run_simple(
     """Send one verb and print its result; exit 0 on ok, 1 on an error reply, 2 if no daemon.
 
     ``label`` names the verb in error messages (default ``cmd``); ``render`` turns an ok reply
-    into the printed text (default: the reply's message).
+    into the printed text (default: the reply's message, read as ``MessageReply``).
     """
     import sys
 
@@ -281,6 +281,6 @@ def run_simple(
     if render is not None:
         print(render(reply))
     else:
-        msg = reply.get("message")
+        msg = decode_reply(reply, MessageReply).message
         print(msg if msg else f"{cmd}: ok")
     return 0
