@@ -20,6 +20,7 @@ import pytest
 from support import poll_until, wait_for
 
 from daemon.api.client import CommandFailed, ControlClient, DaemonUnavailable
+from daemon.api.messages import API_VERSION
 from daemon.api.server import ControlServer, RequestError, SocketInUseError
 
 
@@ -64,7 +65,7 @@ def test_socket_file_mode_and_cleanup(server):
 
 def test_registered_verbs_and_replies(server):
     with ControlClient(server.path) as c:
-        assert c.request("echo", x=[1, 2]) == {"ok": True, "echo": [1, 2]}
+        assert c.request("echo", x=[1, 2]) == {"ok": True, "api_version": API_VERSION, "echo": [1, 2]}
         assert c.request("ping")["pong"] is True
         assert "echo" in c.request("help")["verbs"]
         with pytest.raises(CommandFailed, match="not now"):
@@ -344,7 +345,7 @@ def test_slow_verbs_never_keep_status_from_answering(sock_dir):
         for t in slow_clients:
             t.join(30)
         srv.stop()
-    assert len(replies) == 12 and all(r == {"ok": True, "waited": True} for r in replies)
+    assert len(replies) == 12 and all(r == {"ok": True, "api_version": API_VERSION, "waited": True} for r in replies)
 
 
 def test_pipelined_requests_are_answered_in_order(server):
@@ -362,8 +363,8 @@ def test_pipelined_requests_are_answered_in_order(server):
     s.close()
     replies = [json.loads(x) for x in buf.splitlines()]
     assert [r.get("echo") for r in replies[:50]] == list(range(50))
-    assert replies[50] == {"ok": False, "error": "not now"}
-    assert replies[51] == {"ok": True, "echo": 99}
+    assert replies[50] == {"ok": False, "api_version": API_VERSION, "error": "not now", "field": None}
+    assert replies[51] == {"ok": True, "api_version": API_VERSION, "echo": 99}
 
 
 def test_idle_client_dropped_after_the_idle_timeout(sock_dir):
@@ -435,7 +436,7 @@ class _StalledListener:
             conn.settimeout(5)
             try:
                 while _read_line(conn):
-                    conn.sendall(b'{"ok": true, "pong": true}\n')
+                    conn.sendall(b'{"ok": true, "api_version": "%s", "pong": true}\n' % API_VERSION.encode())
             except OSError:
                 pass
 

@@ -4,6 +4,12 @@ Used by the CLI verbs (`so101d status|teleop|torque|...`) and by tests::
 
     with ControlClient("/run/so101d/control.sock") as c:
         c.request("teleop.start")
+        st = c.request_as(StatusReply, "status")  # typed: daemon/api/messages.py
+
+Every reply carries the daemon's ``api_version``; a daemon of another major version is refused
+at the first reply with ``ApiVersionMismatch`` saying which side is older (a minor difference is
+fine: fields unknown to this side are ignored, fields it knows but the daemon lacks take their
+defaults).
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from daemon.api.messages import API_VERSION, ErrorReply, MessageReply, ReplyMismatch, api_major, decode_reply
 from daemon.api.server import CLOSED_IDLE_PREFIXES
 
 
@@ -24,8 +33,32 @@ class DaemonUnavailable(ConnectionError):
     """No daemon answers at the socket path (not running, wrong path, or no permission)."""
 
 
+class ApiVersionMismatch(DaemonUnavailable):
+    """The daemon speaks another major version of the control API than this client."""
+
+
 class CommandFailed(RuntimeError):
     """The daemon answered {"ok": false, "error": ...}."""
+
+
+def check_api_version(reply: dict[str, Any], path: str) -> None:
+    """ApiVersionMismatch unless ``reply`` comes from a daemon of this client's major version."""
+    theirs = reply.get("api_version")
+    ours = api_major(API_VERSION)
+    if not isinstance(theirs, str):
+        raise ApiVersionMismatch(
+            f"the daemon at {path} is older than this client: its replies carry no api_version (this "
+            f"client speaks control API {API_VERSION}); restart the daemon from this install "
+            "(`so101d run`, or `systemctl restart so101d`)"
+        )
+    major = api_major(theirs)
+    if major == ours:
+        return
+    side = "older" if major is not None and ours is not None and major < ours else "newer"
+    raise ApiVersionMismatch(
+        f"the daemon at {path} is {side} than this client: it speaks control API {theirs}, this client "
+        f"{API_VERSION}; run the same so101d version on both sides"
+    )
 
 
 class _ClosedWhileIdle(Exception):
@@ -134,6 +167,7 @@ class ControlClient:
         if reply.get("ok") is False and isinstance(error, str) and error.startswith(CLOSED_IDLE_PREFIXES):
             self._buf.clear()
             raise _ClosedWhileIdle
+        check_api_version(reply, self.path)
         return reply
 
     def _read_reply(self) -> dict[str, Any]:
@@ -158,6 +192,24 @@ class ControlClient:
         reply = self.call(cmd, **args)
         if not reply.get("ok"):
             raise CommandFailed(str(reply.get("error", "unknown error")))
+        return reply
+
+    def call_as[T: msgspec.Struct](self, kind: type[T], cmd: str, **args: Any) -> T | ErrorReply:
+        """Send one request; the reply decoded into ``kind`` (its declared reply type), or the
+        ErrorReply. A reply that does not fit ``kind`` is CommandFailed naming the field."""
+        reply = self.call(cmd, **args)
+        try:
+            if not reply.get("ok"):
+                return decode_reply(reply, ErrorReply)
+            return decode_reply(reply, kind)
+        except ReplyMismatch as exc:
+            raise CommandFailed(f"{cmd}: the daemon's reply does not fit this client: {exc}") from None
+
+    def request_as[T: msgspec.Struct](self, kind: type[T], cmd: str, **args: Any) -> T:
+        """``call_as``, raising CommandFailed on an error reply."""
+        reply = self.call_as(kind, cmd, **args)
+        if isinstance(reply, ErrorReply):
+            raise CommandFailed(reply.error or "unknown error")
         return reply
 
 
@@ -213,7 +265,7 @@ def run_simple(
     """Send one verb and print its result; exit 0 on ok, 1 on an error reply, 2 if no daemon.
 
     ``label`` names the verb in error messages (default ``cmd``); ``render`` turns an ok reply
-    into the printed text (default: the reply's message).
+    into the printed text (default: the reply's message, read as ``MessageReply``).
     """
     import sys
 
@@ -229,6 +281,6 @@ def run_simple(
     if render is not None:
         print(render(reply))
     else:
-        msg = reply.get("message")
+        msg = decode_reply(reply, MessageReply).message
         print(msg if msg else f"{cmd}: ok")
     return 0

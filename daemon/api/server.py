@@ -1,14 +1,18 @@
 """The control API: a local UNIX stream socket whose file permissions decide who may command the arm.
 
 Protocol (newline-delimited JSON, UTF-8): each request is one JSON object on one line,
-``{"cmd": "<verb>", ...arguments}``; each reply is one JSON object on one line, ``{"ok": true, ...}``
-or ``{"ok": false, "error": "<what went wrong>"}``, in request order. A connection may carry any
+``{"cmd": "<verb>", ...arguments}``; each reply is one JSON object on one line,
+``{"ok": true, "api_version": "1.0", ...}`` or ``{"ok": false, "api_version": "1.0", "error": "<what
+went wrong>", "field": "<the request field at fault, or null>"}``, in request order. Every verb's
+request and reply is declared in daemon/api/messages.py (published as
+docs/reference/control-api.schema.json). A connection may carry any
 number of requests. A line longer than ``max_request_bytes`` gets an error reply and the connection
 is closed (the rest of that line cannot be trusted); malformed JSON, a non-object, a missing or
 unknown ``cmd`` get an error reply and the connection stays usable. Lines are decoded within
 bounds (daemon/api/bounded_json.py: depth, number length) and checked against the verbs' declared
 fields (daemon/api/requests.py) before any handler sees them: a field of the wrong type is
-refused, naming it.
+refused, naming it. Replies are encoded with msgspec (numpy values and paths as JSON numbers and
+text).
 
 Nothing a client sends can end the thread serving the others: a failure while serving one
 connection closes that connection only. Should the thread end anyway, ``ensure_serving`` (called
@@ -21,7 +25,7 @@ request dict and returns a dict of reply fields (merged after ``"ok": true``), o
 as an internal error. Nothing here can stall the control loop: handlers talk to the loop through
 ``ControlLoop.submit`` or read its ``status()`` snapshot.
 
-Serving (issue 12, "operator lock-out"): one selector thread owns every connection (no thread per
+Serving (an operator must never be locked out): one selector thread owns every connection (no thread per
 client); handlers run on small worker pools, so a verb that waits (``policy.load`` with
 ``wait_s``, ``episode.save`` running a sim's hooks, a reload) never holds up another client. The
 operator's verbs (``OPERATOR_VERBS``: status, torque, hold, teleop stop...) have a pool of their
@@ -56,7 +60,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from daemon.api.bounded_json import JsonBounds, JsonRefused, loads_bounded
+from daemon.api.messages import API_VERSION
 from daemon.api.requests import BadField, Request, parse_request
 from daemon.system.logs import RateLimitedLogger
 
@@ -74,6 +81,7 @@ OPERATOR_WORKERS = 2  # threads running only OPERATOR_VERBS
 OPERATOR_VERBS = frozenset(
     {
         "ping",
+        "version",
         "help",
         "status",
         "torque.off",
@@ -203,6 +211,7 @@ class ControlServer:
         self._supervise_lock = threading.Lock()
         self.bounds = JsonBounds(max_bytes=max_request_bytes)
         self.register("ping", lambda req: {"pong": True})
+        self.register("version", lambda req: {"daemon_version": _package_version()})
         self.register("help", lambda req: {"verbs": self.verbs()})
 
     # -------------------------------------------------------------- registry
@@ -210,7 +219,7 @@ class ControlServer:
         if not name or not isinstance(name, str):
             raise ValueError("verb name must be a non-empty string")
         with self._lock:
-            if name in self._handlers and name not in ("ping", "help"):
+            if name in self._handlers and name not in _BUILT_IN:
                 raise ValueError(f"verb {name!r} is already registered")
             self._handlers[name] = handler
 
@@ -501,7 +510,7 @@ class ControlServer:
         conn.closed = True
         if reason is not None and not conn.outbuf:
             try:  # best effort, never waits: the client learns why at its next read
-                conn.sock.send(_encode({"ok": False, "error": reason}))
+                conn.sock.send(_encode(_error(reason)))
             except OSError:
                 pass
         if conn.events and self._selector is not None:
@@ -610,7 +619,7 @@ class ControlServer:
     def _refuse_too_large(self, conn: _Conn) -> None:
         self._count_error()
         conn.inbuf = bytearray()
-        conn.outbuf += _encode({"ok": False, "error": f"request too large (limit {self.max_request_bytes} bytes)"})
+        conn.outbuf += _encode(_error(f"request too large (limit {self.max_request_bytes} bytes)"))
         conn.close_after_write = True
 
     def _start_request(self, conn: _Conn, line: bytes) -> None:
@@ -618,7 +627,7 @@ class ControlServer:
         self._touch(conn)
         req, error = self._parse(line)
         if req is None:
-            conn.outbuf += _encode(error or {"ok": False, "error": "malformed request"})
+            conn.outbuf += _encode(error or _error("malformed request"))
             return
         pool = self._operator_pool if req.cmd in OPERATOR_VERBS else self._pool
         if pool is None:  # stopping
@@ -630,11 +639,11 @@ class ControlServer:
     def _run_request(self, conn: _Conn, req: Request) -> None:
         """On a worker: the verb, its reply encoded, handed back to the selector thread."""
         try:
-            data = _encode(self._dispatch(req))
+            data = self.encode_reply(self._dispatch(req))
         except BaseException as exc:
             self._count_error()
             _rl.error(f"encode.{req.cmd}", "reply of %r could not be sent: %r", req.cmd, exc)
-            data = _encode({"ok": False, "error": f"internal error in {req.cmd!r}: {type(exc).__name__}"})
+            data = _encode(_error(f"internal error in {req.cmd!r}: {type(exc).__name__}"))
         self._replies.append((conn, data))
         self._wake()
 
@@ -649,21 +658,28 @@ class ControlServer:
             self._serve_one(conn, 0)
 
     # -------------------------------------------------------------- dispatch
+    def encode_reply(self, reply: dict[str, Any]) -> bytes:
+        """One reply line (a method so bench/bench_socket_reply.py can put the old encoder beside it)."""
+        return _encode(reply)
+
     def handle_line(self, line: bytes) -> dict[str, Any]:
         """Decode and dispatch one request line; always returns a reply, never raises."""
         self.requests += 1
         req, error = self._parse(line)
         if req is None:
-            return error or {"ok": False, "error": "malformed request"}
+            return error or _error("malformed request")
         return self._dispatch(req)
 
     def _parse(self, line: bytes) -> tuple[Request | None, dict[str, Any] | None]:
         """A request line -> its checked Request, or the error reply (bounded JSON, typed fields)."""
         try:
             return parse_request(loads_bounded(line, self.bounds)), None
-        except (JsonRefused, BadField) as exc:
+        except BadField as exc:
             self._count_error()
-            return None, {"ok": False, "error": str(exc)}
+            return None, _error(str(exc), exc.field)
+        except JsonRefused as exc:
+            self._count_error()
+            return None, _error(str(exc))
 
     def handle(self, req: Any) -> dict[str, Any]:
         """Dispatch an already decoded request (checked here first); never raises."""
@@ -671,7 +687,7 @@ class ControlServer:
             checked = parse_request(req)
         except BadField as exc:
             self._count_error()
-            return {"ok": False, "error": str(exc)}
+            return _error(str(exc), exc.field)
         return self._dispatch(checked)
 
     def _dispatch(self, req: Request) -> dict[str, Any]:
@@ -683,28 +699,42 @@ class ControlServer:
             with self._lock:
                 reason = next((r for p, r in self._unavailable.items() if cmd.startswith(p)), None)
             if reason is not None:
-                return {"ok": False, "error": reason}
-            return {"ok": False, "error": f"unknown command {cmd[:100]!r} (try 'help')"}
+                return _error(reason)
+            return _error(f"unknown command {cmd[:100]!r} (try 'help')")
         try:
             result = handler(req.as_dict()) or {}
         except RequestError as exc:
             self._count_error()
-            return {"ok": False, "error": str(exc)}
+            return _error(str(exc))
         except Exception as exc:
             self._count_error()
             _rl.error(f"handler.{cmd}", "handler %r failed: %r", cmd, exc)
             log.debug("handler traceback", exc_info=True)
-            return {"ok": False, "error": f"internal error in {cmd!r}: {type(exc).__name__}: {exc}"}
-        reply: dict[str, Any] = {"ok": True}
+            return _error(f"internal error in {cmd!r}: {type(exc).__name__}: {exc}")
+        reply: dict[str, Any] = {"ok": True, "api_version": API_VERSION}
         reply.update(result)
         return reply
 
 
-def _encode(obj: dict[str, Any]) -> bytes:
-    return (json.dumps(obj, separators=(",", ":"), default=_json_default) + "\n").encode("utf-8")
+_BUILT_IN = frozenset({"ping", "version", "help"})  # a daemon may replace these
 
 
-def _json_default(o: Any) -> Any:
+def _error(text: str, field: str | None = None) -> dict[str, Any]:
+    """The error reply (daemon/api/messages.py ``ErrorReply``)."""
+    return {"ok": False, "api_version": API_VERSION, "error": text, "field": field}
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("so101d")
+    except PackageNotFoundError:  # a source tree not installed
+        return "unknown"
+
+
+def _enc_hook(o: Any) -> Any:
+    """What a handler's reply may hold besides JSON's own types: numpy values, paths."""
     try:
         import numpy as np
 
@@ -717,3 +747,17 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, Path):
         return str(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_enc_hook)
+
+
+def _encode(obj: dict[str, Any]) -> bytes:
+    """One reply line. msgspec: several times json.dumps's speed (bench/bench_socket_reply.py)."""
+    buf = bytearray()
+    try:
+        _ENCODER.encode_into(obj, buf)
+    except TypeError:  # e.g. a dict with number keys, which msgspec refuses and JSON writes as text
+        return (json.dumps(obj, separators=(",", ":"), default=_enc_hook) + "\n").encode("utf-8")
+    buf += b"\n"
+    return bytes(buf)

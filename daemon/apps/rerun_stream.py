@@ -33,6 +33,7 @@ from typing import Any
 
 from calibration.conventions import JOINT_NAMES
 from daemon.api.client import ControlClient, DaemonUnavailable, next_poll_s
+from daemon.api.messages import CameraList, CameraPreview, ErrorReply, LiveStatus
 
 log = logging.getLogger("so101d.rerun")
 
@@ -179,7 +180,7 @@ class RerunStreamer:
                     self._start_cameras()
                     next_camera_s = dict.fromkeys(self.cameras or [], now_s)
                 if now_s >= next_joints_s:
-                    self._log_live(self.client.call("status.live"))
+                    self._log_live(self.client.call_as(LiveStatus, "status.live"))
                     next_joints_s = next_poll_s(next_joints_s, joints_period_s, time.monotonic())
                 for camera, due_s in next_camera_s.items():
                     if now_s >= due_s:
@@ -211,8 +212,8 @@ class RerunStreamer:
                 return False
 
     def _start_cameras(self) -> None:
-        reply = self.client.call("camera.list")
-        self.cameras = [c["name"] for c in reply.get("cameras", [])] if reply.get("ok") else []
+        reply = self.client.call_as(CameraList, "camera.list")
+        self.cameras = [] if isinstance(reply, ErrorReply) else [c.name for c in reply.cameras]
         self.after_seq = dict.fromkeys(self.cameras)
         self.rec.send_blueprint(self._blueprint(self.cameras))
 
@@ -229,22 +230,19 @@ class RerunStreamer:
         images = [rrb.Spatial2DView(name=c, origin=f"/{camera_entity(c)}") for c in cameras]
         return rrb.Blueprint(rrb.Horizontal(rrb.Grid(*plots), *([rrb.Vertical(*images)] if images else [])))
 
-    def _log_live(self, reply: dict[str, Any]) -> None:
-        if not reply.get("ok"):
+    def _log_live(self, reply: LiveStatus | ErrorReply) -> None:
+        if isinstance(reply, ErrorReply):
             return
         rr, rec = self.rr, self.rec
-        cycles = reply.get("cycles")
-        if isinstance(cycles, int):
-            rec.set_time("daemon_cycle", sequence=cycles)
-        mode = (str(reply.get("mode")), str(reply.get("reason") or ""))
+        rec.set_time("daemon_cycle", sequence=reply.cycles)
+        mode = (reply.mode, reply.reason or "")
         if mode != self.mode:
             level = rr.TextLogLevel.WARN if mode[0] == "fault" else rr.TextLogLevel.INFO
             rec.log(MODE_ENTITY, rr.TextLog(f"{mode[0]}: {mode[1]}" if mode[1] else mode[0], level=level))
             self.mode = mode
-        joints = reply.get("joints") or {}
+        j = reply.joints
         logged = False
-        for key, prefix in JOINT_SERIES:
-            values = joints.get(key)
+        for values, (_, prefix) in zip((j.leader, j.command, j.follower), JOINT_SERIES):
             if not values:  # None before the arm is read (or no leader: a policy drives)
                 continue
             for joint, value in zip(JOINT_NAMES, values):
@@ -254,12 +252,17 @@ class RerunStreamer:
 
     def _log_preview(self, camera: str) -> None:
         w, h = PREVIEW_MAX_PX
-        reply = self.client.call(
-            "camera.preview", camera=camera, max_width=w, max_height=h, after_seq=self.after_seq.get(camera)
+        reply = self.client.call_as(
+            CameraPreview,
+            "camera.preview",
+            camera=camera,
+            max_width=w,
+            max_height=h,
+            after_seq=self.after_seq.get(camera),
         )
-        if not reply.get("ok") or not reply.get("jpeg_b64"):
+        if isinstance(reply, ErrorReply) or not reply.jpeg_b64 or reply.seq is None:
             return  # unchanged since the last one, no frame yet, or the camera went away
-        self.after_seq[camera] = int(reply["seq"])
-        jpeg = base64.b64decode(reply["jpeg_b64"])
+        self.after_seq[camera] = reply.seq
+        jpeg = base64.b64decode(reply.jpeg_b64)
         self.rec.log(camera_entity(camera), self.rr.EncodedImage(contents=jpeg, media_type="image/jpeg"))
         self.images += 1

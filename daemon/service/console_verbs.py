@@ -1,5 +1,9 @@
 """Control-socket verbs the browser console (and any other client) needs beyond ``status``.
 
+Each verb's request and reply is declared in daemon/api/messages.py (``CameraList``,
+``CameraPreviewRequest`` / ``CameraPreview``, ``LiveStatus``); the socket checks a request against
+its declaration before these handlers see it.
+
 - ``camera.list`` -> ``{"cameras": [{"name", "width", "height", "kind", "stats"}]}``
 - ``camera.preview`` ``{"camera": NAME, "max_width": 320, "max_height": 240, "quality": 70,
   "after_seq": N}`` -> ``{"camera", "seq", "width", "height", "age_ms", "jpeg_b64"}``: the
@@ -31,12 +35,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
+from daemon.api.messages import CameraPreviewRequest
 from daemon.api.server import ControlServer, RequestError
 from daemon.control.loop import ControlLoop
 from daemon.service.context import DaemonContext
 from drivers.cameras import Camera
 
-PREVIEW_MAX_SIDE_PX = 1920  # a preview larger than this is a recording, not a preview
 DEFAULT_PREVIEW_WIDTH_PX = 320
 DEFAULT_PREVIEW_HEIGHT_PX = 240
 DEFAULT_JPEG_QUALITY = 70
@@ -64,17 +70,6 @@ class _Encoded:
     capture_monotonic_s: float
     jpeg_b64: str
     encode_ms: float
-
-
-def _int_arg(req: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int:
-    v = req.get(name, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise RequestError(f'"{name}" must be a whole number from {lo} to {hi}, got {v!r}')
-    if not lo <= v <= hi:
-        raise RequestError(f'"{name}" must be from {lo} to {hi}, got {v}')
-    return v
 
 
 def encode_preview(pixels_rgb: Any, max_width: int, max_height: int, quality: int) -> tuple[bytes, int, int]:
@@ -151,13 +146,13 @@ class ConsoleApi:
             return self._locks.setdefault(name, threading.Lock())
 
     def camera_preview(self, req: dict[str, Any]) -> dict[str, Any]:
-        cam = self._camera(req.get("camera"))
-        max_w = _int_arg(req, "max_width", DEFAULT_PREVIEW_WIDTH_PX, 16, PREVIEW_MAX_SIDE_PX)
-        max_h = _int_arg(req, "max_height", DEFAULT_PREVIEW_HEIGHT_PX, 16, PREVIEW_MAX_SIDE_PX)
-        quality = _int_arg(req, "quality", DEFAULT_JPEG_QUALITY, 10, 95)
-        after = req.get("after_seq")
-        if after is not None and (isinstance(after, bool) or not isinstance(after, int)):
-            raise RequestError(f'"after_seq" must be a frame number or null, got {after!r}')
+        # the socket checked it against CameraPreviewRequest (types, bounds): read it as one
+        r = msgspec.convert(req, CameraPreviewRequest)
+        cam = self._camera(r.camera)
+        max_w = DEFAULT_PREVIEW_WIDTH_PX if r.max_width is None else r.max_width
+        max_h = DEFAULT_PREVIEW_HEIGHT_PX if r.max_height is None else r.max_height
+        quality = DEFAULT_JPEG_QUALITY if r.quality is None else r.quality
+        after = r.after_seq
         frame = cam.latest_frame()  # a reference read: the camera thread published it
         if frame is None:
             return {"camera": cam.name, "seq": None, "jpeg_b64": None, "why": "no frame from this camera yet"}

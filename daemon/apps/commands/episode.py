@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from daemon.api.client import add_socket_arguments, run_simple
+from daemon.api.messages import EpisodeReply, EpisodeStatusReply, ErrorReply, RecordingStatus, decode_reply
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,52 +32,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_socket_arguments(parser)
 
 
-def describe(action: str, reply: dict) -> str:
+def describe(action: str, reply: dict[str, Any]) -> str:
+    if action == "status":
+        return format_status(decode_reply(reply, EpisodeStatusReply))
+    ep = decode_reply(reply, EpisodeReply)
     if action == "start":
-        return f"episode {reply.get('episode')} recording: {reply.get('task')!r}"
+        return f"episode {ep.episode} recording: {ep.task!r}"
     if action == "save":
-        tag = {True: "success", False: "failure", None: "untagged"}[reply.get("success")]
-        if reply.get("durable") is False:
-            return f"episode {reply.get('episode')} saving… ({reply.get('frames')} frames, {tag}; not on the disk yet)"
-        return f"episode {reply.get('episode')} saved ({reply.get('frames')} frames, {tag}, on disk); committing in the background"
-    if action == "discard":
-        return f"episode {reply.get('episode')} discarded ({reply.get('discarded_frames')} frames)"
-    return format_status(reply)
+        tag = {True: "success", False: "failure", None: "untagged"}[ep.success]
+        if ep.durable is False:
+            return f"episode {ep.episode} saving… ({ep.frames} frames, {tag}; not on the disk yet)"
+        return f"episode {ep.episode} saved ({ep.frames} frames, {tag}, on disk); committing in the background"
+    return f"episode {ep.episode} discarded ({ep.discarded_frames} frames)"
 
 
-def format_status(st: dict) -> str:
-    line = f"recording: {st.get('phase')}  episode {st.get('episode')}"
-    if st.get("phase") == "recording":
-        line += f"  {st.get('elapsed_s', 0):.1f} s  {st.get('frames')} frames  task {st.get('task')!r}"
-    line += f"\n  dataset {st.get('dataset')} ({st.get('episodes_in_dataset')} episodes, {st.get('saves_pending')} being written)"
-    if st.get("last_committed"):
-        line += f"\n  last committed: {st['last_committed']}"
-    last = st.get("last_staged") or {}
-    if last.get("tag"):
-        t = last["tag"]
+def format_status(st: RecordingStatus) -> str:
+    line = f"recording: {st.phase}  episode {st.episode}"
+    if st.phase == "recording":
+        line += f"  {st.elapsed_s or 0:.1f} s  {st.frames} frames  task {st.task!r}"
+    line += f"\n  dataset {st.dataset} ({st.episodes_in_dataset} episodes, {st.saves_pending} being written)"
+    if st.last_committed:
+        line += f"\n  last committed: {st.last_committed}"
+    t = st.last_staged.tag
+    if t is not None:
         line += (
-            f"\n  last episode: {t.get('frames')} frames, {t.get('late_frames')} late, "
-            f"{t.get('missing_frames')} missing, worst camera skew {t.get('worst_camera_skew_ms')} ms"
+            f"\n  last episode: {t.frames} frames, {t.late_frames} late, "
+            f"{t.missing_frames} missing, worst camera skew {t.worst_camera_skew_ms} ms"
         )
-    for cam in st.get("cameras", []):
+    for cam in st.cameras:
         line += (
-            f"\n  camera {cam.get('name')}: {cam.get('fps_measured', '?')} fps"
-            + ("  STALLED" if cam.get("stalled") else "")
-            + (f"  {cam['error']}" if cam.get("error") else "")
+            f"\n  camera {cam.name}: {'?' if cam.fps_measured is None else cam.fps_measured} fps"
+            + ("  STALLED" if cam.stalled else "")
+            + (f"  {cam.error}" if cam.error else "")
         )
-    for name, r in sorted((st.get("frames_refused") or {}).items()):
-        line += f"\n  camera {name}: {r.get('count')} frames refused ({r.get('last')})"
-    if st.get("waiting_for"):
-        line += f"\n  waiting: {st['waiting_for']}"
-    if st.get("error"):
-        line += f"\n  ERROR: {st['error']}"
-    for number in st.get("saving") or []:
+    for name, r in sorted(st.frames_refused.items()):
+        line += f"\n  camera {name}: {r.count} frames refused ({r.last})"
+    if st.waiting_for:
+        line += f"\n  waiting: {st.waiting_for}"
+    if st.error:
+        line += f"\n  ERROR: {st.error}"
+    for number in st.saving:
         line += f"\n  saving… episode {number} (not on the disk yet)"
-    if st.get("disk_free_mb") is not None:
-        line += f"\n  disk: {st['disk_free_mb']:.0f} MB free (an episode starts with {st.get('min_free_mb', 0):.0f} MB)"
-    for lost in st.get("lost_episodes") or []:
+    if st.disk_free_mb is not None:
+        line += f"\n  disk: {st.disk_free_mb:.0f} MB free (an episode starts with {st.min_free_mb or 0:.0f} MB)"
+    for lost in st.lost_episodes:
         line += f"\n  LOST: {lost}"
-    for dropped in st.get("dropped_episodes") or []:
+    for dropped in st.dropped_episodes:
         line += f"\n  DROPPED: {dropped}"
     return line
 
@@ -94,11 +96,11 @@ def follow_saving(args: argparse.Namespace, episode: int) -> int:
     try:
         with ControlClient(socket_path_from_args(args)) as c:
             while time.monotonic() < deadline:
-                st = c.call("episode.status")
-                if not st.get("ok"):
+                st = c.call_as(EpisodeStatusReply, "episode.status")
+                if isinstance(st, ErrorReply):
                     break
-                if episode not in (st.get("saving") or []):
-                    if any(x.startswith(f"episode {episode} ") for x in st.get("lost_episodes") or []):
+                if episode not in st.saving:
+                    if any(x.startswith(f"episode {episode} ") for x in st.lost_episodes):
                         print(f"so101d: episode {episode} LOST: see `so101d episode status`", file=sys.stderr)
                         return 1
                     print(f"episode {episode} saved (on disk)")
@@ -118,13 +120,15 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "save":
         fields["success"] = args.success
     as_json = getattr(args, "json", False)
-    answered: dict = {}
+    answered: list[EpisodeReply] = []
 
-    def render(reply: dict) -> str:
-        answered.update(reply)
+    def render(reply: dict[str, Any]) -> str:
+        if args.action == "save":
+            answered.append(decode_reply(reply, EpisodeReply))
         return json.dumps(reply) if as_json else describe(args.action, reply)
 
     rc = run_simple(args, f"episode.{args.action}", label=f"episode {args.action}", render=render, **fields)
-    if rc == 0 and args.action == "save" and answered.get("durable") is False and not as_json:
-        return follow_saving(args, int(answered["episode"]))
+    saved = answered[0] if answered else None
+    if rc == 0 and saved is not None and saved.durable is False and saved.episode is not None and not as_json:
+        return follow_saving(args, saved.episode)
     return rc

@@ -20,12 +20,23 @@ import os
 import sys
 from typing import Any
 
+import msgspec
+
 from daemon.api.client import (
     CommandFailed,
     ControlClient,
     DaemonUnavailable,
     add_socket_arguments,
     socket_path_from_args,
+)
+from daemon.api.messages import (
+    LatencyStats,
+    PolicyGcStatus,
+    PolicyReply,
+    PolicyServerStatus,
+    PolicyStatus,
+    PolicyStatusReply,
+    decode_reply,
 )
 
 
@@ -95,10 +106,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default="")
 
 
-def _call(args: argparse.Namespace, cmd: str, **fields: Any) -> dict[str, Any] | int:
+def _call[T: msgspec.Struct](args: argparse.Namespace, kind: type[T], cmd: str, **fields: Any) -> T | int:
     try:
         with ControlClient(socket_path_from_args(args), timeout_s=max(5.0, float(fields.get("wait_s") or 0) + 5)) as c:
-            return c.request(cmd, **fields)
+            return c.request_as(kind, cmd, **fields)
     except DaemonUnavailable as exc:
         print(f"so101d: {exc}", file=sys.stderr)
         return 2
@@ -107,15 +118,28 @@ def _call(args: argparse.Namespace, cmd: str, **fields: Any) -> dict[str, Any] |
         return 1
 
 
-def _num(v: Any) -> str:
+def _call_raw(args: argparse.Namespace, cmd: str) -> dict[str, Any] | int:
+    """--json: the daemon's own reply, every field as sent."""
+    try:
+        with ControlClient(socket_path_from_args(args)) as c:
+            return c.request(cmd)
+    except DaemonUnavailable as exc:
+        print(f"so101d: {exc}", file=sys.stderr)
+        return 2
+    except CommandFailed as exc:
+        print(f"so101d: {cmd}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}"
 
 
-def _ms(d: dict[str, float] | None) -> str:
-    if not d:
+def _ms(d: LatencyStats | None) -> str:
+    if d is None or d.p50 is None or d.p99 is None:
         return "-"
-    tail = f", p99.9 {d['p99.9']:.1f}" if "p99.9" in d else ""
-    return f"p50 {d['p50']:.1f} ms, p99 {d['p99']:.1f}{tail} ms (n={d['n']})"
+    tail = f", p99.9 {d.p99_9:.1f}" if d.p99_9 is not None else ""
+    return f"p50 {d.p50:.1f} ms, p99 {d.p99:.1f}{tail} ms (n={d.n})"
 
 
 STAGES = (  # (key, what it covers), in the order a request goes through them
@@ -134,93 +158,93 @@ STAGES = (  # (key, what it covers), in the order a request goes through them
 )
 
 
-def format_gc(gc: dict[str, Any]) -> str:
+def format_gc(gc: PolicyGcStatus) -> str:
     """Garbage-collection pauses: the daemon's (they stop the loop too) and the worker's per chunk."""
-    w = gc.get("worker_ms")
-    worker = f"p99 {w['p99']:.1f} ms, max {w['max']:.1f} ms" if w else "-"
-    f = gc.get("worker_page_faults")
-    faults = f"; worker page faults per chunk p50 {f['p50']}, max {f['max']}" if f else ""
+    w = gc.worker_ms
+    worker = f"p99 {w.p99:.1f} ms, max {w.max:.1f} ms" if w and w.p99 is not None and w.max is not None else "-"
+    f = gc.worker_page_faults
+    faults = f"; worker page faults per chunk p50 {_int(f.p50)}, max {_int(f.max)}" if f else ""
     return (
-        f"gc         daemon {gc.get('daemon_collections', 0)} collections ({gc.get('daemon_full_collections', 0)} full), "
-        f"longest {gc.get('daemon_max_pause_ms', 0.0):.1f} ms, {gc.get('daemon_frozen_objects', 0)} objects frozen; "
+        f"gc         daemon {gc.daemon_collections} collections ({gc.daemon_full_collections} full), "
+        f"longest {gc.daemon_max_pause_ms or 0.0:.1f} ms, {gc.daemon_frozen_objects or 0} objects frozen; "
         f"worker pauses per chunk {worker}{faults}"
     )
 
 
-def format_server(srv: dict[str, Any]) -> list[str]:
+def _int(v: float | None) -> str:
+    """A count the daemon sends as a whole number (decoded as a number)."""
+    return "-" if v is None else str(int(v))
+
+
+def format_server(srv: PolicyServerStatus) -> list[str]:
     """The lerobot-server backend's lines: link state, then round trip / network / server kept apart."""
-    state = "connected" if srv.get("connected") else "NOT connected (the follower holds; reconnecting)"
+    state = "connected" if srv.connected else "NOT connected (the follower holds; reconnecting)"
     lines = [
-        f"server     {srv.get('address')} {state}, {srv.get('connects')} set-ups, {srv.get('failures')} failures; "
-        f"checkpoint on the server: {srv.get('checkpoint')}"
+        f"server     {srv.address} {state}, {srv.connects} set-ups, {srv.failures} failures; "
+        f"checkpoint on the server: {srv.checkpoint}"
     ]
-    if srv.get("error"):
-        lines.append(f"  why      {srv['error']}")
-    lines.append(f"  round trip     {_ms(srv.get('round_trip_ms'))}  (send observation -> chunk decoded)")
-    lines.append(f"  network        {_ms(srv.get('network_ms'))}  (SendObservations: upload + server enqueue)")
-    lines.append(f"  GetActions     {_ms(srv.get('get_actions_ms'))}  (server compute + reply transfer)")
-    compute = srv.get("server_compute_ms")
-    lines.append(
-        f"  server compute {_ms(compute) if isinstance(compute, dict) else srv.get('server_compute_note') or 'unknown'}"
-    )
+    if srv.error:
+        lines.append(f"  why      {srv.error}")
+    lines.append(f"  round trip     {_ms(srv.round_trip_ms)}  (send observation -> chunk decoded)")
+    lines.append(f"  network        {_ms(srv.network_ms)}  (SendObservations: upload + server enqueue)")
+    lines.append(f"  GetActions     {_ms(srv.get_actions_ms)}  (server compute + reply transfer)")
+    lines.append(f"  server compute {srv.server_compute_note or 'unknown'}")  # LeRobot's server sends none
     return lines
 
 
-def format_status(st: dict[str, Any]) -> str:
-    if st.get("state") == "none":
+def format_status(status: PolicyStatus | dict[str, Any]) -> str:
+    """`so101d policy status`'s text (a dict: the daemon's JSON, read as the API declares it)."""
+    st = status if isinstance(status, PolicyStatus) else decode_reply(status, PolicyStatus)
+    if st.state == "none":
         return "no policy loaded"
-    age = st.get("chunk_age_ms")
+    age = st.chunk_age_ms
     lines = [
-        f"policy     {st.get('policy_type')} from {st.get('checkpoint')}",
-        f"state      {st.get('state')}{' (driving the follower)' if st.get('driving') else ''}"
-        + (f"  error: {st['error']}" if st.get("error") else ""),
-        f"latency    {_ms(st.get('inference_latency_ms'))}  (observation -> chunk in the loop's queue)",
-        f"overhead   {_ms(st.get('overhead_ms'))}  (request -> chunk usable, minus the forward pass)",
-        f"queue      {st.get('queue_depth')} actions ahead, chunk age {'-' if age is None else f'{age:.0f} ms'}, merge {st.get('merge')}",
-        f"horizon    {_num(st.get('usable_horizon_ms'))} ms left of {_num(st.get('chunk_horizon_ms'))} ms per chunk; "
-        f"next chunk asked {_num(st.get('refill_lead_ms'))} ms before the end (latency p99 + margin)",
-        f"dropped    {st.get('actions_dropped_stale')} stale actions, {st.get('chunks_rejected')} chunks too old, "
-        f"{st.get('chunks_expired')} ran out (arm held), {st.get('timeouts')} timeouts",
+        f"policy     {st.policy_type} from {st.checkpoint}",
+        f"state      {st.state}{' (driving the follower)' if st.driving else ''}"
+        + (f"  error: {st.error}" if st.error else ""),
+        f"latency    {_ms(st.inference_latency_ms)}  (observation -> chunk in the loop's queue)",
+        f"overhead   {_ms(st.overhead_ms)}  (request -> chunk usable, minus the forward pass)",
+        f"queue      {st.queue_depth} actions ahead, chunk age {'-' if age is None else f'{age:.0f} ms'}, merge {st.merge}",
+        f"horizon    {_num(st.usable_horizon_ms)} ms left of {_num(st.chunk_horizon_ms)} ms per chunk; "
+        f"next chunk asked {_num(st.refill_lead_ms)} ms before the end (latency p99 + margin)",
+        f"dropped    {st.actions_dropped_stale} stale actions, {st.chunks_rejected} chunks too old, "
+        f"{st.chunks_expired} ran out (arm held), {st.timeouts} timeouts",
     ]
-    srv = st.get("server")
-    if st.get("backend") == "lerobot-server" and isinstance(srv, dict):
+    remote = st.backend == "lerobot-server"
+    if remote and st.server is not None:
         lines[3] = (
-            f"overhead   {_ms(st.get('overhead_ms'))}  (request -> chunk usable, minus GetActions: upload, decode, hand-offs)"
+            f"overhead   {_ms(st.overhead_ms)}  (request -> chunk usable, minus GetActions: upload, decode, hand-offs)"
         )
-        lines.extend(format_server(srv))
-    stages = st.get("stages_ms") or {}
+        lines.extend(format_server(st.server))
     lines.append(
         f"stages     {'p50':>7} {'p99':>7} {'p99.9':>7} ms  where the latency goes"
-        + (
-            "  (remote: preprocess = upload, forward = GetActions, postprocess = decode)"
-            if st.get("backend") == "lerobot-server"
-            else ""
-        )
+        + ("  (remote: preprocess = upload, forward = GetActions, postprocess = decode)" if remote else "")
     )
     for key, what in STAGES:
-        d = stages.get(key)
-        nums = (
-            f"{d['p50']:7.2f} {d['p99']:7.2f} {d.get('p99.9', d['max']):7.2f}" if d else f"{'-':>7} {'-':>7} {'-':>7}"
-        )
+        d = st.stages_ms.get(key)
+        if d is not None and d.p50 is not None and d.p99 is not None:
+            tail = d.p99_9 if d.p99_9 is not None else d.max
+            nums = f"{d.p50:7.2f} {d.p99:7.2f} {tail if tail is not None else float('nan'):7.2f}"
+        else:
+            nums = f"{'-':>7} {'-':>7} {'-':>7}"
         lines.append(f"  {key:<11}{nums}     {what}")
-    over = st.get("overhead_stages")
-    if over:
-        lines.append(f"  overhead = {' + '.join(over)}, chunk by chunk (percentiles do not add up)")
-    if isinstance(st.get("gc"), dict):
-        lines.append(format_gc(st["gc"]))
-    worker = st.get("worker") or {}
-    if worker.get("io"):  # the local worker: how it runs (engine.py, heap.py, worker.torch_threads)
+    if st.overhead_stages:
+        lines.append(f"  overhead = {' + '.join(st.overhead_stages)}, chunk by chunk (percentiles do not add up)")
+    if st.gc is not None:
+        lines.append(format_gc(st.gc))
+    worker = st.worker
+    if worker.io:  # the local worker: how it runs (engine.py, heap.py, worker.torch_threads)
         lines.append(
-            f"worker     {worker.get('torch_threads')} torch thread(s), OpenMP wait {worker.get('omp_wait_policy')}; "
-            f"{worker['io']}; {worker.get('heap')}"
+            f"worker     {worker.torch_threads} torch thread(s), OpenMP wait {worker.omp_wait_policy}; "
+            f"{worker.io}; {worker.heap}"
         )
-    if st.get("warning"):
-        lines.append(f"WARNING    {st['warning']}")
-    if st.get("takeover"):
-        t = st["takeover"]
-        lines.append(f"take-over  {t['phase']}" + (f"  error: {t['error']}" if t.get("error") else ""))
-    if st.get("last_error"):
-        lines.append(f"last error {st['last_error']}")
+    if st.warning:
+        lines.append(f"WARNING    {st.warning}")
+    if st.takeover is not None:
+        t = st.takeover
+        lines.append(f"take-over  {t.phase}" + (f"  error: {t.error}" if t.error else ""))
+    if st.last_error:
+        lines.append(f"last error {st.last_error}")
     return "\n".join(lines)
 
 
@@ -232,28 +256,36 @@ def run(args: argparse.Namespace) -> int:
         from daemon.policy.serve import serve_main
 
         return serve_main(args.path, args.endpoint, device=args.device, task=args.task)
+    if action == "status":
+        if args.json:  # the daemon's own JSON, every field as sent
+            raw = _call_raw(args, "policy.status")
+            if isinstance(raw, int):
+                return raw
+            print(json.dumps({k: v for k, v in raw.items() if k != "ok"}, indent=2))
+            return 0
+        st = _call(args, PolicyStatusReply, "policy.status")
+        if isinstance(st, int):
+            return st
+        print(format_status(st))
+        return 0
     if action == "load":
         # a local folder is made absolute (the daemon's working directory is not ours); none: [policy] path
-        reply = _call(args, "policy.load", path=os.path.abspath(args.path) if args.path else None, wait_s=args.wait)
+        path = os.path.abspath(args.path) if args.path else None
+        reply = _call(args, PolicyReply, "policy.load", path=path, wait_s=args.wait)
     elif action == "start":
-        reply = _call(args, "policy.start", record=not args.no_record, **({"task": args.task} if args.task else {}))
+        task = {"task": args.task} if args.task else {}
+        reply = _call(args, PolicyReply, "policy.start", record=not args.no_record, **task)
     elif action == "stop" and args.takeover:
-        reply = _call(args, "policy.takeover")
+        reply = _call(args, PolicyReply, "policy.takeover")
     elif action == "stop":
-        reply = _call(args, "policy.stop", success=args.success, discard=args.discard)
-    elif action == "unload":
-        reply = _call(args, "policy.unload")
+        reply = _call(args, PolicyReply, "policy.stop", success=args.success, discard=args.discard)
     else:
-        reply = _call(args, "policy.status")
+        reply = _call(args, PolicyReply, "policy.unload")
     if isinstance(reply, int):
         return reply
-    if action == "status":
-        body = {k: v for k, v in reply.items() if k != "ok"}
-        print(json.dumps(body, indent=2) if args.json else format_status(body))
-        return 0
-    print(reply.get("message", f"policy {action}: ok"))
-    if reply.get("error"):
-        print(f"error: {reply['error']}", file=sys.stderr)
+    print(reply.message or f"policy {action}: ok")
+    if reply.error:
+        print(f"error: {reply.error}", file=sys.stderr)
         return 1
     return 0
 

@@ -23,6 +23,7 @@ from daemon.api.client import (
     add_socket_arguments,
     socket_path_from_args,
 )
+from daemon.api.messages import EpisodeReply, EpisodeStatusReply, decode_reply
 
 KEY_SUCCESS, KEY_FAILURE, KEY_REDO, KEY_STOP = "success", "failure", "redo", "stop"
 
@@ -113,13 +114,14 @@ def session(
     keys: Keys,
     say: Any = print,
 ) -> int:
-    """The session loop (testable with any client exposing ``request``). Returns episodes saved."""
+    """The session loop (testable with any client exposing ``request``; its replies are read as
+    ``EpisodeReply``). Returns episodes saved."""
     saved = 0
     while saved < episodes:
         fields = {"task": task} if task else {}
-        r = client.request("episode.start", **fields)
+        r = decode_reply(client.request("episode.start", **fields), EpisodeReply)
         say(
-            f"episode {r['episode']} ({saved + 1}/{episodes}) recording {episode_time_s:.0f} s: {r['task']!r}"
+            f"episode {r.episode} ({saved + 1}/{episodes}) recording {episode_time_s:.0f} s: {r.task!r}"
             + ("   [enter/→ save  f failure  ⌫ redo  esc stop]" if keys.enabled else "")
         )
         key = keys.wait(episode_time_s)
@@ -131,10 +133,10 @@ def session(
             client.request("episode.discard")
             say("discarded; recording it again")
             continue
-        r = client.request("episode.save", success=(key != KEY_FAILURE) if key else None)
+        r = decode_reply(client.request("episode.save", success=(key != KEY_FAILURE) if key else None), EpisodeReply)
         saved += 1
         tag = "failure" if key == KEY_FAILURE else ("success" if key == KEY_SUCCESS else "untagged")
-        say(f"episode {r['episode']} saved: {r['frames']} frames, {tag}")
+        say(f"episode {r.episode} saved: {r.frames} frames, {tag}")
         if saved < episodes and reset_time_s > 0:
             say(f"reset the scene: {reset_time_s:.0f} s")
             if keys.wait(reset_time_s) == KEY_STOP:
@@ -149,15 +151,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         with ControlClient(socket_path_from_args(args), timeout_s=10.0) as c, Keys(not args.no_keys) as keys:
             n = session(c, args.episodes, args.episode_time, args.reset_time, args.task, keys)
-            st = c.request("episode.status")
+            st = c.request_as(EpisodeStatusReply, "episode.status")
             print(
-                f"{n} episodes saved; dataset {st.get('dataset')} "
-                f"({st.get('episodes_in_dataset')} episodes, {st.get('saves_pending')} still being written)"
+                f"{n} episodes saved; dataset {st.dataset} "
+                f"({st.episodes_in_dataset} episodes, {st.saves_pending} still being written)"
             )
             # A session is not "done" when recording failed under it: say what was lost, fail.
-            if st.get("phase") == "error" or st.get("lost_episodes"):
-                print(f"so101d record: recording stopped: {st.get('error')}", file=sys.stderr)
-                for lost in st.get("lost_episodes") or []:
+            if st.phase == "error" or st.lost_episodes:
+                print(f"so101d record: recording stopped: {st.error}", file=sys.stderr)
+                for lost in st.lost_episodes:
                     print(f"so101d record: LOST {lost}", file=sys.stderr)
                 return 1
     except DaemonUnavailable as exc:

@@ -2,13 +2,17 @@
 
 Websocket messages, console -> page (text frames are JSON):
 - ``{"t": "hello", "link": {...}, "cameras": [...], "verbs": [...]}`` once;
-- ``{"t": "status", "status": {...}}`` at 5 Hz: exactly what ``so101d status --json`` shows (the
-  daemon's ``status`` verb);
+- ``{"t": "status", "status": {...}}`` at 5 Hz: the daemon's ``status`` reply as the API declares
+  it (``StatusReply``, daemon/api/messages.py; a field the schema does not declare never reaches the
+  page);
 - ``{"t": "live", "live": {"mode", "reason", "fault", "cycles", "joints"}}`` at 20 Hz
   (``status.live``: what the plots and the mode badge need);
 - ``{"t": "link", "link": {"connected", "error", "restarts", ...}}`` when the daemon goes or comes;
 - ``{"t": "reply", "id": ID, "ok": bool, "error"?: str, ...}`` for each verb the page sent;
 - binary frames: camera previews, ``u32 header length (big-endian) | header JSON | JPEG``.
+``GET /api/schema.json`` serves the control API's JSON Schema (daemon/api/reference.py): what the
+page's script may read of ``status`` and ``live`` (tests/test_api_schema.py checks that it reads
+nothing else).
 Page -> console: ``{"t": "verb", "id": ID, "cmd": CMD, "args": {...}}`` (see page_verbs.py).
 
 A page that reads slowly loses status and preview frames (newest wins), never a reply.
@@ -26,9 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from aiohttp import WSMsgType, web
 
+from daemon.api import reference
 from daemon.api.bounded_json import JsonBounds, JsonRefused, loads_bounded
+from daemon.api.messages import LiveStatus, StatusReply
 from daemon.apps.console import access, episodes
 from daemon.apps.console.daemon_link import DaemonLink, LinkState, Preview
 from daemon.apps.console.page_verbs import PAGE_VERBS, BadRequest, PageRequest, ReplyMemory, parse_request
@@ -39,6 +46,11 @@ STATIC_DIR = Path(__file__).parent / "static"
 PAGE_QUEUE = 32  # messages waiting for one page; beyond, status/preview frames are dropped
 MAX_PAGE_MESSAGE_BYTES = 16384
 PAGE_JSON = JsonBounds(max_bytes=MAX_PAGE_MESSAGE_BYTES, max_depth=8)
+
+
+def _message(kind: str, body: msgspec.Struct) -> str:
+    """A page message carrying a declared reply: only the fields the schema declares reach the page."""
+    return msgspec.json.encode({"t": kind, kind: body}).decode("utf-8")
 
 
 @dataclass(eq=False)
@@ -89,19 +101,20 @@ class Console:
         self._own_uid = os.geteuid()
         self._starting_episode = False
         self.previews_sent = 0
+        self._schema_text = reference.schema_text()
 
     # ------------------------------------------------------------------ fan-out
     def _broadcast(self, msg: str | bytes) -> None:
         for page in list(self.pages):
             page.offer(msg)
 
-    def _on_status(self, st: dict[str, Any]) -> None:
+    def _on_status(self, st: StatusReply) -> None:
         if self.pages:
-            self._broadcast(json.dumps({"t": "status", "status": st}, separators=(",", ":")))
+            self._broadcast(_message("status", st))
 
-    def _on_live(self, live: dict[str, Any]) -> None:
+    def _on_live(self, live: LiveStatus) -> None:
         if self.pages:
-            self._broadcast(json.dumps({"t": "live", "live": live}, separators=(",", ":")))
+            self._broadcast(_message("live", live))
 
     def _on_link(self, state: LinkState) -> None:
         self._broadcast(json.dumps({"t": "link", "link": self.link.link_dict(), "cameras": self.link.cameras}))
@@ -222,12 +235,16 @@ class Console:
             {"link": self.link.link_dict(), "pages": len(self.pages), "cameras": self.link.cameras}
         )
 
+    async def api_schema(self, request: web.Request) -> web.StreamResponse:
+        """The control API's schema: every field the page reads is declared there."""
+        return web.Response(text=self._schema_text, content_type="application/json")
+
     def _dataset_root(self) -> str:
-        st = self.link.last_status or {}
-        rec = st.get("recording")
-        if not isinstance(rec, dict) or not rec.get("dataset"):
+        st = self.link.last_status
+        rec = st.recording if st is not None else None
+        if rec is None or not rec.dataset:
             raise web.HTTPNotFound(text="this daemon records no dataset ([recording] enabled = false)")
-        return str(rec["dataset"])
+        return rec.dataset
 
     async def episode_list(self, request: web.Request) -> web.StreamResponse:
         root = self._dataset_root()
@@ -292,7 +309,7 @@ class Console:
             )
         )
         if self.link.last_status is not None and self.link.state.connected:
-            page.offer(json.dumps({"t": "status", "status": self.link.last_status}))
+            page.offer(_message("status", self.link.last_status))
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
@@ -352,6 +369,7 @@ class Console:
         app.router.add_get("/", self.index)
         app.router.add_get("/ws", self.websocket)
         app.router.add_get("/api/health", self.health)
+        app.router.add_get("/api/schema.json", self.api_schema)
         app.router.add_get("/api/episodes", self.episode_list)
         app.router.add_get("/api/episodes/{index}", self.episode_detail)
         app.router.add_get("/dataset/{path:videos/.+}", self.dataset_video)

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from daemon.api.client import ControlClient, DaemonUnavailable, next_poll_s
+from daemon.api.messages import CameraList, CameraPreview, ErrorReply, LiveStatus, StatusReply, decode_reply
 
 log = logging.getLogger("so101d.console")
 
@@ -60,8 +61,8 @@ class DaemonLink:
         self,
         socket_path: str,
         *,
-        on_status: Callable[[dict[str, Any]], None],
-        on_live: Callable[[dict[str, Any]], None],
+        on_status: Callable[[StatusReply], None],
+        on_live: Callable[[LiveStatus], None],
         on_link: Callable[[LinkState], None],
         on_preview: Callable[[Preview], None],
         status_hz: float = STATUS_HZ,
@@ -77,7 +78,7 @@ class DaemonLink:
         self.status_period_s = 1.0 / status_hz
         self.preview_period_s = 1.0 / preview_fps
         self.state = LinkState(socket=socket_path, since_s=time.time())
-        self.last_status: dict[str, Any] | None = None
+        self.last_status: StatusReply | None = None
         self.cameras: list[str] = []
         self.viewers = 0  # pages open: previews are fetched only while someone looks
         self._last_uptime_s: float | None = None
@@ -160,18 +161,15 @@ class DaemonLink:
 
     async def _poll_status(self, client: ControlClient) -> float | None:
         try:
-            st = await asyncio.to_thread(client.request, "status")
+            st = await asyncio.to_thread(client.request_as, StatusReply, "status")
         except DaemonUnavailable:
             raise
         except Exception as exc:  # an error reply to `status` is a daemon in trouble: say so
             self._set_link(False, f"status failed: {exc}")
             return RETRY_S
-        st.pop("ok", None)
-        uptime = st.get("uptime_s")
-        restarted = (
-            isinstance(uptime, (int, float)) and self._last_uptime_s is not None and uptime + 0.5 < self._last_uptime_s
-        )
-        self._last_uptime_s = float(uptime) if isinstance(uptime, (int, float)) else None
+        uptime = st.uptime_s
+        restarted = uptime is not None and self._last_uptime_s is not None and uptime + 0.5 < self._last_uptime_s
+        self._last_uptime_s = uptime
         if restarted or not self.state.connected:
             await self._refresh_cameras()
         self._set_link(True, None, restarted=bool(restarted))
@@ -181,20 +179,19 @@ class DaemonLink:
 
     async def _live_loop(self) -> None:
         async def poll(client: ControlClient) -> None:
-            reply = await asyncio.to_thread(client.call, "status.live")
-            if reply.pop("ok", False):
+            reply = await asyncio.to_thread(client.call_as, LiveStatus, "status.live")
+            if isinstance(reply, LiveStatus):
                 self.on_live(reply)
 
         await self._paced(self.live_period_s, poll)  # the status poller tells the page of a lost daemon
 
     async def _refresh_cameras(self) -> None:
         try:
-            reply = await self.verb("camera.list")
+            reply = decode_reply(await self.verb("camera.list"), CameraList)
         except Exception as exc:
             log.warning("camera.list failed: %s", exc)
             return
-        names = [c["name"] for c in reply.get("cameras", [])] if reply.get("ok") else []
-        self.cameras = names
+        self.cameras = [c.name for c in reply.cameras] if reply.ok else []
         self._sync_previews()
 
     # ------------------------------------------------------------------ previews
@@ -229,24 +226,29 @@ class DaemonLink:
         async def poll(client: ControlClient) -> float | None:
             nonlocal after
             reply = await asyncio.to_thread(
-                client.call, "camera.preview", camera=camera, max_width=w, max_height=h, after_seq=after
+                client.call_as,
+                CameraPreview,
+                "camera.preview",
+                camera=camera,
+                max_width=w,
+                max_height=h,
+                after_seq=after,
             )
-            if not reply.get("ok"):
+            if isinstance(reply, ErrorReply):
                 # e.g. the camera went away with a restarted daemon's new configuration
-                log.warning("preview of %s: %s", camera, reply.get("error"))
+                log.warning("preview of %s: %s", camera, reply.error)
                 return RETRY_S * 4
-            b64 = reply.get("jpeg_b64")
-            if b64:
-                after = int(reply["seq"])
+            if reply.jpeg_b64 and reply.seq is not None:
+                after = reply.seq
                 self.on_preview(
                     Preview(
                         camera=camera,
                         seq=after,
-                        width=int(reply["width"]),
-                        height=int(reply["height"]),
-                        age_ms=float(reply["age_ms"]),
-                        capture_monotonic_s=float(reply["capture_monotonic_s"]),
-                        jpeg=base64.b64decode(b64),
+                        width=reply.width or 0,
+                        height=reply.height or 0,
+                        age_ms=reply.age_ms or 0.0,
+                        capture_monotonic_s=reply.capture_monotonic_s or 0.0,
+                        jpeg=base64.b64decode(reply.jpeg_b64),
                         received_monotonic_s=time.monotonic(),
                     )
                 )

@@ -6,7 +6,7 @@ reaches the daemon. ``episode.redo`` is the one composite: discard the episode i
 start the same task again (what backspace does in ``so101d record``).
 
 The argument types and bounds are the control socket's own field declarations
-(daemon/api/requests.py); the page adds which ones it must send and one-line text.
+(the request types of daemon/api/messages.py); the page adds which ones it must send and one-line text.
 
 A verb sent twice never acts twice: a request id this page has already sent is answered with the
 first reply (a page resending after a hiccup; another page's ids are its own), and a second ``episode.start`` while one is
@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from daemon.api.requests import VERBS, json_type
+from daemon.api.requests import FIELDS, json_type
 
 
 class BadRequest(ValueError):
@@ -41,8 +41,8 @@ _KINDS: dict[str, type] = {"text": str, "flag": bool, "number": float, "whole": 
 
 def _page_args(verb: str, *names: str, required: tuple[str, ...] = ()) -> dict[str, Arg]:
     """The page's arguments of a control verb: the field declarations of the control socket
-    (daemon/api/requests.py), of which the page offers ``names``; ``required`` it must send."""
-    fields = VERBS[verb].fields
+    (daemon/api/messages.py), of which the page offers ``names``; ``required`` it must send."""
+    fields = FIELDS[verb]
     return {
         n: Arg(_KINDS[fields[n].kind], n in required, fields[n].max_chars, fields[n].lo, fields[n].hi) for n in names
     }

@@ -110,7 +110,12 @@ function showMode(mode, reason) {
   $("reason").textContent = reason || "";
 }
 
+// The daemon's messages are read only through the fields the control API declares: each function
+// or local that holds one names its type (a definition of /api/schema.json) in a JSDoc tag, and
+// tests/test_api_schema.py checks every field read through it against that schema.
+
 // 20 Hz: mode and joints (status.live); the rest comes with the 5 Hz status
+/** @param {LiveStatus} lv */
 function onLive(lv) {
   showMode(lv.mode, lv.reason);
   const now = performance.now() / 1000;
@@ -118,16 +123,19 @@ function onLive(lv) {
   while (C.samples.length && C.samples[0].t < now - PLOT_WINDOW_S) C.samples.shift();
 }
 
+/** @param {StatusReply} st */
 function onStatus(st) {
   C.lastStatus = st;
   showMode(st.mode, st.reason);
   $("follower-kind").textContent = `follower: ${st.follower_kind}`;
   $("rate").textContent = `${fmt(st.rate_hz)} / ${fmt(st.rate_hz_target, 0)} Hz`;
+  /** @type {Object<string, StageTiming>} */
   const t = st.timing_ms || {};
   $("jitter").textContent = t.jitter ? `${fmt(t.jitter.p50, 2)} / ${fmt(t.jitter.p99, 2)} ms` : "–";
   $("overruns").textContent = `${st.overruns} (missed ${st.missed_cycles})`;
   $("scheduling").textContent = st.scheduling || "–";
-  const bus = (l) => (l && l.bus ? `${l.bus.retries} retries, ${l.bus.failures} errors${l.connected ? "" : " DISCONNECTED"}` : "–");
+  /** @param {LinkStatus} arm */
+  const bus = (arm) => (arm && arm.bus ? `${arm.bus.retries} retries, ${arm.bus.failures} errors${arm.connected ? "" : " DISCONNECTED"}` : "–");
   $("bus").textContent = `${bus(st.leader)} / ${bus(st.follower)}`;
   $("stages").innerHTML = ["leader_read", "update", "follower_write", "follower_read", "hooks", "cycle"]
     .filter((k) => t[k]).map((k) => `<span class="k">${k}</span> ${fmt(t[k].p50, 2)}/${fmt(t[k].p99, 2)} ms`).join(" · ");
@@ -137,27 +145,31 @@ function onStatus(st) {
   showPolicy(st.policy);
 }
 
+/** @param {StatusReply} st */
 function showSafety(st) {
-  const s = st.safety || {};
-  const hits = Object.entries(s.limit_hits || {}).filter(([, n]) => n > 0).map(([j, n]) => `${j} ${n}`).join(", ");
+  /** @type {SafetyStatus} */
+  const safety = st.safety || {};
+  const hits = Object.entries(safety.limit_hits || {}).filter(([, n]) => n > 0).map(([j, n]) => `${j} ${n}`).join(", ");
   const el = $("safety");
-  el.innerHTML = `<span class="k">fault latched</span> <b>${esc(s.fault_latched || "none")}</b> · ` +
-    `<span class="k">now</span> ${esc(s.fault_now || "none")} · <span class="k">limited cycles</span> ${s.limited_cycles ?? "–"}` +
+  el.innerHTML = `<span class="k">fault latched</span> <b>${esc(safety.fault_latched || "none")}</b> · ` +
+    `<span class="k">now</span> ${esc(safety.fault_now || "none")} · <span class="k">limited cycles</span> ${safety.limited_cycles ?? "–"}` +
     (hits ? ` · <span class="k">limits hit</span> ${esc(hits)}` : "");
-  el.className = "safety" + (s.fault_latched ? " bad" : "");
+  el.className = "safety" + (safety.fault_latched ? " bad" : "");
 }
 
+/** @param {StatusReply} st */
 function showServos(st) {
   const body = $("servos").tBodies[0];
   const servos = st.servos || {};
   const rows = JOINTS.filter((j) => servos[j]).map((j) => {
-    const s = servos[j];
-    const temp = s.temperature_c >= 65 ? "bad" : s.temperature_c >= 55 ? "warn" : "";
-    const volt = s.voltage_v !== null && (s.voltage_v < 6.0 || s.voltage_v > 8.4) ? "bad" : s.voltage_v < 6.5 ? "warn" : "";
-    const load = Math.abs(s.load_pct) >= 90 ? "bad" : Math.abs(s.load_pct) >= 60 ? "warn" : "";
-    const status = s.status ? "bad" : "";
-    return `<tr><td>${j}</td><td class="${temp}">${fmt(s.temperature_c, 0)}</td><td class="${volt}">${fmt(s.voltage_v, 1)}</td>` +
-      `<td class="${load}">${fmt(s.load_pct, 0)}</td><td class="${status}">${s.status ? "0x" + s.status.toString(16) : "ok"}</td></tr>`;
+    /** @type {ServoStatus} */
+    const servo = servos[j];
+    const temp = servo.temperature_c >= 65 ? "bad" : servo.temperature_c >= 55 ? "warn" : "";
+    const volt = servo.voltage_v !== null && (servo.voltage_v < 6.0 || servo.voltage_v > 8.4) ? "bad" : servo.voltage_v < 6.5 ? "warn" : "";
+    const load = Math.abs(servo.load_pct) >= 90 ? "bad" : Math.abs(servo.load_pct) >= 60 ? "warn" : "";
+    const status = servo.status ? "bad" : "";
+    return `<tr><td>${j}</td><td class="${temp}">${fmt(servo.temperature_c, 0)}</td><td class="${volt}">${fmt(servo.voltage_v, 1)}</td>` +
+      `<td class="${load}">${fmt(servo.load_pct, 0)}</td><td class="${status}">${servo.status ? "0x" + servo.status.toString(16) : "ok"}</td></tr>`;
   });
   for (const j of st.missing_servos || []) rows.push(`<tr><td>${esc(j)}</td><td class="bad" colspan="4">not answering</td></tr>`);
   body.innerHTML = rows.join("");
@@ -259,6 +271,7 @@ function onPreview(buf) {
 }
 
 // ------------------------------------------------------------------ recording session
+/** @param {RecordingStatus} rec */
 function showRecording(rec) {
   const disabled = !rec;
   $("rec-disabled").hidden = !disabled;
@@ -335,9 +348,11 @@ function tickSession() {
 }
 
 // ------------------------------------------------------------------ policy
+/** @param {PolicyStatus} pol */
 function showPolicy(pol) {
   const el = $("policy-status");
   if (!pol || pol.state === "none") { el.textContent = "no policy loaded"; return; }
+  /** @type {LatencyStats} */
   const lat = pol.inference_latency_ms || {};
   el.textContent = `${pol.state}${pol.driving ? " DRIVING" : " standby"} · inference p50/p99 ${fmt(lat.p50)}/${fmt(lat.p99)} ms · ` +
     `chunk age ${fmt(pol.chunk_age_ms, 0)} ms · queue ${pol.queue_depth ?? "–"}` +

@@ -1,0 +1,595 @@
+"""The control API's messages, declared once: every verb's request and reply, every section of
+``status``, the error reply and the API version.
+
+These declarations are the contract. The socket checks each request against its verb's request
+type before a handler sees it (daemon/api/requests.py); the JSON schema and the Markdown reference
+in docs/reference/ are generated from them (daemon/api/reference.py); the CLI, the console and the
+Rerun streamer decode replies into the reply types (``decode_reply``) instead of reading string
+keys of their own.
+
+Versioning: ``API_VERSION`` is ``MAJOR.MINOR``. Every reply carries it as ``api_version``. A new
+field (a reply or status field, an optional request field) raises MINOR: an older client decodes a
+newer reply, ignoring what it does not know, and a reply field it knows but the daemon does not
+send yet takes its default. Renaming or removing a field, or changing its type, raises MAJOR; the
+client refuses to talk across majors and says which side is older (daemon/api/client.py).
+
+Reply and status fields all have defaults so that an older daemon's (or a failed section's)
+reply still decodes: a client renders "-" for a value not given rather than guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, cast
+
+import msgspec
+
+API_VERSION: Final = "1.0"
+TEXT_MAX_CHARS: Final = 4096  # any text field (a path, a task, a camera name)
+TASK_MAX_CHARS: Final = 500
+MAX_FRAME_SEQ: Final = 2**53  # a frame counter: any real one is far below JSON's exact-integer limit
+PREVIEW_MAX_SIDE_PX: Final = 1920  # a preview larger than this is a recording, not a preview
+_NO_NUL = r"^[^\x00]*$"  # no path, name or task holds one (and os calls raise on it)
+
+
+def _text(max_chars: int = TEXT_MAX_CHARS, doc: str = "") -> Any:
+    return msgspec.Meta(max_length=max_chars, pattern=_NO_NUL, description=doc or None)
+
+
+def api_major(version: str) -> int | None:
+    """The major part of an ``api_version`` (None: not a version this client can read)."""
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+# ==================================================================== requests
+class RequestBase(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_field="cmd"):
+    """A request: ``{"cmd": VERB, FIELD: value, ...}``; every field is optional on the socket
+    (null or absent: the handler's default)."""
+
+
+class NoFields(RequestBase):
+    """A verb that takes no fields."""
+
+
+class CameraPreviewRequest(RequestBase, tag="camera.preview"):
+    camera: Annotated[str, _text(200, "the camera's name (camera.list)")] | None = None
+    max_width: Annotated[int, msgspec.Meta(ge=16, le=PREVIEW_MAX_SIDE_PX, description="pixels")] | None = None
+    max_height: Annotated[int, msgspec.Meta(ge=16, le=PREVIEW_MAX_SIDE_PX, description="pixels")] | None = None
+    quality: Annotated[int, msgspec.Meta(ge=10, le=95, description="JPEG quality")] | None = None
+    after_seq: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                ge=0,
+                le=MAX_FRAME_SEQ,
+                description="answer `unchanged` until a frame newer than this",
+                extra={"what": "a frame number or null"},
+            ),
+        ]
+        | None
+    ) = None
+
+
+class EpisodeStartRequest(RequestBase, tag="episode.start"):
+    task: Annotated[str, _text(TASK_MAX_CHARS, "the task's words (LeRobot's task)")] | None = None
+    origin: Annotated[str, _text(64, "who drives the episode: teleop, policy, ...")] | None = None
+
+
+class EpisodeSaveRequest(RequestBase, tag="episode.save"):
+    success: bool | None = None
+
+
+class PolicyLoadRequest(RequestBase, tag="policy.load"):
+    path: Annotated[str, _text(doc="checkpoint folder or Hub id (default: [policy] path)")] | None = None
+    wait_s: Annotated[float, msgspec.Meta(ge=0, le=600, description="wait this long for the load")] | None = None
+
+
+class PolicyStartRequest(RequestBase, tag="policy.start"):
+    task: Annotated[str, _text(TASK_MAX_CHARS)] | None = None
+    record: bool | None = None
+
+
+class PolicyStopRequest(RequestBase, tag="policy.stop"):
+    success: bool | None = None
+    discard: bool | None = None
+
+
+# ==================================================================== replies
+class Reply(msgspec.Struct, kw_only=True):
+    """Every ok reply: ``ok`` and ``api_version`` come first, the verb's fields after."""
+
+    ok: bool = True
+    api_version: str = API_VERSION
+
+
+class ErrorReply(msgspec.Struct, kw_only=True):
+    """Every refused or failed request."""
+
+    ok: bool = False
+    error: str = ""
+    field: str | None = None  # the request field at fault (e.g. "task"), when one is
+    api_version: str = API_VERSION
+
+
+class Empty(Reply):
+    pass
+
+
+class Pong(Reply):
+    pong: bool = True
+
+
+class VersionReply(Reply):
+    daemon_version: str = ""
+
+
+class HelpReply(Reply):
+    verbs: list[str] = msgspec.field(default_factory=list)
+
+
+class MessageReply(Reply):
+    """A verb that changes the loop's mode: what came of it."""
+
+    message: str = ""
+    mode: str | None = None
+
+
+# -------------------------------------------------------------- status sections
+class BusCounters(msgspec.Struct, kw_only=True):
+    """A Feetech bus's counters since the daemon started."""
+
+    transactions: int = 0
+    retries: int = 0
+    failures: int = 0
+    reconnects: int = 0
+
+
+class LinkStatus(msgspec.Struct, kw_only=True):
+    """One arm's connection."""
+
+    connected: bool = False
+    port: str | None = None
+    since_s: float | None = None
+    connects: int = 0
+    losses: int = 0
+    last_error: str = ""
+    configure_warnings: list[str] = msgspec.field(default_factory=list)
+    bus: BusCounters | None = None  # None: the arm keeps no bus counters (a simulator)
+
+
+class StageTiming(msgspec.Struct, kw_only=True):
+    """One stage's times, ms: percentiles over the recent window, max since start."""
+
+    count: int = 0
+    window: int = 0
+    p50: float | None = None
+    p99: float | None = None
+    max: float | None = None
+    max_all_time: float | None = None
+    mean: float | None = None
+
+
+class SafetyStatus(msgspec.Struct, kw_only=True):
+    align_speed_deg_s: float | None = None
+    max_step_deg: float | None = None
+    leader_stale_s: float | None = None
+    on_fault: str | None = None
+    fault_latched: str = ""  # stays until the operator clears it
+    fault_now: str = ""  # what the servos report right now
+    limited_cycles: int = 0
+    limit_hits: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+class JointsStatus(msgspec.Struct, kw_only=True):
+    """Joint name -> degrees (the gripper 0..100), None where not read yet."""
+
+    leader: dict[str, float] | None = None
+    follower: dict[str, float] | None = None
+    command: dict[str, float] | None = None
+
+
+class ServoStatus(msgspec.Struct, kw_only=True):
+    temperature_c: float | None = None
+    voltage_v: float | None = None
+    load_pct: float | None = None
+    current_ma: float | None = None
+    status: int | None = None  # the servo's status bits
+    torque: bool | None = None
+
+
+class SocketHealth(msgspec.Struct, kw_only=True):
+    serving: bool = True
+    thread_restarts: int = 0
+    last_thread_failure: str | None = None
+    connections: int = 0
+    requests: int = 0
+    errors: int = 0
+
+
+class FramesRefused(msgspec.Struct, kw_only=True):
+    count: int = 0
+    last: str = ""
+
+
+class CameraStats(msgspec.Struct, kw_only=True):
+    """A camera's capture counters (only ``error`` where they could not be read)."""
+
+    name: str = ""
+    width: int | None = None
+    height: int | None = None
+    fps_configured: float | None = None
+    frames: int = 0
+    fps_measured: float | None = None
+    read_failures: int = 0
+    stalled: bool = False
+    stall_events: int = 0
+    last_frame_age_s: float | None = None
+    error: str = ""
+
+
+class StagedTag(msgspec.Struct, kw_only=True):
+    """The tag the writer staged with an episode (daemon/data/schema.py ``EpisodeTag``)."""
+
+    episode_index: int | None = None
+    episode_number: int | None = None
+    success: bool | None = None
+    origin: str | None = None
+    follower_kind: str | None = None
+    bench: str | None = None
+    source: dict[str, Any] = msgspec.field(default_factory=dict)
+    frames: int | None = None
+    late_frames: int | None = None
+    missing_frames: int | None = None
+    worst_camera_skew_ms: float | None = None
+    notes: list[str] = msgspec.field(default_factory=list)
+
+
+class LastStaged(msgspec.Struct, kw_only=True):
+    """The last episode the writer staged (empty before the first)."""
+
+    episode_seq: int | None = None
+    frames: int | None = None
+    tag: StagedTag | None = None
+
+
+class LastSaved(msgspec.Struct, kw_only=True):
+    """The last episode committed to the dataset (empty before the first)."""
+
+    episode: int | None = None
+    episode_index: int | None = None
+    frames: int | None = None
+    commit_s: float | None = None
+
+
+class RecordingStatus(msgspec.Struct, kw_only=True):
+    """The recorder (``episode.status``, and ``status``'s ``recording``). A section whose extra
+    failed carries only ``error``."""
+
+    phase: str | None = None  # None: the section failed (see error)
+    error: str | None = None
+    dataset: str | None = None
+    repo_id: str | None = None
+    fps: int | None = None
+    episode: int | None = None
+    task: str | None = None
+    origin: str | None = None
+    notes: list[str] = msgspec.field(default_factory=list)
+    elapsed_s: float | None = None
+    frames: int | None = None
+    episodes_in_dataset: int | None = None
+    saves_pending: int = 0
+    lost_episodes: list[str] = msgspec.field(default_factory=list)
+    dropped_episodes: list[str] = msgspec.field(default_factory=list)
+    saving: list[int] = msgspec.field(default_factory=list)  # answered saved, not on the disk yet
+    disk_free_mb: float | None = None
+    min_free_mb: float | None = None
+    waiting_for: str | None = None
+    frames_refused: dict[str, FramesRefused] = msgspec.field(default_factory=dict)
+    writer_alive: bool | None = None
+    writer_pid: int | None = None
+    writer_backlog_frames: int | None = None
+    writer_backlog_records: int | None = None
+    last_staged: LastStaged = msgspec.field(default_factory=LastStaged)
+    last_saved: LastSaved = msgspec.field(default_factory=LastSaved)
+    last_committed: str | None = None  # "episode 4 (dataset episode 3)"
+    counters: dict[str, int] = msgspec.field(default_factory=dict)
+    cameras: list[CameraStats] = msgspec.field(default_factory=list)
+
+
+class TakeoverStatus(msgspec.Struct, kw_only=True):
+    phase: str | None = None
+    error: str | None = None
+    max_error: float | None = None
+
+
+class LatencyStats(msgspec.Struct, kw_only=True):
+    """p50 / p99 (/ p99.9) / max over a window of ``n``, ms (the section is null before the first)."""
+
+    p50: float | None = None
+    p99: float | None = None
+    p99_9: float | None = msgspec.field(default=None, name="p99.9")
+    max: float | None = None
+    n: int | None = None
+
+
+class WorkerInfo(msgspec.Struct, kw_only=True):
+    """The local inference worker, as it reported itself ready (empty until then)."""
+
+    policy_type: str | None = None
+    chunk_size: int | None = None
+    n_action_steps: int | None = None
+    cameras: list[str] = msgspec.field(default_factory=list)
+    device: str | None = None
+    warmup_s: float | None = None
+    pid: int | None = None
+    heap: str | None = None  # what was done to the allocator, in words
+    io: str | None = None  # how observations and actions are converted, in words
+    torch_threads: int | None = None
+    omp_wait_policy: str | None = None
+
+
+class PolicyServerStatus(msgspec.Struct, kw_only=True):
+    """The remote backend (LeRobot's policy server): round trip, network and its compute apart."""
+
+    address: str | None = None
+    checkpoint: str | None = None
+    connected: bool = False
+    connects: int = 0
+    failures: int = 0
+    error: str | None = None
+    round_trip_ms: LatencyStats | None = None
+    network_ms: LatencyStats | None = None  # SendObservations: an upper bound on network time
+    get_actions_ms: LatencyStats | None = None
+    decode_ms: LatencyStats | None = None
+    server_compute_ms: float | None = None  # LeRobot's server sends none: always null
+    server_compute_note: str | None = None
+
+
+class PolicyGcStatus(msgspec.Struct, kw_only=True):
+    daemon_collections: int = 0
+    daemon_full_collections: int = 0
+    daemon_max_pause_ms: float | None = None
+    daemon_frozen_objects: int | None = None
+    worker_ms: LatencyStats | None = None
+    worker_page_faults: LatencyStats | None = None
+
+
+class PolicyStatus(msgspec.Struct, kw_only=True):
+    """The policy (``policy.status``, and ``status``'s ``policy``); ``state`` "none": no policy."""
+
+    state: str | None = None  # None: the section failed (see error)
+    error: str | None = None
+    driving: bool = False
+    takeover: TakeoverStatus | None = None
+    episode_open: bool = False
+    checkpoint: str | None = None
+    policy_type: str | None = None
+    cameras: list[str] = msgspec.field(default_factory=list)
+    worker: WorkerInfo = msgspec.field(default_factory=WorkerInfo)
+    merge: str | None = None  # how a new chunk joins the queue
+    queue_depth: int | None = None
+    usable_horizon_ms: float | None = None
+    chunk_horizon_ms: float | None = None
+    refill_lead_ms: float | None = None
+    warning: str | None = None  # inference slower than a chunk can drive
+    chunks_live: int | None = None
+    chunk_age_ms: float | None = None
+    inference_latency_ms: LatencyStats | None = None
+    overhead_ms: LatencyStats | None = None
+    stages_ms: dict[str, LatencyStats] = msgspec.field(default_factory=dict)
+    overhead_stages: list[str] = msgspec.field(default_factory=list)
+    gc: PolicyGcStatus | None = None
+    requests: int = 0
+    results: int = 0
+    timeouts: int = 0
+    actions_dropped_stale: int = 0
+    chunks_rejected: int = 0
+    chunks_expired: int = 0
+    cameras_not_ready: int = 0
+    worker_errors: int = 0
+    last_error: str | None = None
+    backend: str | None = None
+    server: PolicyServerStatus | None = None
+
+
+class SimStatus(msgspec.Struct, kw_only=True):
+    seed_recording_error: str | None = None
+    error: str | None = None
+
+
+class StatusReply(Reply):
+    """``status``: the loop, the arms, timing, safety, servos, the socket, and one section per
+    attached part (recording, policy, sim), absent when that part is not attached."""
+
+    mode: str = "?"
+    intent: str | None = None
+    reason: str = ""
+    fault: str = ""
+    torque_wanted: bool | None = None
+    follower_kind: str = "?"
+    uptime_s: float | None = None
+    rate_hz_target: float | None = None
+    rate_hz: float | None = None
+    cycles: int = 0
+    overruns: int = 0
+    missed_cycles: int = 0
+    limited_cycles: int = 0
+    leader_errors: int = 0
+    follower_errors: int = 0
+    hook_errors: int = 0
+    overlap_io: bool | None = None
+    rate_warning: str = ""
+    scheduling: str = "?"
+    power_cycle_required: str = ""
+    safety: SafetyStatus | None = None
+    timing_ms: dict[str, StageTiming] = msgspec.field(default_factory=dict)
+    leader: LinkStatus | None = None
+    follower: LinkStatus | None = None
+    leader_age_s: float | None = None
+    joints: JointsStatus = msgspec.field(default_factory=JointsStatus)
+    servos: dict[str, ServoStatus] | None = None
+    missing_servos: list[str] = msgspec.field(default_factory=list)
+    health_age_s: float | None = None
+    socket: str | None = None
+    config: str | None = None
+    reloads: int = 0
+    verbs: list[str] = msgspec.field(default_factory=list)
+    control_socket: SocketHealth | None = None
+    recording: RecordingStatus | None = None
+    policy: PolicyStatus | None = None
+    sim: SimStatus | None = None
+
+
+class LiveJoints(msgspec.Struct, kw_only=True, array_like=False):
+    """Six values in JOINT_NAMES order (degrees; the gripper 0..100), None where not read yet."""
+
+    leader: list[float] | None = None
+    command: list[float] | None = None
+    follower: list[float] | None = None
+
+
+class LiveStatus(Reply):
+    """``status.live``: the few fields that change every cycle (a 20 Hz plot reads them)."""
+
+    mode: str = "?"
+    reason: str = ""
+    fault: str = ""
+    cycles: int = 0
+    joints: LiveJoints = msgspec.field(default_factory=LiveJoints)
+
+
+class CameraInfo(msgspec.Struct, kw_only=True):
+    name: str
+    width: int
+    height: int
+    kind: str
+    stats: CameraStats = msgspec.field(default_factory=CameraStats)
+
+
+class CameraList(Reply):
+    cameras: list[CameraInfo] = msgspec.field(default_factory=list)
+
+
+class CameraPreview(Reply):
+    """The newest frame, downscaled and JPEG-encoded (base64). ``unchanged``: no frame newer than
+    ``after_seq`` (no image); ``jpeg_b64`` null with ``why``: no frame yet."""
+
+    camera: str = ""
+    seq: int | None = None
+    width: int | None = None
+    height: int | None = None
+    age_ms: float | None = None
+    capture_monotonic_s: float | None = None  # CLOCK_MONOTONIC, one clock for this machine
+    encode_ms: float | None = None
+    jpeg_b64: str | None = None
+    unchanged: bool = False
+    why: str | None = None
+
+
+class EpisodeOutcome(msgspec.Struct, kw_only=True):
+    """What happened to an episode (started, saved, discarded), or ``error`` where it failed."""
+
+    message: str | None = None
+    error: str | None = None
+    episode: int | None = None  # the operator's number
+    episode_index: int | None = None  # where it is in the dataset, once saved
+    task: str | None = None
+    origin: str | None = None
+    frames: int | None = None
+    success: bool | None = None
+    queued: bool | None = None
+    handed_to_writer: bool | None = None
+    durable: bool | None = None  # on the disk (false: still saving; status says when)
+    discarded_frames: int | None = None
+
+
+class EpisodeReply(EpisodeOutcome, kw_only=True):
+    """episode.start / save / discard."""
+
+    ok: bool = True
+    api_version: str = API_VERSION
+
+
+class PolicyReply(Reply):
+    """policy.load / start / stop / takeover / unload: what came of it."""
+
+    message: str = ""
+    state: str | None = None  # load: loading / ready / error
+    error: str | None = None
+    cameras: list[str] = msgspec.field(default_factory=list)  # load: the cameras the policy reads
+    mode: str | None = None
+    phase: str | None = None  # takeover's first phase
+    episode: EpisodeOutcome | int | None = None  # the evaluation episode (start: opened; stop: saved)
+
+
+class EpisodeStatusReply(RecordingStatus, kw_only=True):
+    ok: bool = True
+    api_version: str = API_VERSION
+
+
+class PolicyStatusReply(PolicyStatus, kw_only=True):
+    ok: bool = True
+    api_version: str = API_VERSION
+
+
+# ==================================================================== the verbs
+@dataclass(frozen=True)
+class VerbSpec:
+    """One verb: what it takes, what it answers, what it does (for the reference)."""
+
+    verb: str
+    request: type[RequestBase]
+    reply: type[msgspec.Struct]
+    doc: str
+
+
+def _no_fields(verb: str) -> type[RequestBase]:
+    """A request type for a verb without fields (each its own tag: the schema names the verb)."""
+    name = "".join(p.capitalize() for p in verb.replace(".", "_").split("_")) + "Request"
+    return cast(type[RequestBase], msgspec.defstruct(name, [], bases=(NoFields,), tag=verb, module=__name__))
+
+
+def _spec(verb: str, reply: type[msgspec.Struct], doc: str, request: type[RequestBase] | None = None) -> VerbSpec:
+    return VerbSpec(verb, request or _no_fields(verb), reply, doc)
+
+
+_SPECS: Final = (
+    _spec("ping", Pong, "Is the daemon answering."),
+    _spec("version", VersionReply, "The API version and the daemon's package version."),
+    _spec("help", HelpReply, "The verbs this daemon serves."),
+    _spec("status", StatusReply, "Everything: mode, loop timing, arms, servos, the attached parts."),
+    _spec("status.live", LiveStatus, "Mode and joints only: cheap enough to poll at 20 Hz."),
+    _spec("config.reload", MessageReply, "Re-read the configuration file and apply what can change live."),
+    _spec("hold", MessageReply, "Hold the arm where it is."),
+    _spec("idle", MessageReply, "Stop commanding the arm."),
+    _spec("teleop.start", MessageReply, "Align to the leader, then follow it."),
+    _spec("teleop.stop", MessageReply, "Stop following the leader: hold."),
+    _spec("torque.on", MessageReply, "Torque on: hold where it is."),
+    _spec("torque.off", MessageReply, "Torque off: the arm goes limp (idle)."),
+    _spec("camera.list", CameraList, "The daemon's cameras."),
+    _spec("camera.preview", CameraPreview, "A camera's newest frame as a small JPEG.", CameraPreviewRequest),
+    _spec("episode.start", EpisodeReply, "Start recording an episode.", EpisodeStartRequest),
+    _spec("episode.save", EpisodeReply, "End the episode and keep it.", EpisodeSaveRequest),
+    _spec("episode.discard", EpisodeReply, "End the episode and drop it."),
+    _spec("episode.status", EpisodeStatusReply, "The recorder's state."),
+    _spec("policy.load", PolicyReply, "Load a policy checkpoint.", PolicyLoadRequest),
+    _spec("policy.start", PolicyReply, "Let the loaded policy drive the arm.", PolicyStartRequest),
+    _spec("policy.stop", PolicyReply, "Stop the policy: hold.", PolicyStopRequest),
+    _spec("policy.takeover", PolicyReply, "Hand the arm from the policy to the leader, aligned."),
+    _spec("policy.unload", PolicyReply, "Unload the policy."),
+    _spec("policy.status", PolicyStatusReply, "The policy's state and timing."),
+)
+VERBS: Final[dict[str, VerbSpec]] = {s.verb: s for s in _SPECS}
+
+
+class ReplyMismatch(ValueError):
+    """A reply that does not fit its declared type (the message names the field)."""
+
+
+def decode_reply[T: msgspec.Struct](reply: dict[str, Any], kind: type[T]) -> T:
+    """A decoded reply (or status section) -> its declared type, or ReplyMismatch naming the field."""
+    try:
+        return msgspec.convert(reply, kind, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ReplyMismatch(f"{kind.__name__}: {exc}") from None
