@@ -26,7 +26,6 @@ from pathlib import Path
 
 import pytest
 from readme_support import (
-    GENERATED,
     README,
     REPO,
     Command,
@@ -191,12 +190,7 @@ def _dotted_name_problems(text: str, page: str) -> list[str]:
 
 
 def _path_problems(text: str, page: str) -> list[str]:
-    # the generated reference may be named before its generator's output is in the tree (see links)
-    return [
-        f"{page}:{line}: no {path}"
-        for path, line in repo_paths(text)
-        if not (REPO / path).exists() and not (REPO / path).resolve().is_relative_to(GENERATED)
-    ]
+    return [f"{page}:{line}: no {path}" for path, line in repo_paths(text) if not (REPO / path).exists()]
 
 
 def _link_problems(text: str, page: Path) -> list[str]:
@@ -209,10 +203,6 @@ def _link_problems(text: str, page: Path) -> list[str]:
         path_part, _, anchor = target.partition("#")
         dest = (page.parent / path_part).resolve() if path_part else page
         if path_part and not dest.exists():
-            # The control API reference is generated from the schema by its own tool; until that
-            # tool's output is in the tree, a link to it is the only link allowed to dangle.
-            if GENERATED in dest.parents:
-                continue
             problems.append(f"{where}:{line}: link to {target}: no {dest.relative_to(REPO)}")
             continue
         if anchor:
