@@ -210,7 +210,7 @@ class PolicyController:
         """Hold the follower where it is; close the evaluation episode (saved unless discard).
 
         Refused when no policy is driving: the arm keeps doing what it does (following the
-        leader, holding), and an answer of "stopped: holding" would say otherwise (issue 18).
+        leader, holding), and an answer of "stopped: holding" would say otherwise.
         An evaluation episode left open (the operator switched to teleop by hand) is still closed."""
         loop = self.daemon.loop
         if loop.intent != "policy":
