@@ -112,7 +112,7 @@ class ArmLink[ArmT: Arm]:
         nxt = self.next_try_s
         if nxt is not None:
             wait = max(0.0, nxt - now_s)
-            what += f"; next try in {wait:.1f} s" if wait > 0 else "; trying now"
+            what += f"; next try in {wait:.1f} s" if wait > 0 else "; next try: in progress"
             if self.missing:
                 what += (
                     f" (the missing servo{'s are' if len(self.missing) > 1 else ' is'} pinged every {self.probe_s:g} s)"
