@@ -30,7 +30,7 @@ from daemon.control.faults import (
 )
 from daemon.control.safety import ControllerState, CycleInputs, CycleOutput, SafetyParams, disconnected, update
 from daemon.control.seams import ArmRecord, TargetSource
-from daemon.control.timing_stats import RollingStats
+from daemon.control.timing_stats import RollingStats, WorstCalls
 from daemon.system.logs import RateLimitedLogger
 from drivers.arm_interface import ArmError, ArmHealth, FollowerArm, OverloadLatchedError
 
@@ -50,6 +50,10 @@ class SourceEntry:
     name: str
     source: TargetSource
     last_reading: Callable[[], np.ndarray | None] = _no_reading
+
+    @property
+    def timing_name(self) -> str:
+        return f"source.{self.name}"
 
 
 @runtime_checkable
@@ -203,7 +207,14 @@ class DrivenArm:
         self.fault_now = fault
 
     # ------------------------------------------------------------------ 2. select
-    def select(self, now: float, sources: Mapping[str, SourceEntry], on_error: Callable[[], None]) -> Selection:
+    def select(
+        self,
+        now: float,
+        sources: Mapping[str, SourceEntry],
+        on_error: Callable[[], None],
+        calls: WorstCalls,
+        monotonic: Callable[[], float],
+    ) -> Selection:
         """The assigned source's target. A source that raises counts as a hook error and gives no
         target (hold): it never takes the loop down. An assigned source that is gone (a policy
         unloaded) gives none either."""
@@ -213,11 +224,13 @@ class DrivenArm:
             sel = Selection(None, self.source_name, None)
         else:
             if self.measured is not None:
+                t0 = monotonic()
                 try:
                     target = entry.source.target(now, self.measured)
                 except Exception as exc:
                     on_error()
                     _rl.error(f"{entry.name}.target", "%s target failed (holding): %r", entry.name, exc)
+                calls.note(entry.timing_name, monotonic() - t0)
             sel = Selection(target, entry.name, target if target is not None else entry.last_reading())
         self.target = target
         self.selection = sel

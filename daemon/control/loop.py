@@ -68,7 +68,7 @@ from daemon.control.snapshot import (
     render_status,
 )
 from daemon.control.supervisor import Supervisor
-from daemon.control.timing_stats import LoopStats, RollingStats
+from daemon.control.timing_stats import LoopStats, RollingStats, WorstCalls
 from daemon.system.logs import RateLimitedLogger
 from daemon.system.realtime import current_policy, make_current_thread_realtime
 from drivers.arm_interface import ArmHealth, FollowerArm, LeaderArm
@@ -110,6 +110,7 @@ class ControlLoop:
         self.spin_s = spin_s
         self.overlap_io = cfg.control.overlap_io
         self.stats = LoopStats()
+        self.worst_calls = WorstCalls()  # per source and hook: its longest single call
         c = cfg.control
         self.leader_link: ArmLink[LeaderArm] | None = (
             ArmLink("leader", leader, c.reconnect_backoff_min_s, c.reconnect_backoff_max_s)
@@ -143,6 +144,9 @@ class ControlLoop:
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
         self._hooks: list[CycleHook] = []
         self._record_hooks: list[RecordHook] = []
+        # "hook.<class>" per hook, for worst_calls (kept beside the lists: no name built per cycle)
+        self._hook_names: list[str] = []
+        self._record_hook_names: list[str] = []
         self._leader_hooks: list[LeaderHook] = []
         self.watchdog: Watchdog | None = None  # daemon.system.sd_notify.WatchdogGate when systemd watches us
         self._stop = threading.Event()
@@ -303,17 +307,23 @@ class ControlLoop:
             raise TypeError(
                 f"{hook!r} is neither a CycleHook (on_cycle), a LeaderHook (on_leader) nor a RecordHook (on_record)"
             )
+        name = f"hook.{type(hook).__name__}"
         if is_record:
             self._record_hooks.append(hook)  # type: ignore[arg-type]  # narrowed by the isinstance above
+            self._record_hook_names.append(name)
         elif is_cycle:
             self._hooks.append(hook)  # type: ignore[arg-type]  # narrowed by the isinstance above
+            self._hook_names.append(name)
         if is_leader:
             self._leader_hooks.append(hook)  # type: ignore[arg-type]  # narrowed by the isinstance above
 
     def remove_hook(self, hook: CycleHook | LeaderHook | RecordHook) -> None:
-        for hooks in (self._hooks, self._record_hooks, self._leader_hooks):
+        for hooks, names in ((self._hooks, self._hook_names), (self._record_hooks, self._record_hook_names)):
             if hook in hooks:
-                hooks.remove(hook)  # type: ignore[arg-type]  # equality only: any list may hold it
+                i = hooks.index(hook)  # type: ignore[arg-type]  # equality only: any list may hold it
+                del hooks[i], names[i]
+        if hook in self._leader_hooks:
+            self._leader_hooks.remove(hook)
 
     def submit(self, fn: Callable[[], Any]) -> Future[Any]:
         """Run ``fn`` on the loop thread at the start of the next cycle; its result in the Future."""
@@ -427,7 +437,7 @@ class ControlLoop:
         sources, intent, torque = self.sources, self.intent, self.torque_wanted
         outs = []
         for arm in self.arms:
-            arm.select(now, sources, self._count_hook_error)
+            arm.select(now, sources, self._count_hook_error, self.worst_calls, _MONO)
             outs.append(arm.update(now, intent, torque))
         self.stats.update.add(_MONO() - t_u)
         for arm, out in zip(self.arms, outs):
@@ -478,22 +488,30 @@ class ControlLoop:
         first = self.primary.record(outs[0])
         if first is None:  # the primary arm's pose is not current: nothing to record or feed
             return
-        t_h = _MONO()
-        for hook in self._hooks:
+        t_h = t0 = _MONO()
+        worst = self.worst_calls
+        for hook, name in zip(self._hooks, self._hook_names):
             try:
                 hook.on_cycle(now, first.state_units, first.action_units, first.teleop_action_units)
             except Exception as exc:
                 self.hook_errors += 1
                 _rl.error("hook.cycle", "cycle hook failed: %r", exc)
+            t1 = _MONO()
+            worst.note(name, t1 - t0)
+            t0 = t1
         if self._record_hooks:
             arms = (first,) + tuple(r for r in (a.record(o) for a, o in zip(self.arms[1:], outs[1:])) if r is not None)
             record = CycleRecord(now, arms)
-            for rhook in self._record_hooks:
+            t0 = _MONO()
+            for rhook, name in zip(self._record_hooks, self._record_hook_names):
                 try:
                     rhook.on_record(record)
                 except Exception as exc:
                     self.hook_errors += 1
                     _rl.error("hook.record", "record hook failed: %r", exc)
+                t1 = _MONO()
+                worst.note(name, t1 - t0)
+                t0 = t1
         self.stats.hooks.add(_MONO() - t_h)
 
     # ------------------------------------------------------------------ thread body
@@ -655,6 +673,7 @@ class ControlLoop:
             command_units=primary.command,
             health=health,
             health_age_s=None if health is None or not health.read_at_s else now - health.read_at_s,
+            worst_calls_ms=self.worst_calls.as_ms(),
             arms=tuple(
                 ArmSnapshot(a.name, a.source_name, a.state.mode, a.state.reason, a.kind, a.link.connected)
                 for a in self.arms

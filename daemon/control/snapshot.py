@@ -88,6 +88,7 @@ class LoopSnapshot:
     health: ArmHealth | None
     health_age_s: float | None
     arms: tuple[ArmSnapshot, ...] = ()
+    worst_calls_ms: dict[str, float] | None = None  # per source and hook: its longest single call
 
 
 def _joints(v: np.ndarray | None) -> dict[str, float] | None:
@@ -185,4 +186,5 @@ def render_status(s: LoopSnapshot) -> dict[str, Any]:
         else list(s.follower.missing_servos),
         "health_age_s": None if s.health_age_s is None else round(s.health_age_s, 3),
         "arms": _arms(s.arms),
+        "worst_calls_ms": dict(s.worst_calls_ms or {}),
     }

@@ -252,6 +252,10 @@ class Daemon:
             raise RequestError(str(exc)) from None
         except TimeoutError:
             raise RequestError("control loop did not answer within 3 s") from None
+        waiting = self.loop.follower_link.waiting_text(time.monotonic())
+        if mode == "disconnected" and waiting:
+            # accepted with no fault latched (a lost port): the loop carries it out once the arm is back
+            message = f"{message}, once the follower is back ({waiting})"
         return {"message": message, "mode": mode}
 
     def _hold_call(self, held: str) -> dict[str, Any]:
