@@ -81,6 +81,7 @@ def run_ours(ports: Path, seconds: float, overlap: bool, rate_hz: float, free_ru
         time.sleep(0.02)
     time.sleep(0.3)
     loop.call(loop.stats.reset)  # on the loop thread, between cycles: the rings stay aligned per cycle
+    loop.call(loop.worst_calls.reset)
     c0, o0 = loop.cycles, loop.overruns
     t0 = time.monotonic()
     time.sleep(seconds)
@@ -103,6 +104,7 @@ def run_ours(ports: Path, seconds: float, overlap: bool, rate_hz: float, free_ru
         "jitter_max_ms": float(s.jitter.values().max()) * 1e3 if s.jitter.count else float("nan"),
         "overruns": loop.overruns - o0,
         "mode": loop.state.mode,
+        "worst_calls_ms": loop.worst_calls.as_ms(),  # per source and hook: the longest single call
     }
     if not overlap and n:
         # the rings are filled once per cycle by every stage, so index i is one cycle
@@ -271,6 +273,14 @@ def main() -> int:
                 r["jitter_max_ms"],
                 r["overruns"],
                 "ok" if r["jitter_p99_ms"] <= 1.0 else "MISSED",
+            )
+        )
+        worst = r["worst_calls_ms"]
+        print(
+            "  worst call into a source or hook: %s   target <= 1 ms  [%s]"
+            % (
+                ", ".join(f"{k} {v:.3f} ms" for k, v in worst.items()) or "none",
+                "ok" if all(v <= 1.0 for v in worst.values()) else "MISSED",
             )
         )
     return 0

@@ -165,6 +165,21 @@ def bench_ours(
     return out
 
 
+def worst_calls_line(worst_ms: dict[str, float], over: dict[str, int]) -> str:
+    """The longest single call the loop made into each source and hook, checked against the
+    loop's 1 ms budget (daemon/control/timing_stats.py CALL_BUDGET_S)."""
+    from daemon.control.timing_stats import CALL_BUDGET_S
+
+    budget_ms = CALL_BUDGET_S * 1e3
+    parts = [
+        f"{name} {ms:.3f} ms" + (f" ({over[name]} over)" if over.get(name) else "") for name, ms in worst_ms.items()
+    ]
+    ok = all(ms <= budget_ms for ms in worst_ms.values())
+    return (
+        f"          worst call: {', '.join(parts) or 'none'}   target <= {budget_ms:g} ms  [{'ok' if ok else 'MISSED'}]"
+    )
+
+
 def print_ours(ours: dict, what: str) -> None:
     print(f"\nours, {what}: {len(ours['total'])} requests, request issued -> chunk usable by the loop (ms)")
     print(HEADER)
@@ -181,6 +196,11 @@ def print_ours(ours: dict, what: str) -> None:
     print(row("total", ours["total"]))
     print(row("overhead beyond forward", ours["overhead"], "goal p99 <= 1 ms"))
     print(row("PolicySource.target() per call", ours["target_cost"], "loop-side cost"))
+    worst = float(ours["target_cost"].max()) * 1e3
+    print(
+        f"  worst PolicySource.target() call {worst:.3f} ms, {int((ours['target_cost'] > 1e-3).sum())} of "
+        f"{len(ours['target_cost'])} calls over 1 ms   target <= 1 ms  [{'ok' if worst <= 1.0 else 'MISSED'}]"
+    )
     g = ours["gc_status"]
     print(
         f"  daemon process during the run: {g['daemon_collections']} collections ({g['daemon_full_collections']} full), "
@@ -517,6 +537,7 @@ def bench_loop(ckpt: Path, seconds: float) -> dict:
                     loop.call(lambda: loop.set_intent("teleop"))
                 time.sleep(1.0)  # alignment
                 loop.stats.reset()  # the window then holds this phase only
+                loop.call(loop.worst_calls.reset)  # on the loop thread: the only one writing it
                 c0 = loop.cycles
                 t_end = time.monotonic() + seconds
                 last = None
@@ -526,7 +547,13 @@ def bench_loop(ckpt: Path, seconds: float) -> dict:
                     time.sleep(0.25)
                 n = loop.cycles - c0
                 out.setdefault(mode, []).append(
-                    {"rate_hz": n / seconds, "period": last["period"], "jitter": last["jitter"]}
+                    {
+                        "rate_hz": n / seconds,
+                        "period": last["period"],
+                        "jitter": last["jitter"],
+                        "worst_calls_ms": loop.worst_calls.as_ms(),
+                        "over_budget": dict(loop.worst_calls.over_budget),
+                    }
                 )
                 if mode == "policy":
                     ctl.stop()
@@ -828,6 +855,7 @@ def main() -> int:
                         f"  {mode:<7} rate {r['rate_hz']:6.1f} Hz   period p50 {r['period']['p50']:.3f} ms   "
                         f"jitter p99 {r['jitter']['p99'] * 1e3:7.1f} us  max {r['jitter']['max'] * 1e3:8.1f} us"
                     )
+                    print(worst_calls_line(r["worst_calls_ms"], r["over_budget"]))
             tj = np.mean([r["jitter"]["p99"] for r in res.get("teleop", [])])
             pj = np.mean([r["jitter"]["p99"] for r in res.get("policy", [])])
             print(

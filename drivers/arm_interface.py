@@ -13,6 +13,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from calibration.calibration_file import ArmCalibration
+
 
 class ArmError(RuntimeError):
     """Base of every arm failure the loop must handle (it never sees a bare serial exception)."""
@@ -74,9 +76,23 @@ class BusCounters:
     reconnects: int = 0
 
 
+@dataclass(frozen=True)
+class BusDiagnostics:
+    """What an arm can tell about its link, for status and the rate diagnosis (copied when asked)."""
+
+    latency_timer_ms: int | None = None  # an FTDI adapter's latency timer (None: not an FTDI, or a simulator)
+    configure_warnings: tuple[str, ...] = ()  # timing registers a servo did not keep at configure
+    counters: BusCounters | None = None  # None: the arm keeps no bus counters
+
+
 @runtime_checkable
-class LeaderArm(Protocol):
-    """The arm the operator moves by hand (torque off)."""
+class Arm(Protocol):
+    """What every arm offers, leader or follower: where it is, how to reach it, what is missing."""
+
+    @property
+    def port(self) -> str:
+        """The serial port, or the simulator's endpoint."""
+        ...
 
     def connect(self) -> None: ...
 
@@ -86,19 +102,49 @@ class LeaderArm(Protocol):
         Raises ArmError (never returns a stale value silently)."""
         ...
 
-    def close(self) -> None: ...
+    def missing_servos(self) -> tuple[str, ...]:
+        """Joints whose servos did not answer the last read or connect attempt (``()`` when all
+        did, or when the arm has no servos of its own, a simulator): cheap, no bus traffic."""
+        ...
+
+    def probe_missing(self) -> tuple[str, ...]:
+        """Ping the servos that were missing (a few bytes each, no full handshake) and return the
+        ones still silent; called off the loop thread while the arm is being reconnected."""
+        ...
+
+    def diagnostics(self) -> BusDiagnostics: ...
+
+    def close(self, torque_off: bool = True) -> None:
+        """Release the port; ``torque_off`` switches the servos' torque off first (best effort;
+        False: a follower keeps holding its last goal, ``follower.torque_off_on_shutdown = false``)."""
+        ...
 
 
 @runtime_checkable
-class FollowerArm(Protocol):
+class LeaderArm(Arm, Protocol):
+    """The arm the operator moves by hand (torque off)."""
+
+    @property
+    def calibration(self) -> ArmCalibration | None:
+        """The calibration it converts with (None: not loaded)."""
+        ...
+
+
+@runtime_checkable
+class FollowerArm(Arm, Protocol):
     """The arm that follows: real STS3215 bus, emulated bus, or simulator."""
 
     kind: str  # "feetech" or "sim"
 
-    def connect(self) -> None: ...
+    @property
+    def sim_mapping(self) -> str | None:
+        """The ``[follower] sim_mapping`` a simulated follower is driven through; None: a real arm."""
+        ...
 
-    def read_joints(self) -> np.ndarray:
-        """Measured joint positions, float64 shape (6,), LeRobot units."""
+    @property
+    def dataset_kind(self) -> str:
+        """What its episodes are tagged: "feetech", "emulated" (our bus emulator behind a
+        pseudo-terminal), "sim-mujoco", "sim-leisaac"."""
         ...
 
     def write_goals(self, goals: np.ndarray) -> None:
@@ -119,5 +165,3 @@ class FollowerArm(Protocol):
         only once a pose measured after the reset is what ``read_joints`` returns, so a loop that
         reads this before ``read_joints`` never pairs a new count with a pre-reset pose."""
         ...
-
-    def close(self) -> None: ...

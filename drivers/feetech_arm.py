@@ -61,6 +61,7 @@ from drivers.arm_interface import (
     ArmError,
     ArmHealth,
     BusCounters,
+    BusDiagnostics,
     BusTimeoutError,
     HandshakeError,
     OverloadLatchedError,
@@ -74,7 +75,14 @@ from drivers.calibration_io import (
     verify_against_servos,
     write_servo_calibration,
 )
-from drivers.feetech_bus import DEFAULT_REPLY_MARGIN_S, DEFAULT_RETRIES, FeetechBus, ServoNoReplyError, decode_value
+from drivers.feetech_bus import (
+    DEFAULT_REPLY_MARGIN_S,
+    DEFAULT_RETRIES,
+    FeetechBus,
+    ServoNoReplyError,
+    decode_value,
+    is_pseudo_terminal,
+)
 from drivers.servo_setup import diagnose_lone_id_one
 from drivers.sts3215_table import CONTROL_TABLE, ERR_OVERCURRENT, ERR_OVERLOAD, MODEL_NUMBER_STS3215
 
@@ -176,6 +184,7 @@ class _FeetechArm:
         self.torque_enabled: bool | None = None  # as last read or commanded; None: unknown
         self.last_goal_ticks: np.ndarray | None = None  # the last Goal_Position sync-written
         self.silent_ids: tuple[int, ...] = ()  # servos silent at the last position read (others answered)
+        self._missing_ids: tuple[int, ...] = ()  # silent at the last handshake or read (status, probe_missing)
         self._connected = False
 
     # ------------------------------------------------------------------------------------------
@@ -186,6 +195,40 @@ class _FeetechArm:
     @property
     def is_connected(self) -> bool:
         return self._connected and self.bus.is_open
+
+    def diagnostics(self) -> BusDiagnostics:
+        return BusDiagnostics(
+            latency_timer_ms=self.bus.latency_timer_ms,
+            configure_warnings=tuple(self.configure_warnings),
+            counters=self.bus.counters,
+        )
+
+    def missing_servos(self) -> tuple[str, ...]:
+        """Joints silent at the last handshake or position read (no bus traffic)."""
+        return tuple(NAME_BY_ID[s] for s in self._missing_ids)
+
+    def probe_missing(self) -> tuple[str, ...]:
+        """Ping only the servos that were missing, once each and without retries (a few hundred
+        microseconds per servo at 1 Mbaud), opening the port for it if a failed connect closed
+        it; the joints still silent. The reconnect thread calls this between its full attempts,
+        so a servo that comes back is seen within one probe period, not after the backoff."""
+        if not self._missing_ids:
+            return ()
+        opened = not self.bus.is_open
+        if opened:
+            self.bus.open()
+        try:
+            still: list[int] = []
+            for sid in self._missing_ids:
+                try:
+                    self.bus.ping(sid, retries=0)
+                except BusTimeoutError:
+                    still.append(sid)
+            self._missing_ids = tuple(still)
+        finally:
+            if opened:
+                self.bus.close()
+        return self.missing_servos()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.port!r})"
@@ -236,6 +279,7 @@ class _FeetechArm:
                 found[sid] = self.bus.ping(sid, retries=1)
             except BusTimeoutError:
                 missing.append(sid)
+        self._missing_ids = tuple(missing)
         problems: list[str] = []
         if missing:
             problems.append(
@@ -442,9 +486,9 @@ class _FeetechArm:
             values = self.bus.sync_read("Present_Position", JOINT_ID_LIST, retries=retries)
         except ServoNoReplyError as exc:
             if not exc.corrupt and len(exc.missing_ids) < NUM_JOINTS:
-                self.silent_ids = tuple(exc.missing_ids)
+                self.silent_ids = self._missing_ids = tuple(exc.missing_ids)
             raise
-        self.silent_ids = ()
+        self.silent_ids = self._missing_ids = ()
         return np.fromiter((values[sid] for sid in JOINT_ID_LIST), dtype=np.int64, count=NUM_JOINTS)
 
     def read_joints(self) -> np.ndarray:
@@ -616,7 +660,7 @@ class _FeetechArm:
             log.info("%s on %s: reconnected", self.role, self.port)
             return
 
-    def close(self) -> None:
+    def close(self, torque_off: bool = True) -> None:
         self._connected = False
         self.bus.close()
 
@@ -633,9 +677,9 @@ class FeetechLeader(_FeetechArm):
         # LeRobot's SOLeader.configure(): torque off on every motor (the operator moves it).
         self._torque_off_all()
 
-    def close(self) -> None:
+    def close(self, torque_off: bool = True) -> None:
         # A leader left holding after a take-over would fight the operator's hand next time.
-        if self.torque_enabled is not False and self.bus.is_open:
+        if torque_off and self.torque_enabled is not False and self.bus.is_open:
             try:
                 self._torque_off_all()
             except ArmError as exc:
@@ -648,6 +692,7 @@ class FeetechFollower(_FeetechArm):
 
     role = "follower"
     kind = "feetech"
+    sim_mapping: str | None = None  # a real arm is driven in the leader's own units
 
     def __init__(self, port: str, calibration: ArmCalibration | None, config: FollowerBusConfig | None = None) -> None:
         self.config: FollowerBusConfig
@@ -667,11 +712,18 @@ class FeetechFollower(_FeetechArm):
             d.sram["Torque_Limit"] = c.gripper_max_torque_limit
         return d
 
+    @property
+    def dataset_kind(self) -> str:
+        """ "emulated" on a pseudo-terminal (our bus emulator; a USB adapter never is one), else "feetech"."""
+        return "emulated" if is_pseudo_terminal(self.port) else "feetech"
+
     def scene_resets(self) -> int:
         return 0  # nothing but our own goals moves a real arm with torque on
 
-    def close(self) -> None:
-        if self.config.disable_torque_on_close and self.bus.is_open:
+    def close(self, torque_off: bool | None = None) -> None:
+        """``torque_off`` None: ``config.disable_torque_on_close`` decides (LeRobot's disconnect())."""
+        off = self.config.disable_torque_on_close if torque_off is None else torque_off
+        if off and self.bus.is_open:
             try:
                 self._torque_off_all()
             except ArmError as exc:  # the port may already be gone; closing must still succeed

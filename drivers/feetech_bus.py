@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -75,6 +76,20 @@ DEFAULT_QUIET_S = 0.005
 # costs ~6 short attempts.
 NOISE_RETRIES = 6
 SEND_TIMEOUT_S = 0.5  # a request that cannot be written this long: the adapter is wedged or gone
+
+
+# Unix98 pseudo-terminal slaves (/dev/pts/N) have device majors 136..143 (the kernel's
+# Documentation/admin-guide/devices.txt); a USB serial adapter (ttyACM 166, ttyUSB 188) never does.
+_PTY_SLAVE_MAJORS = range(136, 144)
+
+
+def is_pseudo_terminal(port: str) -> bool:
+    """The port is a pseudo-terminal (our bus emulator, `so101d emulate`), by its device number."""
+    try:
+        st = os.stat(port)  # follows the emulator's link to its /dev/pts/N
+    except OSError:
+        return False
+    return stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) in _PTY_SLAVE_MAJORS
 
 
 def latency_timer_ms(port: str) -> int | None:
@@ -669,6 +684,7 @@ __all__ = [
     "ServoNoReplyError",
     "decode_value",
     "encode_value",
+    "is_pseudo_terminal",
     "latency_timer_ms",
     "register_spec",
 ]

@@ -29,7 +29,7 @@ import zmq
 
 from calibration.conventions import JOINT_NAMES, sim_unit_limits
 from drivers import sim_protocol as P
-from drivers.arm_interface import ArmHealth, BusCounters, HandshakeError, PortGoneError, ServoHealth
+from drivers.arm_interface import ArmHealth, BusCounters, BusDiagnostics, HandshakeError, PortGoneError, ServoHealth
 from drivers.cameras import Frame
 
 log = logging.getLogger("so101d.sim.follower")
@@ -174,10 +174,14 @@ class SimFollower:
         staleness_s: float = P.DEFAULT_STALENESS_S,
         connect_timeout_s: float = 5.0,
         client_name: str = "so101d",
+        sim_mapping: str | None = None,
     ) -> None:
+        """``sim_mapping``: the ``[follower] sim_mapping`` the leader is mapped through for this
+        sim, named in every sim episode's tag notes (None: not said)."""
         if staleness_s <= 0:
             raise ValueError(f"staleness_s must be positive, got {staleness_s}")
         self.endpoint = endpoint
+        self.sim_mapping = sim_mapping
         self.staleness_s = float(staleness_s)
         self.connect_timeout_s = float(connect_timeout_s)
         self.client_name = client_name
@@ -260,7 +264,22 @@ class SimFollower:
             raise HandshakeError(f"sim at {self.endpoint}: {self._peer_error}")
         raise PortGoneError(f"{what}: no simulator answering at {self.endpoint} within {timeout_s:.1f} s")
 
-    def close(self) -> None:
+    @property
+    def port(self) -> str:
+        """The simulator's endpoint: what a serial arm's port is to status."""
+        return self.endpoint
+
+    def diagnostics(self) -> BusDiagnostics:
+        return BusDiagnostics(counters=self.counters)  # no adapter, no servo registers to configure
+
+    def missing_servos(self) -> tuple[str, ...]:
+        return ()  # a simulator answers for the whole arm or not at all
+
+    def probe_missing(self) -> tuple[str, ...]:
+        return ()
+
+    def close(self, torque_off: bool = True) -> None:
+        """The simulated arm keeps its own state: ``torque_off`` has no servo to switch here."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)

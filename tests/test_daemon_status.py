@@ -194,13 +194,16 @@ LOOP_KEYS = {
     "mode", "intent", "reason", "fault", "torque_wanted", "follower_kind", "uptime_s", "rate_hz_target", "rate_hz",
     "cycles", "overruns", "missed_cycles", "limited_cycles", "leader_errors", "follower_errors", "hook_errors",
     "overlap_io", "rate_warning", "scheduling", "power_cycle_required", "safety", "timing_ms", "leader", "follower",
-    "leader_age_s", "joints", "servos", "missing_servos", "health_age_s",
+    "leader_age_s", "joints", "servos", "missing_servos", "health_age_s", "arms", "worst_calls_ms",
 }  # fmt: skip
 SAFETY_KEYS = {
     "align_speed_deg_s", "max_step_deg", "leader_stale_s", "on_fault", "fault_latched", "fault_now",
     "limited_cycles", "limit_hits",
 }  # fmt: skip
-LINK_KEYS = {"connected", "port", "since_s", "connects", "losses", "last_error", "configure_warnings", "bus"}
+LINK_KEYS = {
+    "connected", "port", "since_s", "connects", "losses", "last_error", "configure_warnings", "bus",
+    "missing_servos", "next_try_in_s", "waiting",
+}  # fmt: skip
 SERVO_KEYS = {"temperature_c", "voltage_v", "load_pct", "current_ma", "status", "torque"}
 
 

@@ -271,7 +271,7 @@ def lerobot_sessions(root: Path, episodes: int, frames: int) -> None:
     from lerobot.configs.video import RGBEncoderConfig
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    from daemon.data.schema import TAG_KEY, EpisodeTag, dataset_features, tag_to_cell
+    from daemon.data.schema import SOURCE_KEY, TAG_KEY, EpisodeTag, dataset_features, tag_to_cell
 
     enc = RGBEncoderConfig(vcodec="h264", preset="ultrafast", crf=23, g=2)
     for e in range(episodes):
@@ -295,6 +295,7 @@ def lerobot_sessions(root: Path, episodes: int, frames: int) -> None:
                 "action": np.zeros(6, np.float32),
                 "teleop.action": np.zeros(6, np.float32),
                 TAG_KEY: tag_to_cell(EpisodeTag(e, frames=frames)),
+                SOURCE_KEY: "follower=leader",
             }
             for c, (name, h, w) in enumerate(CAMERAS):
                 frame[f"observation.images.{name}"] = frame_rgb(e, i, c, h, w)

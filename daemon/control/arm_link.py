@@ -2,6 +2,11 @@
 
 While ``connected`` is False the arm belongs to the (re)connect thread; the loop touches it only
 when ``connected`` is True. ``lost()`` is called by whoever saw it fail.
+
+While it waits out the backoff between two full attempts, the thread pings the servos that were
+missing every ``probe_s`` (``FollowerArm.probe_missing``: a few bytes each, no handshake), so a
+servo that answers again is picked up within a probe period instead of after the full backoff.
+What is missing, on which port, and when the next try is are kept for status (``waiting_text``).
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ from typing import Protocol, runtime_checkable
 
 from daemon.control.faults import handshake_fault
 from daemon.system.logs import RateLimitedLogger
-from drivers.arm_interface import LeaderArm
+from drivers.arm_interface import Arm
 
 log = logging.getLogger("so101d.loop")
 _rl = RateLimitedLogger(log, period_s=5.0, burst=3)
 _MONO = time.monotonic
+PROBE_S = 0.2  # ping the missing servos this often while waiting for the next full attempt
 
 
 @runtime_checkable
@@ -29,7 +35,7 @@ class Reconnectable(Protocol):
     def reconnect(self, timeout_s: float | None = None) -> None: ...
 
 
-class ArmLink[ArmT: LeaderArm]:  # a FollowerArm offers connect/read_joints/close too
+class ArmLink[ArmT: Arm]:
     """One arm (leader or follower) and its connection state, reconnected by its own thread."""
 
     def __init__(
@@ -51,6 +57,10 @@ class ArmLink[ArmT: LeaderArm]:  # a FollowerArm offers connect/read_joints/clos
         self.last_error = ""
         self.handshake_fault = ""  # set while (re)connecting fails because servos are missing or wrong
         self.since_s = _MONO()
+        self.port = arm.port
+        self.missing: tuple[str, ...] = ()  # joints silent at the last attempt or probe (a Feetech arm)
+        self.next_try_s: float | None = None  # monotonic time of the next full attempt; None: not waiting
+        self.probe_s = PROBE_S
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -65,6 +75,8 @@ class ArmLink[ArmT: LeaderArm]:  # a FollowerArm offers connect/read_joints/clos
         self.losses += 1
         self.last_error = reason
         self.since_s = _MONO()
+        self.missing = self._missing_now()
+        self.next_try_s = self.since_s
         _rl.error(f"lost.{self.name}", "%s lost: %s; retrying with backoff", self.name, reason)
         self._spawn(first=False)
 
@@ -82,6 +94,54 @@ class ArmLink[ArmT: LeaderArm]:  # a FollowerArm offers connect/read_joints/clos
                 target=self._connect_loop, args=(first,), name=f"so101d-connect-{self.name}", daemon=True
             )
             self._thread.start()
+
+    def _missing_now(self) -> tuple[str, ...]:
+        return self.arm.missing_servos()
+
+    def waiting_text(self, now_s: float) -> str:
+        """Why the arm is not usable, for status and refused verbs: what is missing, on which
+        port, when the next try is. "" while connected."""
+        if self.connected:
+            return ""
+        what = f"{self.name} not connected on {self.port}"
+        if self.missing:
+            servos = ", ".join(self.missing)
+            what += f": servo{'s' if len(self.missing) > 1 else ''} {servos} not answering"
+        elif self.last_error:
+            what += f": {self.last_error}"
+        nxt = self.next_try_s
+        if nxt is not None:
+            wait = max(0.0, nxt - now_s)
+            what += f"; next try in {wait:.1f} s" if wait > 0 else "; next try: in progress"
+            if self.missing:
+                what += (
+                    f" (the missing servo{'s are' if len(self.missing) > 1 else ' is'} pinged every {self.probe_s:g} s)"
+                )
+        return what
+
+    def _wait_backoff(self, delay_s: float) -> bool:
+        """Wait until the next full attempt; with servos missing, ping them every ``probe_s`` and
+        stop waiting as soon as all answer. True when stopping."""
+        end = _MONO() + delay_s
+        self.next_try_s = end
+        while True:
+            left = end - _MONO()
+            if left <= 0:
+                return False
+            if not self.missing:
+                return self._stop.wait(left)
+            if self._stop.wait(min(self.probe_s, left)):
+                return True
+            try:
+                self.missing = self.arm.probe_missing()
+            except Exception as exc:  # the port itself is gone: wait out the backoff
+                log.debug("%s: probing the missing servos failed: %s", self.name, exc)
+                self.missing = ()
+                continue
+            if not self.missing:
+                log.info("%s: the missing servos answer again; trying now", self.name)
+                self.next_try_s = _MONO()
+                return False
 
     def _close_quietly(self) -> None:
         try:
@@ -110,6 +170,7 @@ class ArmLink[ArmT: LeaderArm]:  # a FollowerArm offers connect/read_joints/clos
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 self.handshake_fault = handshake_fault(exc) or self.handshake_fault
+                self.missing = self._missing_now()
                 _rl.warning(
                     f"connect.{self.name}",
                     "%s: cannot connect (%s); next try in %.1f s",
@@ -119,13 +180,15 @@ class ArmLink[ArmT: LeaderArm]:  # a FollowerArm offers connect/read_joints/clos
                 )
                 if first:
                     self._close_quietly()
-                if self._stop.wait(delay):
+                if self._wait_backoff(delay):
                     return
                 delay = min(self.backoff_max_s, delay * 2)
                 continue
             self.connects += 1
             self.last_error = ""
             self.handshake_fault = ""
+            self.missing = ()
+            self.next_try_s = None
             self.since_s = _MONO()
             self.connected = True
             log.info("%s connected%s", self.name, "" if self.connects == 1 else " again")

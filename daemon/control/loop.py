@@ -1,35 +1,36 @@
-"""The control loop: one thread that owns the period and the follower's bus.
+"""The control loop: one thread that owns the period and the cycle over every driven arm.
 
-``cycle()`` is five named steps (ros2_control's read -> update -> write, plus target choice and
-hooks):
+The loop drives a list of named arms (``DrivenArm``, daemon/control/driven_arm.py: today one,
+"follower"; ``add_arm`` adds more, e.g. "left" and "right"), each with its own safety state,
+parameters and measured pose, and each driven by the target source assigned to it by name
+(``add_source``: "leader", "policy", and whatever else is given; ``assign(arm, source)`` switches
+one at a cycle boundary). ``cycle()`` is five named steps (ros2_control's read -> update -> write,
+plus target choice and hooks), the same for every arm:
 
 1. **read** (``_read``): start the leader read (on the leader's worker thread with ``overlap_io``:
    two serial ports, and pyserial releases the GIL while it waits on the wire) and meanwhile read
-   the follower's measured pose on this thread: that pose is the cycle's observation (LeRobot's
-   order: observation, then action). The leader is waited for at most until the middle of the
-   period: a slow or dead leader never stalls the follower. A fresh leader reading goes to the
-   leader hooks (the LeIsaac remote-leader publisher).
-2. **select target** (``_select_target``): the active ``TargetSource`` (daemon/control/seams.py)
-   gives the target: the leader (``daemon.control.leader_source.LeaderSource``) in teleop, the policy in
-   policy mode. None means nothing fresh: the follower holds.
-3. **update** (``_update``): ``safety.update`` (pure) decides the mode and the command.
-4. **write** (``_write``): torque changes first (with the measured pose as goal, so enabling torque
-   never jumps), then the goals.
-5. **hooks** (``_call_hooks``): the cycle hooks (recorder, camera feeds: microseconds each).
+   each arm's measured pose on this thread: that pose is the cycle's observation (LeRobot's order:
+   observation, then action). The leader is waited for at most until the middle of the period: a
+   slow or dead leader never stalls the arms. A fresh leader reading goes to the leader hooks.
+2. **select target** (``DrivenArm.select``): the arm's assigned ``TargetSource``
+   (daemon/control/seams.py) gives the target. None means nothing fresh: the arm holds.
+3. **update** (``DrivenArm.update``): ``safety.update`` (pure) decides the mode and the command.
+4. **write** (``DrivenArm.write``): torque changes first (with the measured pose as goal, so
+   enabling torque never jumps), then the goals.
+5. **hooks** (``_call_hooks``): the cycle hooks (camera feeds, the policy's observation) get the
+   primary arm's state, command and raw target; record hooks (the recorder) get the whole
+   ``CycleRecord``: every arm, and the name of the source that drove it.
 
-In the slack before the next deadline the follower's health registers are read every
-``health_period_s``. What a failed read or write or a health reading *means* is decided by the
-pure functions of ``daemon/control/faults.py``.
+In the slack before the next deadline each arm's health registers are read every
+``health_period_s``. Connect, reconnect, fault recovery, reload, shutdown and the rate diagnosis
+belong to the ``Supervisor`` beside the loop (daemon/control/supervisor.py): a lost port hands
+the arm to its link's reconnect thread and the loop keeps running (that arm holds, or reports
+``disconnected``); when it is back, alignment starts again from the measured pose.
 
 Timing: deadlines on the monotonic clock (``next += period``: no drift); sleep until ~0.3 ms
 before the deadline, then spin. A cycle that ends after its deadline is an overrun, counted and
 logged (rate-limited); if it ran more than a whole period late, the missed periods are skipped and
 counted too (never silently absorbed). Per-stage times go to ``daemon.control.timing_stats.LoopStats``.
-
-Arms come and go: each arm sits in an ``ArmLink`` (daemon/control/arm_link.py); a lost port hands the arm
-to a reconnect thread with exponential backoff, and the loop keeps running (the follower holds, or
-the loop reports ``disconnected``). When the arm is back, alignment starts again, because the
-safety state restarts from the measured pose.
 
 Other threads talk to the loop through ``submit(fn)`` (a queue drained at the start of each
 cycle; the function runs on the loop thread), read ``snapshot()``/``status()`` (plain attributes
@@ -47,71 +48,50 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
-from calibration.conventions import NUM_JOINTS
 from daemon.config.settings import Config
 from daemon.control.arm_link import ArmLink
-from daemon.control.faults import (
-    MISSING_FAULT_CYCLES,
-    classify_read_failure,
-    classify_write_failure,
-    fault_text,
-    judge_health,
-    read_failure_lost,
-)
+from daemon.control.driven_arm import DrivenArm, SourceEntry
+from daemon.control.faults import fault_text
 from daemon.control.leader_source import LeaderSource
-from daemon.control.safety import ControllerState, CycleInputs, CycleOutput, SafetyParams, disconnected, update
-from daemon.control.seams import CycleHook, LeaderHook, TargetSource, Watchdog
-from daemon.control.snapshot import BUS_COUNTER_KEYS, SAFETY_CONFIG_KEYS, LinkSnapshot, LoopSnapshot, render_status
-from daemon.control.timing_stats import LoopStats
+from daemon.control.safety import ControllerState, CycleOutput, SafetyParams
+from daemon.control.seams import CycleHook, CycleRecord, LeaderHook, RecordHook, TargetSource, Watchdog
+from daemon.control.snapshot import (
+    BUS_COUNTER_KEYS,
+    SAFETY_CONFIG_KEYS,
+    ArmSnapshot,
+    LinkSnapshot,
+    LoopSnapshot,
+    render_status,
+)
+from daemon.control.supervisor import Supervisor
+from daemon.control.timing_stats import LoopStats, RollingStats, WorstCalls
 from daemon.system.logs import RateLimitedLogger
 from daemon.system.realtime import current_policy, make_current_thread_realtime
-from drivers.arm_interface import (
-    ArmError,
-    ArmHealth,
-    FollowerArm,
-    LeaderArm,
-    OverloadLatchedError,
-    PortGoneError,
-)
-from drivers.feetech_arm import FollowerBusConfig
+from drivers.arm_interface import ArmHealth, FollowerArm, LeaderArm
 
 log = logging.getLogger("so101d.loop")
 _rl = RateLimitedLogger(log, period_s=5.0, burst=3)
 
 _SPIN_S = 0.0003  # sleep until this long before a deadline, then spin (sleep overshoots ~0.1 ms)
-_RATE_CHECK_S = 2.0  # how often the loop asks whether its configured rate is achievable at all
-_RATE_IMPOSSIBLE = 0.9  # median cycle work above this share of the period: the rate cannot be held
 _CYCLE_POLL_S = 0.001  # wait_cycles polls the count: nothing for the loop to signal, nothing it pays
 _MONO = time.monotonic
+PRIMARY_ARM = "follower"
+# The operator's intent picks between these two for the arms they drive (teleop, hold, idle:
+# the leader; policy: the policy); an arm assigned any other source keeps it.
+_INTENT_SOURCES = ("leader", "policy")
 
-__all__ = ["ArmLink", "ControlLoop", "CycleHook", "LeaderHook", "TargetSource"]
-
-
-@runtime_checkable
-class Configurable(Protocol):
-    """A follower whose servos need their SRAM settings written again after a power cycle."""
-
-    def configure(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Step 2's answer: the target for ``safety.update`` and what the hooks record as the raw one."""
-
-    target: np.ndarray | None  # None: nothing fresh (hold)
-    name: str  # "leader" or "policy", for the reason text
-    raw: np.ndarray | None  # the source's latest reading, fresh or not (the recorder's teleop action)
+__all__ = ["ArmLink", "ControlLoop", "CycleHook", "LeaderHook", "RecordHook", "TargetSource"]
 
 
 class ControlLoop:
     """Runs the cycle described in the module docstring on its own thread (``start``/``stop``).
 
-    ``leader`` may be None (policy-only or sim-only setups); ``follower`` is required.
+    ``leader`` may be None (policy-only or sim-only setups); ``follower`` is required: it is the
+    primary arm, named "follower".
     """
 
     def __init__(
@@ -130,77 +110,110 @@ class ControlLoop:
         self.spin_s = spin_s
         self.overlap_io = cfg.control.overlap_io
         self.stats = LoopStats()
+        self.worst_calls = WorstCalls()  # per source and hook: its longest single call
         c = cfg.control
         self.leader_link: ArmLink[LeaderArm] | None = (
             ArmLink("leader", leader, c.reconnect_backoff_min_s, c.reconnect_backoff_max_s)
             if leader is not None
             else None
         )
-        self.leader_source: LeaderSource | None = (
-            LeaderSource(self.leader_link, self.stats.leader_read, cfg.safety.leader_stale_s)
-            if self.leader_link is not None
-            else None
+        self.leader_source: LeaderSource | None = None
+        # the target sources by name; an arm names the one that drives it
+        self.sources: dict[str, SourceEntry] = {}
+        if self.leader_link is not None:
+            src = LeaderSource(self.leader_link, self.stats.leader_read, cfg.safety.leader_stale_s)
+            self.leader_source = src
+            self.sources["leader"] = SourceEntry("leader", src, lambda: src.units)
+        self.arms: list[DrivenArm] = []
+        self.primary = self._make_arm(
+            PRIMARY_ARM, follower, "leader", self.stats.follower_read, self.stats.follower_write
         )
-        self.follower_link: ArmLink[FollowerArm] = ArmLink(
-            "follower",
-            follower,
-            c.reconnect_backoff_min_s,
-            c.reconnect_backoff_max_s,
-            on_connect=self._follower_connected,
-        )
-        self.follower_kind = getattr(follower, "kind", "?")
-        self.params: SafetyParams | None = None
-        self.state = ControllerState()
+        self.arms.append(self.primary)
+        self.supervisor = Supervisor(cfg, self.period_s, self.stats, self.arms, self.leader_link, self.leader_source)
         # operator intent, changed only on the loop thread (through submit)
         self.intent: str = cfg.control.start_mode
         self.torque_wanted = True
-        self._clear_fault = False
-        # A fault that only a failed connect raised (some servos did not answer the handshake,
-        # e.g. still powering up, or one unplugged): once a connect succeeds every servo has
-        # answered and the arm has never moved since, so that latch clears by itself (alignment
-        # still comes first). A fault seen while the arm was running stays for the operator.
-        self._connect_fault = ""
-        self.policy_source: TargetSource | None = None
-        # latest readings
-        self.measured: np.ndarray | None = None
-        self.measured_at_s = -math.inf
-        self.target: np.ndarray | None = None
-        self.command: np.ndarray | None = None
-        self.health: ArmHealth | None = None
-        self.fault_now = ""
-        # A latched overload the re-arm could not clear: the operator must cycle the arm's power.
-        # Set by _recover_fault, cleared when the health read shows the latch gone (power cycled);
-        # the next re-arm then configures the servos again (a power cycle reset their SRAM).
-        self.power_cycle_required = ""
-        self._scene_resets_seen = -1  # the follower's scene-reset count at the last read (-1: none yet)
-        self._realign_pending = False  # a scene reset moved the follower: re-align next update
-        self._reconfigure = False
-        self._follower_ok = False  # this cycle's pose is the connected arm's and recent (step 3 -> 5)
-        self.rate_warning = ""  # set when the adapters make the configured rate impossible
         self.scheduling = "not started"  # the loop thread's own policy, read by that thread
-        self._next_rate_check_s = 0.0
-        self._next_health_s = 0.0
-        self._health_cost_s = 0.005
         # counters
         self.cycles = 0
         self.overruns = 0
         self.missed_cycles = 0
-        self.limited_cycles = 0
-        self.limit_hits = np.zeros(NUM_JOINTS, dtype=np.int64)  # cycles whose target lay outside a joint's limits
-        self.follower_errors = 0
         self.hook_errors = 0
-        self._follower_fail_since: float | None = None
-        self._missing_streak = 0
         self.started_at_s = _MONO()
-        self._prev_cycle_s: float | None = None
         # plumbing
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
         self._hooks: list[CycleHook] = []
+        self._record_hooks: list[RecordHook] = []
+        # "hook.<class>" per hook, for worst_calls (kept beside the lists: no name built per cycle)
+        self._hook_names: list[str] = []
+        self._record_hook_names: list[str] = []
         self._leader_hooks: list[LeaderHook] = []
         self.watchdog: Watchdog | None = None  # daemon.system.sd_notify.WatchdogGate when systemd watches us
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.stopped = threading.Event()
+
+    def _make_arm(
+        self, name: str, arm: FollowerArm, source: str, read_stats: RollingStats, write_stats: RollingStats
+    ) -> DrivenArm:
+        c = self.cfg.control
+        link: ArmLink[FollowerArm] = ArmLink(name, arm, c.reconnect_backoff_min_s, c.reconnect_backoff_max_s)
+        driven = DrivenArm(name, link, source, self.cfg, self.period_s, read_stats, write_stats)
+        link.on_connect = driven.on_connect
+        return driven
+
+    # ------------------------------------------------------------------ the primary arm (status, the service, tests)
+    @property
+    def follower_link(self) -> ArmLink[FollowerArm]:
+        return self.primary.link
+
+    @property
+    def state(self) -> ControllerState:
+        return self.primary.state
+
+    @property
+    def params(self) -> SafetyParams | None:
+        return self.primary.params
+
+    @property
+    def measured(self) -> np.ndarray | None:
+        return self.primary.measured
+
+    @property
+    def target(self) -> np.ndarray | None:
+        return self.primary.target
+
+    @property
+    def command(self) -> np.ndarray | None:
+        return self.primary.command
+
+    @property
+    def health(self) -> ArmHealth | None:
+        return self.primary.health
+
+    @property
+    def fault_now(self) -> str:
+        return self.primary.fault_now
+
+    @property
+    def power_cycle_required(self) -> str:
+        return self.primary.power_cycle_required
+
+    @property
+    def follower_errors(self) -> int:
+        return self.primary.errors
+
+    @property
+    def follower_kind(self) -> str:
+        return self.primary.kind
+
+    @property
+    def limited_cycles(self) -> int:
+        return self.primary.limited_cycles
+
+    @property
+    def rate_warning(self) -> str:
+        return self.supervisor.rate_warning
 
     # ------------------------------------------------------------------ the leader's reading
     @property
@@ -215,22 +228,102 @@ class ControlLoop:
     def leader_errors(self) -> int:
         return self.leader_source.errors if self.leader_source is not None else 0
 
+    # ------------------------------------------------------------------ arms and sources
+    def add_arm(self, name: str, arm: FollowerArm, source: str = "leader") -> DrivenArm:
+        """Drive another arm, named ``name``, from the source named ``source``. Before ``start``
+        it is connected with the others; on a running loop it joins at a cycle boundary and
+        connects on its own link's thread."""
+        if any(a.name == name for a in self.arms):
+            raise ValueError(f"an arm named {name!r} is driven already")
+        driven = self._make_arm(name, arm, source, RollingStats(), RollingStats())
+        if self._thread is None:
+            self.arms.append(driven)
+            return driven
+        self.call(lambda: self.arms.append(driven))
+        driven.link.start()
+        return driven
+
+    def add_source(
+        self, name: str, source: TargetSource, last_reading: Callable[[], np.ndarray | None] | None = None
+    ) -> None:
+        """Offer a target source under ``name`` (replacing one of that name); an arm follows it
+        once assigned (``assign``). ``last_reading``: what the recorder's teleop.action shows
+        while the source offers nothing fresh (default: the command sent)."""
+        if not isinstance(source, TargetSource):
+            raise TypeError(f"{source!r} is not a TargetSource (target(now, state) -> target or None)")
+        entry = SourceEntry(name, source) if last_reading is None else SourceEntry(name, source, last_reading)
+        self.sources = {**self.sources, name: entry}  # one reference swap: the loop never sees it half-made
+
+    def remove_source(self, name: str) -> None:
+        """Withdraw a source: arms assigned to it hold until assigned another."""
+        self.sources = {k: v for k, v in self.sources.items() if k != name}
+
+    def assign(self, arm: str, source: str) -> Future[None]:
+        """Switch ``arm`` to the source named ``source`` at the next cycle boundary (the only way
+        an arm changes source); the Future completes once applied. ValueError for an unknown arm
+        or source."""
+        driven = next((a for a in self.arms if a.name == arm), None)
+        if driven is None:
+            raise ValueError(f"no arm named {arm!r} (arms: {', '.join(a.name for a in self.arms)})")
+        if source not in self.sources:
+            raise ValueError(f"no source named {source!r} (sources: {', '.join(self.sources) or 'none'})")
+
+        def apply() -> None:
+            if driven.source_name != source:
+                log.info("%s: now driven by %s (was %s)", driven.name, source, driven.source_name)
+            driven.source_name = source
+
+        fut: Future[None] = Future()
+        self._commands.put((apply, fut))  # also on a loop stepped by hand: applied at its next cycle
+        return fut
+
+    def assignments(self) -> dict[str, str]:
+        """Which source drives which arm, now."""
+        return {a.name: a.source_name for a in self.arms}
+
+    @property
+    def policy_source(self) -> TargetSource | None:
+        entry = self.sources.get("policy")
+        return entry.source if entry is not None else None
+
+    @policy_source.setter
+    def policy_source(self, source: TargetSource | None) -> None:
+        """The policy's source for mode ``policy`` (None: no policy loaded; arms it drove hold)."""
+        if source is None:
+            self.remove_source("policy")
+        else:
+            self.add_source("policy", source)
+
     # ------------------------------------------------------------------ plumbing for others
-    def add_hook(self, hook: CycleHook | LeaderHook) -> None:
-        """Register a ``CycleHook`` (``on_cycle``), a ``LeaderHook`` (``on_leader``), or an object
-        that is both (daemon/control/seams.py)."""
-        is_cycle, is_leader = isinstance(hook, CycleHook), isinstance(hook, LeaderHook)
-        if not (is_cycle or is_leader):
-            raise TypeError(f"{hook!r} is neither a CycleHook (on_cycle) nor a LeaderHook (on_leader)")
-        if is_cycle:
+    def add_hook(self, hook: CycleHook | LeaderHook | RecordHook) -> None:
+        """Register a ``RecordHook`` (``on_record``), else a ``CycleHook`` (``on_cycle``), and/or a
+        ``LeaderHook`` (``on_leader``) (daemon/control/seams.py)."""
+        is_record, is_cycle, is_leader = (
+            isinstance(hook, RecordHook),
+            isinstance(hook, CycleHook),
+            isinstance(hook, LeaderHook),
+        )
+        if not (is_record or is_cycle or is_leader):
+            raise TypeError(
+                f"{hook!r} is neither a CycleHook (on_cycle), a LeaderHook (on_leader) nor a RecordHook (on_record)"
+            )
+        name = f"hook.{type(hook).__name__}"
+        if is_record:
+            self._record_hooks.append(hook)  # type: ignore[arg-type]  # narrowed by the isinstance above
+            self._record_hook_names.append(name)
+        elif is_cycle:
             self._hooks.append(hook)  # type: ignore[arg-type]  # narrowed by the isinstance above
+            self._hook_names.append(name)
         if is_leader:
             self._leader_hooks.append(hook)  # type: ignore[arg-type]  # narrowed by the isinstance above
 
-    def remove_hook(self, hook: CycleHook | LeaderHook) -> None:
-        for hooks in (self._hooks, self._leader_hooks):
+    def remove_hook(self, hook: CycleHook | LeaderHook | RecordHook) -> None:
+        for hooks, names in ((self._hooks, self._hook_names), (self._record_hooks, self._record_hook_names)):
             if hook in hooks:
-                hooks.remove(hook)  # type: ignore[arg-type]  # equality only: either list may hold it
+                i = hooks.index(hook)  # type: ignore[arg-type]  # equality only: any list may hold it
+                del hooks[i], names[i]
+        if hook in self._leader_hooks:
+            self._leader_hooks.remove(hook)
 
     def submit(self, fn: Callable[[], Any]) -> Future[Any]:
         """Run ``fn`` on the loop thread at the start of the next cycle; its result in the Future."""
@@ -273,92 +366,43 @@ class ControlLoop:
 
     # ------------------------------------------------------------------ operator actions (loop thread)
     def set_intent(self, intent: str) -> None:
-        """idle, hold, teleop or policy. Tracking intents clear a latched fault if it is gone."""
+        """idle, hold, teleop or policy. Tracking intents clear a latched fault if it is gone.
+        The arms driven by the leader or the policy follow the intent's source (the policy in
+        ``policy``, else the leader); an arm assigned another source keeps it."""
         if intent not in ("idle", "hold", "teleop", "policy"):
             raise ValueError(f"unknown mode {intent!r}")
         if intent == "policy" and self.policy_source is None:
             raise ValueError("no policy loaded")
         if intent in ("teleop", "policy"):
             self.torque_wanted = True
-            if self.state.fault:
-                self._recover_fault()
+            self._recover_faults()
+        wanted = "policy" if intent == "policy" else "leader"
+        for arm in self.arms:
+            if arm.source_name in _INTENT_SOURCES:
+                arm.source_name = wanted
         self.intent = intent
 
     def set_torque_wanted(self, on: bool) -> None:
         if not on:
             self.intent = "idle"
-        elif self.state.fault:
-            self._recover_fault()
+        else:
+            self._recover_faults()
         self.torque_wanted = on
 
-    def _recover_fault(self) -> None:
-        """Re-arm the follower after a fault (servos that cut torque need Torque_Enable again),
-        re-read its health, and let the next update clear the latch if the fault is gone."""
-        link = self.follower_link
-        if not link.connected:
-            raise RuntimeError("follower not connected")
-        arm = link.arm
-        try:
-            self._reconfigure_if_needed(arm)
-        except ArmError as exc:
-            raise RuntimeError(f"cannot configure the follower after its power cycle: {exc}") from exc
-        for attempt in range(3):  # a noisy bus may drop one of these few transactions: try again
-            try:
-                pose = arm.read_joints()
-                if self.params is not None:
-                    pose = np.clip(pose, self.params.lower, self.params.upper)
-                arm.write_goals(pose)
-                arm.set_torque(True)
-                # torque is back at the present pose: a fault that persists must hold *this* pose,
-                # not the one captured when it began (a joint may have moved while limp)
-                self.state = replace(self.state, torque_on=True, hold_pose=pose, command=pose)
-                self._read_health(_MONO())
-                break
-            except PortGoneError as exc:
-                raise RuntimeError(f"cannot re-arm the follower: {exc}") from exc
-            except OverloadLatchedError as exc:
-                # Not a bus hiccup and not cleared by another torque write: say exactly what helps.
-                self.power_cycle_required = str(exc)
-                self.fault_now = str(exc)
-                log.error("FOLLOWER FAULT: %s (waiting for the power cycle)", exc)
-                raise RuntimeError(str(exc)) from exc
-            except ArmError as exc:
-                if attempt == 2:
-                    raise RuntimeError(f"cannot re-arm the follower: {exc}") from exc
-        if self.fault_now:
-            raise RuntimeError(f"fault still present: {self.fault_now}")
-        self._clear_fault = True
-
-    def _reconfigure_if_needed(self, arm: FollowerArm) -> None:
-        """After a power cycle the servos' SRAM (Acceleration, Torque_Limit, Lock) is at its
-        power-on values: configure again before torque goes on."""
-        if self._reconfigure and isinstance(arm, Configurable):
-            arm.configure()
-            self._reconfigure = False
-            log.info("follower configured again after its power cycle")
+    def _recover_faults(self) -> None:
+        for arm in self.arms:
+            if arm.state.fault:
+                self.supervisor.recover_fault(arm)
 
     def apply_config(self, cfg: Config) -> None:
-        """Swap in a reloaded configuration (loop thread, between cycles). Only keys that are read
-        live take effect (daemon/config/reload.py decides which; the rest kept their running values)."""
+        """Swap in a reloaded configuration (loop thread, between cycles): see Supervisor.apply_config."""
         self.cfg = cfg
-        if self.params is not None:
-            self.params = SafetyParams.from_config(cfg.safety, self.params.lower, self.params.upper, self.period_s)
-        if self.leader_source is not None:
-            self.leader_source.stale_s = cfg.safety.leader_stale_s
-        for link in (self.leader_link, self.follower_link):
-            if link is not None:
-                link.backoff_min_s = cfg.control.reconnect_backoff_min_s
-                link.backoff_max_s = cfg.control.reconnect_backoff_max_s
-        self._next_health_s = 0.0
+        self.supervisor.apply_config(cfg)
 
     # ------------------------------------------------------------------ lifecycle
     def start_links(self) -> None:
         """Start connecting the arms (each on its link's thread), and the leader's read worker."""
-        if self.leader_link is not None and self.leader_source is not None:
-            self.leader_link.start()
-            if self.overlap_io:
-                self.leader_source.start_worker(on_start=self._set_realtime)
-        self.follower_link.start()
+        self.supervisor.start_links(self.overlap_io, on_worker_start=self._set_realtime)
 
     def start(self) -> None:
         if self._thread is not None:
@@ -376,50 +420,12 @@ class ControlLoop:
         return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop the loop; the follower's torque goes off or holds per ``follower.torque_off_on_shutdown``."""
+        """Stop the loop; the arms' torque goes off or holds per ``follower.torque_off_on_shutdown``."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
-        for link in (self.leader_link, self.follower_link):
-            if link is not None:
-                link.stop()
-        if self.leader_source is not None:
-            self.leader_source.stop()
-        self._shutdown_follower()
-        bus_cfg = getattr(self.follower_link.arm, "config", None)
-        if not self.cfg.follower.torque_off_on_shutdown and isinstance(bus_cfg, FollowerBusConfig):
-            # hold on shutdown: the driver's close() must not switch the torque off after all
-            bus_cfg.disable_torque_on_close = False
-        for link in (self.leader_link, self.follower_link):
-            if link is not None:
-                try:
-                    link.arm.close()
-                except Exception as exc:
-                    log.warning("%s: close failed: %s", link.name, exc)
+        self.supervisor.shutdown()
         self.stopped.set()
-
-    def _shutdown_follower(self) -> None:
-        link = self.follower_link
-        if not link.connected:
-            return
-        try:
-            if self.cfg.follower.torque_off_on_shutdown:
-                link.arm.set_torque(False)
-                log.info("follower torque off (shutdown)")
-            else:
-                pose = link.arm.read_joints()
-                if self.params is not None and np.all(np.isfinite(pose)):
-                    link.arm.write_goals(np.clip(pose, self.params.lower, self.params.upper))
-                log.info("follower holding its pose (shutdown)")
-        except Exception as exc:
-            log.error("follower shutdown action failed: %s", exc)
-
-    def _follower_connected(self, arm: FollowerArm) -> None:
-        lower, upper = arm.joint_limits()
-        self.params = SafetyParams.from_config(self.cfg.safety, lower, upper, self.period_s)
-        self.follower_kind = getattr(arm, "kind", self.follower_kind)
-        self._follower_fail_since = None
-        self._next_health_s = 0.0
 
     # ------------------------------------------------------------------ one cycle
     def cycle(self, now: float) -> None:
@@ -428,12 +434,19 @@ class ControlLoop:
         self._drain_commands()
         self._read(now)
         t_u = _MONO()
-        selection = self._select_target(now)
-        out = self._update(now, selection)
+        sources, intent, torque = self.sources, self.intent, self.torque_wanted
+        outs = []
+        for arm in self.arms:
+            arm.select(now, sources, self._count_hook_error, self.worst_calls, _MONO)
+            outs.append(arm.update(now, intent, torque))
         self.stats.update.add(_MONO() - t_u)
-        self._write(out)
-        self._call_hooks(now, selection, out)
+        for arm, out in zip(self.arms, outs):
+            arm.write(out, _MONO)
+        self._call_hooks(now, outs)
         self.cycles += 1
+
+    def _count_hook_error(self) -> None:
+        self.hook_errors += 1
 
     def _drain_commands(self) -> None:
         while True:
@@ -450,11 +463,11 @@ class ControlLoop:
 
     # ---- 1. read
     def _read(self, now: float) -> None:
-        """The leader (overlapped) and the follower; a fresh leader reading to the leader hooks."""
+        """The leader (overlapped) and the arms; a fresh leader reading to the leader hooks."""
         leader = self.leader_source
         started = leader.begin_read() if leader is not None else False
-        if self.follower_link.connected:
-            self._read_follower(now)
+        for arm in self.arms:
+            arm.read(now, _MONO)
         if leader is None:
             return
         if started:
@@ -468,206 +481,37 @@ class ControlLoop:
                     self.hook_errors += 1
                     _rl.error("hook.leader", "leader hook failed: %r", exc)
 
-    def _read_follower(self, now: float) -> None:
-        link = self.follower_link
-        t0 = _MONO()
-        try:
-            resets = link.arm.scene_resets()  # before the pose: see FollowerArm.scene_resets
-            pose = link.arm.read_joints()
-            if resets != self._scene_resets_seen:
-                if self._scene_resets_seen >= 0:
-                    self._realign_pending = True
-                    log.info("follower scene reset: re-aligning from the reset pose")
-                self._scene_resets_seen = resets
-        except Exception as exc:
-            self._follower_read_failed(exc, now)
-            return
-        self.stats.follower_read.add(_MONO() - t0)
-        self._follower_fail_since = None
-        self._missing_streak = 0
-        self.measured = pose
-        self.measured_at_s = now
-
-    def _follower_read_failed(self, exc: Exception, now: float) -> None:
-        self.follower_errors += 1
-        failure = classify_read_failure(exc)
-        if failure.silent_joints:
-            # a servo that stays silent over several cycles is a follower fault (hold or torque
-            # off per safety.on_fault), not just a bus hiccup the retries already covered
-            self._missing_streak += 1
-            if self._missing_streak >= MISSING_FAULT_CYCLES:
-                fault = failure.missing_fault()
-                if fault != self.fault_now:
-                    log.error("FOLLOWER FAULT: %s (reaction: %s)", fault, self.cfg.safety.on_fault)
-                self.fault_now = fault
-        if self._follower_fail_since is None:
-            self._follower_fail_since = now
-        failing_s = now - self._follower_fail_since
-        _rl.warning("follower.read", "follower read failed: %s", exc)
-        if read_failure_lost(failure, failing_s, self.cfg.safety.leader_stale_s):
-            reason = f"{type(exc).__name__}: {exc}" if failure.gone else f"no valid reply for {failing_s:.1f} s: {exc}"
-            self.follower_link.lost(reason)
-            self._follower_fail_since = None
-
-    def _read_health(self, now: float) -> None:
-        t0 = _MONO()
-        try:
-            self.health = health = self.follower_link.arm.read_health()
-        except ArmError as exc:
-            self.follower_errors += 1
-            _rl.warning("follower.health", "follower health read failed: %s", exc)
-            return
-        finally:
-            self._next_health_s = now + self.cfg.control.health_period_s
-        self._health_cost_s = 0.8 * self._health_cost_s + 0.2 * (_MONO() - t0)
-        safety = self.cfg.safety
-        verdict = judge_health(health, safety.fault_bits, safety.max_temperature_c, self.power_cycle_required)
-        if verdict.power_cycled:
-            log.warning("follower power cycle seen (%s cleared): resume when ready", self.power_cycle_required)
-            self.power_cycle_required = ""
-            self._reconfigure = True
-        fault = verdict.fault
-        if fault and fault != self.fault_now:
-            log.error("FOLLOWER FAULT: %s (reaction: %s)", fault, safety.on_fault)
-        elif not fault and self.fault_now:
-            log.warning("follower fault gone: %s", self.fault_now)
-        self.fault_now = fault
-
-    # ---- 2. select target
-    def _select_target(self, now: float) -> Selection:
-        """The policy in ``policy`` intent, else the leader. A source that raises counts as a hook
-        error and gives no target (hold): it never takes the loop down."""
-        policy = self.intent == "policy"
-        source: TargetSource | None = self.policy_source if policy else self.leader_source
-        name = "policy" if policy else "leader"
-        target = None
-        if source is not None and self.measured is not None:
-            try:
-                target = source.target(now, self.measured)
-            except Exception as exc:
-                self.hook_errors += 1
-                _rl.error(f"{name}.target", "%s target failed (holding): %r", name, exc)
-        # the recorder's teleop action is what the leader last said, even when too old to follow
-        raw = target if policy or self.leader_source is None else self.leader_source.units
-        self.target = target
-        return Selection(target, name, raw)
-
-    # ---- 3. update
-    def _update(self, now: float, sel: Selection) -> CycleOutput:
-        link = self.follower_link
-        # a pose measured before the link's last (re)connect is not this arm's pose any more (the
-        # connect thread may flip ``connected`` after this cycle's read was skipped)
-        self._follower_ok = follower_ok = (
-            link.connected
-            and self.measured is not None
-            and self.measured_at_s >= link.since_s
-            and (now - self.measured_at_s) <= max(0.5, self.cfg.safety.leader_stale_s * 5)
-        )
-        params = self.params
-        if params is None or not follower_ok:
-            # a fault seen just before the link went (a servo dropping off the bus) stays latched
-            fault = self.state.fault or self.fault_now or link.handshake_fault
-            if link.handshake_fault and not self.state.fault and not self.fault_now:
-                self._connect_fault = link.handshake_fault  # the latch comes from the handshake alone
-            out = disconnected(fault, "follower not connected" if not link.connected else "no follower pose")
-        else:
-            if self._connect_fault and self.state.fault == self._connect_fault and not self.fault_now:
-                log.info("follower: every servo answered the handshake now; cleared: %s", self._connect_fault)
-                self._clear_fault = True
-            self._connect_fault = ""
-            inputs = CycleInputs(
-                intent=self.intent,
-                torque_wanted=self.torque_wanted,
-                follower_ok=True,
-                measured=self.measured,
-                target=sel.target,
-                target_age_s=0.0 if sel.target is not None else math.inf,  # the source judged freshness
-                fault_now=self.fault_now,
-                clear_fault=self._clear_fault,
-                target_name=sel.name,
-                dt_s=(now - self._prev_cycle_s) if self._prev_cycle_s is not None else None,
-                realign=self._realign_pending,
-            )
-            out = update(self.state, inputs, params)
-            self._realign_pending = False
-        self._clear_fault = False
-        self._prev_cycle_s = now
-        prev_mode = self.state.mode
-        self.state = out.state
-        if out.limited:
-            self.limited_cycles += 1
-            if sel.target is not None and params is not None and np.shape(sel.target) == (NUM_JOINTS,):
-                # which joints the limits clamped (a few microseconds, only on limited cycles)
-                self.limit_hits += (sel.target < params.lower) | (sel.target > params.upper)
-        if out.state.mode != prev_mode:
-            self._log_mode_change(prev_mode, out.state)
-        return out
-
-    def _log_mode_change(self, prev_mode: str, st: ControllerState) -> None:
-        new = st.mode
-        if new == "fault":
-            lvl = logging.ERROR
-        elif new in ("disconnected", "hold") and self.intent != "hold":
-            lvl = logging.WARNING  # the operator did not ask for this
-        else:
-            lvl = logging.INFO
-        log.log(lvl, "mode %s -> %s (%s)", prev_mode, new, st.reason)
-
-    # ---- 4. write
-    def _write(self, out: CycleOutput) -> None:
-        if self.follower_link.connected and (out.torque is not None or out.command is not None):
-            t_w = _MONO()
-            self._write_follower(out)
-            if out.torque is None:  # torque switches (rare, several transactions) would skew the goal-write figures
-                self.stats.follower_write.add(_MONO() - t_w)
-        self.command = out.command
-
-    def _write_follower(self, out: CycleOutput) -> None:
-        arm = self.follower_link.arm
-        try:
-            if out.torque is True:
-                if self.power_cycle_required:
-                    # torque writes cannot clear a latched overload: do not hammer the bus
-                    raise OverloadLatchedError(self.power_cycle_required)
-                self._reconfigure_if_needed(arm)
-                # the goal register first, so enabling torque holds the pose instead of jumping
-                if self.measured is not None and self.params is not None:
-                    arm.write_goals(np.clip(self.measured, self.params.lower, self.params.upper))
-                arm.set_torque(True)
-                log.info("follower torque on")
-            elif out.torque is False:
-                arm.set_torque(False)
-                log.warning("follower torque off (%s)", out.state.reason)
-            if out.command is not None:
-                arm.write_goals(out.command)
-        except Exception as exc:
-            self.follower_errors += 1
-            if out.torque is not None:
-                self.state = replace(self.state, torque_on=None)  # unknown: ask again next cycle
-            kind = classify_write_failure(exc)
-            if kind == "latched":
-                if self.power_cycle_required != str(exc):
-                    log.error("FOLLOWER FAULT: %s (waiting for the power cycle)", exc)
-                self.power_cycle_required = self.fault_now = str(exc)
-            elif kind == "gone":
-                self.follower_link.lost(f"{type(exc).__name__}: {exc}")
-            else:
-                _rl.warning("follower.write", "follower write failed: %s", exc)
-
     # ---- 5. hooks
-    def _call_hooks(self, now: float, sel: Selection, out: CycleOutput) -> None:
-        measured = self.measured
-        if not self._hooks or measured is None or not self._follower_ok:
+    def _call_hooks(self, now: float, outs: list[CycleOutput]) -> None:
+        if not (self._hooks or self._record_hooks):
             return
-        t_h = _MONO()
-        action = out.command if out.command is not None else measured
-        raw = sel.raw if sel.raw is not None else action
-        for hook in self._hooks:
+        first = self.primary.record(outs[0])
+        if first is None:  # the primary arm's pose is not current: nothing to record or feed
+            return
+        t_h = t0 = _MONO()
+        worst = self.worst_calls
+        for hook, name in zip(self._hooks, self._hook_names):
             try:
-                hook.on_cycle(now, measured, action, raw)
+                hook.on_cycle(now, first.state_units, first.action_units, first.teleop_action_units)
             except Exception as exc:
                 self.hook_errors += 1
                 _rl.error("hook.cycle", "cycle hook failed: %r", exc)
+            t1 = _MONO()
+            worst.note(name, t1 - t0)
+            t0 = t1
+        if self._record_hooks:
+            arms = (first,) + tuple(r for r in (a.record(o) for a, o in zip(self.arms[1:], outs[1:])) if r is not None)
+            record = CycleRecord(now, arms)
+            t0 = _MONO()
+            for rhook, name in zip(self._record_hooks, self._record_hook_names):
+                try:
+                    rhook.on_record(record)
+                except Exception as exc:
+                    self.hook_errors += 1
+                    _rl.error("hook.record", "record hook failed: %r", exc)
+                t1 = _MONO()
+                worst.note(name, t1 - t0)
+                t0 = t1
         self.stats.hooks.add(_MONO() - t_h)
 
     # ------------------------------------------------------------------ thread body
@@ -683,12 +527,28 @@ class ControlLoop:
         now = current_policy()
         self.scheduling = now if prio <= 0 or now == f"fifo:{prio}" else f"{now} (fifo:{prio} refused)"
 
+    def _read_health_in_slack(self, end: float, deadline: float) -> float:
+        """Each arm's health in the slack, if it fits (else try again next cycle); once it is a
+        whole period overdue it is read anyway: a fault must never go unseen because the cycles
+        are tight (or because one slow read inflated the cost estimate). Returns the time now."""
+        period = self.cfg.control.health_period_s
+        for arm in self.arms:
+            due = arm.link.connected and end >= arm.next_health_s
+            if not due:
+                continue
+            overdue = end >= arm.next_health_s + period
+            if self.free_run or deadline - end > 1.5 * arm.health_cost_s or overdue:
+                arm.read_health(end, _MONO)
+                end = _MONO()
+        return end
+
     def _run(self) -> None:
         self._set_realtime()
         self._note_scheduling()
         period = self.period_s
         deadline = _MONO()
         last_start: float | None = None
+        supervisor = self.supervisor
         try:
             while not self._stop.is_set():
                 now = self._wait_until(deadline)
@@ -703,20 +563,12 @@ class ControlLoop:
                     self.watchdog.progress(end, healthy=True)
                 if self.free_run:
                     deadline = end
-                    if self.follower_link.connected and end >= self._next_health_s:
-                        self._read_health(end)
+                    self._read_health_in_slack(end, end)
                     continue
                 deadline += period
-                if end >= self._next_rate_check_s:
-                    self._check_rate(end)
-                # health in the slack, if it fits (else try again next cycle); once it is a whole
-                # period overdue it is read anyway: a fault must never go unseen because the
-                # cycles are tight (or because one slow read inflated the cost estimate)
-                due = self.follower_link.connected and end >= self._next_health_s
-                overdue = end >= self._next_health_s + self.cfg.control.health_period_s
-                if due and (deadline - end > 1.5 * self._health_cost_s or overdue):
-                    self._read_health(end)
-                    end = _MONO()
+                if end >= supervisor.next_rate_check_s:
+                    supervisor.check_rate(end)
+                end = self._read_health_in_slack(end, deadline)
                 if end > deadline:
                     self.overruns += 1
                     late = end - deadline
@@ -745,37 +597,6 @@ class ControlLoop:
                 if fut.set_running_or_notify_cancel():
                     fut.set_exception(RuntimeError("control loop stopped"))
 
-    def _check_rate(self, now: float) -> None:
-        """Say clearly (status + log) when the arms' round trips make the configured rate
-        impossible (an FTDI adapter on its default 16 ms latency timer), and when that passes."""
-        self._next_rate_check_s = now + _RATE_CHECK_S
-        cycle = self.stats.cycle.summary()
-        if cycle.window < 50:
-            return
-        period_ms = self.period_s * 1000.0
-        if cycle.p50 * 1000.0 <= _RATE_IMPOSSIBLE * period_ms:
-            if self.rate_warning:
-                log.info("control rate achievable again (cycle p50 %.1f ms)", cycle.p50 * 1000.0)
-            self.rate_warning = ""
-            return
-        parts = []
-        for link, stage in ((self.follower_link, self.stats.follower_read), (self.leader_link, self.stats.leader_read)):
-            if link is None:
-                continue
-            p50 = stage.summary().p50 * 1000.0
-            bus = getattr(link.arm, "bus", None)
-            timer = getattr(bus, "latency_timer_ms", None)
-            hint = f", FTDI latency_timer {timer} ms" if timer else ""
-            parts.append(f"{link.name} reads {p50:.1f} ms (p50{hint})")
-        warning = (
-            f"{self.cfg.control.rate_hz:g} Hz is impossible here: a cycle takes {cycle.p50 * 1000.0:.1f} ms (p50) of "
-            f"its {period_ms:.1f} ms period ({'; '.join(parts)}). On an FTDI adapter set latency_timer to 1 "
-            "(the udev rule of `so101d install-service`), or lower control.rate_hz"
-        )
-        if not self.rate_warning:
-            log.warning("%s", warning)
-        self.rate_warning = warning
-
     def _wait_until(self, deadline: float) -> float:
         if self.free_run:
             return _MONO()
@@ -790,61 +611,73 @@ class ControlLoop:
         return now
 
     # ------------------------------------------------------------------ status (any thread)
-    def _link_snapshot(self, link: ArmLink[Any], now: float) -> LinkSnapshot:
-        counters = getattr(link.arm, "counters", None)  # bus arms keep BusCounters; a simulator none
+    @staticmethod
+    def _link_snapshot(link: ArmLink[Any], now: float) -> LinkSnapshot:
+        diag = link.arm.diagnostics()
+        counters = diag.counters
+        nxt = link.next_try_s
         return LinkSnapshot(
             connected=link.connected,
-            port=getattr(link.arm, "port", None),
+            port=link.port,
             connected_for_s=now - link.since_s,
             connects=link.connects,
             losses=link.losses,
             last_error=link.last_error,
-            configure_warnings=tuple(getattr(link.arm, "configure_warnings", ()) or ()),
+            configure_warnings=diag.configure_warnings,
             bus_counters=None if counters is None else {k: getattr(counters, k) for k in BUS_COUNTER_KEYS},
+            missing_servos=link.missing,
+            next_try_in_s=None if link.connected or nxt is None else max(0.0, nxt - now),
+            waiting=link.waiting_text(now),
         )
 
     def snapshot(self) -> LoopSnapshot:
         """Everything ``status`` shows, copied now (plain attributes: lock-free, from any thread)."""
-        st = self.state
+        primary = self.primary
+        st = primary.state
         now = _MONO()
         stages = self.stats.summaries_ms()
         period = stages["period"]
-        health = self.health
+        health = primary.health
         leader = self.leader_source
         return LoopSnapshot(
             mode=st.mode,
             intent=self.intent,
             reason=st.reason,
-            fault=fault_text(st.fault or self.fault_now, self.power_cycle_required),
+            fault=fault_text(st.fault or primary.fault_now, primary.power_cycle_required),
             fault_latched=st.fault,
-            fault_now=self.fault_now,
+            fault_now=primary.fault_now,
             torque_wanted=self.torque_wanted,
-            follower_kind=self.follower_kind,
+            follower_kind=primary.kind,
             uptime_s=now - self.started_at_s,
             rate_hz_target=self.cfg.control.rate_hz,
             rate_hz=(1000.0 / period["mean"]) if period["mean"] else 0.0,
             cycles=self.cycles,
             overruns=self.overruns,
             missed_cycles=self.missed_cycles,
-            limited_cycles=self.limited_cycles,
-            limit_hits=tuple(int(c) for c in self.limit_hits),
+            limited_cycles=primary.limited_cycles,
+            limit_hits=tuple(int(c) for c in primary.limit_hits),
             leader_errors=self.leader_errors,
-            follower_errors=self.follower_errors,
+            follower_errors=primary.errors,
             hook_errors=self.hook_errors,
             overlap_io=leader is not None and leader.overlapped,
-            rate_warning=self.rate_warning,
+            rate_warning=self.supervisor.rate_warning,
             scheduling=self.scheduling,
-            power_cycle_required=self.power_cycle_required,
+            power_cycle_required=primary.power_cycle_required,
             safety_config={k: getattr(self.cfg.safety, k) for k in SAFETY_CONFIG_KEYS},
             timing_ms=stages,
             leader=self._link_snapshot(self.leader_link, now) if self.leader_link is not None else None,
-            follower=self._link_snapshot(self.follower_link, now),
+            follower=self._link_snapshot(primary.link, now),
             leader_age_s=now - self.leader_read_at_s,
             leader_units=self.leader_units,
-            follower_units=self.measured,
-            command_units=self.command,
+            follower_units=primary.measured,
+            command_units=primary.command,
             health=health,
             health_age_s=None if health is None or not health.read_at_s else now - health.read_at_s,
+            worst_calls_ms=self.worst_calls.as_ms(),
+            arms=tuple(
+                ArmSnapshot(a.name, a.source_name, a.state.mode, a.state.reason, a.kind, a.link.connected)
+                for a in self.arms
+            ),
         )
 
     def status(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ cost microseconds and never block.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -32,6 +33,39 @@ class CycleHook(Protocol):
     def on_cycle(
         self, now_monotonic_s: float, state_units: np.ndarray, action_units: np.ndarray, teleop_action_units: np.ndarray
     ) -> None: ...
+
+
+@dataclass(frozen=True)
+class ArmRecord:
+    """One arm's part of a cycle: its measured state, the command sent, the raw target (the
+    source's reading before safety) and the name of the source that drove it."""
+
+    arm: str  # "follower"; "left", "right" on a bimanual bench
+    source: str  # "leader", "policy", or any source the loop was given (``ControlLoop.add_source``)
+    state_units: np.ndarray
+    action_units: np.ndarray
+    teleop_action_units: np.ndarray
+
+
+@dataclass(frozen=True)
+class CycleRecord:
+    """What a ``RecordHook`` gets each cycle: every arm whose pose is current, in the loop's arm
+    order (the first is the primary arm, the one a single-arm dataset records)."""
+
+    now_monotonic_s: float
+    arms: tuple[ArmRecord, ...]
+
+    def sources_text(self) -> str:
+        """Who drove what, as one short string: ``follower=leader`` (``left=policy,right=leader``)."""
+        return ",".join(f"{a.arm}={a.source}" for a in self.arms)
+
+
+@runtime_checkable
+class RecordHook(Protocol):
+    """Called every cycle in which the primary arm's pose is current, with the whole record (the
+    recorder). An object that is a RecordHook gets only this call, not ``on_cycle``."""
+
+    def on_record(self, record: CycleRecord) -> None: ...
 
 
 @runtime_checkable

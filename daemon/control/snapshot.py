@@ -33,6 +33,21 @@ class LinkSnapshot:
     last_error: str
     configure_warnings: tuple[str, ...]
     bus_counters: dict[str, int] | None  # None: the arm keeps no bus counters (a simulator)
+    missing_servos: tuple[str, ...] = ()  # joints silent at the last (re)connect attempt or probe
+    next_try_in_s: float | None = None  # while reconnecting: seconds to the next full attempt
+    waiting: str = ""  # while not connected: what is missing, on which port, when the next try is
+
+
+@dataclass(frozen=True)
+class ArmSnapshot:
+    """One driven arm: which source drives it and what it does."""
+
+    name: str
+    source: str
+    mode: str
+    reason: str
+    kind: str
+    connected: bool
 
 
 @dataclass(frozen=True)
@@ -72,6 +87,8 @@ class LoopSnapshot:
     command_units: np.ndarray | None
     health: ArmHealth | None
     health_age_s: float | None
+    arms: tuple[ArmSnapshot, ...] = ()
+    worst_calls_ms: dict[str, float] | None = None  # per source and hook: its longest single call
 
 
 def _joints(v: np.ndarray | None) -> dict[str, float] | None:
@@ -90,6 +107,16 @@ def _link(link: LinkSnapshot | None) -> dict[str, Any] | None:
         "last_error": link.last_error,
         "configure_warnings": list(link.configure_warnings),
         "bus": None if link.bus_counters is None else dict(link.bus_counters),
+        "missing_servos": list(link.missing_servos),
+        "next_try_in_s": None if link.next_try_in_s is None else round(link.next_try_in_s, 3),
+        "waiting": link.waiting,
+    }
+
+
+def _arms(arms: Sequence[ArmSnapshot]) -> dict[str, dict[str, Any]]:
+    return {
+        a.name: {"source": a.source, "mode": a.mode, "reason": a.reason, "kind": a.kind, "connected": a.connected}
+        for a in arms
     }
 
 
@@ -153,6 +180,11 @@ def render_status(s: LoopSnapshot) -> dict[str, Any]:
             "command": _joints(s.command_units),
         },
         "servos": _servos(s.health),
-        "missing_servos": list(s.health.missing) if s.health is not None else [],
+        # the health read's silent servos, else (while reconnecting) those the link found missing
+        "missing_servos": list(s.health.missing)
+        if s.health is not None and s.health.missing
+        else list(s.follower.missing_servos),
         "health_age_s": None if s.health_age_s is None else round(s.health_age_s, 3),
+        "arms": _arms(s.arms),
+        "worst_calls_ms": dict(s.worst_calls_ms or {}),
     }

@@ -117,3 +117,31 @@ class LoopStats:
     def reset(self) -> None:
         for s in self.stages.values():
             s.reset()
+
+
+CALL_BUDGET_S = 0.001  # no single call the loop makes into a source or a hook may take longer
+
+
+class WorstCalls:
+    """The longest single call the loop made into each target source and hook, by name
+    ("source.leader", "hook.Recorder"), and how many calls went over ``CALL_BUDGET_S``.
+
+    Written by the loop thread only (a dict lookup and a compare per call); read by status and
+    the benchmarks from any thread (a copy)."""
+
+    def __init__(self) -> None:
+        self.worst_s: dict[str, float] = {}
+        self.over_budget: dict[str, int] = {}
+
+    def note(self, name: str, took_s: float) -> None:
+        if took_s > self.worst_s.get(name, 0.0):
+            self.worst_s[name] = took_s
+        if took_s > CALL_BUDGET_S:
+            self.over_budget[name] = self.over_budget.get(name, 0) + 1
+
+    def as_ms(self) -> dict[str, float]:
+        return {name: round(s * 1000.0, 4) for name, s in sorted(self.worst_s.copy().items())}
+
+    def reset(self) -> None:
+        self.worst_s = {}
+        self.over_budget = {}

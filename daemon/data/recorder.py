@@ -26,8 +26,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from daemon.control.seams import CycleRecord
 from daemon.data.ring import KIND_DISCARD, KIND_FRAME, KIND_SAVE, KIND_START, TASK_BYTES, Ring
-from daemon.data.schema import DEFAULT_FPS
+from daemon.data.schema import DEFAULT_FPS, SOURCE_BYTES
 from daemon.data.store import (
     DatasetMismatchError,
     DroppedEpisode,
@@ -461,15 +462,23 @@ class Recorder:
         self._listeners.append(fn)
 
     # -- the loop's hook ---------------------------------------------------------------------------
+    def on_record(self, record: CycleRecord) -> None:
+        """The loop's RecordHook (daemon/control/seams.py), every control cycle: the primary arm's
+        state, command and raw target, and who drove every arm (the ``so101d.source`` column)."""
+        arm = record.arms[0]
+        source = record.sources_text() if self._phase == RECORDING else ""  # a join of a few words
+        self.on_cycle(record.now_monotonic_s, arm.state_units, arm.action_units, arm.teleop_action_units, source)
+
     def on_cycle(
         self,
         now_monotonic_s: float,
         state_units: np.ndarray,
         action_units: np.ndarray,
         teleop_action_units: np.ndarray | None,
+        source: str = "",
     ) -> None:
-        """The loop's CycleHook (daemon/control/seams.py), every control cycle. Never blocks: at
-        most a few vector copies and a deque append."""
+        """One control cycle's sample (``on_record`` passes the loop's; tests and benchmarks call
+        it directly). Never blocks: at most a few vector copies and a deque append."""
         if self._virtual:
             snapshot = np.array(state_units, dtype=np.float64)
             for cam in self._virtual:
@@ -491,7 +500,7 @@ class Recorder:
             while self._next_grid_s <= now_monotonic_s:
                 k = self._frame_index
                 self._q.append(
-                    (KIND_FRAME, self._seq, k, k / self.cfg.fps, now_monotonic_s, state, action, teleop, frames)
+                    (KIND_FRAME, self._seq, k, k / self.cfg.fps, now_monotonic_s, state, action, teleop, frames, source)
                 )
                 self._frame_index += 1
                 self._next_grid_s = self._t0 + self._frame_index / self.cfg.fps
@@ -915,7 +924,8 @@ class Recorder:
                         self._handed_over.notify_all()
 
     def _fill_frame(self, ring: Ring, rec: np.ndarray, item: tuple) -> None:
-        _, _, k, grid, now, state, action, teleop, frames = item
+        _, _, k, grid, now, state, action, teleop, frames, source = item
+        rec["source"] = source.encode("ascii", "replace")[:SOURCE_BYTES]
         rec["frame_index"] = k
         rec["grid_s"] = grid
         rec["taken_s"] = time.monotonic()

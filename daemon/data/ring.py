@@ -45,6 +45,7 @@ RECORD_DTYPE = np.dtype(
         ("teleop", np.float32, (6,)),
         ("cam_capture_s", np.float64, (MAX_CAMERAS,)),  # NaN: no image yet
         ("cam_seq", np.int64, (MAX_CAMERAS,)),
+        ("source", "S64"),  # FRAME: who drove the arms (schema.SOURCE_KEY), ASCII
         ("task", f"S{TASK_BYTES}"),  # START: the task text; SAVE: the tag extras as JSON (or empty)
     ]
 )

@@ -13,6 +13,10 @@ Features:
                          Identical to ``action`` whenever safety did not intervene.
 - ``observation.images.<camera>``  video, one per configured camera.
 
+- ``so101d.source``   who drove the arms at that frame: ``follower=leader``, ``follower=policy``
+                     (``left=policy,right=leader`` on two arms); a per-frame string, like the
+                     tag, so a correction handed from the policy to the operator and back inside
+                     one episode can be found frame by frame.
 - ``so101d.episode``  the episode's tag (``EpisodeTag`` as JSON, without its index), the same
                      string on every frame of the episode.
 
@@ -48,6 +52,10 @@ TELEOP_ACTION_KEY = "teleop.action"
 IMAGE_KEY_PREFIX = "observation.images."
 EPISODE_TAGS_FILE = "meta/so101d_episodes.jsonl"
 TAG_KEY = "so101d.episode"
+SOURCE_KEY = "so101d.source"
+SOURCE_BYTES = 64  # the ring's field for it: "follower=leader" and its two-arm forms fit
+# Our string columns a dataset may lack (recorded before they existed): never a mismatch.
+OPTIONAL_KEYS = (TAG_KEY, SOURCE_KEY)
 # The columns every LeRobot dataset has; never ours to configure.
 LEROBOT_AUTO_KEYS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
@@ -72,6 +80,7 @@ def dataset_features(cameras: dict[str, tuple[int, int]]) -> dict[str, dict[str,
         ACTION_KEY: joint_feature(),
         TELEOP_ACTION_KEY: joint_feature(),
         TAG_KEY: tag_feature(),
+        SOURCE_KEY: tag_feature(),
     }
     for name, (height, width) in sorted(cameras.items()):
         features[IMAGE_KEY_PREFIX + name] = camera_feature(height, width)
@@ -81,10 +90,11 @@ def dataset_features(cameras: dict[str, tuple[int, int]]) -> dict[str, dict[str,
 def feature_differences(expected: dict[str, dict[str, Any]], actual: dict[str, dict[str, Any]]) -> list[str]:
     """Readable list of differences between the configured features (``expected``) and a
     dataset's (``actual``); LeRobot's auto-added keys are ignored, and so is a missing tag
-    column: a dataset recorded before it existed gains it on open (daemon/data/tags.py)."""
+    column (a dataset recorded before it existed gains it on open, daemon/data/tags.py) or source
+    column (such a dataset is recorded on without one)."""
     diffs: list[str] = []
     for key in sorted(set(expected) | set(actual)):
-        if key in LEROBOT_AUTO_KEYS or (key == TAG_KEY and key not in actual):
+        if key in LEROBOT_AUTO_KEYS or (key in OPTIONAL_KEYS and key not in actual):
             continue
         if key not in actual:
             diffs.append(f"feature {key!r} is configured but not in the dataset")

@@ -73,8 +73,8 @@ class SimEpisodeHook:
         seed_error = self._seed_error()
         if seed_error:
             notes.append(f"sim seed recording failed: {seed_error}")
-        mapping = getattr(self.follower, "sim_mapping", None)
-        if isinstance(mapping, str):  # which leader -> sim mapping drove this episode
+        mapping = self.follower.sim_mapping
+        if mapping is not None:  # which leader -> sim mapping drove this episode
             notes.append(f"sim_mapping: {mapping}")
         return verdict, notes
 

@@ -107,6 +107,7 @@ from daemon.data.schema import (
     EPISODE_TAGS_FILE,
     IMAGE_KEY_PREFIX,
     ROBOT_TYPE,
+    SOURCE_KEY,
     STATE_KEY,
     TAG_KEY,
     TELEOP_ACTION_KEY,
@@ -619,6 +620,8 @@ class DatasetStore:
                 ACTION_KEY: np.asarray(rows["action"], np.float32),
                 TELEOP_ACTION_KEY: np.asarray(rows["teleop"], np.float32),
             }
+            # who drove the arms, per frame (a staged episode from before the column: unknown)
+            sources = [str(v) for v in rows["source"]] if "source" in rows.files else [""] * n
         # the columns LeRobot's save_episode adds (dataset_writer.save_episode)
         buf["timestamp"] = (np.arange(n) / self.cfg.fps).astype(np.float32)
         buf["frame_index"] = np.arange(n)
@@ -627,6 +630,8 @@ class DatasetStore:
         buf["task_index"] = np.full((n,), task_index)
         # the tag on every frame: LeRobot's editing tools carry data columns, nothing else of ours
         buf[TAG_KEY] = [tag_to_cell(tag)] * n
+        if SOURCE_KEY in state.features:  # a dataset recorded before the column goes on without it
+            buf[SOURCE_KEY] = sources
         ep_stats = _episode_stats(buf, state.features)
         table = _data_table(buf, state.hf_features)
 

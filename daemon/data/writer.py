@@ -178,6 +178,7 @@ class EpisodeBuild:
         for e in self.encoders:
             e.start()
         self.rows: dict[str, list[np.ndarray]] = {"state": [], "action": [], "teleop": []}
+        self.sources: list[str] = []  # per frame: who drove the arms (schema.SOURCE_KEY)
         self.grid_s: list[float] = []
         self.state_offset_s: list[float] = []
         self.cam_offset_s: list[list[float]] = []  # capture - grid, per camera (NaN: no image)
@@ -233,6 +234,7 @@ class EpisodeBuild:
         self.rows["state"].append(rec["state"][0].copy())
         self.rows["action"].append(rec["action"][0].copy())
         self.rows["teleop"].append(rec["teleop"][0].copy())
+        self.sources.append(bytes(rec["source"][0]).decode("ascii", "replace"))
         self.grid_s.append(grid)
         self.state_offset_s.append(state_s - t_grid)
         self.cam_offset_s.append(offsets)
@@ -256,6 +258,7 @@ class EpisodeBuild:
             state=np.asarray(self.rows["state"], np.float32).reshape(n, 6),
             action=np.asarray(self.rows["action"], np.float32).reshape(n, 6),
             teleop=np.asarray(self.rows["teleop"], np.float32).reshape(n, 6),
+            source=np.asarray(self.sources, dtype=str).reshape(n),
         )
         np.savez(
             self.dir / "timing.npz",

@@ -14,9 +14,8 @@ move the arm the policy just positioned; instead the *leader* is brought to the 
 ``Takeover.step(now_s, follower_pose_units)`` advances the machine by one tick (call it at
 ~50 Hz); it never raises: bus errors put it in ``failed`` with the leader released.
 
-The leader needs ``set_torque(bool)``, ``write_goals(units)`` and ``read_joints()``.
-``LeaderActuator`` provides them for a FeetechLeader through the agreed FeetechBus interface
-until the driver grows them itself.
+The leader needs ``set_torque(bool)``, ``write_goals(units)`` and ``read_joints()``
+(``TakeoverLeader``); our Feetech leader has them (``LeaderActuator`` is its name for the part).
 """
 
 from __future__ import annotations
@@ -24,11 +23,11 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from calibration.conventions import GRIPPER_INDEX, JOINT_IDS, JOINT_NAMES, NUM_JOINTS, units_to_ticks
+from calibration.conventions import GRIPPER_INDEX, NUM_JOINTS
 
 log = logging.getLogger("so101d.policy.takeover")
 
@@ -137,42 +136,18 @@ class Takeover:
 
 
 class LeaderActuator:
-    """set_torque / write_goals / read_joints for a FeetechLeader, over its FeetechBus.
+    """The leader as the take-over drives it: its own ``set_torque``, ``write_goals`` (LeRobot
+    units, clamped by the driver to the calibrated range) and ``read_joints`` (our Feetech leader
+    has all three; a leader behind a sim mapping hands them to the leader it wraps)."""
 
-    Uses the leader's own methods when it has them; otherwise the agreed bus interface
-    (``sync_write("Goal_Position")``, ``write("Torque_Enable")``, ``write("Lock")``) with the
-    leader's calibration. Goals are clamped to the leader's calibrated range.
-    """
-
-    def __init__(self, leader: Any):
+    def __init__(self, leader: TakeoverLeader):
         self.leader = leader
 
     def read_joints(self) -> np.ndarray:
         return self.leader.read_joints()
 
     def set_torque(self, enabled: bool) -> None:
-        own = getattr(self.leader, "set_torque", None)
-        if callable(own):
-            own(enabled)
-            return
-        bus = self.leader.bus
-        if enabled:
-            present = self.leader.read_joints_ticks()
-            bus.sync_write("Goal_Position", {JOINT_IDS[n]: int(present[i]) for i, n in enumerate(JOINT_NAMES)})
-            for n in JOINT_NAMES:
-                bus.write("Torque_Enable", JOINT_IDS[n], 1)
-        else:
-            for n in JOINT_NAMES:
-                bus.write("Torque_Enable", JOINT_IDS[n], 0)
+        self.leader.set_torque(enabled)
 
     def write_goals(self, goals_units: np.ndarray) -> None:
-        own = getattr(self.leader, "write_goals", None)
-        if callable(own):
-            own(goals_units)
-            return
-        cal = self.leader.calibration
-        ticks = units_to_ticks(np.asarray(goals_units, dtype=np.float64), cal)
-        lo = np.array([cal[n].range_min for n in JOINT_NAMES])
-        hi = np.array([cal[n].range_max for n in JOINT_NAMES])
-        ticks = np.clip(ticks, lo, hi)
-        self.leader.bus.sync_write("Goal_Position", {JOINT_IDS[n]: int(ticks[i]) for i, n in enumerate(JOINT_NAMES)})
+        self.leader.write_goals(goals_units)

@@ -26,6 +26,7 @@ from daemon.data.schema import (
     DEFAULT_FPS,
     IMAGE_KEY_PREFIX,
     ROBOT_TYPE,
+    SOURCE_KEY,
     STATE_KEY,
     TAG_KEY,
     TELEOP_ACTION_KEY,
@@ -106,6 +107,7 @@ def _write_synthetic(
                 ACTION_KEY: action,
                 TELEOP_ACTION_KEY: action,
                 TAG_KEY: tag,
+                SOURCE_KEY: "follower=leader",
                 "task": "synthetic",
             }
             for name, (h, w) in cameras.items():

@@ -9,8 +9,6 @@ does). Everything the recorder needs from the daemon goes through the declared c
 from __future__ import annotations
 
 import logging
-import os
-import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -20,6 +18,7 @@ from daemon.config.settings import RecordingConfig
 from daemon.data.recorder import Recorder, RecorderConfig, RecordingError
 from daemon.service.cameras import CameraEpisodeHook, build_cameras, configured_size, sim_camera_factory
 from daemon.service.context import DaemonContext, HasContext, context_of
+from drivers.arm_interface import FollowerArm
 from drivers.cameras import Camera
 
 log = logging.getLogger("so101d.recording")
@@ -52,42 +51,11 @@ def _success_arg(req: dict[str, Any]) -> bool | None:
     raise ValueError(f'"success" must be true, false or null, got {v!r}')
 
 
-@runtime_checkable
-class NamesItsDataset(Protocol):
-    """A follower that says which dataset kind its episodes are (the sim follower: "sim-mujoco",
-    "sim-leisaac" once the simulator said hello)."""
-
-    @property
-    def dataset_kind(self) -> str: ...
-
-
-# Unix98 pseudo-terminal slaves (/dev/pts/N) have device majors 136..143 (the kernel's
-# Documentation/admin-guide/devices.txt); a USB serial adapter (ttyACM 166, ttyUSB 188) never does.
-_PTY_SLAVE_MAJORS = range(136, 144)
-
-
-def is_pseudo_terminal(port: str) -> bool:
-    """The port is a pseudo-terminal (our bus emulator, `so101d emulate`), by its device number."""
-    try:
-        st = os.stat(port)  # follows the emulator's link to its /dev/pts/N
-    except OSError:
-        return False
-    return stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) in _PTY_SLAVE_MAJORS
-
-
-def follower_dataset_kind(follower: object) -> str:
-    """The EpisodeTag follower_kind: the sim's ("sim-mujoco", "sim-leisaac"), "emulated" for a
-    Feetech follower on a pseudo-terminal (our bus emulator; a real USB adapter never is one),
-    else "feetech"."""
-    if isinstance(follower, NamesItsDataset):
-        kind = follower.dataset_kind
-        if isinstance(kind, str) and kind:
-            return kind
-    base = str(getattr(follower, "kind", None) or "feetech")
-    port = getattr(follower, "port", None)
-    if base == "feetech" and isinstance(port, str) and is_pseudo_terminal(port):
-        return "emulated"
-    return base
+def follower_dataset_kind(follower: FollowerArm) -> str:
+    """The EpisodeTag follower_kind, as the follower declares it (``FollowerArm.dataset_kind``):
+    the sim's ("sim-mujoco", "sim-leisaac"), "emulated" for a Feetech follower on our bus
+    emulator, else "feetech"."""
+    return follower.dataset_kind
 
 
 def _origin_arg(req: dict[str, Any]) -> str | None:

@@ -94,10 +94,10 @@ def make_follower(cfg: Config) -> FollowerArm:
     if kind == "sim":
         from drivers.sim_follower import SimFollower
 
-        follower = SimFollower(cfg.follower.endpoint, staleness_s=cfg.follower.stale_timeout_s)
-        # named in every sim episode's tag notes (daemon/data/sim_episodes.py reads it)
-        follower.sim_mapping = cfg.follower.sim_mapping  # type: ignore[attr-defined]  # set here, not a SimFollower field
-        return follower
+        # the mapping is named in every sim episode's tag notes (daemon/data/sim_episodes.py)
+        return SimFollower(
+            cfg.follower.endpoint, staleness_s=cfg.follower.stale_timeout_s, sim_mapping=cfg.follower.sim_mapping
+        )
     raise StartupError(f"follower.kind: {kind!r} is not available in this build")
 
 
@@ -106,7 +106,7 @@ def mapped_leader(leader: LeaderArm, cfg: Config) -> LeaderArm:
     ``drivers.leader_mapping``); its calibration is the leader's own."""
     from drivers.leader_mapping import LeisaacMappedLeader
 
-    cal = getattr(leader, "calibration", None) or load_arm_calibration(cfg, "leader")
+    cal = leader.calibration or load_arm_calibration(cfg, "leader")
     return LeisaacMappedLeader(leader, cal, cfg.follower.sim_mapping)
 
 
@@ -252,6 +252,10 @@ class Daemon:
             raise RequestError(str(exc)) from None
         except TimeoutError:
             raise RequestError("control loop did not answer within 3 s") from None
+        waiting = self.loop.follower_link.waiting_text(time.monotonic())
+        if mode == "disconnected" and waiting:
+            # accepted with no fault latched (a lost port): the loop carries it out once the arm is back
+            message = f"{message}, once the follower is back ({waiting})"
         return {"message": message, "mode": mode}
 
     def _hold_call(self, held: str) -> dict[str, Any]:
@@ -309,8 +313,8 @@ class Daemon:
         self._start_rerun()
         log.info(
             "daemon started: leader %s, follower %s (%s), %.0f Hz, socket %s",
-            getattr(self.leader, "port", "?"),
-            getattr(self.follower, "port", getattr(self.follower, "endpoint", "?")),
+            self.leader.port if self.leader is not None else "none",
+            self.follower.port,
             self.cfg.follower.kind,
             self.cfg.control.rate_hz,
             self.socket_path,
@@ -380,8 +384,8 @@ class Daemon:
         # --- end of the policy hook
         rl = self.cfg.leisaac_remote_leader
         if rl.enabled:
-            cal = getattr(self.leader, "calibration", None)  # our Feetech leaders keep theirs
-            if not isinstance(cal, ArmCalibration):
+            cal = self.leader.calibration if self.leader is not None else None
+            if cal is None:
                 raise StartupError("leisaac_remote_leader: the leader has no calibration to normalise with")
             pub = LeisaacRemoteLeaderPublisher(rl.bind)
             try:
