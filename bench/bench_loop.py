@@ -13,21 +13,13 @@ servos do not share a GIL. Measured side by side in one run:
    and ours / LeRobot's as ratios;
 4. our loop at 100 Hz: period jitter p50/p99/max.
 
-Targets (issue 3): overhead p50 <= 0.2 ms; free-running rate >= 80 % of the wire-time limit;
+Targets: overhead p50 <= 0.2 ms; free-running rate >= 80 % of the wire-time limit;
 p99 jitter at 100 Hz <= 1 ms. The machine is shared, so numbers vary between runs; the ratios are
 measured in one run on the same emulator.
 
     .venv/bin/python bench/bench_loop.py [--seconds 3]
 
-Measured here (2 shared cores, load average 4 to 15 from other jobs; four runs, 3 s each):
-- overhead beyond bus I/O p50 0.07 to 0.09 ms (target 0.2);
-- free-running: overlapped 510 to 600 Hz = 0.76 to 0.93 of the 667 Hz wire-time limit, serial
-  385 to 455 Hz (the emulator's own reply latency, ~0.25 ms per read, is in both): overlap wins,
-  1.15x to 2.5x, so ``control.overlap_io = true`` is the default;
-- LeRobot 0.6.1's loop 128 to 212 Hz: ours 2.7x to 4.5x its rate, 0.24x to 0.36x its cycle time;
-- at 100 Hz with normal priority, p99 period jitter 4 to 12 ms, but the bare wait with no work at
-  all already shows p99 4.7 to 7 ms on this machine (CPU contention, not the loop); with
-  ``control.realtime_priority = 50`` (SCHED_FIFO): p99 0.014 ms, max 0.23 ms, no overruns.
+Earlier runs and what they showed: docs/design/control-loop.md.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@
    started ourselves, on loopback). Its server logs each forward pass ("Preprocessing and inference
    took"; policy_server.py times predict_action_chunk alone): overhead = latency minus that,
    request by request.
-3b. Ours with LeRobot's server (issue 15): the same server process and checkpoint driven by our
+3b. Ours with LeRobot's server: the same server process and checkpoint driven by our
    daemon's ``backend = "lerobot-server"`` path (PolicySource -> worker process -> gRPC client ->
    restricted unpickler -> action queue), before LeRobot's own client protocol (3). Overhead is
    latency minus the server-logged forward time, request by request; the last table prints the
@@ -28,7 +28,7 @@
 4. Ours for other local programs: `so101d policy serve` (its own process, ZeroMQ ipc, msgpack +
    raw arrays) driven by PolicyClient, request/response like LeRobot's.
 5. Control loop rate and p99 period jitter on the emulated bench in teleop vs policy mode.
-6. Refill rule (issue 16), ``--refill``: the daemon on the emulated bench driven by an ACT with
+6. Refill rule (docs/design/policy-refill.md), ``--refill``: the daemon on the emulated bench driven by an ACT with
    LeRobot's default chunk (100 actions at 30 fps; tiny transformer, resnet18 backbone, one 320x240
    camera) whose forward pass is padded to ``--forward-s`` (engine knob SO101D_POLICY_FORWARD_DELAY_S),
    ``max_obs_age_s`` 1 s. Rounds alternate the old rule (ask when <= refill_below actions are left,
@@ -569,7 +569,7 @@ REFILL_H, REFILL_W = 240, 320
 
 
 def _old_rule_source():
-    """PolicySource with the refill rule before issue 16, to measure it beside the new one."""
+    """PolicySource with the refill rule that counted queued actions, to measure it beside the new one."""
     import math
 
     class OldRule(PolicySource):
@@ -738,7 +738,7 @@ def run_refill(args: argparse.Namespace) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--refill", action="store_true", help="only the refill-rule comparison (issue 16)")
+    ap.add_argument("--refill", action="store_true", help="only the refill-rule comparison")
     ap.add_argument("--refill-seconds", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--forward-s", type=float, default=0.15)

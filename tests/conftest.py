@@ -56,6 +56,8 @@ FILE_KINDS: dict[str, str] = {
     "test_code_shape.py": "integration",  # ruff, mypy and the import check over the whole tree
     "test_control_path_followups.py": "integration",
     "test_daemon_loop.py": "integration",
+    "test_arms_and_sources.py": "integration",
+    "test_reconnect_honesty.py": "integration",
     "test_daemon_seams.py": "integration",
     "test_daemon_socket.py": "integration",
     "test_daemon_socket_lockout.py": "integration",

@@ -18,6 +18,7 @@ import pytest
 from support import still_arm_on_pty, wait_for
 
 from daemon.api.client import CommandFailed, ControlClient
+from daemon.apps.commands.status import one_line
 from daemon.config.settings import config_from_dict
 from daemon.service.daemon import Daemon
 from drivers.emulator import reference_calibration
@@ -68,6 +69,9 @@ def test_a_servo_silent_for_two_seconds_is_named_then_picked_up_at_once(bench) -
         fa.set_online("wrist_flex", False)
         silent_at = time.monotonic()
         wait_for(lambda: _names_the_missing_servo(c.request("status"), port), 15, "status naming the missing servo")
+        # what `so101d status` prints says it too
+        printed = one_line(c.request("status"))
+        assert "wrist_flex" in printed and port in printed and "next try" in printed, printed
         with pytest.raises(CommandFailed) as refused:
             c.request("teleop.start")
         text = str(refused.value)

@@ -156,6 +156,19 @@ class LinkStatus(msgspec.Struct, kw_only=True):
     last_error: str = ""
     configure_warnings: list[str] = msgspec.field(default_factory=list)
     bus: BusCounters | None = None  # None: the arm keeps no bus counters (a simulator)
+    missing_servos: list[str] = msgspec.field(default_factory=list)  # joints silent at the last attempt
+    next_try_in_s: float | None = None  # while reconnecting: seconds to the next full attempt
+    waiting: str = ""  # while not connected: what is missing, on which port, when the next try is
+
+
+class ArmStatus(msgspec.Struct, kw_only=True):
+    """One driven arm: the source assigned to it and its own safety state."""
+
+    source: str = ""  # the target source driving it ("leader", "policy", ...)
+    mode: str = "?"
+    reason: str = ""
+    kind: str = "?"
+    connected: bool = False
 
 
 class StageTiming(msgspec.Struct, kw_only=True):
@@ -226,6 +239,19 @@ class CameraStats(msgspec.Struct, kw_only=True):
     stall_events: int = 0
     last_frame_age_s: float | None = None
     error: str = ""
+    # a real camera (LeRobot's classes): what it negotiated and delivers
+    kind: str | None = None
+    device: str | None = None
+    state: str | None = None  # opening, verifying, streaming, refused, gone
+    format: str = ""
+    fourcc: str = ""
+    fps_negotiated: float | None = None
+    fps_verified: float | None = None  # measured over its first second
+    fps_recent: float | None = None
+    frames_dropped: int = 0
+    gone_events: int = 0
+    gone_for_s: float | None = None
+    problems: list[str] = msgspec.field(default_factory=list)
 
 
 class StagedTag(msgspec.Struct, kw_only=True):
@@ -426,6 +452,8 @@ class StatusReply(Reply):
     timing_ms: dict[str, StageTiming] = msgspec.field(default_factory=dict)
     leader: LinkStatus | None = None
     follower: LinkStatus | None = None
+    arms: dict[str, ArmStatus] = msgspec.field(default_factory=dict)
+    worst_calls_ms: dict[str, float] = msgspec.field(default_factory=dict)  # per source and hook: its longest call
     leader_age_s: float | None = None
     joints: JointsStatus = msgspec.field(default_factory=JointsStatus)
     servos: dict[str, ServoStatus] | None = None

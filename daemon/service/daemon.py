@@ -376,7 +376,7 @@ class Daemon:
         # No recorder: `so101d episode ...` / `record` get the reason, not "unknown command"
         # (a recorder attached later registers the real verbs, which take precedence).
         self.server.explain_missing("episode.", RECORDING_DISABLED)
-        # --- policy helper's hook (issue 6): policy.* verbs, `status.policy`, [policy] enabled loads at start
+        # the policy: policy.* verbs, `status.policy`, [policy] enabled loads at start
         from daemon.service.attach_policy import attach_policy
 
         if self.policy is None:  # tests may attach their own first

@@ -147,8 +147,12 @@ def render(status: StatusReply | dict[str, Any], full: bool = False) -> Any:
     for name, a in _arms(st):
         bus = a.bus
         where = a.port or "-"
+        if a.missing_servos:
+            where += "  missing: " + ", ".join(a.missing_servos)
         if a.last_error:
             where += "  " + cut(a.last_error, 80)
+        if not a.connected and a.next_try_in_s is not None:
+            where += f"  next try in {a.next_try_in_s:.1f} s"
         arms.add_row(
             name,
             "yes" if a.connected else "NO",
@@ -355,9 +359,13 @@ def one_line(status: StatusReply | dict[str, Any]) -> str:
     parts += [f"WARNING: {w}" for w in _warnings(st)]
     for name, a in _arms(st):
         if not a.connected or a.last_error:
+            missing = ", ".join(a.missing_servos)
             parts.append(
                 f"{name} {'connected' if a.connected else 'NOT connected'}"
-                + (f": {a.last_error}" if a.last_error else "")
+                + (f" on {a.port}" if not a.connected and a.port else "")
+                + (f": servo{'s' if len(a.missing_servos) > 1 else ''} {missing} not answering" if missing else "")
+                + (f": {a.last_error}" if a.last_error and not missing else "")
+                + (f"; next try in {a.next_try_in_s:.1f} s" if not a.connected and a.next_try_in_s is not None else "")
             )
     rec = st.recording
     if rec is not None:

@@ -135,7 +135,10 @@ function onStatus(st) {
   $("overruns").textContent = `${st.overruns} (missed ${st.missed_cycles})`;
   $("scheduling").textContent = st.scheduling || "–";
   /** @param {LinkStatus} arm */
-  const bus = (arm) => (arm && arm.bus ? `${arm.bus.retries} retries, ${arm.bus.failures} errors${arm.connected ? "" : " DISCONNECTED"}` : "–");
+  const bus = (arm) => {
+    if (arm && !arm.connected && arm.waiting) return arm.waiting; // which servo, which port, the next try
+    return arm && arm.bus ? `${arm.bus.retries} retries, ${arm.bus.failures} errors${arm.connected ? "" : " DISCONNECTED"}` : "–";
+  };
   $("bus").textContent = `${bus(st.leader)} / ${bus(st.follower)}`;
   $("stages").innerHTML = ["leader_read", "update", "follower_write", "follower_read", "hooks", "cycle"]
     .filter((k) => t[k]).map((k) => `<span class="k">${k}</span> ${fmt(t[k].p50, 2)}/${fmt(t[k].p99, 2)} ms`).join(" · ");
