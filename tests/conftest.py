@@ -133,6 +133,9 @@ FILE_KINDS: dict[str, str] = {
     "test_sim_gl_backend.py": "e2e",
     "test_status_output.py": "e2e",
     "test_cameras_find.py": "e2e",
+    "test_cameras_doctor.py": "integration",
+    "test_cameras_lerobot.py": "integration",
+    "test_cameras_recording.py": "e2e",
 }
 
 
@@ -263,7 +266,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _EXIT_STATUS and not _is_xdist_worker(config) and not os.environ.get("SO101D_TESTS_FULL_TEARDOWN"):
+    # Only a run whose tests ran ends here: pytest prints a usage or internal error (a file with no
+    # kind, for one) after this hook, and os._exit would swallow the message.
+    ran = _EXIT_STATUS and _EXIT_STATUS[-1] in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
+    if ran and not _is_xdist_worker(config) and not os.environ.get("SO101D_TESTS_FULL_TEARDOWN"):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_EXIT_STATUS[-1])
