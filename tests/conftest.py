@@ -130,6 +130,8 @@ FILE_KINDS: dict[str, str] = {
     "test_sim_gl_backend.py": "e2e",
     "test_status_output.py": "e2e",
     "test_cameras_find.py": "e2e",
+    "test_cameras_lerobot.py": "integration",
+    "test_cameras_doctor.py": "integration",
 }
 
 
