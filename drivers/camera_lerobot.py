@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import select
 import stat
 import threading
 import time
@@ -45,6 +46,7 @@ MIN_RATE_SHARE = 0.8
 VERIFY_WINDOW_S = 1.0  # frames timed after open before the rate is judged
 VERIFY_MIN_FRAMES = 8
 REOPEN_PERIOD_S = 0.5  # a gone camera is looked for this often
+PIPE_WAIT_S = 0.5  # one wait for something to write to a named pipe source
 FRAME_WAIT_S = 0.2  # one wait for LeRobot's next frame (then: is its read thread still alive?)
 RECENT_FRAMES = 60  # the recent rate is measured over this many frames
 
@@ -246,11 +248,18 @@ class LeRobotCamera(ThreadedCamera):
             if not self._source_present():
                 self._open_failed(f"{self.device} does not exist (not plugged in?)")
                 continue
+            held = self._pipe_with_writer() if self._is_pipe() else None
+            if self._is_pipe() and held is None:
+                self._open_failed(f"{self.device} is a named pipe nothing writes to")
+                continue
             try:
                 cam = self._connect()
             except Exception as exc:
                 self._open_failed(str(exc))
                 continue
+            finally:
+                if held is not None:
+                    os.close(held)
             self._lr = cam
             try:
                 self._stream(cam)
@@ -282,6 +291,31 @@ class LeRobotCamera(ThreadedCamera):
             return stat.S_ISCHR(os.stat(dev).st_mode)
         except OSError:
             return True  # not there: the open answers why
+
+    def _is_pipe(self) -> bool:
+        dev = str(self.config.device)
+        if self.kind != "opencv" or dev.isdigit():
+            return False
+        try:
+            return stat.S_ISFIFO(os.stat(dev).st_mode)
+        except OSError:
+            return False
+
+    def _pipe_with_writer(self) -> int | None:
+        """A read end of the named pipe, held open once something has written to it, or None after
+        PIPE_WAIT_S. Opening a pipe to read blocks until a writer comes: inside OpenCV's open that
+        wait would see neither ``stop`` nor a new pipe put at the path (the writer replugged), so
+        it is done here, and held open while OpenCV opens, so the writer keeps a reader meanwhile."""
+        try:
+            fd = os.open(str(self.config.device), os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return None
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        if any(ev & select.POLLIN for _, ev in poller.poll(PIPE_WAIT_S * 1000)):
+            return fd
+        os.close(fd)
+        return None
 
     def _source_present(self) -> bool:
         """A path source that is not there (unplugged: its by-id link is gone) is not opened:

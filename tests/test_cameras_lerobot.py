@@ -4,6 +4,8 @@ camera negotiated and delivers is checked at open; unplug and replug are survive
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from pathlib import Path
 
@@ -186,3 +188,45 @@ def test_configuration_takes_lerobot_options_and_bad_ones_are_refused(tmp_path):
         build_cameras(config_from_dict({"cameras": {"d": {"kind": "intelrealsense"}}}).cameras)
     with pytest.raises(ValueError, match="server_address"):
         build_cameras(config_from_dict({"cameras": {"z": {"kind": "zmq"}}}).cameras)
+
+
+def capture_threads(cam: LeRobotCamera) -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == f"camera-{cam.name}" and t.is_alive()]
+
+
+def test_a_pipe_whose_writer_stops_is_gone_comes_back_with_a_new_writer_and_stops_at_once(pipes):
+    # a named pipe with nothing writing to it blocks whoever opens it to read: the camera must
+    # wait for a writer where it still sees stop and a new pipe at the path, not inside the open
+    src = pipes()
+    cam = camera(src.path)
+    cam.start()
+    try:
+        assert settled(cam) == "streaming"
+        src.stop_writer()  # the path stays: only its writer is gone
+        wait_for(lambda: cam.state == "gone", 30, "the camera marked gone")
+        src.resume_writer()  # a writer on the same pipe
+        wait_for(lambda: cam.state == "streaming", 30, f"back with a writer on the same pipe ({cam.stats()})")
+        src.unplug()
+        wait_for(lambda: cam.state == "gone", 30, "gone again")
+        src.replug()  # a new pipe at the same path (a by-id link to another node)
+        wait_for(lambda: cam.state == "streaming", 30, f"back on a new pipe at its path ({cam.stats()})")
+        src.stop_writer()
+        wait_for(lambda: cam.state == "gone", 30, "gone a third time")
+        wait_for(lambda: "nothing writes" in cam.stats()["error"], 10, f"the status says why ({cam.stats()})")
+    finally:
+        cam.stop()
+    assert capture_threads(cam) == [], "the capture thread outlived stop (stuck opening a pipe with no writer)"
+    assert [e.kind for e in cam.events] == ["gone", "back", "gone", "back", "gone"], cam.events
+
+
+def test_a_pipe_nobody_writes_to_yet_is_opening_says_why_and_stops_at_once(tmp_path):
+    path = tmp_path / "video-nowriter"
+    os.mkfifo(path)
+    cam = camera(path)
+    cam.start()
+    try:
+        wait_for(lambda: "nothing writes" in cam.refusal(), 10, f"the refusal says why ({cam.stats()})")
+        assert cam.state == "opening"
+    finally:
+        cam.stop()
+    assert capture_threads(cam) == [], "the capture thread outlived stop (stuck opening a pipe with no writer)"
