@@ -357,7 +357,7 @@ class LeRobotCamera(ThreadedCamera):
                 timed += 1
                 if t - first >= VERIFY_WINDOW_S and timed >= VERIFY_MIN_FRAMES:
                     measured = (timed - 1) / (t - first)
-                    if not self._judge(negotiated, measured, was_gone):
+                    if not self._judge(negotiated, measured, was_gone, first):
                         return
             if self.state == "refused":
                 return
@@ -365,9 +365,10 @@ class LeRobotCamera(ThreadedCamera):
                 continue  # judged above: never published at a size the recorder did not ask for
             self._publish(pixels, t)
 
-    def _judge(self, negotiated: Mode, measured_fps: float | None, was_gone: bool) -> bool:
+    def _judge(self, negotiated: Mode, measured_fps: float | None, was_gone: bool, first_frame_s: float = 0.0) -> bool:
         """False (and the camera refused) when it may not record; ``measured_fps`` None: the
-        checks that need no frames, at open."""
+        checks that need no frames, at open. A camera back is dated by ``first_frame_s``: its
+        frames are published (and recorded) from the first one, while its rate is checked."""
         v = verify(self._configured, negotiated, self.fps if measured_fps is None else measured_fps)
         self.verification = v
         if v.refused(self.on_mismatch):
@@ -381,7 +382,7 @@ class LeRobotCamera(ThreadedCamera):
         if v.problems:
             log.warning("camera %s: %s; recording what it gives (on_mismatch = warn)", self.name, "; ".join(v.problems))
         if was_gone:
-            self._add_event(CameraEvent("back", time.monotonic()))
+            self._add_event(CameraEvent("back", first_frame_s or time.monotonic()))
         self.state = "streaming"
         if was_gone:
             gone_for = time.monotonic() - self._gone_since_s
