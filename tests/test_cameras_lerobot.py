@@ -4,10 +4,12 @@ camera negotiated and delivers is checked at open; unplug and replug are survive
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 from pathlib import Path
+from typing import cast
 
 import cv2
 import numpy as np
@@ -16,8 +18,9 @@ from cameras_support import PipeCamera
 from support import wait_for
 
 from daemon.config.settings import config_from_dict
-from daemon.service.cameras import build_cameras
-from drivers.camera_lerobot import LeRobotCamera, Mode, verify
+from daemon.data.recorder import Recorder, save_extras_bytes
+from daemon.service.cameras import CameraEpisodeHook, build_cameras
+from drivers.camera_lerobot import CameraEvent, LeRobotCamera, Mode, verify
 from drivers.cameras import Camera, CameraConfig
 
 # LeRobot logs the end of a stream from its read thread by raising there: expected when unplugged
@@ -230,3 +233,43 @@ def test_a_pipe_nobody_writes_to_yet_is_opening_says_why_and_stops_at_once(tmp_p
     finally:
         cam.stop()
     assert capture_threads(cam) == [], "the capture thread outlived stop (stuck opening a pipe with no writer)"
+
+
+def test_a_camera_back_is_dated_by_its_first_frame_not_by_the_end_of_its_check(pipes):
+    # frames are recorded again from the first one after the reopen (during the second of rate
+    # checking too): the tag's "back at" must not claim they were missing for that second
+    src = pipes()
+    cam = camera(src.path)
+    cam.start()
+    try:
+        assert settled(cam) == "streaming"
+        src.unplug()
+        wait_for(lambda: cam.state == "gone", 30, "gone")
+        src.replug()
+        wait_for(lambda: cam.latest_frame() is not None, 30, "a frame after the replug")
+        first = cam.latest_frame()
+        assert first is not None
+        wait_for(lambda: cam.state == "streaming", 30, "back")
+    finally:
+        cam.stop()
+    back = [e for e in cam.events if e.kind == "back"]
+    assert len(back) == 1 and back[0].monotonic_s <= first.capture_monotonic_s, (back, first.capture_monotonic_s)
+
+
+def test_many_gaps_of_one_camera_fit_the_tag_in_one_note():
+    cam = LeRobotCamera(CameraConfig("front", device="/dev/v4l/by-id/usb-cam-video-index0", width=320, height=240))
+    hook = CameraEpisodeHook([cam])
+    cam.state = "streaming"  # as it was when the episode started
+    hook.episode_starting(cast(Recorder, None))  # the hook asks nothing of the recorder
+    t0 = time.monotonic()  # the episode's start, give or take the microseconds since
+    why = "its read thread stopped (unplugged, or the stream ended)"
+    for i in range(6):
+        cam.events.append(CameraEvent("gone", t0 + 2 * i + 1.0, why))
+        cam.events.append(CameraEvent("back", t0 + 2 * i + 1.5))
+    cam.events.append(CameraEvent("gone", t0 + 20.0, why))  # and not back by the end
+    _, notes = hook.episode_ending(cast(Recorder, None), saved=True)
+    extras = json.loads(save_extras_bytes({"origin": "teleop", "notes": ["another hook's note", *notes]}))
+    mine = [n for n in extras["notes"] if n.startswith("camera front")]
+    assert len(mine) == 1 and not any("dropped" in n for n in extras["notes"]), extras["notes"]
+    assert "gone 7 times" in mine[0] and "1.00-1.50" in mine[0] and "20.00-end" in mine[0], mine[0]
+    assert "recorded missing" in mine[0], mine[0]
