@@ -414,7 +414,7 @@ class LeRobotCamera(ThreadedCamera):
         if self.state == "refused":
             return self._c.error
         if self.state == "gone":
-            return f"camera {self.name} ({self.device}) is gone: {self._c.error}"
+            return f"camera {self.name} ({self.device}) is gone: {self._c.error.removeprefix('gone: ')}"
         if self.state in ("opening", "verifying"):
             why = f": {self._c.error}" if self._c.error else ""
             return f"camera {self.name} ({self.device}) is still opening (checking what it delivers){why}"
