@@ -47,6 +47,9 @@ VERIFY_WINDOW_S = 1.0  # frames timed after open before the rate is judged
 VERIFY_MIN_FRAMES = 8
 REOPEN_PERIOD_S = 0.5  # a gone camera is looked for this often
 PIPE_WAIT_S = 0.5  # one wait for something to write to a named pipe source
+# No frame for this long from an open camera (its read blocked: frozen, starved of bandwidth) is a
+# camera gone until it sends again; long enough that a loaded machine's scheduling is not one.
+FROZEN_S = 2.0
 FRAME_WAIT_S = 0.2  # one wait for LeRobot's next frame (then: is its read thread still alive?)
 RECENT_FRAMES = 60  # the recent rate is measured over this many frames
 
@@ -343,9 +346,16 @@ class LeRobotCamera(ThreadedCamera):
                 if not self._reader_alive(cam):
                     self._went_away("its read thread stopped (unplugged, or the stream ended)")
                     return
+                if self.state == "streaming" and last is not None and time.monotonic() - last > FROZEN_S:
+                    self._went_away(f"no frame for {FROZEN_S:g} s: it stopped sending, still open", reopen=False)
                 continue
             pixels, stamp = got
             t = stamp + self._clock_offset_s
+            if self.state == "gone":  # frames again on the same open: it was frozen, not unplugged
+                self._c.error = ""
+                self._add_event(CameraEvent("back", t))
+                self.state = "streaming"
+                log.warning("camera %s: sending again after %.1f s", self.name, t - self._gone_since_s)
             if last is not None and negotiated.fps > 0 and self.state == "streaming":
                 gap_periods = (t - last) * negotiated.fps
                 if gap_periods > 1.5:
@@ -391,15 +401,17 @@ class LeRobotCamera(ThreadedCamera):
             log.info("camera %s: %s (measured %.1f fps)", self.name, negotiated.text(), measured_fps)
         return True
 
-    def _went_away(self, why: str) -> None:
+    def _went_away(self, why: str, reopen: bool = True) -> None:
         now = time.monotonic()
         self._latest = None  # the recorder marks its frames missing, the console shows none
-        self._gone_since_s = now
         self._gone_why = why
         self._c.error = f"gone: {why}"
-        self._add_event(CameraEvent("gone", now, why))
+        if self.state != "gone":  # frozen, then its read thread ended: still the one gap
+            self._gone_since_s = now
+            self._add_event(CameraEvent("gone", now, why))
         self.state = "gone"  # last: whoever sees the state sees its event and its reason
-        log.error("camera %s: gone (%s); reopening %s when it is back", self.name, why, self.device)
+        then = f"reopening {self.device} when it is back" if reopen else "waiting for its next frame"
+        log.error("camera %s: gone (%s); %s", self.name, why, then)
 
     def _add_event(self, event: CameraEvent) -> None:
         with self._events_lock:

@@ -56,6 +56,15 @@ class PipeCamera:
             self.proc.wait()
             self.proc = None
 
+    def freeze(self) -> None:
+        """The feeder stopped (SIGSTOP), the pipe open: a camera that stops sending, still plugged in."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
     def unplug(self) -> None:
         self.stop_writer()
         self.path.unlink(missing_ok=True)

@@ -273,3 +273,26 @@ def test_many_gaps_of_one_camera_fit_the_tag_in_one_note():
     assert len(mine) == 1 and not any("dropped" in n for n in extras["notes"]), extras["notes"]
     assert "gone 7 times" in mine[0] and "1.00-1.50" in mine[0] and "20.00-end" in mine[0], mine[0]
     assert "recorded missing" in mine[0], mine[0]
+
+
+def test_a_camera_that_stops_sending_while_plugged_in_is_gone_until_it_sends_again(pipes):
+    # a frozen camera (firmware hang, bandwidth starved) keeps its device open and its read
+    # blocked: no frame for seconds must not be shown as "streaming" with the last frame served
+    src = pipes()
+    cam = camera(src.path)
+    cam.start()
+    try:
+        assert settled(cam) == "streaming"
+        src.freeze()
+        wait_for(lambda: cam.state == "gone", 30, f"the frozen camera marked gone ({cam.stats()})")
+        assert cam.latest_frame() is None
+        assert "stopped sending" in cam.refusal(), cam.refusal()
+        frames = cam.stats()["frames"]
+        src.thaw()
+        wait_for(lambda: cam.state == "streaming", 30, f"sending again ({cam.stats()})")
+        wait_for(lambda: cam.stats()["frames"] > frames + 5, 20, "frames again")
+    finally:
+        src.thaw()
+        cam.stop()
+    assert [e.kind for e in cam.events] == ["gone", "back"], cam.events
+    assert "stopped sending" in cam.events[0].why
