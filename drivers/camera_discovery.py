@@ -195,6 +195,15 @@ def find_video_nodes(dev_root: Path = Path("/dev"), sys_root: Path = Path("/sys"
     return found
 
 
+def dangling_by_id(dev_root: Path = Path("/dev")) -> list[str]:
+    """By-id links whose /dev/videoN is not there: a camera unplugged since udev named it (udev
+    removes the link with the node; one left behind says the node went away another way)."""
+    by_id_dir = dev_root / "v4l" / "by-id"
+    if not by_id_dir.is_dir():
+        return []
+    return [str(link) for link in sorted(by_id_dir.iterdir()) if link.is_symlink() and not link.exists()]
+
+
 def open_default(cam: FoundCamera, snapshot_dir: Path | None) -> None:
     """Opens the camera through LeRobot's OpenCV camera as it is (no size or rate asked): its
     default mode, and one frame saved as PNG in ``snapshot_dir``."""

@@ -73,6 +73,18 @@ def test_find_cameras_lists_the_by_id_path_a_snapshot_and_a_block_that_loads(tmp
     )
 
 
+def test_a_by_id_link_to_nothing_is_named(tmp_path):
+    dev, sysfs = fake_tree(tmp_path)
+    gone = dev / "v4l" / "by-id" / "usb-Gone_Cam_X-video-index0"
+    gone.symlink_to("../../video7")
+    cmd = [*SO101D, "find-cameras", "--dev", str(dev), "--sys", str(sysfs), "--no-snapshot"]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert r.returncode == 0 and f"{gone}: a by-id link to nothing" in r.stdout, r.stdout
+    r = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert json.loads(r.stdout)["dangling_by_id"] == [str(gone)], r.stdout
+
+
 def test_find_cameras_json_and_no_camera(tmp_path):
     r = find_cameras(tmp_path, "--json", "--no-snapshot")
     assert r.returncode == 0, r.stderr

@@ -16,7 +16,14 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from drivers.camera_discovery import FoundCamera, config_block, find_video_nodes, open_default, suggested_mode
+from drivers.camera_discovery import (
+    FoundCamera,
+    config_block,
+    dangling_by_id,
+    find_video_nodes,
+    open_default,
+    suggested_mode,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_snapshot:
         for cam in cams:
             open_default(cam, snapshots)
+    dangling = dangling_by_id(Path(args.dev))
     usable = [cam for cam in cams if not cam.unusable()]
     names = dict(zip((id(cam) for cam in usable), _table_names(usable)))
     if args.json:
@@ -63,8 +71,10 @@ def run(args: argparse.Namespace) -> int:
             }
             for cam in cams
         ]
-        print(json.dumps({"cameras": out}, indent=2))
+        print(json.dumps({"cameras": out, "dangling_by_id": dangling}, indent=2))
         return 0 if usable else 1
+    for link in dangling:
+        print(f"{link}: a by-id link to nothing (that camera is unplugged, or its node is gone)")
     if not cams:
         print(f"no camera found (no {Path(args.dev) / 'video*'}); is it plugged in? (`lsusb`, `dmesg | tail`)")
         return 1
