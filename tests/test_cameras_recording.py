@@ -15,6 +15,7 @@ from recording_support import load_dataset, wait_until
 
 from calibration.calibration_file import save_calibration
 from daemon.api.client import ControlClient
+from daemon.apps.commands.status import one_line
 from daemon.config.settings import config_from_dict
 from daemon.data.schema import read_episode_tags
 from daemon.service.daemon import Daemon
@@ -96,6 +97,10 @@ def test_unplugged_mid_episode_the_episode_goes_on_with_missing_frames_and_loads
             src.unplug()
             assert wait_until(lambda: camera_stats(c)["state"] == "gone", 30), camera_stats(c)
             at_gone = c.request("episode.status")["frames"]
+            # `so101d status` says which camera is gone, and where it was plugged
+            st = c.request("status")
+            assert st["cameras"]["front"]["state"] == "gone" and st["cameras"]["front"]["device"] == str(src.path)
+            assert "camera front GONE" in one_line(st), one_line(st)
             # the loop and the episode go on without the camera
             assert wait_until(lambda: c.request("episode.status")["frames"] >= at_gone + 15, 30)
             assert c.request("status")["mode"] in ("teleop", "aligning")

@@ -467,6 +467,7 @@ class StatusReply(Reply):
     recording: RecordingStatus | None = None
     policy: PolicyStatus | None = None
     sim: SimStatus | None = None
+    cameras: dict[str, CameraStats] = msgspec.field(default_factory=dict)  # the cameras in use, by name
 
 
 class LiveJoints(msgspec.Struct, kw_only=True, array_like=False):

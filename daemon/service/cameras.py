@@ -130,6 +130,12 @@ class DaemonCameras:
                 self._built[cam.name] = cam
         return [self._built[n] for n in names]
 
+    def built(self) -> list[Camera]:
+        """The cameras someone asked for so far (status shows these; it builds none)."""
+        if self._brought is not None:
+            return list(self._brought)
+        return [self._built[n] for n in sorted(self._built)]
+
     def use(self, cameras: list[Camera]) -> None:
         """Serve these cameras instead of the configured ones (a caller that brings its own)."""
         self._brought = list(cameras)

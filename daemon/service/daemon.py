@@ -25,7 +25,7 @@ from calibration.calibration_file import ArmCalibration, CalibrationError, load_
 from daemon.api.server import ControlServer, RequestError
 from daemon.config.settings import Config
 from daemon.control.loop import ControlLoop
-from daemon.service.cameras import DaemonCameras
+from daemon.service.cameras import DaemonCameras, cameras_status
 from daemon.service.console_verbs import attach_console_api
 from daemon.service.context import DaemonContext, EpisodeRecorder, PolicyHandle, StatusExtra
 from daemon.service.leisaac_remote_leader import LeisaacRemoteLeaderPublisher, RemoteLeaderHook
@@ -149,6 +149,8 @@ class Daemon:
         )
         # the daemon's cameras stop with it, after the recorder and the policy let go of them
         self.context.after_stop.append(self.context.cameras.stop)
+        # per camera: device, format, configured vs measured fps, dropped frames, newest frame's age
+        self.context.status_extras["cameras"] = lambda: cameras_status(self.context.cameras.built())
         self.notifier = notifier
         self.remote_leader: LeisaacRemoteLeaderPublisher | None = None  # when [leisaac_remote_leader] enabled
         self.rerun: RerunChild | None = None  # the Rerun streamer process, when one is asked for

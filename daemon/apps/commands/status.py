@@ -131,7 +131,8 @@ def render(status: StatusReply | dict[str, Any], full: bool = False) -> Any:
     for warning in _warnings(st):
         head.append(f"\nWARNING: {cut(warning, 160)}", style="yellow")
 
-    extra = [x for x in (_safety_line(st), _policy_line(st, cut), _recording_line(st, cut)) if x is not None]
+    lines = (_safety_line(st), _policy_line(st, cut), _recording_line(st, cut), _cameras_line(st, cut))
+    extra = [x for x in lines if x is not None]
 
     stages = Table(box=None, pad_edge=False, show_edge=False)
     stages.add_column("stage ms", style="dim")
@@ -309,6 +310,34 @@ def _recording_line(st: StatusReply, cut: _Cut) -> Any | None:
     return line
 
 
+def _cameras_line(st: StatusReply, cut: _Cut) -> Any | None:
+    """One line per camera in use: its state and format, configured vs delivered fps, dropped
+    frames and the newest frame's age; a camera that is gone or refused in red, with why."""
+    from rich.text import Text
+
+    if not st.cameras:
+        return None
+    line = _label(Text(), "cameras")
+    for i, (name, cam) in enumerate(sorted(st.cameras.items())):
+        if i:
+            line.append("\n" + " " * 10)
+        bad = cam.state in ("gone", "refused") or bool(cam.error) or cam.stalled
+        state = cam.state or ("stalled" if cam.stalled else "streaming")
+        line.append(f"{name} {state}", style="bold red" if bad else "")
+        delivered = cam.fps_recent if cam.fps_recent is not None else cam.fps_measured
+        line.append(
+            f"  {cam.format or f'{cam.width}x{cam.height}'}  {_fmt(delivered, '.1f')}/{_fmt(cam.fps_configured, '.0f')} fps"
+            f"  dropped {cam.frames_dropped}  newest {_fmt(cam.last_frame_age_s, '.2f')} s"
+        )
+        if cam.device:
+            line.append(f"  {cam.device}", style="dim")
+        if cam.state == "gone" and cam.gone_for_s is not None:
+            line.append(f"  gone for {cam.gone_for_s:.1f} s", style="bold red")
+        if cam.error:
+            line.append(f"  {cut(cam.error, 100)}", style="red")
+    return line
+
+
 def _warnings(st: StatusReply) -> list[str]:
     """What the operator should act on besides a fault: a rate the adapters cannot reach, a
     latched overload that needs a power cycle (when the fault text does not already say it), and
@@ -383,6 +412,9 @@ def one_line(status: StatusReply | dict[str, Any]) -> str:
             parts += [f"DROPPED: {dropped}" for dropped in rec.dropped_episodes]
         else:
             parts.append(f"recording: {rec.error or '?'}")
+    for name, cam in sorted(st.cameras.items()):
+        if cam.state in ("gone", "refused") or cam.error:
+            parts.append(f"camera {name} {(cam.state or 'error').upper()}" + (f": {cam.error}" if cam.error else ""))
     pol = st.policy
     if pol is not None and pol.state != "none":
         err = pol.error or pol.last_error

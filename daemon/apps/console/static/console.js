@@ -145,7 +145,22 @@ function onStatus(st) {
   showSafety(st);
   showServos(st);
   showRecording(st.recording);
+  showCameraProblems(st.cameras);
   showPolicy(st.policy);
+}
+
+/** A camera that is gone (unplugged) or refused (not what was configured), named in red.
+ * @param {Object<string, CameraStats>} cams */
+function showCameraProblems(cams) {
+  const bad = [];
+  for (const name of Object.keys(cams || {}).sort()) {
+    /** @type {CameraStats} */
+    const stats = cams[name];
+    if (stats.state === "gone" || stats.state === "refused" || stats.error)
+      bad.push(`camera ${name} ${String(stats.state || "error").toUpperCase()}${stats.error ? `: ${stats.error}` : ""}`);
+  }
+  $("camera-problems").hidden = !bad.length;
+  $("camera-problems").textContent = bad.join("\n");
 }
 
 /** @param {StatusReply} st */
