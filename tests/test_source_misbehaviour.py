@@ -103,7 +103,7 @@ def test_a_plain_list_of_six_numbers_drives_the_arm(bench) -> None:
     loop.assign("follower", "plain").result(timeout=5.0)
     follower = daemon.loop.arms[0]
     wait_for(
-        lambda: follower.measured is not None and np.all(np.abs(follower.measured - goal) <= 2.0),
+        lambda: follower.measured is not None and bool(np.all(np.abs(follower.measured - goal) <= 2.0)),
         30,
         "the follower at the list's pose",
     )
