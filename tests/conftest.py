@@ -59,6 +59,7 @@ FILE_KINDS: dict[str, str] = {
     "test_arms_and_sources.py": "integration",
     "test_reconnect_honesty.py": "integration",
     "test_source_misbehaviour.py": "integration",
+    "test_reconnect_port.py": "integration",
     "test_daemon_seams.py": "integration",
     "test_daemon_socket.py": "integration",
     "test_daemon_socket_lockout.py": "integration",
