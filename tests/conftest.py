@@ -60,6 +60,7 @@ FILE_KINDS: dict[str, str] = {
     "test_reconnect_honesty.py": "integration",
     "test_source_misbehaviour.py": "integration",
     "test_reconnect_port.py": "integration",
+    "test_api_refusal_fields.py": "integration",
     "test_daemon_seams.py": "integration",
     "test_daemon_socket.py": "integration",
     "test_daemon_socket_lockout.py": "integration",
