@@ -61,6 +61,7 @@ FILE_KINDS: dict[str, str] = {
     "test_source_misbehaviour.py": "integration",
     "test_reconnect_port.py": "integration",
     "test_api_refusal_fields.py": "integration",
+    "test_suite_setup.py": "integration",
     "test_daemon_seams.py": "integration",
     "test_daemon_socket.py": "integration",
     "test_daemon_socket_lockout.py": "integration",
@@ -251,7 +252,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # process ends with it, without that teardown. The exits that matter (the daemon's, the writer's,
 # the policy worker's) happen in processes of their own and are tested there.
 # SO101D_TESTS_FULL_TEARDOWN=1 keeps the interpreter's teardown, to look for the culprit.
+# Only a verdict on tests ends it that way: a usage error (a test file without a kind) or an
+# internal error is printed by pytest after this hook, so it gets the ordinary exit.
 _EXIT_STATUS: list[int] = []
+_VERDICTS = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -266,7 +270,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _EXIT_STATUS and not _is_xdist_worker(config) and not os.environ.get("SO101D_TESTS_FULL_TEARDOWN"):
+    if not _EXIT_STATUS or _EXIT_STATUS[-1] not in _VERDICTS:
+        return
+    if not _is_xdist_worker(config) and not os.environ.get("SO101D_TESTS_FULL_TEARDOWN"):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_EXIT_STATUS[-1])
