@@ -10,7 +10,9 @@ start or, on some drivers, silently drops to a lower rate):
   high-bandwidth settings carry 1, 2 or 3 packets of 1024 bytes per 125 us microframe: 8.192,
   16.384 or 24.576 MB/s (the last is the most one camera can ever get on USB 2);
 - uncompressed YUYV is 2 bytes per pixel; MJPG is estimated at a fifth of that (JPEG frames vary
-  with the scene: a busy scene compresses less).
+  with the scene: a busy scene compresses less). A compressed stream whose estimate exceeds the
+  largest setting is not "too big": the camera compresses into what it gets (USB 2 webcams send
+  1080p30 MJPG), so it reserves the largest setting.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class Stream:
         """What the camera reserves: the smallest alternate setting that carries it; more than the
         largest (a stream one camera cannot carry on USB 2) counts as what it asks."""
         need = self.payload_mb_s(fourcc)
+        if (fourcc or self.format) in COMPRESSED:
+            need = min(need, UVC_ALT_SETTINGS_MB_S[-1])
         return next((alt for alt in UVC_ALT_SETTINGS_MB_S if alt >= need), need)
 
 
@@ -72,7 +76,7 @@ def estimate(streams: list[Stream]) -> BusEstimate:
     """All the streams on one USB 2 bus."""
     reserved = sum(s.reserved_mb_s() for s in streams)
     as_mjpg = sum(s.reserved_mb_s("MJPG") for s in streams)
-    too_big = tuple(s.name for s in streams if s.payload_mb_s() > UVC_ALT_SETTINGS_MB_S[-1])
+    too_big = tuple(s.name for s in streams if not s.compressed and s.payload_mb_s() > UVC_ALT_SETTINGS_MB_S[-1])
     return BusEstimate(tuple(streams), round(reserved, 3), round(as_mjpg, 3), too_big)
 
 

@@ -90,6 +90,14 @@ class FoundCamera:
     default: dict[str, Any] = field(default_factory=dict)  # what it opens at: width, height, fps, fourcc
     snapshot: str = ""
     snapshot_error: str = ""
+    open_error: str = ""  # why it did not open (empty: it opened, or it was not tried)
+
+    def unusable(self) -> str:
+        """Why this node cannot be configured as a camera ("" when it can, or when nothing says it
+        cannot: not opened and its modes not readable): its modes are unreadable and it does not open."""
+        if self.modes or self.default or not self.open_error:
+            return ""
+        return f"its modes are not readable ({self.modes_error}) and it does not open ({self.open_error})"
 
 
 def _ioctl_each(fd: int, request: int, make: Any) -> list[Any]:
@@ -173,6 +181,11 @@ def find_video_nodes(dev_root: Path = Path("/dev"), sys_root: Path = Path("/sys"
             if not stat.S_ISCHR(os.stat(node).st_mode):
                 raise OSError(f"{node} is not a character device (not a V4L2 camera)")
             cam.modes = v4l2_modes(str(node))
+        except PermissionError as exc:
+            cam.modes_error = (
+                f"{exc.strerror}: {node} (add yourself to the group that owns it, usually 'video': "
+                "sudo usermod -aG video $USER, then log in again)"
+            )
         except OSError as exc:
             cam.modes_error = str(exc)
         else:
@@ -180,6 +193,15 @@ def find_video_nodes(dev_root: Path = Path("/dev"), sys_root: Path = Path("/sys"
                 continue  # a metadata node: nothing to capture
         found.append(cam)
     return found
+
+
+def dangling_by_id(dev_root: Path = Path("/dev")) -> list[str]:
+    """By-id links whose /dev/videoN is not there: a camera unplugged since udev named it (udev
+    removes the link with the node; one left behind says the node went away another way)."""
+    by_id_dir = dev_root / "v4l" / "by-id"
+    if not by_id_dir.is_dir():
+        return []
+    return [str(link) for link in sorted(by_id_dir.iterdir()) if link.is_symlink() and not link.exists()]
 
 
 def open_default(cam: FoundCamera, snapshot_dir: Path | None) -> None:
@@ -192,6 +214,7 @@ def open_default(cam: FoundCamera, snapshot_dir: Path | None) -> None:
     try:
         lr.connect(warmup=False)
     except Exception as exc:
+        cam.open_error = str(exc)
         cam.snapshot_error = f"cannot open {cam.device}: {exc}"
         return
     try:
@@ -240,6 +263,8 @@ def config_block(table: str, cam: FoundCamera) -> str:
     """The [cameras.<table>] block to paste into so101d.toml."""
     m = suggested_mode(cam)
     lines = [f"[cameras.{table}]", 'kind = "opencv"', f'device = "{cam.device}"']
+    if not cam.modes and not cam.default:
+        lines.append("# the size and rate below are not the camera's (its modes were not read, it was not opened)")
     lines += [f"width = {m['width']}", f"height = {m['height']}", f"fps = {m['fps']}"]
     if m["fourcc"]:
         lines.append(f'fourcc = "{m["fourcc"]}"')

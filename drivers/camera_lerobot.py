@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import select
 import stat
 import threading
 import time
@@ -45,6 +46,10 @@ MIN_RATE_SHARE = 0.8
 VERIFY_WINDOW_S = 1.0  # frames timed after open before the rate is judged
 VERIFY_MIN_FRAMES = 8
 REOPEN_PERIOD_S = 0.5  # a gone camera is looked for this often
+PIPE_WAIT_S = 0.5  # one wait for something to write to a named pipe source
+# No frame for this long from an open camera (its read blocked: frozen, starved of bandwidth) is a
+# camera gone until it sends again; long enough that a loaded machine's scheduling is not one.
+FROZEN_S = 2.0
 FRAME_WAIT_S = 0.2  # one wait for LeRobot's next frame (then: is its read thread still alive?)
 RECENT_FRAMES = 60  # the recent rate is measured over this many frames
 
@@ -246,11 +251,18 @@ class LeRobotCamera(ThreadedCamera):
             if not self._source_present():
                 self._open_failed(f"{self.device} does not exist (not plugged in?)")
                 continue
+            held = self._pipe_with_writer() if self._is_pipe() else None
+            if self._is_pipe() and held is None:
+                self._open_failed(f"{self.device} is a named pipe nothing writes to")
+                continue
             try:
                 cam = self._connect()
             except Exception as exc:
                 self._open_failed(str(exc))
                 continue
+            finally:
+                if held is not None:
+                    os.close(held)
             self._lr = cam
             try:
                 self._stream(cam)
@@ -283,6 +295,31 @@ class LeRobotCamera(ThreadedCamera):
         except OSError:
             return True  # not there: the open answers why
 
+    def _is_pipe(self) -> bool:
+        dev = str(self.config.device)
+        if self.kind != "opencv" or dev.isdigit():
+            return False
+        try:
+            return stat.S_ISFIFO(os.stat(dev).st_mode)
+        except OSError:
+            return False
+
+    def _pipe_with_writer(self) -> int | None:
+        """A read end of the named pipe, held open once something has written to it, or None after
+        PIPE_WAIT_S. Opening a pipe to read blocks until a writer comes: inside OpenCV's open that
+        wait would see neither ``stop`` nor a new pipe put at the path (the writer replugged), so
+        it is done here, and held open while OpenCV opens, so the writer keeps a reader meanwhile."""
+        try:
+            fd = os.open(str(self.config.device), os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return None
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        if any(ev & select.POLLIN for _, ev in poller.poll(PIPE_WAIT_S * 1000)):
+            return fd
+        os.close(fd)
+        return None
+
     def _source_present(self) -> bool:
         """A path source that is not there (unplugged: its by-id link is gone) is not opened:
         OpenCV would only log its failure every half second."""
@@ -309,9 +346,16 @@ class LeRobotCamera(ThreadedCamera):
                 if not self._reader_alive(cam):
                     self._went_away("its read thread stopped (unplugged, or the stream ended)")
                     return
+                if self.state == "streaming" and last is not None and time.monotonic() - last > FROZEN_S:
+                    self._went_away(f"no frame for {FROZEN_S:g} s: it stopped sending, still open", reopen=False)
                 continue
             pixels, stamp = got
             t = stamp + self._clock_offset_s
+            if self.state == "gone":  # frames again on the same open: it was frozen, not unplugged
+                self._c.error = ""
+                self._add_event(CameraEvent("back", t))
+                self.state = "streaming"
+                log.warning("camera %s: sending again after %.1f s", self.name, t - self._gone_since_s)
             if last is not None and negotiated.fps > 0 and self.state == "streaming":
                 gap_periods = (t - last) * negotiated.fps
                 if gap_periods > 1.5:
@@ -323,7 +367,7 @@ class LeRobotCamera(ThreadedCamera):
                 timed += 1
                 if t - first >= VERIFY_WINDOW_S and timed >= VERIFY_MIN_FRAMES:
                     measured = (timed - 1) / (t - first)
-                    if not self._judge(negotiated, measured, was_gone):
+                    if not self._judge(negotiated, measured, was_gone, first):
                         return
             if self.state == "refused":
                 return
@@ -331,9 +375,10 @@ class LeRobotCamera(ThreadedCamera):
                 continue  # judged above: never published at a size the recorder did not ask for
             self._publish(pixels, t)
 
-    def _judge(self, negotiated: Mode, measured_fps: float | None, was_gone: bool) -> bool:
+    def _judge(self, negotiated: Mode, measured_fps: float | None, was_gone: bool, first_frame_s: float = 0.0) -> bool:
         """False (and the camera refused) when it may not record; ``measured_fps`` None: the
-        checks that need no frames, at open."""
+        checks that need no frames, at open. A camera back is dated by ``first_frame_s``: its
+        frames are published (and recorded) from the first one, while its rate is checked."""
         v = verify(self._configured, negotiated, self.fps if measured_fps is None else measured_fps)
         self.verification = v
         if v.refused(self.on_mismatch):
@@ -347,7 +392,7 @@ class LeRobotCamera(ThreadedCamera):
         if v.problems:
             log.warning("camera %s: %s; recording what it gives (on_mismatch = warn)", self.name, "; ".join(v.problems))
         if was_gone:
-            self._add_event(CameraEvent("back", time.monotonic()))
+            self._add_event(CameraEvent("back", first_frame_s or time.monotonic()))
         self.state = "streaming"
         if was_gone:
             gone_for = time.monotonic() - self._gone_since_s
@@ -356,15 +401,17 @@ class LeRobotCamera(ThreadedCamera):
             log.info("camera %s: %s (measured %.1f fps)", self.name, negotiated.text(), measured_fps)
         return True
 
-    def _went_away(self, why: str) -> None:
+    def _went_away(self, why: str, reopen: bool = True) -> None:
         now = time.monotonic()
         self._latest = None  # the recorder marks its frames missing, the console shows none
-        self._gone_since_s = now
         self._gone_why = why
         self._c.error = f"gone: {why}"
-        self._add_event(CameraEvent("gone", now, why))
+        if self.state != "gone":  # frozen, then its read thread ended: still the one gap
+            self._gone_since_s = now
+            self._add_event(CameraEvent("gone", now, why))
         self.state = "gone"  # last: whoever sees the state sees its event and its reason
-        log.error("camera %s: gone (%s); reopening %s when it is back", self.name, why, self.device)
+        then = f"reopening {self.device} when it is back" if reopen else "waiting for its next frame"
+        log.error("camera %s: gone (%s); %s", self.name, why, then)
 
     def _add_event(self, event: CameraEvent) -> None:
         with self._events_lock:
@@ -379,7 +426,7 @@ class LeRobotCamera(ThreadedCamera):
         if self.state == "refused":
             return self._c.error
         if self.state == "gone":
-            return f"camera {self.name} ({self.device}) is gone: {self._c.error}"
+            return f"camera {self.name} ({self.device}) is gone: {self._c.error.removeprefix('gone: ')}"
         if self.state in ("opening", "verifying"):
             why = f": {self._c.error}" if self._c.error else ""
             return f"camera {self.name} ({self.device}) is still opening (checking what it delivers){why}"

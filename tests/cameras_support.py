@@ -31,6 +31,10 @@ class PipeCamera:
 
     def plug(self) -> PipeCamera:
         os.mkfifo(self.path)
+        return self.resume_writer()
+
+    def resume_writer(self) -> PipeCamera:
+        """A feeder on the pipe already at ``path`` (after ``stop_writer``)."""
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -45,11 +49,24 @@ class PipeCamera:
         )
         return self
 
-    def unplug(self) -> None:
+    def stop_writer(self) -> None:
+        """The feeder killed, the pipe left at its path: nothing writes to it any more."""
         if self.proc is not None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
             self.proc = None
+
+    def freeze(self) -> None:
+        """The feeder stopped (SIGSTOP), the pipe open: a camera that stops sending, still plugged in."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def unplug(self) -> None:
+        self.stop_writer()
         self.path.unlink(missing_ok=True)
 
     replug = plug

@@ -137,6 +137,9 @@ FILE_KINDS: dict[str, str] = {
     "test_sim_gl_backend.py": "e2e",
     "test_status_output.py": "e2e",
     "test_cameras_find.py": "e2e",
+    "test_cameras_doctor.py": "integration",
+    "test_cameras_lerobot.py": "integration",
+    "test_cameras_recording.py": "e2e",
 }
 
 
@@ -252,10 +255,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # process ends with it, without that teardown. The exits that matter (the daemon's, the writer's,
 # the policy worker's) happen in processes of their own and are tested there.
 # SO101D_TESTS_FULL_TEARDOWN=1 keeps the interpreter's teardown, to look for the culprit.
-# Only a verdict on tests ends it that way: a usage error (a test file without a kind) or an
-# internal error is printed by pytest after this hook, so it gets the ordinary exit.
 _EXIT_STATUS: list[int] = []
-_VERDICTS = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -270,9 +270,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if not _EXIT_STATUS or _EXIT_STATUS[-1] not in _VERDICTS:
-        return
-    if not _is_xdist_worker(config) and not os.environ.get("SO101D_TESTS_FULL_TEARDOWN"):
+    # Only a run whose tests ran ends here: pytest prints a usage or internal error (a file with no
+    # kind, for one) after this hook, and os._exit would swallow the message.
+    ran = _EXIT_STATUS and _EXIT_STATUS[-1] in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
+    if ran and not _is_xdist_worker(config) and not os.environ.get("SO101D_TESTS_FULL_TEARDOWN"):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_EXIT_STATUS[-1])

@@ -63,3 +63,20 @@ def test_doctor_shows_each_camera_and_the_bandwidth(tmp_path, monkeypatch):
     assert "camera top" not in checks  # virtual: nothing to check
     text = render_text({}, [rep])
     assert "[cameras] front, gone, wrist" in text and "adapter" not in text, text
+
+
+def test_a_1080p30_mjpg_camera_is_not_called_too_big_for_usb2():
+    # USB 2 webcams deliver 1080p30 as MJPG (the camera compresses into its largest alternate
+    # setting): the estimate of its payload may not turn into "cannot be carried"
+    fhd = estimate([Stream("front", 1920, 1080, 30, "MJPG")])
+    assert fhd.too_big == () and fhd.fits, fhd
+    assert fhd.reserved_mb_s == pytest.approx(24.576)
+    status, text = advice(fhd)
+    assert status == PASS and "cannot be carried" not in text, text
+    # two of them reserve two of the largest settings: more than one bus carries
+    two = estimate([Stream("front", 1920, 1080, 30, "MJPG"), Stream("wrist", 1920, 1080, 30, "MJPG")])
+    assert not two.fits and two.too_big == ()
+    status, text = advice(two)
+    assert status == FAIL and "separate USB buses" in text and "cannot be carried" not in text, text
+    # uncompressed 1080p stays what no USB 2 camera can send
+    assert estimate([Stream("front", 1920, 1080, 30, "YUYV")]).too_big == ("front",)

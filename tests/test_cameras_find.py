@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
 import cv2
 import numpy as np
+import pytest
 
 from daemon.config.settings import config_from_dict
 
@@ -70,6 +73,18 @@ def test_find_cameras_lists_the_by_id_path_a_snapshot_and_a_block_that_loads(tmp
     )
 
 
+def test_a_by_id_link_to_nothing_is_named(tmp_path):
+    dev, sysfs = fake_tree(tmp_path)
+    gone = dev / "v4l" / "by-id" / "usb-Gone_Cam_X-video-index0"
+    gone.symlink_to("../../video7")
+    cmd = [*SO101D, "find-cameras", "--dev", str(dev), "--sys", str(sysfs), "--no-snapshot"]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert r.returncode == 0 and f"{gone}: a by-id link to nothing" in r.stdout, r.stdout
+    r = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert json.loads(r.stdout)["dangling_by_id"] == [str(gone)], r.stdout
+
+
 def test_find_cameras_json_and_no_camera(tmp_path):
     r = find_cameras(tmp_path, "--json", "--no-snapshot")
     assert r.returncode == 0, r.stderr
@@ -82,3 +97,67 @@ def test_find_cameras_json_and_no_camera(tmp_path):
         [*SO101D, "find-cameras", "--dev", str(empty), "--sys", str(empty)], capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 1 and "no camera found" in r.stdout, r.stdout
+
+
+def junk_nodes(dev: Path) -> None:
+    """What a /dev tree holds besides cameras: a node that is no camera (garbage OpenCV cannot
+    read) and a /dev/videoN link to nothing (a node gone mid-way)."""
+    (dev / "video4").write_bytes(bytes(range(256)) * 64)
+    (dev / "video5").symlink_to("video-nowhere")
+
+
+def test_nodes_that_are_no_camera_are_listed_with_why_and_get_no_block(tmp_path):
+    dev, sysfs = fake_tree(tmp_path)
+    junk_nodes(dev)
+    cmd = [*SO101D, "find-cameras", "--dev", str(dev), "--sys", str(sysfs)]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert out.count("not usable as a camera") == 2, out
+    blocks = out[out.index("# paste into") :]
+    assert "[cameras.front]" in blocks and BY_ID in blocks and "video4" not in blocks and "video5" not in blocks, blocks
+    assert "[cameras.wrist]" not in blocks, blocks  # no invented 640x480 block for what does not open
+    (dev / "video0").unlink()  # only the junk left
+    r = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert r.returncode == 1, r.stdout
+    cams = json.loads(r.stdout)["cameras"]
+    assert [c["usable"] for c in cams] == [False, False] and [c["config"] for c in cams] == ["", ""], cams
+    assert all("does not open" in c["problem"] for c in cams), cams
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert r.returncode == 1 and "no usable camera: 2 video node(s)" in r.stdout, r.stdout
+
+
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not SYSTEM_PYTHON.exists(), reason="needs root to make a node and drop to nobody"
+)
+def test_a_camera_node_the_user_may_not_open_says_which_group_to_join(tmp_path):
+    # discovery imports only the standard library: a system python as user nobody runs it
+    # pytest's tmp_path is root's alone (0700 above it): nobody must reach the tree
+    with tempfile.TemporaryDirectory(prefix="so101d-dev-") as top:
+        os.chmod(top, 0o755)
+        dev = Path(top) / "dev"
+        dev.mkdir(mode=0o755)
+        out = _modes_error_as_nobody(dev)
+    assert "Permission denied" in out and "usermod -aG video" in out, out
+
+
+def _modes_error_as_nobody(dev: Path) -> str:
+    os.mknod(dev / "video0", 0o600 | stat.S_IFCHR, os.makedev(81, 0))  # root's, like /dev/video0 is video's
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path;"
+        "from drivers.camera_discovery import find_video_nodes;"
+        "print(find_video_nodes(Path(sys.argv[2]), Path(sys.argv[2]))[0].modes_error)"
+    )
+    repo = str(Path(__file__).resolve().parent.parent)
+    r = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(SYSTEM_PYTHON), "-c", code, repo, str(dev)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout

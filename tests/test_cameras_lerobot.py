@@ -4,8 +4,12 @@ camera negotiated and delivers is checked at open; unplug and replug are survive
 
 from __future__ import annotations
 
+import json
+import os
+import threading
 import time
 from pathlib import Path
+from typing import cast
 
 import cv2
 import numpy as np
@@ -14,8 +18,9 @@ from cameras_support import PipeCamera
 from support import wait_for
 
 from daemon.config.settings import config_from_dict
-from daemon.service.cameras import build_cameras
-from drivers.camera_lerobot import LeRobotCamera, Mode, verify
+from daemon.data.recorder import Recorder, save_extras_bytes
+from daemon.service.cameras import CameraEpisodeHook, build_cameras
+from drivers.camera_lerobot import CameraEvent, LeRobotCamera, Mode, verify
 from drivers.cameras import Camera, CameraConfig
 
 # LeRobot logs the end of a stream from its read thread by raising there: expected when unplugged
@@ -139,7 +144,7 @@ def test_unplug_marks_the_camera_gone_and_replug_reopens_it_by_its_path(pipes):
         assert cam.latest_frame() is None  # nothing stale is served as new
         st = cam.stats()
         assert st["gone_events"] == 1 and st["gone_for_s"] is not None and "gone" in st["error"]
-        assert "is gone" in cam.refusal()
+        assert "is gone" in cam.refusal() and "gone: gone" not in cam.refusal(), cam.refusal()
         frames_before = st["frames"]
         src.replug()
         wait_for(lambda: cam.state == "streaming", 30, f"the camera back ({cam.stats()})")
@@ -186,3 +191,108 @@ def test_configuration_takes_lerobot_options_and_bad_ones_are_refused(tmp_path):
         build_cameras(config_from_dict({"cameras": {"d": {"kind": "intelrealsense"}}}).cameras)
     with pytest.raises(ValueError, match="server_address"):
         build_cameras(config_from_dict({"cameras": {"z": {"kind": "zmq"}}}).cameras)
+
+
+def capture_threads(cam: LeRobotCamera) -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == f"camera-{cam.name}" and t.is_alive()]
+
+
+def test_a_pipe_whose_writer_stops_is_gone_comes_back_with_a_new_writer_and_stops_at_once(pipes):
+    # a named pipe with nothing writing to it blocks whoever opens it to read: the camera must
+    # wait for a writer where it still sees stop and a new pipe at the path, not inside the open
+    src = pipes()
+    cam = camera(src.path)
+    cam.start()
+    try:
+        assert settled(cam) == "streaming"
+        src.stop_writer()  # the path stays: only its writer is gone
+        wait_for(lambda: cam.state == "gone", 30, "the camera marked gone")
+        src.resume_writer()  # a writer on the same pipe
+        wait_for(lambda: cam.state == "streaming", 30, f"back with a writer on the same pipe ({cam.stats()})")
+        src.unplug()
+        wait_for(lambda: cam.state == "gone", 30, "gone again")
+        src.replug()  # a new pipe at the same path (a by-id link to another node)
+        wait_for(lambda: cam.state == "streaming", 30, f"back on a new pipe at its path ({cam.stats()})")
+        src.stop_writer()
+        wait_for(lambda: cam.state == "gone", 30, "gone a third time")
+        wait_for(lambda: "nothing writes" in cam.stats()["error"], 10, f"the status says why ({cam.stats()})")
+    finally:
+        cam.stop()
+    assert capture_threads(cam) == [], "the capture thread outlived stop (stuck opening a pipe with no writer)"
+    assert [e.kind for e in cam.events] == ["gone", "back", "gone", "back", "gone"], cam.events
+
+
+def test_a_pipe_nobody_writes_to_yet_is_opening_says_why_and_stops_at_once(tmp_path):
+    path = tmp_path / "video-nowriter"
+    os.mkfifo(path)
+    cam = camera(path)
+    cam.start()
+    try:
+        wait_for(lambda: "nothing writes" in cam.refusal(), 10, f"the refusal says why ({cam.stats()})")
+        assert cam.state == "opening"
+    finally:
+        cam.stop()
+    assert capture_threads(cam) == [], "the capture thread outlived stop (stuck opening a pipe with no writer)"
+
+
+def test_a_camera_back_is_dated_by_its_first_frame_not_by_the_end_of_its_check(pipes):
+    # frames are recorded again from the first one after the reopen (during the second of rate
+    # checking too): the tag's "back at" must not claim they were missing for that second
+    src = pipes()
+    cam = camera(src.path)
+    cam.start()
+    try:
+        assert settled(cam) == "streaming"
+        src.unplug()
+        wait_for(lambda: cam.state == "gone", 30, "gone")
+        src.replug()
+        wait_for(lambda: cam.latest_frame() is not None, 30, "a frame after the replug")
+        first = cam.latest_frame()
+        assert first is not None
+        wait_for(lambda: cam.state == "streaming", 30, "back")
+    finally:
+        cam.stop()
+    back = [e for e in cam.events if e.kind == "back"]
+    assert len(back) == 1 and back[0].monotonic_s <= first.capture_monotonic_s, (back, first.capture_monotonic_s)
+
+
+def test_many_gaps_of_one_camera_fit_the_tag_in_one_note():
+    cam = LeRobotCamera(CameraConfig("front", device="/dev/v4l/by-id/usb-cam-video-index0", width=320, height=240))
+    hook = CameraEpisodeHook([cam])
+    cam.state = "streaming"  # as it was when the episode started
+    hook.episode_starting(cast(Recorder, None))  # the hook asks nothing of the recorder
+    t0 = time.monotonic()  # the episode's start, give or take the microseconds since
+    why = "its read thread stopped (unplugged, or the stream ended)"
+    for i in range(6):
+        cam.events.append(CameraEvent("gone", t0 + 2 * i + 1.0, why))
+        cam.events.append(CameraEvent("back", t0 + 2 * i + 1.5))
+    cam.events.append(CameraEvent("gone", t0 + 20.0, why))  # and not back by the end
+    _, notes = hook.episode_ending(cast(Recorder, None), saved=True)
+    extras = json.loads(save_extras_bytes({"origin": "teleop", "notes": ["another hook's note", *notes]}))
+    mine = [n for n in extras["notes"] if n.startswith("camera front")]
+    assert len(mine) == 1 and not any("dropped" in n for n in extras["notes"]), extras["notes"]
+    assert "gone 7 times" in mine[0] and "1.00-1.50" in mine[0] and "20.00-end" in mine[0], mine[0]
+    assert "recorded missing" in mine[0], mine[0]
+
+
+def test_a_camera_that_stops_sending_while_plugged_in_is_gone_until_it_sends_again(pipes):
+    # a frozen camera (firmware hang, bandwidth starved) keeps its device open and its read
+    # blocked: no frame for seconds must not be shown as "streaming" with the last frame served
+    src = pipes()
+    cam = camera(src.path)
+    cam.start()
+    try:
+        assert settled(cam) == "streaming"
+        src.freeze()
+        wait_for(lambda: cam.state == "gone", 30, f"the frozen camera marked gone ({cam.stats()})")
+        assert cam.latest_frame() is None
+        assert "stopped sending" in cam.refusal(), cam.refusal()
+        frames = cam.stats()["frames"]
+        src.thaw()
+        wait_for(lambda: cam.state == "streaming", 30, f"sending again ({cam.stats()})")
+        wait_for(lambda: cam.stats()["frames"] > frames + 5, 20, "frames again")
+    finally:
+        src.thaw()
+        cam.stop()
+    assert [e.kind for e in cam.events] == ["gone", "back"], cam.events
+    assert "stopped sending" in cam.events[0].why

@@ -121,6 +121,19 @@ def test_a_daemon_killed_while_its_writer_starts_leaves_no_writer_behind(tmp_pat
     assert "parent process died" not in log  # it did not finish its start first
 
 
+def test_a_recorder_closed_while_its_writer_starts_leaves_no_writer_behind(tmp_path):
+    """The daemon stopped (or a test done) before its writer finished starting: close returns at
+    once and no writer is left importing for nobody (it ignores SIGTERM)."""
+    rec = Recorder(RecorderConfig(root=str(tmp_path / "ds")), [])
+    rec.open()
+    writer = rec._proc
+    assert writer is not None and writer.is_alive() and not rec._ready.is_set()
+    started = time.monotonic()
+    assert rec.close(timeout_s=30) == []
+    assert not writer.is_alive()
+    assert time.monotonic() - started < 10  # not the 30 s stop timeout
+
+
 def test_kill_9_everything_mid_episode(tmp_path):
     root = tmp_path / "ds"
     proc, writer = run_child_until_kill_point(root, "mid_episode")

@@ -386,6 +386,13 @@ class Recorder:
         while self._q and feeder is not None and feeder.is_alive() and writer_alive and time.monotonic() < deadline:
             time.sleep(0.01)
             writer_alive = self._proc.is_alive()
+        if self._proc is not None and self._proc.is_alive() and not self._ready.is_set():
+            # Still starting (importing LeRobot: minutes at nice 19 on a busy machine): nothing of
+            # this session is in it yet, and a staged episode it was to commit stays staged for
+            # the next start, so stopping it now loses nothing, as a power cut there would not.
+            log.info("shutdown: the dataset writer was still starting; stopped at once")
+            self._proc.kill()
+            self._proc.join(5)
         if self._conn is not None and self._proc is not None and self._proc.is_alive():
             try:
                 self._conn.send({"cmd": "stop"})
@@ -394,10 +401,10 @@ class Recorder:
             self._proc.join(max(0.1, deadline - time.monotonic()))
             if self._proc.is_alive():
                 log.error(
-                    "writer process did not finish within %.0f s ([recording] stop_timeout_s); terminating it",
+                    "writer process did not finish within %.0f s ([recording] stop_timeout_s); killing it (staged episodes stay for the next start)",
                     timeout_s,
                 )
-                self._proc.terminate()
+                self._proc.kill()  # it ignores SIGTERM (systemd's stop reaches the whole group)
                 self._proc.join(5)
         self._running = False
         self._wake.set()

@@ -166,26 +166,37 @@ class CameraEpisodeHook:
         return None, notes
 
 
+GAPS_LISTED = 6  # a note lists this many gaps; a tag's notes share a few hundred bytes
+
+
 def _gap_notes(cam: LeRobotCamera, started_s: float) -> list[str]:
-    """'camera front: gone at 3.20 s (why), back at 5.10 s' for each time it went away this episode."""
-    notes: list[str] = []
-    gone: float | None = None
+    """One note per camera that went away this episode: 'camera front: gone at 3.20 s (why), back
+    at 5.10 s' for one gap; for several, one line listing them (the tag holds a few short notes,
+    and a note per gap would push the others out)."""
+    gaps: list[tuple[float, float | None]] = []
     why = ""
     for e in cam.events_since(started_s):
         if e.kind == "gone":
-            gone, why = e.monotonic_s - started_s, e.why
-        elif e.kind == "back" and gone is not None:
-            notes.append(
-                f"camera {cam.name}: gone at {gone:.2f} s ({why}), back at {e.monotonic_s - started_s:.2f} s; "
-                "its frames in between are recorded missing"
-            )
-            gone = None
-    if gone is not None:
-        notes.append(
-            f"camera {cam.name}: gone at {gone:.2f} s ({why}), not back by the end; "
-            "its frames from then are recorded missing"
-        )
-    return notes
+            gaps.append((e.monotonic_s - started_s, None))
+            why = e.why
+        elif e.kind == "back" and gaps and gaps[-1][1] is None:
+            gaps[-1] = (gaps[-1][0], e.monotonic_s - started_s)
+    if not gaps:
+        return []
+    if len(gaps) == 1:
+        gone, back = gaps[0]
+        if back is None:
+            return [
+                f"camera {cam.name}: gone at {gone:.2f} s ({why}), not back by the end; "
+                "its frames from then are recorded missing"
+            ]
+        return [
+            f"camera {cam.name}: gone at {gone:.2f} s ({why}), back at {back:.2f} s; "
+            "its frames in between are recorded missing"
+        ]
+    spans = [f"{a:.2f}-{'end' if b is None else f'{b:.2f}'}" for a, b in gaps]
+    listed = spans if len(spans) <= GAPS_LISTED else [*spans[: GAPS_LISTED - 1], "...", spans[-1]]
+    return [f"camera {cam.name}: gone {len(gaps)} times, frames recorded missing at {', '.join(listed)} s ({why})"]
 
 
 def cameras_status(cameras: list[Camera]) -> dict[str, dict[str, object]]:

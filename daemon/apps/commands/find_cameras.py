@@ -5,7 +5,8 @@
     so101d find-cameras --json            # the same for a program
     so101d find-cameras --no-snapshot     # do not open the cameras (one is in use by the daemon)
 
-Exit status 0 when at least one camera was found, 1 when none was.
+Exit status 0 when at least one usable camera was found, 1 when none was (a node that neither
+tells its modes nor opens is listed with why, without a block to paste).
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from drivers.camera_discovery import FoundCamera, config_block, find_video_nodes, open_default, suggested_mode
+from drivers.camera_discovery import (
+    FoundCamera,
+    config_block,
+    dangling_by_id,
+    find_video_nodes,
+    open_default,
+    suggested_mode,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,14 +57,24 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_snapshot:
         for cam in cams:
             open_default(cam, snapshots)
-    names = _table_names(cams)
+    dangling = dangling_by_id(Path(args.dev))
+    usable = [cam for cam in cams if not cam.unusable()]
+    names = dict(zip((id(cam) for cam in usable), _table_names(usable)))
     if args.json:
         out = [
-            asdict(cam) | {"suggested": suggested_mode(cam), "config": config_block(name, cam)}
-            for cam, name in zip(cams, names)
+            asdict(cam)
+            | {
+                "usable": not cam.unusable(),
+                "problem": cam.unusable(),
+                "suggested": suggested_mode(cam) if not cam.unusable() else None,
+                "config": config_block(names[id(cam)], cam) if not cam.unusable() else "",
+            }
+            for cam in cams
         ]
-        print(json.dumps({"cameras": out}, indent=2))
-        return 0 if cams else 1
+        print(json.dumps({"cameras": out, "dangling_by_id": dangling}, indent=2))
+        return 0 if usable else 1
+    for link in dangling:
+        print(f"{link}: a by-id link to nothing (that camera is unplugged, or its node is gone)")
     if not cams:
         print(f"no camera found (no {Path(args.dev) / 'video*'}); is it plugged in? (`lsusb`, `dmesg | tail`)")
         return 1
@@ -71,9 +89,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"  snapshot: {cam.snapshot}")
         if cam.snapshot_error:
             print(f"  snapshot: none ({cam.snapshot_error})")
+        if cam.unusable():
+            print("  not usable as a camera: no block to paste")
         print()
+    if not usable:
+        print(f"no usable camera: {len(cams)} video node(s), none tells its modes or opens (see above)")
+        return 1
     print("# paste into so101d.toml (rename the tables; `so101d doctor` checks the USB bandwidth):")
-    for cam, name in zip(cams, names):
-        print(config_block(name, cam))
+    for cam in usable:
+        print(config_block(names[id(cam)], cam))
         print()
     return 0
