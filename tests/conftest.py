@@ -62,6 +62,7 @@ FILE_KINDS: dict[str, str] = {
     "test_reconnect_port.py": "integration",
     "test_api_refusal_fields.py": "integration",
     "test_suite_setup.py": "integration",
+    "test_merge_older_dataset.py": "unit",
     "test_daemon_seams.py": "integration",
     "test_daemon_socket.py": "integration",
     "test_daemon_socket_lockout.py": "integration",
