@@ -105,7 +105,12 @@ _FD_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class RequestError(Exception):
-    """Raised by a handler to answer {"ok": false, "error": str(exc)}."""
+    """Raised by a handler to answer {"ok": false, "error": str(exc), "field": field}
+    (``field``: the request field that cannot be served as given, e.g. an unknown camera)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class SocketInUseError(RuntimeError):
@@ -705,7 +710,7 @@ class ControlServer:
             result = handler(req.as_dict()) or {}
         except RequestError as exc:
             self._count_error()
-            return _error(str(exc))
+            return _error(str(exc), exc.field)
         except Exception as exc:
             self._count_error()
             _rl.error(f"handler.{cmd}", "handler %r failed: %r", cmd, exc)

@@ -6,12 +6,15 @@ when ``connected`` is True. ``lost()`` is called by whoever saw it fail.
 While it waits out the backoff between two full attempts, the thread pings the servos that were
 missing every ``probe_s`` (``FollowerArm.probe_missing``: a few bytes each, no handshake), so a
 servo that answers again is picked up within a probe period instead of after the full backoff.
+A port that is gone (the USB cable pulled) is looked for the same way: its path is checked every
+``probe_s``, and the next attempt starts as soon as it is back.
 What is missing, on which port, and when the next try is are kept for status (``waiting_text``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +22,7 @@ from typing import Protocol, runtime_checkable
 
 from daemon.control.faults import handshake_fault
 from daemon.system.logs import RateLimitedLogger
-from drivers.arm_interface import Arm
+from drivers.arm_interface import Arm, PortGoneError
 
 log = logging.getLogger("so101d.loop")
 _rl = RateLimitedLogger(log, period_s=5.0, burst=3)
@@ -60,6 +63,7 @@ class ArmLink[ArmT: Arm]:
         self.port = arm.port
         self.missing: tuple[str, ...] = ()  # joints silent at the last attempt or probe (a Feetech arm)
         self.next_try_s: float | None = None  # monotonic time of the next full attempt; None: not waiting
+        self.port_gone = False  # the last attempt found no device at ``port`` (unplugged)
         self.probe_s = PROBE_S
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -107,6 +111,8 @@ class ArmLink[ArmT: Arm]:
         if self.missing:
             servos = ", ".join(self.missing)
             what += f": servo{'s' if len(self.missing) > 1 else ''} {servos} not answering"
+        elif self.port_gone:
+            what += ": the port is gone (unplugged?)"
         elif self.last_error:
             what += f": {self.last_error}"
         nxt = self.next_try_s
@@ -117,6 +123,8 @@ class ArmLink[ArmT: Arm]:
                 what += (
                     f" (the missing servo{'s are' if len(self.missing) > 1 else ' is'} pinged every {self.probe_s:g} s)"
                 )
+            elif self.port_gone:
+                what += f" (the port is looked for every {self.probe_s:g} s)"
         return what
 
     def _wait_backoff(self, delay_s: float) -> bool:
@@ -128,6 +136,14 @@ class ArmLink[ArmT: Arm]:
             left = end - _MONO()
             if left <= 0:
                 return False
+            if self.port_gone:
+                if self._stop.wait(min(self.probe_s, left)):
+                    return True
+                if os.path.exists(self.port):
+                    log.info("%s: %s is back; trying now", self.name, self.port)
+                    self.next_try_s = _MONO()
+                    return False
+                continue
             if not self.missing:
                 return self._stop.wait(left)
             if self._stop.wait(min(self.probe_s, left)):
@@ -171,6 +187,8 @@ class ArmLink[ArmT: Arm]:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 self.handshake_fault = handshake_fault(exc) or self.handshake_fault
                 self.missing = self._missing_now()
+                # a serial device that is not there at all (a network endpoint is never "gone")
+                self.port_gone = isinstance(exc, PortGoneError) and not os.path.exists(self.port)
                 _rl.warning(
                     f"connect.{self.name}",
                     "%s: cannot connect (%s); next try in %.1f s",
@@ -188,6 +206,7 @@ class ArmLink[ArmT: Arm]:
             self.last_error = ""
             self.handshake_fault = ""
             self.missing = ()
+            self.port_gone = False
             self.next_try_s = None
             self.since_s = _MONO()
             self.connected = True

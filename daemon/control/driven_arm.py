@@ -76,6 +76,24 @@ class Selection:
 _NO_SELECTION = Selection(None, "", None)
 
 
+def joint_target(value: object) -> np.ndarray | None:
+    """A source's answer as the cycle takes it: None, or an array of the joints' floats (a
+    list or tuple of numbers is taken too); anything else raises, naming what came, so a client's
+    careless answer holds the arm instead of reaching the safety layer or the recorder."""
+    if value is None:
+        return None
+    if isinstance(value, np.ndarray) and value.dtype == np.float64:
+        arr = value  # the usual answer: no copy on the loop's path
+    else:
+        try:
+            arr = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"a target must be {NUM_JOINTS} joint values, got {type(value).__name__}") from None
+    if arr.shape != (NUM_JOINTS,):
+        raise ValueError(f"a target must be {NUM_JOINTS} joint values, got shape {arr.shape}")
+    return arr
+
+
 class DrivenArm:
     """One follower-like arm and everything the loop keeps about it (see the module docstring)."""
 
@@ -120,6 +138,7 @@ class DrivenArm:
         self.reconfigure = False
         self.ok = False  # this cycle's pose is the connected arm's and recent (update -> hooks)
         self.selection = _NO_SELECTION
+        self.source_error = ""  # why the assigned source gave no target this cycle ("": it did not fail)
         self.next_health_s = 0.0
         self.health_cost_s = 0.005
         self.errors = 0
@@ -220,15 +239,18 @@ class DrivenArm:
         unloaded) gives none either."""
         entry = sources.get(self.source_name)
         target = None
+        self.source_error = ""
         if entry is None:
             sel = Selection(None, self.source_name, None)
         else:
             if self.measured is not None:
                 t0 = monotonic()
                 try:
-                    target = entry.source.target(now, self.measured)
+                    target = joint_target(entry.source.target(now, self.measured))
                 except Exception as exc:
+                    target = None
                     on_error()
+                    self.source_error = f"{type(exc).__name__}: {exc}"[:200]
                     _rl.error(f"{entry.name}.target", "%s target failed (holding): %r", entry.name, exc)
                 calls.note(entry.timing_name, monotonic() - t0)
             sel = Selection(target, entry.name, target if target is not None else entry.last_reading())
@@ -270,6 +292,7 @@ class DrivenArm:
                 fault_now=self.fault_now,
                 clear_fault=self.clear_fault,
                 target_name=sel.name,
+                target_error=self.source_error,
                 dt_s=(now - self._prev_cycle_s) if self._prev_cycle_s is not None else None,
                 realign=self.realign_pending,
             )

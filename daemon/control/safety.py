@@ -110,6 +110,7 @@ class CycleInputs:
     fault_now: str = ""  # a fault seen on the follower right now ("" when none)
     clear_fault: bool = False  # the operator asked to resume (one cycle)
     target_name: str = "leader"  # for the reason text
+    target_error: str = ""  # why the source gave no target this cycle (it raised, or answered junk)
     dt_s: float | None = None  # time since the previous cycle (None: the nominal period)
     # The follower was moved under us (a simulator's scene reset): tracking restarts with
     # alignment from the measured pose, as after a hold, instead of stepping from the last command.
@@ -195,6 +196,8 @@ def update(s: ControllerState, inp: CycleInputs, p: SafetyParams) -> CycleOutput
 
     # --- tracking intents --------------------------------------------------------------------
     target = inp.target
+    if target is None and inp.target_error:
+        return holding("hold", f"{inp.target_name} failed: {inp.target_error}")
     if target is None or inp.target_age_s > p.target_stale_s:
         return holding("hold", f"{inp.target_name} stale")
     if not _finite(target):

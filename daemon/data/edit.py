@@ -30,6 +30,7 @@ from typing import Any
 from daemon.data.schema import (
     EPISODE_TAGS_FILE,
     LEROBOT_AUTO_KEYS,
+    OPTIONAL_KEYS,
     EpisodeTag,
     read_episode_tags,
 )
@@ -211,7 +212,14 @@ def schema_differences(roots: list[Path]) -> list[str]:
         a = {k: v for k, v in first["features"].items() if k not in LEROBOT_AUTO_KEYS}
         b = {k: v for k, v in info["features"].items() if k not in LEROBOT_AUTO_KEYS}
         for key in sorted(set(a) | set(b)):
-            if key not in b:
+            if key in OPTIONAL_KEYS and (key not in a or key not in b):
+                older = root if key not in b else roots[0]
+                diffs.append(
+                    f"{label}: {older} was recorded before so101d wrote the per-frame {key!r} column, "
+                    "and LeRobot merges only datasets of the same features: merge it with datasets of "
+                    "its own age, or record on into it (new episodes keep its features)"
+                )
+            elif key not in b:
                 diffs.append(f"{label}: feature {key!r} is missing in {root}")
             elif key not in a:
                 diffs.append(f"{label}: feature {key!r} is only in {root}")

@@ -117,11 +117,13 @@ class ConsoleApi:
     def _camera(self, name: Any) -> Any:
         cams = daemon_cameras(self.context)
         if not isinstance(name, str) or not name:
-            raise RequestError(f'"camera" must name a camera ({", ".join(c.name for c in cams) or "none configured"})')
+            raise RequestError(
+                f'"camera" must name a camera ({", ".join(c.name for c in cams) or "none configured"})', "camera"
+            )
         for cam in cams:
             if cam.name == name:
                 return cam
-        raise RequestError(f"no camera {name!r} (configured: {', '.join(c.name for c in cams) or 'none'})")
+        raise RequestError(f"no camera {name!r} (configured: {', '.join(c.name for c in cams) or 'none'})", "camera")
 
     def camera_list(self, req: dict[str, Any]) -> dict[str, Any]:
         out = []
