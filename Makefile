@@ -2,8 +2,8 @@
 #   make run   - set up .venv and run the daemon on the virtual bench (emulated arms)
 #   make test  - set up .venv and run the test suite (parallel workers, one per file at a time;
 #                TEST_WORKERS=N to change their number; pytest prints the wall time at the end)
-#   make test-unit - only the unit tests (marker `unit`: no pty, child process or daemon), in
-#                seconds, while you work; `make test` runs them too
+#   make test-unit - only the unit tests (marker `unit`: no pty, child process or daemon): about a
+#                minute of CPU (2 min on a busy 2-core machine), while you work; `make test` runs them too
 # Everything installs into .venv; nothing is installed system-wide.
 
 VENV   := .venv
