@@ -101,6 +101,11 @@ def test_unplugged_mid_episode_the_episode_goes_on_with_missing_frames_and_loads
             st = c.request("status")
             assert st["cameras"]["front"]["state"] == "gone" and st["cameras"]["front"]["device"] == str(src.path)
             assert "camera front GONE" in one_line(st), one_line(st)
+            # the console's preview says why there is no picture, not "no frame yet"
+            wait_until(lambda: c.request("camera.preview", camera="front")["jpeg_b64"] is None, 10)
+            preview = c.request("camera.preview", camera="front")
+            assert preview["why"].startswith("camera front is gone"), preview
+            assert [x["kind"] for x in c.request("camera.list")["cameras"]] == ["opencv"]
             # the loop and the episode go on without the camera
             assert wait_until(lambda: c.request("episode.status")["frames"] >= at_gone + 15, 30)
             assert c.request("status")["mode"] in ("teleop", "aligning")

@@ -137,7 +137,7 @@ class ConsoleApi:
                     "name": cam.name,
                     "width": int(cam.width),
                     "height": int(cam.height),
-                    "kind": type(cam).__name__,
+                    "kind": str(stats.get("kind") or type(cam).__name__),  # opencv, ...; else the class
                     "stats": stats,
                 }
             )
@@ -157,7 +157,7 @@ class ConsoleApi:
         after = r.after_seq
         frame = cam.latest_frame()  # a reference read: the camera thread published it
         if frame is None:
-            return {"camera": cam.name, "seq": None, "jpeg_b64": None, "why": "no frame from this camera yet"}
+            return {"camera": cam.name, "seq": None, "jpeg_b64": None, "why": _no_frame_why(cam)}
         now_s = time.monotonic()
         if after is not None and frame.seq <= after:
             return {"camera": cam.name, "seq": frame.seq, "unchanged": True}
@@ -197,3 +197,17 @@ def attach_console_api(context: DaemonContext) -> ConsoleApi:
     api = ConsoleApi(context)
     api.register(context.server)
     return api
+
+
+def _no_frame_why(cam: Camera) -> str:
+    """Why a camera has no frame to show: gone (unplugged) or refused says so, with its reason."""
+    try:
+        stats = cam.stats()
+    except Exception as exc:  # the answer still says something true
+        return f"no frame from this camera (its state could not be read: {type(exc).__name__}: {exc})"
+    state, error = stats.get("state"), str(stats.get("error") or "")
+    if state in ("gone", "refused"):
+        return f"camera {cam.name} is {state}" + (f": {error}" if error else "")
+    if error:
+        return f"no frame from this camera: {error}"
+    return "no frame from this camera yet"
