@@ -403,7 +403,7 @@ class PolicyStatus(msgspec.Struct, kw_only=True):
     chunk_age_ms: float | None = None
     inference_latency_ms: LatencyStats | None = None
     overhead_ms: LatencyStats | None = None
-    stages_ms: dict[str, LatencyStats] = msgspec.field(default_factory=dict)
+    stages_ms: dict[str, LatencyStats | None] = msgspec.field(default_factory=dict)  # None: no sample yet
     overhead_stages: list[str] = msgspec.field(default_factory=list)
     gc: PolicyGcStatus | None = None
     requests: int = 0

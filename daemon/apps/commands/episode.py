@@ -46,7 +46,9 @@ def describe(action: str, reply: dict[str, Any]) -> str:
     return f"episode {ep.episode} discarded ({ep.discarded_frames} frames)"
 
 
-def format_status(st: RecordingStatus) -> str:
+def format_status(status: RecordingStatus | dict[str, Any]) -> str:
+    """What `so101d episode status` prints; a dict is the recorder's own section, decoded here."""
+    st = status if isinstance(status, RecordingStatus) else decode_reply(status, RecordingStatus)
     line = f"recording: {st.phase}  episode {st.episode}"
     if st.phase == "recording":
         line += f"  {st.elapsed_s or 0:.1f} s  {st.frames} frames  task {st.task!r}"
