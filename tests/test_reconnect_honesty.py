@@ -13,39 +13,21 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-from support import still_arm_on_pty, wait_for
+from reconnect_support import daemon_on_still_arms
+from support import wait_for
 
 from daemon.api.client import CommandFailed, ControlClient
 from daemon.apps.commands.status import one_line
-from daemon.config.settings import config_from_dict
-from daemon.service.daemon import Daemon
-from drivers.emulator import reference_calibration
-from drivers.feetech_arm import FeetechFollower, FeetechLeader
 
-POSE = np.array([0.0, -60.0, 60.0, 40.0, 0.0, 20.0])
 SILENT_S = 2.0  # how long the servo stays off the bus (the scenario, not a wait for something)
 PICKUP_S = 0.5  # teleop start works again this soon after the servo answers
 
 
 @pytest.fixture
 def bench(tmp_path: Path):
-    _la, lb = still_arm_on_pty(tmp_path / "leader", "leader", POSE)
-    fa, fb = still_arm_on_pty(tmp_path / "follower", "follower", POSE)
-    cfg = config_from_dict({"socket": {"path": str(tmp_path / "c.sock")}})  # the default backoff
-    daemon = Daemon(
-        cfg,
-        FeetechLeader(str(tmp_path / "leader"), reference_calibration("leader")),
-        FeetechFollower(str(tmp_path / "follower"), reference_calibration("follower")),
-    )
-    daemon.start()
-    try:
-        yield daemon, fa, str(tmp_path / "follower"), cfg.socket.path
-    finally:
-        daemon.stop()
-        lb.stop()
-        fb.stop()
+    with daemon_on_still_arms(tmp_path) as b:
+        yield b.daemon, b.follower_arm, b.follower_port, b.socket_path
 
 
 def _names_the_missing_servo(st: dict, port: str) -> bool:

@@ -12,37 +12,19 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-from support import still_arm_on_pty, wait_for
+from reconnect_support import daemon_on_still_arms
+from support import wait_for
 
 from daemon.api.client import ControlClient
-from daemon.config.settings import config_from_dict
-from daemon.service.daemon import Daemon
-from drivers.emulator import reference_calibration
-from drivers.feetech_arm import FeetechFollower, FeetechLeader
 
-POSE = np.array([0.0, -60.0, 60.0, 40.0, 0.0, 20.0])
 PICKUP_S = 0.5  # a port plugged back in is used again this soon
 
 
 @pytest.fixture
 def bench(tmp_path: Path):
-    _la, lb = still_arm_on_pty(tmp_path / "leader", "leader", POSE)
-    _fa, fb = still_arm_on_pty(tmp_path / "follower", "follower", POSE)
-    cfg = config_from_dict({"socket": {"path": str(tmp_path / "c.sock")}})  # the default backoff
-    daemon = Daemon(
-        cfg,
-        FeetechLeader(str(tmp_path / "leader"), reference_calibration("leader")),
-        FeetechFollower(str(tmp_path / "follower"), reference_calibration("follower")),
-    )
-    daemon.start()
-    try:
-        yield daemon, fb, str(tmp_path / "follower"), cfg.socket.path
-    finally:
-        daemon.stop()
-        lb.stop()
-        fb.stop()
+    with daemon_on_still_arms(tmp_path) as b:
+        yield b.daemon, b.follower_bus, b.follower_port, b.socket_path
 
 
 def test_a_port_plugged_back_in_is_found_within_a_probe_period(bench) -> None:
