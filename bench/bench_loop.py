@@ -59,6 +59,10 @@ def run_ours(ports: Path, seconds: float, overlap: bool, rate_hz: float, free_ru
             # health off the measurement
             "control": {"rate_hz": rate_hz, "overlap_io": overlap, "health_period_s": 1e6, "realtime_priority": rt},
             "socket": {"path": str(ports / "unused.sock")},
+            # The leader's demo motion never stops, and a free-running loop steps alignment at most two
+            # nominal (1 ms) periods a cycle: at the default 30 deg/s the follower of a second run can
+            # chase the leader for ever. Alignment is not what is measured, so it is made quick.
+            "safety": {"align_speed_deg_s": 360.0},
         }
     )
     leader = FeetechLeader(str(ports / "leader"), reference_calibration("leader"))
