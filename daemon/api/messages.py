@@ -95,6 +95,13 @@ class PolicyStopRequest(RequestBase, tag="policy.stop"):
     discard: bool | None = None
 
 
+class ReplayStartRequest(RequestBase, tag="replay.start"):
+    dataset: Annotated[str, _text(doc="the dataset's folder (absolute path, on the daemon's machine)")] | None = None
+    episode: Annotated[int, msgspec.Meta(ge=0, le=MAX_FRAME_SEQ, description="episode index")] | None = None
+    speed: Annotated[float, msgspec.Meta(gt=0, le=1, description="fraction of the episode's fps")] | None = None
+    record: bool | None = None
+
+
 # ==================================================================== replies
 class Reply(msgspec.Struct, kw_only=True):
     """Every ok reply: ``ok`` and ``api_version`` come first, the verb's fields after."""
@@ -562,6 +569,49 @@ class PolicyStatusReply(PolicyStatus, kw_only=True):
     api_version: str = API_VERSION
 
 
+class ReplayJointError(msgspec.Struct, kw_only=True):
+    """One joint's error over a replay (degrees; the gripper in % of its range)."""
+
+    joint: str = ""
+    p50: float | None = None
+    p99: float | None = None
+    max: float | None = None
+
+
+class ReplayReport(msgspec.Struct, kw_only=True):
+    """How well the arm followed a replayed episode (daemon/control/tracking_report.py)."""
+
+    outcome: str = ""
+    frames: int | None = None
+    frames_played: int | None = None
+    cycles: int | None = None
+    error: list[ReplayJointError] = msgspec.field(default_factory=list)
+    lag_ms: float | None = None
+    shaped_cycles: int | None = None
+    step_limited_cycles: int | None = None
+    joint_limited_cycles: int | None = None
+    shaped_frames: list[int] = msgspec.field(default_factory=list)
+    sim_gap: list[ReplayJointError] = msgspec.field(default_factory=list)
+    max_command_step: list[float] = msgspec.field(default_factory=list)
+    dropped_cycles: int | None = None
+
+
+class ReplayReply(Reply):
+    """replay.start / stop / status: the replay's phase, its progress and, once ended, its report."""
+
+    message: str = ""
+    phase: str | None = None  # idle, aligning, playing, done, stopped
+    dataset: str | None = None
+    episode: int | None = None
+    frame: int | None = None
+    frames: int | None = None
+    fps: float | None = None
+    speed: float | None = None
+    kind: str | None = None  # the source episode's kind: real, emulated, sim, generated
+    recording: int | None = None  # the operator's number of the episode recording the replay
+    report: ReplayReport | None = None
+
+
 # ==================================================================== the verbs
 @dataclass(frozen=True)
 class VerbSpec:
@@ -608,6 +658,11 @@ _SPECS: Final = (
     _spec("policy.takeover", PolicyReply, "Hand the arm from the policy to the leader, aligned."),
     _spec("policy.unload", PolicyReply, "Unload the policy."),
     _spec("policy.status", PolicyStatusReply, "The policy's state and timing."),
+    _spec(
+        "replay.start", ReplayReply, "Align to an episode's first action, then play its actions.", ReplayStartRequest
+    ),
+    _spec("replay.stop", ReplayReply, "Stop the replay now: hold."),
+    _spec("replay.status", ReplayReply, "The replay's progress, and its tracking report once it ended."),
 )
 VERBS: Final[dict[str, VerbSpec]] = {s.verb: s for s in _SPECS}
 

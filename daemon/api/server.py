@@ -92,6 +92,8 @@ OPERATOR_VERBS = frozenset(
         "idle",
         "episode.status",
         "policy.status",
+        "replay.stop",
+        "replay.status",
     }
 )
 # The one line a connection closed for being idle receives (evicted at the limit, or silent for

@@ -50,6 +50,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "sim-follower": ("sim_bridge.cli", "serve a simulated follower (MuJoCo) for the daemon over ZeroMQ"),
     # datasets
+    "replay": ("daemon.apps.commands.replay", "play a dataset episode on the arm, then report how it followed"),
     "episode": ("daemon.apps.commands.episode", "start, save (--success/--failure) or discard an episode"),
     "record": (
         "daemon.apps.commands.record",

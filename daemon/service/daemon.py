@@ -384,6 +384,9 @@ class Daemon:
         if self.policy is None:  # tests may attach their own first
             self.policy = attach_policy(self.context, recorder=self.recorder)
         # --- end of the policy hook
+        from daemon.service.attach_replay import attach_replay
+
+        attach_replay(self.context)  # replay.start / stop / status
         rl = self.cfg.leisaac_remote_leader
         if rl.enabled:
             cal = self.leader.calibration if self.leader is not None else None

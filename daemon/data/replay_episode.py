@@ -1,0 +1,117 @@
+"""One episode of a dataset at rest, read for replay on an arm, or refused before anything moves.
+
+The episode's ``action`` (and, for a simulated or imported episode, its recorded
+``observation.state``: the sim side of the sim-to-real comparison) come back as plain arrays; the
+control layer's ``ReplaySource`` plays them. Refused, naming the mismatch: a folder that is not a
+LeRobot v3.0 dataset, an episode index out of range, a two-arm (``left_``/``right_``) episode on
+one arm, an action or state feature whose dtype, shape, joint names or joint order differ from the
+follower's (``daemon.data.schema``: LeRobot SO follower units, body joints in degrees, gripper
+0..100).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from calibration.conventions import FEATURE_NAMES
+from daemon.data.schema import ACTION_KEY, STATE_KEY, EpisodeTag, read_episode_tags
+
+
+class ReplayRefused(ValueError):
+    """The episode cannot be replayed on this arm (the message names why)."""
+
+
+@dataclass(frozen=True)
+class ReplayEpisode:
+    root: Path
+    episode_index: int
+    fps: float
+    task: str
+    actions_units: np.ndarray  # (n, 6)
+    state_units: np.ndarray | None  # (n, 6) the recorded state, for a sim episode (else None)
+    kind: str  # real | emulated | sim | generated (the tag's; "real" when untagged)
+    uid: str  # the recording uid in its tag ("" when untagged)
+
+
+def _feature_mismatch(key: str, feat: dict[str, object] | None, arm: str) -> str:
+    want = list(FEATURE_NAMES)
+    if feat is None:
+        return f"the dataset has no {key!r} feature"
+    names = list(feat.get("names") or [])  # type: ignore[call-overload]  # JSON list or None
+    if names and all(str(n).startswith(("left_", "right_")) for n in names):
+        return (
+            f"{key!r} is a two-arm episode ({len(names)} joints, left_/right_) and this daemon drives one arm "
+            f"({arm}): replay it on a bimanual bench"
+        )
+    if feat.get("dtype") not in ("float32", "float64"):
+        return f"{key!r} dtype {feat.get('dtype')!r}, the follower's is 'float32'"
+    shape = list(feat.get("shape") or [])  # type: ignore[call-overload]
+    if shape != [len(want)]:
+        return f"{key!r} shape {shape}, the follower's is [{len(want)}]"
+    if names != want:
+        if sorted(names) == sorted(want):
+            return f"{key!r} joint order {names} differs from the follower's {want}"
+        return f"{key!r} joints {names} differ from the follower's {want}"
+    return ""
+
+
+def load_replay_episode(root: Path, episode_index: int, arm: str = "follower") -> ReplayEpisode:
+    """The episode's arrays, or ReplayRefused naming why not (nothing is read past the refusal)."""
+    import pyarrow.parquet as pq
+
+    root = Path(root)
+    info_path = root / "meta" / "info.json"
+    if not info_path.exists():
+        raise ReplayRefused(f"{root}: no LeRobot dataset here (meta/info.json missing)")
+    info = json.loads(info_path.read_text())
+    if not str(info.get("codebase_version", "")).startswith("v3"):
+        raise ReplayRefused(f"{root}: LeRobot dataset {info.get('codebase_version')}, not v3.0")
+    total = int(info.get("total_episodes", 0))
+    if not 0 <= episode_index < total:
+        last = f"0..{total - 1}" if total else "none"
+        raise ReplayRefused(f"episode {episode_index} is out of range: {root} has {total} episodes ({last})")
+    feats = info.get("features", {})
+    for key in (ACTION_KEY, STATE_KEY):
+        why = _feature_mismatch(key, feats.get(key), arm)
+        if why:
+            raise ReplayRefused(why)
+    rows: list[np.ndarray] = []
+    states: list[np.ndarray] = []
+    for path in sorted((root / "data").glob("chunk-*/file-*.parquet")):
+        t = pq.read_table(path, columns=["episode_index", "frame_index", ACTION_KEY, STATE_KEY])
+        eps = t.column("episode_index").to_numpy()
+        mask = eps == episode_index
+        if not mask.any():
+            continue
+        t = t.filter(mask)
+        order = np.argsort(t.column("frame_index").to_numpy(), kind="stable")
+        rows.append(np.asarray(t.column(ACTION_KEY).to_pylist(), np.float64)[order])
+        states.append(np.asarray(t.column(STATE_KEY).to_pylist(), np.float64)[order])
+    if not rows:
+        raise ReplayRefused(f"episode {episode_index} has no rows in {root}/data")
+    actions, state = np.concatenate(rows), np.concatenate(states)
+    if not np.all(np.isfinite(actions)):
+        bad = int(np.flatnonzero(~np.isfinite(actions).all(axis=1))[0])
+        raise ReplayRefused(f"episode {episode_index}: action is NaN or infinite from frame {bad}")
+    tag: EpisodeTag | None = read_episode_tags(root).get(episode_index)
+    kind = tag.kind if tag is not None else "real"
+    task = ""
+    for mpath in sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet")):
+        mt = pq.read_table(mpath, columns=["episode_index", "tasks"])
+        for ep, tasks in zip(mt.column("episode_index").to_pylist(), mt.column("tasks").to_pylist()):
+            if int(ep) == episode_index:
+                task = ", ".join(tasks or [])
+    return ReplayEpisode(
+        root=root,
+        episode_index=episode_index,
+        fps=float(info["fps"]),
+        task=task,
+        actions_units=actions,
+        state_units=state if kind in ("sim", "generated") else None,
+        kind=kind,
+        uid=tag.uid if tag is not None else "",
+    )

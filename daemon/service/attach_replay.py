@@ -1,0 +1,217 @@
+"""Wires episode replay into the running daemon: the ``replay.*`` socket verbs.
+
+``replay.start`` reads the episode at rest (``daemon.data.replay_episode``: refused before
+anything moves when it does not fit this arm), offers a ``ReplaySource`` to the loop and assigns
+it to the follower with a forced re-alignment, so safety brings the arm to the first action at
+the safe speed whatever it was doing; then the intent is ``teleop`` (tracking) with the follower
+driven by the replay. Hold (the verb, the console, SIGUSR1) or ``replay.stop`` ends it at once:
+the arm holds. At its end the arm holds too, the follower is handed back to the leader (still
+holding), and the tracking report is kept for ``replay.status``. With recording on, the replay
+is an episode of origin ``replay`` whose tag names the source episode and carries the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from calibration.conventions import FEATURE_NAMES
+from daemon.api.server import RequestError
+from daemon.control.driven_arm import DrivenArm
+from daemon.control.replay_source import ReplaySource
+from daemon.control.tracking_report import TrackingReport, tracking_report
+from daemon.data.replay_episode import ReplayEpisode, ReplayRefused, load_replay_episode
+from daemon.service.context import DaemonContext, HasContext, context_of
+
+log = logging.getLogger("so101d.replay")
+SOURCE_NAME = "replay"
+_WATCH_PERIOD_S = 0.02  # how often the watcher looks for the replay's end (not on the loop thread)
+
+
+@dataclasses.dataclass
+class _Running:
+    episode: ReplayEpisode
+    source: ReplaySource
+    speed: float
+    recording: int | None
+
+
+class ReplayController:
+    """One replay at a time on the primary arm (see the module docstring)."""
+
+    def __init__(self, ctx: DaemonContext) -> None:
+        self.ctx = ctx
+        self._lock = threading.Lock()
+        self._running: _Running | None = None
+        self._last: dict[str, Any] = {"phase": "idle", "message": "no replay yet"}
+
+    # ------------------------------------------------------------------ verbs
+    def start(self, dataset: str | None, episode: int | None, speed: float | None, record: bool | None) -> dict:
+        if not dataset:
+            raise RequestError("replay.start needs the dataset's folder", field="dataset")
+        if episode is None:
+            raise RequestError("replay.start needs the episode index", field="episode")
+        speed = 1.0 if speed is None else float(speed)
+        loop = self.ctx.loop
+        arm: DrivenArm = loop.primary
+        with self._lock:
+            if self._running is not None:
+                raise RequestError("a replay is running already (replay.stop ends it)")
+            if len(loop.arms) > 1:
+                raise RequestError("replay drives one arm; this daemon drives " + ", ".join(a.name for a in loop.arms))
+            try:
+                ep = load_replay_episode(Path(dataset).expanduser(), int(episode), arm.name)
+            except ReplayRefused as exc:
+                field = "episode" if "out of range" in str(exc) else "dataset"
+                raise RequestError(f"replay refused: {exc}", field=field) from None
+            st = arm.state
+            if st.mode in ("disconnected", "fault") or arm.params is None:
+                raise RequestError(f"replay refused: the follower is {st.mode} ({st.reason})")
+            if not loop.torque_wanted:
+                raise RequestError("replay refused: torque is off (torque.on first)")
+            src = ReplaySource(ep.actions_units, ep.fps, speed, arm, loop.period_s)
+            number = self._start_recording(ep, record)
+            loop.add_source(SOURCE_NAME, src, src.last_target)
+            loop.assign(arm.name, SOURCE_NAME)
+
+            def begin() -> None:
+                arm.realign_pending = True  # align from the measured pose, whatever drove it before
+                loop.set_intent("teleop")
+
+            try:
+                loop.call(begin, timeout_s=3.0)
+            except (RuntimeError, TimeoutError, ValueError) as exc:
+                loop.remove_source(SOURCE_NAME)
+                raise RequestError(f"replay: the control loop did not take it: {exc}") from None
+            self._running = _Running(ep, src, speed, number)
+        threading.Thread(target=self._watch, name="so101d-replay", daemon=True).start()
+        log.info(
+            "replay of %s episode %d (%d frames at %g fps x %g)", ep.root, ep.episode_index, src.frames, ep.fps, speed
+        )
+        return self._progress(self._running, f"aligning to episode {ep.episode_index}'s first action, then playing it")
+
+    def stop(self) -> dict:
+        run = self._running
+        if run is None:
+            return {**self._last, "message": "no replay is running"}
+        run.source.stop("stopped by the operator")
+        try:
+            self.ctx.loop.call(lambda: self.ctx.loop.set_intent("hold"), timeout_s=3.0)
+        except (RuntimeError, TimeoutError) as exc:
+            log.error("replay.stop: the loop did not take the hold: %s", exc)
+        return self._progress(run, "replay stopped: holding")
+
+    def status(self) -> dict:
+        run = self._running
+        return self._progress(run, "replaying") if run is not None else dict(self._last)
+
+    def close(self) -> None:
+        """The daemon is stopping: a running replay ends (the watcher saves its episode)."""
+        run = self._running
+        if run is not None:
+            run.source.stop("the daemon is stopping")
+
+    # ------------------------------------------------------------------ internals
+    def _progress(self, run: _Running | None, message: str) -> dict:
+        if run is None:
+            return dict(self._last)
+        return {
+            "message": message,
+            "phase": run.source.phase,
+            "dataset": str(run.episode.root),
+            "episode": run.episode.episode_index,
+            "frame": run.source.frame,
+            "frames": run.source.frames,
+            "fps": run.episode.fps,
+            "speed": run.speed,
+            "kind": run.episode.kind,
+            "recording": run.recording,
+        }
+
+    def _start_recording(self, ep: ReplayEpisode, record: bool | None) -> int | None:
+        rec = self.ctx.recorder
+        if rec is None or record is False:
+            if record:
+                raise RequestError("replay refused: recording is not enabled ([recording] enabled = true)")
+            return None
+        if rec.phase != "idle":
+            if record:
+                raise RequestError(f"replay refused: the recorder is {rec.phase}, not idle")
+            return None
+        try:
+            r = rec.start_episode(ep.task or f"replay of episode {ep.episode_index}", origin="replay")
+        except Exception as exc:
+            raise RequestError(f"replay refused: the replay's episode did not start: {exc}") from None
+        return int(r["episode"]) if r.get("episode") is not None else None
+
+    def _watch(self) -> None:
+        run = self._running
+        assert run is not None
+        src, loop = run.source, self.ctx.loop
+        while src.phase in ("aligning", "playing") and loop.is_running():
+            time.sleep(_WATCH_PERIOD_S)
+        if src.phase in ("aligning", "playing"):
+            src.stop("the daemon is stopping")
+        try:
+            loop.call(lambda: loop.set_intent("hold"), timeout_s=3.0)
+            if "leader" in loop.sources:
+                loop.assign(loop.primary.name, "leader").result(timeout=3.0)
+        except Exception as exc:
+            log.error("replay end: the loop did not take the hold: %s", exc)
+        loop.remove_source(SOURCE_NAME)
+        outcome = "done" if src.phase == "done" else f"stopped: {src.why}"
+        report = tracking_report(
+            src.log(), list(FEATURE_NAMES), src.frames, outcome, loop.period_s, run.episode.state_units
+        )
+        self._save_recording(run, report)
+        log.info("%s", report.summary())
+        with self._lock:
+            self._last = {
+                **self._progress(run, report.summary()),
+                "phase": src.phase,
+                "report": dataclasses.asdict(report),
+            }
+            self._running = None
+
+    def _save_recording(self, run: _Running, report: TrackingReport) -> None:
+        rec = self.ctx.recorder
+        if run.recording is None or rec is None:
+            return
+        ep = run.episode
+        of = f"replay_of={ep.uid}" if ep.uid else "replay_of=untagged"
+        notes = [f"{of} episode {ep.episode_index} of {ep.root.name}", report.summary()[:200]]
+        worst = {e.joint: e.p99 for e in report.error}
+        notes.append("tracking_p99=" + ",".join(f"{v:.2f}" for v in worst.values()))
+        try:
+            rec.save_episode(None, notes=notes)
+        except Exception as exc:
+            log.error("replay: its episode was not saved: %s", exc)
+
+
+def attach_replay(daemon: DaemonContext | HasContext) -> ReplayController:
+    """Register replay.start / stop / status on the daemon's control socket."""
+    ctx = context_of(daemon)
+    ctl = ReplayController(ctx)
+    reg = ctx.server.register
+
+    def _int(req: dict[str, Any], key: str) -> int | None:
+        v = req.get(key)
+        return None if v is None else int(v)
+
+    reg(
+        "replay.start",
+        lambda req: ctl.start(
+            req.get("dataset"),
+            _int(req, "episode"),
+            req.get("speed"),
+            req.get("record"),
+        ),
+    )
+    reg("replay.stop", lambda req: ctl.stop())
+    reg("replay.status", lambda req: ctl.status())
+    ctx.on_stop.append(ctl.close)
+    return ctl

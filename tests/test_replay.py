@@ -1,0 +1,221 @@
+"""`so101d replay` on the virtual bench, through the real daemon (`so101d run`).
+
+One daemon for the file, recording into its own dataset. An episode is recorded there by teleop
+(the emulated leader moved by a motion source), then replayed: the report's tracking error is
+small, the replay is recorded as an episode of origin ``replay`` naming the source episode's
+uid, and LeRobot loads the result. A synthetic "Mimic" episode (a 40 degree jump, a segment at
+twice the STS3215's rated speed) is replayed under the step limit: no command step is larger than
+the safety limit, and the report counts the shaped cycles. Bad inputs are refused before anything
+moves: the emulated follower's goal registers are the same before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dataset_support import FPS, Ep, make_dataset, smooth_motion
+from recording_support import wait_until
+from support import wait_status
+from virtual_bench_support import BENCH_POSE_UNITS, VirtualBench, open_virtual_bench
+
+from daemon.api.client import ControlClient
+
+SO101D = [sys.executable, "-m", "daemon.apps.cli"]
+RATE_HZ = 60.0
+MAX_STEP_DEG = 10.0
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*SO101D, *args], capture_output=True, text=True, timeout=timeout, env=dict(os.environ, HF_HUB_OFFLINE="1")
+    )
+
+
+class BenchMotion:
+    """The leader moved by hand along the test datasets' smooth motion, around the bench pose."""
+
+    def pose_at(self, t_s: float) -> np.ndarray:
+        k = int(t_s * FPS) % (FPS * 60)
+        m = smooth_motion(k + 1)[-1].astype(np.float64)
+        return BENCH_POSE_UNITS + np.r_[m[:5] * 0.5, m[5] - 50.0] * np.r_[1, 1, 1, 1, 1, 0.6]
+
+
+@dataclass
+class Bench:
+    vb: VirtualBench
+    data: Path  # the daemon's dataset
+    proc: subprocess.Popen
+    sock: list[str]
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory) -> Iterator[Bench]:
+    with open_virtual_bench() as vb:
+        data = vb.root / "datasets"
+        cfg = vb.write_config(
+            f'[recording]\nenabled = true\ndataset_root = "{data}"\nrepo_id = "local/replayed"\n'
+            f"[safety]\nmax_step_deg = {MAX_STEP_DEG}\n",
+            rate_hz=RATE_HZ,
+        )
+        log_path = vb.root / "so101d.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                [*SO101D, "run", "--config", str(cfg)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ, HF_HUB_OFFLINE="1"),
+                start_new_session=True,
+            )
+        try:
+            wait_status(vb.socket_path, lambda s: (s.get("recording") or {}).get("phase") == "idle", 180, proc)
+            yield Bench(vb, data / "local" / "replayed", proc, ["--socket", str(vb.socket_path)], log_path)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(20)
+
+
+def _status(b: Bench) -> dict:
+    with ControlClient(b.vb.socket_path, timeout_s=10) as c:
+        return c.request("status")
+
+
+def _record_teleop_episode(b: Bench, frames: int) -> int:
+    """An episode recorded on the bench by teleop: the leader moves, the follower follows."""
+    with ControlClient(b.vb.socket_path, timeout_s=10) as c:
+        before = int(c.request("episode.status")["episodes_in_dataset"] or 0)
+    b.vb.leader.set_motion(BenchMotion())
+    try:
+        wait_until(lambda: _status(b)["mode"] == "teleop", 30)
+        r = cli("episode", "start", "--task", "wave", *b.sock)
+        assert r.returncode == 0, r.stderr
+        with ControlClient(b.vb.socket_path, timeout_s=10) as c:
+            assert wait_until(lambda: c.request("episode.status")["frames"] >= frames, 60)
+        r = cli("episode", "save", *b.sock)
+        assert r.returncode == 0, r.stderr
+    finally:
+        b.vb.leader.set_pose_units(b.vb.leader.pose_units())
+    with ControlClient(b.vb.socket_path, timeout_s=10) as c:
+        assert wait_until(lambda: int(c.request("episode.status")["episodes_in_dataset"] or 0) > before, 60)
+        return before
+
+
+def test_replay_of_an_episode_recorded_on_the_bench_tracks_closely_and_is_recorded(bench: Bench):
+    ep = _record_teleop_episode(bench, 90)
+    r = cli("replay", str(bench.data), "--episode", str(ep), "--json", *bench.sock)
+    assert r.returncode == 0, (r.stdout, r.stderr, bench.log.read_text()[-3000:])
+    reply = json.loads(r.stdout.strip().splitlines()[-1])
+    rep = reply["report"]
+    assert reply["phase"] == "done" and rep["frames_played"] == rep["frames"] >= 90, reply
+    p99 = max(e["p99"] for e in rep["error"])
+    print(f"tracking p99 (worst joint) {p99:.2f} deg, lag {rep['lag_ms']} ms, shaped {rep['shaped_cycles']} cycles")
+    assert p99 < 10.0, rep
+    assert rep["joint_limited_cycles"] == 0, rep
+    # the replay was recorded, tagged origin=replay with the source episode's uid
+    with ControlClient(bench.vb.socket_path, timeout_s=10) as c:
+        assert wait_until(lambda: int(c.request("episode.status")["episodes_in_dataset"] or 0) > ep + 1, 60)
+    from daemon.data.schema import read_episode_tags
+
+    tags = read_episode_tags(bench.data)
+    src_uid = tags[ep].uid
+    replayed = tags[max(tags)]
+    assert replayed.origin == "replay", replayed
+    assert any(n.startswith(f"replay_of={src_uid}") for n in replayed.notes), replayed.notes
+    assert any("tracking p99" in n for n in replayed.notes), replayed.notes
+    # LeRobot itself loads the dataset with the replayed episode in it
+    code = (
+        "from lerobot.datasets.lerobot_dataset import LeRobotDataset as D;"
+        f"d=D('local/replayed', root={str(bench.data)!r});"
+        "print(d.meta.total_episodes, d[len(d)-1]['action'].shape)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1")
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[0] == str(max(tags) + 1), out.stdout
+
+
+RATED_DEG_S = 60.0 / 0.19  # 7.4 V STS3215, no load: 0.19 s per 60 degrees (about 316 deg/s)
+JUMP_FRAME = 30
+FAST_FRAMES = range(60, 66)
+
+
+def _mimic_rows(state: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A generated episode near the bench pose: a 40 degree jump of the elbow at a subtask boundary
+    (frame 30), then shoulder_pan at twice the rated speed for six frames (60..65)."""
+    n = len(state)
+    a = np.tile(BENCH_POSE_UNITS.astype(np.float32), (n, 1))
+    a[:, 0] = -50.0
+    a[JUMP_FRAME:, 2] += 40.0
+    per_frame = 2 * RATED_DEG_S / FPS
+    for k, f in enumerate(FAST_FRAMES, start=1):
+        a[f:, 0] = -50.0 + k * per_frame
+    return a.copy(), a
+
+
+@pytest.fixture(scope="module")
+def mimic(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("mimic") / "mimic"
+    return make_dataset(
+        root,
+        [Ep(frames=100, follower_kind="sim-leisaac", origin="import", source={"generated": True}, rows=_mimic_rows)],
+    )
+
+
+def test_a_mimic_episode_replays_under_the_step_limit_and_the_report_counts_shaped_cycles(bench: Bench, mimic: Path):
+    r = cli("replay", str(mimic), "--episode", "0", "--json", "--no-record", *bench.sock)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    rep = json.loads(r.stdout.strip().splitlines()[-1])["report"]
+    assert rep["step_limited_cycles"] >= 3, rep  # 40 deg at 10 deg per cycle
+    assert any(JUMP_FRAME <= f <= JUMP_FRAME + 1 for f in rep["shaped_frames"]), rep
+    steps = rep["max_command_step"]  # the largest change between two commands sent, per joint
+    assert max(steps[:5]) <= MAX_STEP_DEG + 1e-6, steps
+    assert rep["sim_gap"] and {e["joint"] for e in rep["sim_gap"]} >= {"elbow_flex.pos"}, rep
+
+
+def test_bad_inputs_are_refused_naming_why_and_the_arm_never_moves(bench: Bench, mimic: Path, tmp_path):
+    vb = bench.vb
+    wait_until(lambda: _status(bench)["mode"] in ("teleop", "hold"), 30)
+    goals = vb.follower.goal_ticks()
+    # out of range
+    r = cli("replay", str(mimic), "--episode", "5", *bench.sock)
+    assert r.returncode == 1 and "episode 5 is out of range" in r.stderr and "1 episodes" in r.stderr, r.stderr
+    # another joint order
+    other = make_dataset(tmp_path / "swapped", [Ep(frames=20)])
+    info = json.loads((other / "meta" / "info.json").read_text())
+    for key in ("action", "observation.state"):
+        names = info["features"][key]["names"]
+        names[0], names[1] = names[1], names[0]
+    (other / "meta" / "info.json").write_text(json.dumps(info))
+    r = cli("replay", str(other), "--episode", "0", *bench.sock)
+    assert r.returncode == 1 and "joint order" in r.stderr and "shoulder_lift.pos" in r.stderr, r.stderr
+    # a bimanual episode on one arm
+    bi = make_dataset(tmp_path / "bi", [Ep(frames=20)])
+    info = json.loads((bi / "meta" / "info.json").read_text())
+    for key in ("action", "observation.state"):
+        names = info["features"][key]["names"]
+        info["features"][key]["names"] = [f"{s}_{n}" for s in ("left", "right") for n in names]
+        info["features"][key]["shape"] = [12]
+    (bi / "meta" / "info.json").write_text(json.dumps(info))
+    r = cli("replay", str(bi), "--episode", "0", *bench.sock)
+    assert r.returncode == 1 and "two-arm episode" in r.stderr and "one arm" in r.stderr, r.stderr
+    # not a dataset at all
+    r = cli("replay", str(tmp_path), "--episode", "0", *bench.sock)
+    assert r.returncode == 1 and "no LeRobot dataset here" in r.stderr, r.stderr
+    assert np.array_equal(vb.follower.goal_ticks(), goals), (goals, vb.follower.goal_ticks())
+    with ControlClient(vb.socket_path, timeout_s=10) as c:
+        assert c.request("replay.status")["phase"] in ("done", "stopped"), "the last replay's report stays"
