@@ -77,6 +77,9 @@ class FollowerConfig:
     # sim only: "degrees" keeps the leader's angles; "leisaac" maps the leader's calibrated range
     # onto the sim joint range exactly as LeIsaac's own leader does (calibration.conventions)
     sim_mapping: Literal["degrees", "leisaac"] = "degrees"
+    # what `dataset check` compares joint speeds with (daemon/data/feasibility.py's rated-speed table)
+    servo_model: Literal["sts3215"] = "sts3215"
+    supply_voltage_v: float = 7.4  # the follower's servo supply: 7.4 V (SO-101 kit) or 12 V servos
 
 
 @dataclass

@@ -18,6 +18,9 @@ Checks (thresholds are ``Thresholds`` fields, each a command-line flag):
 - pinned: a joint sitting at the dataset's extreme value for a long run (at a limit)
 - gripper: the gripper never opened or closed
 - duration: far from the dataset's median length
+- feasibility: what the real arm cannot do (joint speed over the servo's rated speed, changes
+  past the daemon's step limit, single-frame jumps, positions outside the calibrated range,
+  gripper excursions): daemon/data/feasibility.py, against the configured follower (``--config``)
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from daemon.data.feasibility import ArmLimits, arm_limits, check_feasibility
 from daemon.data.schema import ACTION_KEY, STATE_KEY, TELEOP_ACTION_KEY
 from daemon.data.store import TIMING_DIR
 
@@ -53,6 +57,9 @@ class Thresholds:
     pinned_deg: float = 0.5
     min_gripper_range: float = 10.0
     duration_factor: float = 2.0  # flagged if shorter than median / f or longer than median * f
+    jump_deg: float = 30.0  # a body joint moving more than this in one frame is a jump
+    gripper_push_pct: float = 20.0  # gripper commanded this far past the recorded one ...
+    gripper_push_s: float = 0.5  # ... for this long: closing through the object
 
 
 @dataclass
@@ -155,7 +162,13 @@ class DatasetReader:
 
 
 def check_episode(
-    ep: int, cols: dict[str, np.ndarray], reader: DatasetReader, th: Thresholds, extremes: dict[str, Any], tag: Any
+    ep: int,
+    cols: dict[str, np.ndarray],
+    reader: DatasetReader,
+    th: Thresholds,
+    extremes: dict[str, Any],
+    tag: Any,
+    limits: ArmLimits | None = None,
 ) -> EpisodeReport:
     n = len(next(iter(cols.values()))) if cols else reader.lengths.get(ep, 0)
     rep = EpisodeReport(ep, n, round(n / reader.fps, 3), reader.tasks.get(ep, ""))
@@ -240,14 +253,21 @@ def check_episode(
             m["shaped_frac"] = round(shaped, 4)
             if shaped > th.max_shaped_frac:
                 why.append(f"safety shaped the command in {shaped:.0%} of frames")
+    if limits is not None and action is not None and not bad:
+        feas = check_feasibility(action, state, reader.fps, limits)
+        m["feasibility"] = feas.metrics
+        why.extend(feas.reasons)
     med = extremes["median_frames"]
     if med and (n < med / th.duration_factor or n > med * th.duration_factor):
         why.append(f"duration {n / reader.fps:.1f} s vs median {med / reader.fps:.1f} s")
     return rep
 
 
-def check_dataset(root: Path, th: Thresholds | None = None) -> list[EpisodeReport]:
-    """One report per episode, in episode order."""
+def check_dataset(
+    root: Path, th: Thresholds | None = None, limits: ArmLimits | None = None, episodes: set[int] | None = None
+) -> list[EpisodeReport]:
+    """One report per episode (``episodes``: only those), in episode order; ``limits``: the
+    feasibility checks against that arm too."""
     from daemon.data.tags import tag_report
 
     th = th or Thresholds()
@@ -263,7 +283,46 @@ def check_dataset(root: Path, th: Thresholds | None = None) -> list[EpisodeRepor
         extremes["max"] = np.max([s.max(axis=0) for s in states], axis=0)
     else:
         extremes["min"] = extremes["max"] = np.zeros(len(reader.joint_names) or 1)
-    return [check_episode(ep, cols, reader, th, extremes, tags.get(ep)) for ep, cols in per_ep]
+    if limits is not None:
+        limits = replace(
+            limits, jump_deg=th.jump_deg, gripper_push_pct=th.gripper_push_pct, gripper_push_s=th.gripper_push_s
+        )
+    return [
+        check_episode(ep, cols, reader, th, extremes, tags.get(ep), limits)
+        for ep, cols in per_ep
+        if episodes is None or ep in episodes
+    ]
+
+
+def feasibility_limits(config: Path | None, root: Path) -> ArmLimits:
+    """The configured follower's limits (``config``: a daemon configuration; None: the defaults,
+    without a calibrated range) at the dataset's fps."""
+    from daemon.config.settings import Config, load_config
+
+    fps = float(json.loads((Path(root) / "meta" / "info.json").read_text())["fps"])
+    cfg = load_config(config) if config is not None else Config()
+    return arm_limits(cfg, with_calibration=config is not None, fps=fps)
+
+
+def tag_findings(root: Path, reports: list[EpisodeReport]) -> list[int]:
+    """Write each flagged episode's reasons into its tag's notes ("check: ..."), so they travel with
+    the episode; returns the episodes tagged (ours only: an untagged episode has no tag to extend)."""
+    from daemon.data.edit import owned
+    from daemon.data.schema import read_episode_tags
+    from daemon.data.tags import write_tags
+
+    with owned(Path(root).resolve()):
+        tags = read_episode_tags(root)
+        changed = []
+        for r in reports:
+            t = tags.get(r.episode_index)
+            if t is None or r.clean:
+                continue
+            t.notes = [n for n in t.notes if not n.startswith("check: ")] + [f"check: {w}"[:200] for w in r.reasons]
+            changed.append(t)
+        if changed:
+            write_tags(root, changed)
+    return [t.episode_index for t in changed]
 
 
 def training_episodes_arg(reports: list[EpisodeReport]) -> str:
@@ -279,6 +338,13 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print only the clean episodes, as lerobot-train's --dataset.episodes=[...]",
     )
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="daemon configuration: check feasibility against its follower (calibrated range, step limit, "
+        "servo model and supply voltage); default: the defaults, no calibrated range",
+    )
+    p.add_argument("--tag", action="store_true", help="write each flagged episode's reasons into its tag's notes")
     for f in fields(Thresholds):
         p.add_argument("--" + f.name.replace("_", "-"), type=float, default=f.default, help=f"(default {f.default})")
 
@@ -286,8 +352,10 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
 def run_check(args: argparse.Namespace) -> int:
     th = Thresholds(**{f.name: getattr(args, f.name) for f in fields(Thresholds)})
     try:
-        reports = check_dataset(args.root, th)
-    except (FileNotFoundError, ValueError, KeyError) as exc:
+        limits = feasibility_limits(args.config, args.root)
+        reports = check_dataset(args.root, th, limits)
+        tagged = tag_findings(args.root, reports) if args.tag else None
+    except (FileNotFoundError, ValueError, KeyError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if args.episodes_for_training:
@@ -306,6 +374,13 @@ def run_check(args: argparse.Namespace) -> int:
         for reason in r.reasons:
             print(f"{'':>27}- {reason}")
     flagged = sum(1 for r in reports if not r.clean)
+    print(
+        f"feasibility against: {limits.model.upper()} at {limits.supply_voltage_v:g} V "
+        f"(rated {limits.rated_speed_deg_s:.0f} deg/s), step limit {limits.step_text}, "
+        + ("the follower's calibrated range" if limits.lower is not None else "no calibrated range (give --config)")
+    )
+    if tagged is not None:
+        print(f"tagged {len(tagged)} flagged episodes with their reasons" + (f": {tagged}" if tagged else ""))
     print(f"{len(reports) - flagged} clean, {flagged} flagged; train on the clean ones with:")
     print(f"  lerobot-train ... {training_episodes_arg(reports)}")
     return 0

@@ -21,6 +21,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", type=Path, help="LeIsaac / Isaac Lab HDF5 files (data/demo_N/...)")
     p.add_argument("--dataset", required=True, type=Path, help="dataset root (created if missing, else appended)")
     p.add_argument("--task", default="", help="task string for every imported episode")
+    p.add_argument(
+        "--no-check", action="store_true", help="skip the feasibility check of the imported episodes (dataset check)"
+    )
+    p.add_argument(
+        "--config", type=Path, help="daemon configuration whose follower the feasibility check uses (default: defaults)"
+    )
     sel = p.add_mutually_exclusive_group()
     sel.add_argument(
         "--successful-only",
@@ -160,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: --skip-frames and --min-frames must be >= 0 and --max-episodes >= 1", file=sys.stderr)
         return 2
     progress = None if args.no_progress else RichImportProgress()
+    before = _total_episodes(args.dataset)
     try:
         s = import_hdf5(
             args.files,
@@ -179,4 +186,39 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}\nnothing was written to {args.dataset}", file=sys.stderr)
         return 1
     print(format_summary(s, args.dataset))
+    if not args.no_check and s.demos_imported:
+        return report_feasibility(args, before)
     return 0
+
+
+def report_feasibility(args: argparse.Namespace, before: int) -> int:
+    """`dataset check`'s feasibility findings for the episodes just imported (what the real arm
+    cannot do: too fast, past a limit, a jump, a gripper excursion)."""
+    from daemon.data.check import check_dataset, feasibility_limits
+
+    try:
+        limits = feasibility_limits(args.config, args.dataset)
+        total = _total_episodes(args.dataset)
+        reports = check_dataset(args.dataset, limits=limits, episodes=set(range(before, total)))
+    except (FileNotFoundError, ValueError, KeyError, OSError) as exc:
+        print(f"error: the feasibility check did not run: {exc}", file=sys.stderr)
+        return 1
+    feasibility = ("jump:", "speed:", "step limit:", "range:", "gripper: command", "gripper: commanded")
+    found = [(r.episode_index, w) for r in reports for w in r.reasons if w.startswith(feasibility)]
+    episodes = sorted({e for e, _ in found})
+    print(
+        f"feasibility ({limits.model.upper()} at {limits.supply_voltage_v:g} V): "
+        + (f"{len(episodes)} of {len(reports)} imported episodes ask what the arm cannot do" if found else "all clean")
+    )
+    for e, why in found:
+        print(f"  episode {e}: {why}")
+    if found:
+        print(f"  (`so101d dataset check {args.dataset} --tag` writes these into the episodes' tags)")
+    return 0
+
+
+def _total_episodes(root: Path) -> int:
+    import json
+
+    info = root / "meta" / "info.json"
+    return int(json.loads(info.read_text()).get("total_episodes", 0)) if info.exists() else 0
