@@ -219,3 +219,66 @@ def test_bad_inputs_are_refused_naming_why_and_the_arm_never_moves(bench: Bench,
     assert np.array_equal(vb.follower.goal_ticks(), goals), (goals, vb.follower.goal_ticks())
     with ControlClient(vb.socket_path, timeout_s=10) as c:
         assert c.request("replay.status")["phase"] in ("done", "stopped"), "the last replay's report stays"
+
+
+@pytest.fixture(scope="module")
+def long_episode(tmp_path_factory) -> Path:
+    """Ten seconds of smooth motion near the bench pose: long enough to be stopped midway."""
+
+    def near_bench(state: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        a = (BENCH_POSE_UNITS + (action - action[0]) * 0.5).astype(np.float32)
+        return a.copy(), a
+
+    return make_dataset(tmp_path_factory.mktemp("long") / "long", [Ep(frames=300, rows=near_bench)])
+
+
+def _goals_still(b: Bench, cycles: int = 30) -> bool:
+    """The follower's goal registers the same before and after ``cycles`` more control cycles:
+    the arm is held."""
+    first = b.vb.follower.goal_ticks()
+    start = _status(b)["cycles"]
+    assert wait_until(lambda: _status(b)["cycles"] >= start + cycles, 30)
+    return np.array_equal(b.vb.follower.goal_ticks(), first)
+
+
+def test_hold_and_ctrl_c_stop_a_replay_at_once_and_the_arm_holds(bench: Bench, long_episode: Path):
+    vb = bench.vb
+    with ControlClient(vb.socket_path, timeout_s=10) as c:
+        # the operator's hold (the console's Hold button sends the same verb)
+        c.request("replay.start", dataset=str(long_episode), episode=0, record=False)
+        assert wait_until(lambda: c.request("replay.status")["phase"] == "playing", 60)
+        assert wait_until(lambda: c.request("replay.status")["frame"] >= 15, 30)
+        assert c.request("hold")["mode"] == "hold"
+        assert wait_until(lambda: c.request("replay.status").get("report") is not None, 10)
+        st = c.request("replay.status")
+        assert st["phase"] == "stopped" and st["report"]["frames_played"] < 300, st
+        assert st["report"]["outcome"].startswith("stopped: the arm left tracking: hold"), st["report"]
+        assert c.request("status")["mode"] == "hold"
+        assert wait_until(lambda: _goals_still(bench), 10), "the arm holds"
+    # Ctrl-C of `so101d replay`
+    proc = subprocess.Popen(
+        [*SO101D, "replay", str(long_episode), "--episode", "0", "--no-record", *bench.sock],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
+    try:
+        with ControlClient(vb.socket_path, timeout_s=10) as c:
+
+            def playing_midway() -> bool:
+                st = c.request("replay.status")  # the last replay's report stays until this one starts
+                return st["phase"] == "playing" and (st.get("frame") or 0) >= 15
+
+            assert wait_until(playing_midway, 60)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+            assert proc.returncode == 1, (out, err)
+            assert "replay stopped (Ctrl-C): the arm holds" in err, err
+            assert "replay stopped: stopped by the operator" in out, out
+            assert c.request("status")["mode"] == "hold"
+            assert wait_until(lambda: _goals_still(bench), 10), "the arm holds"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

@@ -61,15 +61,16 @@ def run(args: argparse.Namespace) -> int:
     fields = {"dataset": str(args.dataset.expanduser().resolve()), "episode": args.episode, "speed": args.speed}
     if args.record is not None:
         fields["record"] = args.record
+    path = socket_path_from_args(args)
     try:
-        with ControlClient(socket_path_from_args(args)) as c:
+        with ControlClient(path) as c:
             first = c.call_as(ReplayReply, "replay.start", **fields)
-            if isinstance(first, ErrorReply):
-                print(f"so101d: replay: {first.error}", file=sys.stderr)
-                return 1
-            if not args.json:
-                print(first.message, flush=True)
-            final = _follow(c, args.json)
+        if isinstance(first, ErrorReply):
+            print(f"so101d: replay: {first.error}", file=sys.stderr)
+            return 1
+        if not args.json:
+            print(first.message, flush=True)
+        final = _follow(path, args.json)
     except DaemonUnavailable as exc:
         print(f"so101d: {exc}", file=sys.stderr)
         return 2
@@ -80,19 +81,26 @@ def run(args: argparse.Namespace) -> int:
     return 0 if final.phase == "done" else 1
 
 
-def _follow(c: ControlClient, quiet: bool) -> ReplayReply:
-    """Poll until the replay ended; Ctrl-C asks the daemon to stop it (the arm holds)."""
+def _follow(path: str, quiet: bool) -> ReplayReply:
+    """Poll until the replay ended; Ctrl-C asks the daemon to stop it (the arm holds). The stop
+    goes on a fresh connection: the interrupted one may hold half a reply."""
     shown = ""
-    while True:
-        try:
-            st = c.request_as(ReplayReply, "replay.status")
-            if st.report is not None and st.phase in ("done", "stopped"):
-                return st
-            line = f"{st.phase}: frame {st.frame}/{st.frames}"
-            if not quiet and line != shown and st.phase == "playing" and (st.frame or 0) % 30 == 0:
-                print(line, flush=True)
-                shown = line
-            time.sleep(_POLL_S)
-        except KeyboardInterrupt:
-            c.request_as(ReplayReply, "replay.stop")
-            print("so101d: replay stopped (Ctrl-C): the arm holds", file=sys.stderr)
+    c = ControlClient(path).connect()
+    try:
+        while True:
+            try:
+                st = c.request_as(ReplayReply, "replay.status")
+                if st.report is not None and st.phase in ("done", "stopped"):
+                    return st
+                line = f"{st.phase}: frame {st.frame}/{st.frames}"
+                if not quiet and line != shown and st.phase == "playing" and (st.frame or 0) % 30 == 0:
+                    print(line, flush=True)
+                    shown = line
+                time.sleep(_POLL_S)
+            except KeyboardInterrupt:
+                c.close()
+                c = ControlClient(path).connect()
+                c.request_as(ReplayReply, "replay.stop")
+                print("so101d: replay stopped (Ctrl-C): the arm holds", file=sys.stderr, flush=True)
+    finally:
+        c.close()
