@@ -58,37 +58,6 @@ class Bench:
     log: Path
 
 
-@pytest.fixture(scope="module")
-def bench(tmp_path_factory) -> Iterator[Bench]:
-    with open_virtual_bench() as vb:
-        data = vb.root / "datasets"
-        cfg = vb.write_config(
-            f'[recording]\nenabled = true\ndataset_root = "{data}"\nrepo_id = "local/replayed"\n'
-            f"[safety]\nmax_step_deg = {MAX_STEP_DEG}\n",
-            rate_hz=RATE_HZ,
-        )
-        log_path = vb.root / "so101d.log"
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(
-                [*SO101D, "run", "--config", str(cfg)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ, HF_HUB_OFFLINE="1"),
-                start_new_session=True,
-            )
-        try:
-            wait_status(vb.socket_path, lambda s: (s.get("recording") or {}).get("phase") == "idle", 180, proc)
-            yield Bench(vb, data / "local" / "replayed", proc, ["--socket", str(vb.socket_path)], log_path)
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(20)
-
-
 def _status(b: Bench) -> dict:
     with ControlClient(b.vb.socket_path, timeout_s=10) as c:
         return c.request("status")
@@ -187,30 +156,40 @@ def test_a_mimic_episode_replays_under_the_step_limit_and_the_report_counts_shap
     assert rep["sim_gap"] and {e["joint"] for e in rep["sim_gap"]} >= {"elbow_flex.pos"}, rep
 
 
-def test_bad_inputs_are_refused_naming_why_and_the_arm_never_moves(bench: Bench, mimic: Path, tmp_path):
-    vb = bench.vb
-    wait_until(lambda: _status(bench)["mode"] in ("teleop", "hold"), 30)
-    goals = vb.follower.goal_ticks()
-    # out of range
-    r = cli("replay", str(mimic), "--episode", "5", *bench.sock)
-    assert r.returncode == 1 and "episode 5 is out of range" in r.stderr and "1 episodes" in r.stderr, r.stderr
-    # another joint order
-    other = make_dataset(tmp_path / "swapped", [Ep(frames=20)])
+@pytest.fixture(scope="module")
+def bad_datasets(tmp_path_factory) -> tuple[Path, Path]:
+    """A dataset with two joints swapped in its features, and one declaring two arms."""
+    tmp = tmp_path_factory.mktemp("bad")
+    other = make_dataset(tmp / "swapped", [Ep(frames=20)])
     info = json.loads((other / "meta" / "info.json").read_text())
     for key in ("action", "observation.state"):
         names = info["features"][key]["names"]
         names[0], names[1] = names[1], names[0]
     (other / "meta" / "info.json").write_text(json.dumps(info))
-    r = cli("replay", str(other), "--episode", "0", *bench.sock)
-    assert r.returncode == 1 and "joint order" in r.stderr and "shoulder_lift.pos" in r.stderr, r.stderr
-    # a bimanual episode on one arm
-    bi = make_dataset(tmp_path / "bi", [Ep(frames=20)])
+    bi = make_dataset(tmp / "bi", [Ep(frames=20)])
     info = json.loads((bi / "meta" / "info.json").read_text())
     for key in ("action", "observation.state"):
         names = info["features"][key]["names"]
         info["features"][key]["names"] = [f"{s}_{n}" for s in ("left", "right") for n in names]
         info["features"][key]["shape"] = [12]
     (bi / "meta" / "info.json").write_text(json.dumps(info))
+    return other, bi
+
+
+def test_bad_inputs_are_refused_naming_why_and_the_arm_never_moves(
+    bench: Bench, mimic: Path, bad_datasets: tuple[Path, Path], tmp_path
+):
+    vb = bench.vb
+    wait_until(lambda: _status(bench)["mode"] in ("teleop", "hold"), 30)
+    goals = vb.follower.goal_ticks()
+    # out of range
+    r = cli("replay", str(mimic), "--episode", "5", *bench.sock)
+    assert r.returncode == 1 and "episode 5 is out of range" in r.stderr and "1 episodes" in r.stderr, r.stderr
+    other, bi = bad_datasets
+    # another joint order
+    r = cli("replay", str(other), "--episode", "0", *bench.sock)
+    assert r.returncode == 1 and "joint order" in r.stderr and "shoulder_lift.pos" in r.stderr, r.stderr
+    # a bimanual episode on one arm
     r = cli("replay", str(bi), "--episode", "0", *bench.sock)
     assert r.returncode == 1 and "two-arm episode" in r.stderr and "one arm" in r.stderr, r.stderr
     # not a dataset at all
@@ -282,3 +261,36 @@ def test_hold_and_ctrl_c_stop_a_replay_at_once_and_the_arm_holds(bench: Bench, l
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def bench(mimic: Path, long_episode: Path, bad_datasets: tuple[Path, Path]) -> Iterator[Bench]:
+    """The daemon on the virtual bench. The datasets are written first: writing them in this
+    process (video encoding, LeRobot) while the emulated servos answer from it starves them."""
+    with open_virtual_bench() as vb:
+        data = vb.root / "datasets"
+        cfg = vb.write_config(
+            f'[recording]\nenabled = true\ndataset_root = "{data}"\nrepo_id = "local/replayed"\n'
+            f"[safety]\nmax_step_deg = {MAX_STEP_DEG}\n",
+            rate_hz=RATE_HZ,
+        )
+        log_path = vb.root / "so101d.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                [*SO101D, "run", "--config", str(cfg)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ, HF_HUB_OFFLINE="1"),
+                start_new_session=True,
+            )
+        try:
+            wait_status(vb.socket_path, lambda s: (s.get("recording") or {}).get("phase") == "idle", 180, proc)
+            yield Bench(vb, data / "local" / "replayed", proc, ["--socket", str(vb.socket_path)], log_path)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(20)

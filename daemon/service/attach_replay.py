@@ -86,13 +86,18 @@ class ReplayController:
                 loop.call(begin, timeout_s=3.0)
             except (RuntimeError, TimeoutError, ValueError) as exc:
                 loop.remove_source(SOURCE_NAME)
+                if number is not None and self.ctx.recorder is not None:
+                    self.ctx.recorder.discard_episode()  # nothing was replayed into it
                 raise RequestError(f"replay: the control loop did not take it: {exc}") from None
             self._running = _Running(ep, src, speed, number)
         threading.Thread(target=self._watch, name="so101d-replay", daemon=True).start()
         log.info(
             "replay of %s episode %d (%d frames at %g fps x %g)", ep.root, ep.episode_index, src.frames, ep.fps, speed
         )
-        return self._progress(self._running, f"aligning to episode {ep.episode_index}'s first action, then playing it")
+        recorded = f"; recorded as episode {number}" if number is not None else "; not recorded"
+        return self._progress(
+            self._running, f"aligning to episode {ep.episode_index}'s first action, then playing it{recorded}"
+        )
 
     def stop(self) -> dict:
         run = self._running
