@@ -1,0 +1,29 @@
+"""The two config types LeRobot's CLIs parse: ``--robot.type=so101d`` and ``--teleop.type=so101d``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lerobot.robots.config import RobotConfig
+from lerobot.teleoperators.config import TeleoperatorConfig
+
+
+@RobotConfig.register_subclass("so101d")
+@dataclass
+class SO101DConfig(RobotConfig):
+    # the daemon's control socket (default: the one `so101d status` finds)
+    socket: str | None = None
+    # which of the daemon's arms this robot is ("follower" on a single-arm bench)
+    arm: str = "follower"
+    # seconds to wait for one reply of the daemon before calling it gone
+    timeout_s: float = 2.0
+
+
+@TeleoperatorConfig.register_subclass("so101d")
+@dataclass
+class SO101DTeleopConfig(TeleoperatorConfig):
+    # the daemon's control socket (default: the one `so101d status` finds)
+    socket: str | None = None
+    # the follower arm whose leader this is (the daemon's arm name)
+    arm: str = "follower"
+    timeout_s: float = 2.0
