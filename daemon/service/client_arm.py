@@ -226,6 +226,8 @@ def attach_client_arms(context: DaemonContext) -> ClientArms:
     reg = context.server.register
     reg("arm.acquire", arms.acquire)
     reg("arm.release", arms.release)
-    reg("arm.action", arms.action)
-    reg("arm.observe", arms.observe)
+    # these two only read the arm's snapshot or swap the newest action in: served on the socket's
+    # selector thread, without a worker hand-off (a LeRobot control step sends one of each)
+    reg("arm.action", arms.action, inline=True)
+    reg("arm.observe", arms.observe, inline=True)
     return arms
