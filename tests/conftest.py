@@ -58,6 +58,7 @@ FILE_KINDS: dict[str, str] = {
     "test_daemon_loop.py": "integration",
     "test_arms_and_sources.py": "integration",
     "test_client_arm.py": "integration",
+    "test_frame_shm.py": "unit",
     "test_lerobot_plugin.py": "e2e",
     "test_reconnect_honesty.py": "integration",
     "test_source_misbehaviour.py": "integration",

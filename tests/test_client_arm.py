@@ -21,11 +21,12 @@ from support import still_arm_on_pty, wait_for
 
 from calibration.conventions import JOINT_NAMES
 from daemon.api.client import CommandFailed, ControlClient
-from daemon.api.messages import ArmActionReply, ArmLeaseReply, ArmObservation
+from daemon.api.messages import ArmActionReply, ArmLeaseReply, ArmObservation, CameraShareReply
 from daemon.config.settings import config_from_dict
 from daemon.service.daemon import Daemon
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
+from drivers.frame_shm import FrameShareReader
 
 POSE_A = np.array([0.0, -60.0, 60.0, 40.0, 0.0, 20.0])
 POSE_B = np.array([20.0, -45.0, 50.0, 30.0, 10.0, 45.0])
@@ -49,6 +50,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
         {
             "socket": {"path": str(tmp / "c.sock")},
             "safety": {"align_speed_deg_s": 180.0, "align_gripper_speed_pct_s": 180.0},
+            "cameras": {"front": {"kind": "virtual", "width": 64, "height": 48, "fps": 30}},
         }
     )
     d = Daemon(
@@ -147,3 +149,28 @@ def test_a_silent_client_is_noticed_and_a_killed_one_frees_the_arm(daemon: Daemo
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait(10)
+
+
+def test_a_camera_shared_in_memory_gives_the_client_its_newest_frames(daemon: Daemon) -> None:
+    with ControlClient(daemon.socket_path) as c:
+        with pytest.raises(CommandFailed, match="no camera named 'side'"):
+            c.request("camera.share", camera="side")
+        share = c.request_as(CameraShareReply, "camera.share", camera="front")
+        assert (share.width, share.height) == (64, 48)
+        reader = FrameShareReader(share.path)
+        try:
+            wait_for(lambda: reader.latest() is not None, 10, "a first shared frame")
+            first = reader.latest()
+            assert first is not None and first.pixels.shape == (48, 64, 3) and first.pixels.dtype == np.uint8
+            # the observation names the newest frame in the share; frames keep coming
+            wait_for(lambda: c.request("arm.observe")["frames"].get("front", -1) > first.seq, 10, "newer frames")
+            newer = reader.latest()
+            assert newer is not None and newer.seq > first.seq
+            cam = next(x for x in daemon.context.cameras.built() if x.name == "front")
+            live = cam.latest_frame()
+            assert live is not None and live.seq >= newer.seq
+        finally:
+            reader.close()
+    # a second share of the same camera is the same memory (one copy per frame, whoever reads)
+    with ControlClient(daemon.socket_path) as c:
+        assert c.request("camera.share", camera="front")["path"] == share.path

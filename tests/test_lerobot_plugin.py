@@ -31,6 +31,7 @@ from daemon.api.client import ControlClient
 
 BIN = Path(sys.executable).parent
 FEATURES = [f"{j}.pos" for j in JOINT_NAMES]
+CAM_W, CAM_H = 64, 48
 
 
 def _env() -> dict[str, str]:
@@ -48,7 +49,11 @@ class Running:
 
 
 def _start_daemon(bench: VirtualBench) -> subprocess.Popen[bytes]:
-    cfg = bench.write_config("[safety]\nalign_speed_deg_s = 180.0\nalign_gripper_speed_pct_s = 180.0\n", rate_hz=100.0)
+    cfg = bench.write_config(
+        "[safety]\nalign_speed_deg_s = 180.0\nalign_gripper_speed_pct_s = 180.0\n"
+        f'[cameras.front]\nkind = "virtual"\nwidth = {CAM_W}\nheight = {CAM_H}\nfps = 30\n',
+        rate_hz=100.0,
+    )
     with open(bench.root / "daemon.log", "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "daemon.apps.cli", "run", "--config", str(cfg)],
@@ -81,10 +86,11 @@ def _lerobot(tool: str, *args: str, timeout_s: float = 240.0) -> subprocess.Comp
     return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, env=_env(), timeout=timeout_s)
 
 
-def _record_args(sock: Path, root: Path, episodes: int, seconds: float) -> list[str]:
+def _record_args(sock: Path, root: Path, episodes: int, seconds: float, *extra: str) -> list[str]:
     return [
         "--robot.type=so101d",
         f"--robot.socket={sock}",
+        *extra,
         "--teleop.type=so101d",
         f"--teleop.socket={sock}",
         "--dataset.repo_id=local/plugin",
@@ -108,7 +114,7 @@ def test_lerobot_record_and_replay_through_the_daemon(running: Running, tmp_path
     pose = np.array([10.0, -30.0, 40.0, 20.0, 5.0, 60.0])
     leader.set_pose_units(pose)
     root = tmp_path / "ds"
-    r = _lerobot("lerobot-record", *_record_args(running.sock, root, episodes=2, seconds=1.0))
+    r = _lerobot("lerobot-record", *_record_args(running.sock, root, 2, 1.0, "--robot.daemon_cameras=[front]"))
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     ds = LeRobotDataset("local/plugin", root=root)
     assert ds.meta.total_episodes == 2
@@ -117,6 +123,11 @@ def test_lerobot_record_and_replay_through_the_daemon(running: Running, tmp_path
         feat = ds.meta.features[key]
         assert feat["dtype"] == "float32" and tuple(feat["shape"]) == (6,) and feat["names"] == FEATURES
     assert ds.meta.total_frames >= 40, ds.meta.total_frames  # two 1 s episodes at 30 fps, give or take
+    # the daemon's camera, through shared memory, by its configured name and size
+    cam = ds.meta.features["observation.images.front"]
+    assert cam["dtype"] == "image" and tuple(cam["shape"]) == (CAM_H, CAM_W, 3), cam
+    img = np.asarray(ds[0]["observation.images.front"])
+    assert img.shape == (3, CAM_H, CAM_W) and float(img.std()) > 0.0, "a blank or missing camera frame"
     actions = np.stack([np.asarray(ds[i]["action"]) for i in range(len(ds))])
     assert np.allclose(actions, pose, atol=2.0), "the recorded action is not the leader's pose"
     # the daemon has the arm back, holding

@@ -120,6 +120,10 @@ class ArmActionRequest(RequestBase, tag="arm.action"):
     gripper: Annotated[float, _JOINT_VALUE] | None = None
 
 
+class CameraShareRequest(RequestBase, tag="camera.share"):
+    camera: Annotated[str, _text(200, "the camera's name (camera.list)")] | None = None
+
+
 class ArmObserveRequest(RequestBase, tag="arm.observe"):
     arm: Annotated[str, _text(64, "which arm (default: follower)")] | None = None
 
@@ -625,6 +629,17 @@ class ArmObservation(Reply):
     source: str = ""  # who drives the arm now
     holder: str | None = None  # the client holding the arm (arm.acquire), None when free
     cycle: int = 0
+    frames: dict[str, int] = msgspec.field(default_factory=dict)  # shared camera -> newest frame's seq in it
+
+
+class CameraShareReply(Reply):
+    """camera.share: where the camera's newest frames are, in shared memory (drivers/frame_shm.py)."""
+
+    camera: str = ""
+    path: str = ""
+    width: int = 0
+    height: int = 0
+    slots: int = 0
 
 
 # ==================================================================== the verbs
@@ -677,6 +692,7 @@ _SPECS: Final = (
     _spec("arm.action", ArmActionReply, "A joint target for the acquired arm, through safety.", ArmActionRequest),
     _spec("arm.observe", ArmObservation, "The arm's measured pose and the leader's, now.", ArmObserveRequest),
     _spec("arm.release", ArmLeaseReply, "Give the arm back: it holds where it is.", ArmLeaseRequest),
+    _spec("camera.share", CameraShareReply, "Share a camera's frames in memory (same machine).", CameraShareRequest),
 )
 VERBS: Final[dict[str, VerbSpec]] = {s.verb: s for s in _SPECS}
 

@@ -33,6 +33,7 @@ from daemon.control.driven_arm import DrivenArm
 from daemon.control.loop import ControlLoop
 from daemon.control.safety import CycleInputs, update
 from daemon.service.context import DaemonContext
+from daemon.service.frame_shares import attach_frame_shares
 
 log = logging.getLogger("so101d.client_arm")
 
@@ -78,8 +79,15 @@ def _joints(values: np.ndarray | None) -> dict[str, float] | None:
 class ClientArms:
     """The lease table and the four verbs' handlers (see the module docstring)."""
 
-    def __init__(self, loop: ControlLoop, stale_s: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        loop: ControlLoop,
+        stale_s: float,
+        newest_frames: Callable[[], dict[str, int]] = dict,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.loop = loop
+        self.newest_frames = newest_frames  # shared camera -> newest frame's seq (FrameShares.newest)
         self.stale_s = stale_s
         self._monotonic = monotonic
         self.source = ClientSource(stale_s, monotonic)
@@ -217,12 +225,14 @@ class ClientArms:
             "source": arm.source_name,
             "holder": held.words() if held is not None else None,
             "cycle": loop.cycles,
+            "frames": self.newest_frames(),
         }
 
 
 def attach_client_arms(context: DaemonContext) -> ClientArms:
-    """Register the arm.* verbs on the daemon's socket, over one client source in its loop."""
-    arms = ClientArms(context.loop, context.cfg.safety.leader_stale_s)
+    """Register the arm.* verbs (and camera.share) on the daemon's socket, over one client source in its loop."""
+    shares = attach_frame_shares(context)
+    arms = ClientArms(context.loop, context.cfg.safety.leader_stale_s, shares.newest)
     reg = context.server.register
     reg("arm.acquire", arms.acquire)
     reg("arm.release", arms.release)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lerobot.robots.config import RobotConfig
 from lerobot.teleoperators.config import TeleoperatorConfig
@@ -15,6 +15,10 @@ class SO101DConfig(RobotConfig):
     socket: str | None = None
     # which of the daemon's arms this robot is ("follower" on a single-arm bench)
     arm: str = "follower"
+    # the daemon's cameras to observe, by their names in its configuration ([cameras.NAME]);
+    # their frames come through shared memory, so the daemon must run on this machine
+    # (not `cameras`: LeRobot's RobotConfig checks that one holds camera configs of its own)
+    daemon_cameras: list[str] = field(default_factory=list)
     # seconds to wait for one reply of the daemon before calling it gone
     timeout_s: float = 2.0
 

@@ -70,3 +70,21 @@ def as_features(joints: dict[str, float] | None, what: str) -> dict[str, float]:
     if joints is None:
         raise DeviceNotConnectedError(f"the so101d daemon has no {what} reading (see `so101d status`)")
     return {f"{j}.pos": float(joints[j]) for j in JOINT_NAMES}
+
+
+def camera_sizes(link: DaemonLink, names: list[str]) -> dict[str, tuple[int, int]]:
+    """The daemon's cameras ``names`` -> (height, width), from its camera.list."""
+    was = link.connected
+    if not was:
+        link.connect()
+    try:
+        listed = {c["name"]: (int(c["height"]), int(c["width"])) for c in link.request("camera.list")["cameras"]}
+    finally:
+        if not was:
+            link.close()
+    missing = [n for n in names if n not in listed]
+    if missing:
+        raise ValueError(
+            f"the so101d daemon at {link.path} has no camera {', '.join(missing)} (its cameras: {', '.join(listed) or 'none'})"
+        )
+    return {n: listed[n] for n in names}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from functools import cached_property
 from typing import Any
 
@@ -20,8 +21,16 @@ from lerobot.robots.robot import Robot
 from lerobot.utils.errors import DeviceAlreadyConnectedError, DeviceNotConnectedError
 
 from calibration.conventions import JOINT_NAMES
+from drivers.frame_shm import FrameShareReader
 from lerobot_robot_so101d.config_so101d import SO101DConfig
-from lerobot_robot_so101d.daemon_link import FEATURE_KEYS, DaemonLink, DaemonRefused, as_features, client_name
+from lerobot_robot_so101d.daemon_link import (
+    FEATURE_KEYS,
+    DaemonLink,
+    DaemonRefused,
+    as_features,
+    camera_sizes,
+    client_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +42,19 @@ class SO101D(Robot):
     def __init__(self, config: SO101DConfig) -> None:
         super().__init__(config)
         self.config = config
-        self.cameras: dict[str, Any] = {}  # frames from the daemon's cameras are not offered yet
         self._link = DaemonLink(config.socket, config.timeout_s)
         self._lease: str | None = None
+        # LeRobot reads len(robot.cameras) and the features before connect: the sizes come from
+        # the daemon's camera.list now (the daemon must be running to record its cameras)
+        self.cameras: dict[str, tuple[int, int]] = (
+            camera_sizes(self._link, config.daemon_cameras) if config.daemon_cameras else {}
+        )
+        self._frames: dict[str, FrameShareReader] = {}
 
     @cached_property
     def observation_features(self) -> dict[str, type | tuple[int, ...]]:
-        return dict.fromkeys(FEATURE_KEYS, float)
+        cams = {name: (h, w, 3) for name, (h, w) in self.cameras.items()}
+        return {**dict.fromkeys(FEATURE_KEYS, float), **cams}
 
     @cached_property
     def action_features(self) -> dict[str, type]:
@@ -69,7 +84,27 @@ class SO101D(Robot):
             self._link.close()
             raise DeviceNotConnectedError(str(exc)) from None
         self._lease = str(reply["lease"])
+        try:
+            for name in self.cameras:
+                share = self._link.request("camera.share", camera=name)
+                self._frames[name] = FrameShareReader(share["path"])
+            self._wait_first_frames()
+        except Exception:
+            self.disconnect()
+            raise
         log.info("%s: the daemon at %s lent us its arm %r", self, self._link.path, self.config.arm)
+
+    def _wait_first_frames(self, timeout_s: float = 5.0) -> None:
+        end = time.monotonic() + timeout_s
+        waiting = list(self._frames)
+        while waiting:
+            waiting = [n for n in waiting if self._frames[n].latest() is None]
+            if waiting and time.monotonic() > end:
+                raise DeviceNotConnectedError(
+                    f"the so101d daemon's camera(s) {', '.join(waiting)} gave no frame in {timeout_s:g} s"
+                )
+            if waiting:
+                time.sleep(0.01)
 
     def _check(self) -> str:
         if self._lease is None:
@@ -79,7 +114,13 @@ class SO101D(Robot):
     def get_observation(self) -> dict[str, Any]:
         self._check()
         reply = self._link.request("arm.observe", arm=self.config.arm)
-        return as_features(reply.get("follower"), f"{self.config.arm} pose")
+        obs: dict[str, Any] = as_features(reply.get("follower"), f"{self.config.arm} pose")
+        for name, reader in self._frames.items():
+            frame = reader.latest()
+            if frame is None:
+                raise DeviceNotConnectedError(f"the so101d daemon's camera {name} has no frame")
+            obs[name] = frame.pixels
+        return obs
 
     def send_action(self, action: dict[str, Any]) -> dict[str, Any]:
         lease = self._check()
@@ -103,4 +144,7 @@ class SO101D(Robot):
             # disconnect runs in LeRobot's `finally`: the error that brought us here matters more
             log.warning("%s: could not give the arm back: %s", self, exc)
         finally:
+            for reader in self._frames.values():
+                reader.close()
+            self._frames.clear()
             self._link.close()
