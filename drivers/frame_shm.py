@@ -114,7 +114,9 @@ class FrameShareReader:
         self.width, self.height, self.slots = int(header[1]), int(header[2]), int(header[3])
         self._header = header
         self._meta: np.ndarray = np.ndarray((self.slots, _META_WORDS), np.int64, buf, 8 * _HEADER_WORDS)
-        self._pixels: np.ndarray = np.ndarray((self.slots, self.height, self.width, 3), np.uint8, buf, _pixel_offset(self.slots))
+        self._pixels: np.ndarray = np.ndarray(
+            (self.slots, self.height, self.width, 3), np.uint8, buf, _pixel_offset(self.slots)
+        )
 
     def latest(self, tries: int = 8) -> SharedFrame | None:
         """The newest whole frame (a copy), or None before the first."""
