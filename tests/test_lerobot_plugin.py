@@ -182,8 +182,15 @@ def test_the_daemon_killed_mid_run_ends_lerobot_record_with_a_clear_error(runnin
         env=_env(),
     )
     try:
-        # it has the arm: the daemon names it as the holder
-        wait_status(running.sock, lambda st: st["arms"]["follower"]["source"] == "client", timeout_s=120)
+        # it has the arm (LeRobot's imports take a minute on a busy 2-core machine)
+        def holding(st: dict) -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(
+                    f"lerobot-record exited with {proc.returncode} first:\n{proc.communicate()[0][-3000:]}"
+                )
+            return st["arms"]["follower"]["source"] == "client"
+
+        wait_status(running.sock, holding, timeout_s=300)
         os.killpg(running.daemon.pid, signal.SIGKILL)
         running.daemon.wait(10)
         out, _ = proc.communicate(timeout=60)
