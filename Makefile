@@ -15,13 +15,15 @@ PYTHON312 := $(shell for p in "$$PYENV_ROOT"/versions/3.12*/bin/python3.12 $$HOM
 # The console's end-to-end tests run Debian's chromium + chromedriver (a system package: apt).
 BROWSER_STAMP := $(VENV)/.chromium
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml lerobot_plugin/pyproject.toml
 	@if [ -z "$(PYTHON312)" ]; then \
 	  echo "error: Python 3.12 not found (looked in pyenv's versions and /usr/bin). Install it with 'pyenv install 3.12' and retry." >&2; exit 1; fi
 	@echo "using $(PYTHON312)"
 	@[ -x $(VENV)/bin/python ] || $(PYTHON312) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	@# the LeRobot plugin (robot and teleoperator so101d): LeRobot's CLIs find it by its name
+	$(VENV)/bin/python -m pip install -q --no-deps -e ./lerobot_plugin
 	@touch $(STAMP)
 
 setup: $(STAMP)

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Final, cast
 
 import msgspec
 
-API_VERSION: Final = "1.0"
+API_VERSION: Final = "1.1"
 TEXT_MAX_CHARS: Final = 4096  # any text field (a path, a task, a camera name)
 TASK_MAX_CHARS: Final = 500
 MAX_FRAME_SEQ: Final = 2**53  # a frame counter: any real one is far below JSON's exact-integer limit
@@ -100,6 +100,39 @@ class ReplayStartRequest(RequestBase, tag="replay.start"):
     episode: Annotated[int, msgspec.Meta(ge=0, le=MAX_FRAME_SEQ, description="episode index")] | None = None
     speed: Annotated[float, msgspec.Meta(gt=0, le=1, description="fraction of the episode's fps")] | None = None
     record: bool | None = None
+
+
+class ArmAcquireRequest(RequestBase, tag="arm.acquire"):
+    arm: Annotated[str, _text(64, "which arm (default: follower)")] | None = None
+    client: Annotated[str, _text(200, "who asks, in words (shown to a client refused)")] | None = None
+    pid: Annotated[int, msgspec.Meta(ge=1, le=2**31, description="the client's process id")] | None = None
+
+
+class ArmLeaseRequest(RequestBase, tag="arm.release"):
+    lease: Annotated[str, _text(64, "the lease arm.acquire gave")] | None = None
+
+
+_JOINT_VALUE = msgspec.Meta(ge=-1e6, le=1e6, description="degrees (the gripper 0..100)")
+
+
+class ArmActionRequest(RequestBase, tag="arm.action"):
+    """A joint target for the acquired arm, LeRobot's units (so101_follower's ``<joint>.pos``)."""
+
+    lease: Annotated[str, _text(64, "the lease arm.acquire gave")] | None = None
+    shoulder_pan: Annotated[float, _JOINT_VALUE] | None = None
+    shoulder_lift: Annotated[float, _JOINT_VALUE] | None = None
+    elbow_flex: Annotated[float, _JOINT_VALUE] | None = None
+    wrist_flex: Annotated[float, _JOINT_VALUE] | None = None
+    wrist_roll: Annotated[float, _JOINT_VALUE] | None = None
+    gripper: Annotated[float, _JOINT_VALUE] | None = None
+
+
+class CameraShareRequest(RequestBase, tag="camera.share"):
+    camera: Annotated[str, _text(200, "the camera's name (camera.list)")] | None = None
+
+
+class ArmObserveRequest(RequestBase, tag="arm.observe"):
+    arm: Annotated[str, _text(64, "which arm (default: follower)")] | None = None
 
 
 # ==================================================================== replies
@@ -612,6 +645,53 @@ class ReplayReply(Reply):
     report: ReplayReport | None = None
 
 
+class ArmLeaseReply(Reply):
+    """arm.acquire / arm.release: the lease, and the arm's state after the change."""
+
+    message: str = ""
+    arm: str = ""
+    lease: str | None = None  # acquire: pass it with every arm.action and arm.release
+    stale_s: float | None = None  # an action older than this is none: the arm holds
+    mode: str | None = None
+
+
+class ArmActionReply(Reply):
+    """What the safety layer commands for the action, from the arm's state at its last cycle
+    (the next cycle sends it unless that state changed meanwhile); LeRobot's units."""
+
+    commanded: dict[str, float] | None = None  # None: nothing is commanded (torque off)
+    mode: str = "?"
+    reason: str = ""
+    cycle: int = 0
+
+
+class ArmObservation(Reply):
+    """arm.observe: the measured pose at the newest cycle, and the leader's reading."""
+
+    arm: str = ""
+    follower: dict[str, float] | None = None  # None: not read yet (not connected)
+    leader: dict[str, float] | None = None  # None: no leader, or not read yet
+    leader_age_ms: float | None = None
+    follower_age_ms: float | None = None
+    command: dict[str, float] | None = None
+    mode: str = "?"
+    reason: str = ""
+    source: str = ""  # who drives the arm now
+    holder: str | None = None  # the client holding the arm (arm.acquire), None when free
+    cycle: int = 0
+    frames: dict[str, int] = msgspec.field(default_factory=dict)  # shared camera -> newest frame's seq in it
+
+
+class CameraShareReply(Reply):
+    """camera.share: where the camera's newest frames are, in shared memory (drivers/frame_shm.py)."""
+
+    camera: str = ""
+    path: str = ""
+    width: int = 0
+    height: int = 0
+    slots: int = 0
+
+
 # ==================================================================== the verbs
 @dataclass(frozen=True)
 class VerbSpec:
@@ -663,6 +743,11 @@ _SPECS: Final = (
     ),
     _spec("replay.stop", ReplayReply, "Stop the replay now: hold."),
     _spec("replay.status", ReplayReply, "The replay's progress, and its tracking report once it ended."),
+    _spec("arm.acquire", ArmLeaseReply, "Take the arm for this client: it follows arm.action.", ArmAcquireRequest),
+    _spec("arm.action", ArmActionReply, "A joint target for the acquired arm, through safety.", ArmActionRequest),
+    _spec("arm.observe", ArmObservation, "The arm's measured pose and the leader's, now.", ArmObserveRequest),
+    _spec("arm.release", ArmLeaseReply, "Give the arm back: it holds where it is.", ArmLeaseRequest),
+    _spec("camera.share", CameraShareReply, "Share a camera's frames in memory (same machine).", CameraShareRequest),
 )
 VERBS: Final[dict[str, VerbSpec]] = {s.verb: s for s in _SPECS}
 

@@ -194,6 +194,7 @@ class ControlServer:
         self.backlog = backlog
         self._handlers: dict[str, Handler] = {}
         self._unavailable: dict[str, str] = {}  # verb prefix -> why this daemon has no such verbs
+        self._inline: set[str] = set()  # verbs served on the selector thread (register(inline=True))
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -222,13 +223,20 @@ class ControlServer:
         self.register("help", lambda req: {"verbs": self.verbs()})
 
     # -------------------------------------------------------------- registry
-    def register(self, name: str, handler: Handler) -> None:
+    def register(self, name: str, handler: Handler, *, inline: bool = False) -> None:
+        """``inline``: the handler only reads snapshots or swaps a reference (microseconds, never
+        waits, never calls the loop): it runs on the selector thread, which spares a request two
+        thread hand-offs (an outside client driving the arm sends two per control step)."""
         if not name or not isinstance(name, str):
             raise ValueError("verb name must be a non-empty string")
         with self._lock:
             if name in self._handlers and name not in _BUILT_IN:
                 raise ValueError(f"verb {name!r} is already registered")
             self._handlers[name] = handler
+            if inline:
+                self._inline.add(name)
+            else:
+                self._inline.discard(name)
 
     def explain_missing(self, prefix: str, reason: str) -> None:
         """Verbs starting with ``prefix`` that are not registered answer ``reason`` (e.g. recording
@@ -636,6 +644,9 @@ class ControlServer:
         if req is None:
             conn.outbuf += _encode(error or _error("malformed request"))
             return
+        if req.cmd in self._inline:
+            conn.outbuf += self._reply_bytes(req)
+            return
         pool = self._operator_pool if req.cmd in OPERATOR_VERBS else self._pool
         if pool is None:  # stopping
             self._close(conn)
@@ -643,14 +654,18 @@ class ControlServer:
         conn.busy = True
         pool.submit(self._run_request, conn, req)
 
-    def _run_request(self, conn: _Conn, req: Request) -> None:
-        """On a worker: the verb, its reply encoded, handed back to the selector thread."""
+    def _reply_bytes(self, req: Request) -> bytes:
+        """The verb run, its reply encoded (an encoding failure answered as an internal error)."""
         try:
-            data = self.encode_reply(self._dispatch(req))
+            return self.encode_reply(self._dispatch(req))
         except BaseException as exc:
             self._count_error()
             _rl.error(f"encode.{req.cmd}", "reply of %r could not be sent: %r", req.cmd, exc)
-            data = _encode(_error(f"internal error in {req.cmd!r}: {type(exc).__name__}"))
+            return _encode(_error(f"internal error in {req.cmd!r}: {type(exc).__name__}"))
+
+    def _run_request(self, conn: _Conn, req: Request) -> None:
+        """On a worker: the verb, its reply encoded, handed back to the selector thread."""
+        data = self._reply_bytes(req)
         self._replies.append((conn, data))
         self._wake()
 

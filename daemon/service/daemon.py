@@ -26,6 +26,7 @@ from daemon.api.server import ControlServer, RequestError
 from daemon.config.settings import Config
 from daemon.control.loop import ControlLoop
 from daemon.service.cameras import DaemonCameras, cameras_status
+from daemon.service.client_arm import attach_client_arms
 from daemon.service.console_verbs import attach_console_api
 from daemon.service.context import DaemonContext, EpisodeRecorder, PolicyHandle, StatusExtra
 from daemon.service.leisaac_remote_leader import LeisaacRemoteLeaderPublisher, RemoteLeaderHook
@@ -244,6 +245,8 @@ class Daemon:
         reg("torque.off", lambda req: self._loop_call(lambda: self.loop.set_torque_wanted(False), "torque off (idle)"))
         # the browser console's verbs: camera.list, camera.preview, status.live
         attach_console_api(self.context)
+        # arm.acquire / action / observe / release: an outside client (LeRobot's tools) drives an arm
+        attach_client_arms(self.context)
 
     def _loop_call(self, fn: Callable[[], Any], message: str) -> dict[str, Any]:
         try:

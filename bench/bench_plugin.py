@@ -1,0 +1,141 @@
+"""The LeRobot plugin's cost: one get_observation + send_action round trip of robot ``so101d``
+(LeRobot -> the daemon's control socket -> the safety layer) beside LeRobot driving the same
+emulated arm directly (SOFollower on the serial bus), without cameras, in one run.
+
+The emulator runs in its own process (`so101d emulate`, wire time modelled at 1 Mbaud), the
+daemon in its own (`so101d run` at 100 Hz), the client here: three processes, as on a bench.
+Row 1 is LeRobot's SOFollower on the emulated follower (one sync read for the observation, one
+sync write for the action); row 2 is the plugin against the daemon driving that follower.
+Target: the plugin's round trip p99 <= 1 ms.
+
+    .venv/bin/python bench/bench_plugin.py [--rounds 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "lerobot_plugin"))  # the plugin from this checkout (make setup installs it too)
+
+from calibration.calibration_file import calibration_path, save_calibration
+from daemon.api.client import ControlClient, DaemonUnavailable
+from drivers.emulator import reference_calibration
+from drivers.emulator.process import EmulatorProcess
+
+
+def pct(a: np.ndarray, q: float) -> float:
+    return float(np.percentile(a, q)) if a.size else float("nan")
+
+
+def round_trips(robot: object, rounds: int) -> np.ndarray:
+    get_obs, send = robot.get_observation, robot.send_action  # type: ignore[attr-defined]
+    for _ in range(50):  # warm up
+        send(get_obs())
+    times = np.empty(rounds)
+    for i in range(rounds):
+        t0 = time.perf_counter()
+        obs = get_obs()
+        send(obs)  # hold where it is: the measured pose as the action
+        times[i] = time.perf_counter() - t0
+    return times
+
+
+def run_lerobot(ports: Path, rounds: int) -> np.ndarray:
+    from lerobot.robots.so_follower import SOFollower, SOFollowerRobotConfig
+
+    root = ports / "lerobot_cal"
+    save_calibration(reference_calibration("follower"), "follower", "bench", root)
+    robot = SOFollower(
+        SOFollowerRobotConfig(
+            port=str(ports / "follower"), id="bench", calibration_dir=calibration_path("follower", "bench", root).parent
+        )
+    )
+    robot.connect()
+    try:
+        return round_trips(robot, rounds)
+    finally:
+        robot.disconnect()
+
+
+def start_daemon(ports: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    cal = ports / "cal"
+    for role in ("leader", "follower"):
+        save_calibration(reference_calibration(role), role, role, cal)
+    sock = ports / "c.sock"
+    cfg = ports / "so101d.toml"
+    cfg.write_text(
+        f'[leader]\nport = "{ports / "leader"}"\n[follower]\nport = "{ports / "follower"}"\n'
+        f'[calibration]\nroot = "{cal}"\n[socket]\npath = "{sock}"\n[control]\nrate_hz = 100.0\n'
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daemon.apps.cli", "--log-level", "WARNING", "run", "--config", str(cfg)],
+        env=env,
+        start_new_session=True,
+    )
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        try:
+            with ControlClient(sock, timeout_s=2) as c:
+                if c.request("status")["mode"] == "teleop":
+                    return proc, sock
+        except DaemonUnavailable:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("the daemon did not reach teleop in 60 s")
+
+
+def run_plugin(sock: Path, rounds: int) -> np.ndarray:
+    from lerobot_robot_so101d import SO101D, SO101DConfig
+
+    robot = SO101D(SO101DConfig(socket=str(sock)))
+    robot.connect()
+    try:
+        return round_trips(robot, rounds)
+    finally:
+        robot.disconnect()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=2000, help="round trips per row (default 2000)")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    with tempfile.TemporaryDirectory(prefix="so101d-bench-") as d:
+        ports = Path(d)
+        with EmulatorProcess(ports, wire_time=True, leader_motion="still"):
+            direct = run_lerobot(ports, args.rounds)
+            daemon, sock = start_daemon(ports)
+            try:
+                plugin = run_plugin(sock, args.rounds)
+            finally:
+                os.killpg(daemon.pid, signal.SIGTERM)
+                daemon.wait(60)
+    rows = [("LeRobot SOFollower, serial bus", direct), ("so101d plugin, control socket", plugin)]
+    print(f"get_observation + send_action round trip, {args.rounds} rounds, no cameras")
+    print(f"{'':34s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s}")
+    for name, t in rows:
+        print(f"{name:34s} {pct(t, 50) * 1e3:8.3f} {pct(t, 99) * 1e3:8.3f} {float(t.max()) * 1e3:8.3f}")
+    print(
+        f"plugin / direct: p50 {pct(plugin, 50) / pct(direct, 50):.2f}x, p99 {pct(plugin, 99) / pct(direct, 99):.2f}x"
+    )
+    p99_ms = pct(plugin, 99) * 1e3
+    print(f"target: plugin p99 <= 1 ms: {'met' if p99_ms <= 1.0 else 'NOT met'} ({p99_ms:.3f} ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

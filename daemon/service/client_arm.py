@@ -1,0 +1,243 @@
+"""An arm lent to a client of the control socket: the verbs arm.acquire, arm.action, arm.observe
+and arm.release (declared in daemon/api/messages.py), over a ``ClientSource`` per arm.
+
+This is how LeRobot's own tools drive the daemon's arms (the so101d plugin, lerobot_plugin/):
+acquiring gives the client a lease and assigns the arm to its source (``loop.assign``), so the
+cycle follows the client's actions through the same safety layer as the leader's; releasing
+hands the arm back to the leader's source with the intent ``hold``, so it stays where it is.
+
+One client at a time per arm: a second is refused, naming the holder. A holder whose process is
+gone (killed, crashed: it never released) loses the lease to the next client that asks; a holder
+that stops sending is no target after the stale bound and the arm holds. While the operator
+holds the arm, or it is in fault or disconnected, an action is refused with the daemon's reason
+instead of being queued for later.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from calibration.conventions import JOINT_NAMES
+from daemon.api.server import RequestError
+from daemon.control.client_source import ClientSource
+from daemon.control.driven_arm import DrivenArm
+from daemon.control.loop import ControlLoop
+from daemon.control.safety import CycleInputs, update
+from daemon.service.context import DaemonContext
+from daemon.service.frame_shares import attach_frame_shares
+
+log = logging.getLogger("so101d.client_arm")
+
+SOURCE_NAME = "client"  # the source's name in the loop (the dataset's so101d.source: follower=client)
+_TRACKING_INTENT = "teleop"  # an intent under which the safety layer follows an arm's source
+_REFUSING_MODES = ("fault", "disconnected", "idle")
+_CALL_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Who holds an arm."""
+
+    arm: str
+    token: str
+    client: str
+    pid: int | None
+    since_s: float  # wall clock, for the refusal's words
+
+    def words(self) -> str:
+        who = f"{self.client} (pid {self.pid})" if self.pid is not None else self.client
+        return f"{who}, since {time.strftime('%H:%M:%S', time.localtime(self.since_s))}"
+
+    def alive(self) -> bool:
+        """False once the holder's process is gone (a client without a pid is taken at its word)."""
+        if self.pid is None:
+            return True
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # someone else's process: it exists
+            return True
+        return True
+
+
+def _joints(values: np.ndarray | None) -> dict[str, float] | None:
+    if values is None:
+        return None
+    return {name: float(v) for name, v in zip(JOINT_NAMES, values)}
+
+
+class ClientArms:
+    """The lease table and the four verbs' handlers (see the module docstring)."""
+
+    def __init__(
+        self,
+        loop: ControlLoop,
+        stale_s: float,
+        newest_frames: Callable[[], dict[str, int]] = dict,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.loop = loop
+        self.newest_frames = newest_frames  # shared camera -> newest frame's seq (FrameShares.newest)
+        self.stale_s = stale_s
+        self._monotonic = monotonic
+        self.source = ClientSource(stale_s, monotonic)
+        loop.add_source(SOURCE_NAME, self.source, self.source.last)
+        self._leases: dict[str, Lease] = {}
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------- helpers
+    def _arm(self, name: str) -> DrivenArm:
+        for arm in self.loop.arms:
+            if arm.name == name:
+                return arm
+        raise RequestError(f"no arm named {name!r} (arms: {', '.join(a.name for a in self.loop.arms)})", "arm")
+
+    def _lease_of(self, token: str | None) -> Lease:
+        if not token:
+            raise RequestError("no lease given: arm.acquire first and pass its lease", "lease")
+        with self._lock:
+            lease = next((x for x in self._leases.values() if x.token == token), None)
+            holders = [x.words() for x in self._leases.values()]
+        if lease is None:
+            held = f" (the arm is held by {holders[0]})" if holders else ""
+            raise RequestError(f"this lease is not current: the arm was released or taken over{held}", "lease")
+        return lease
+
+    def holder(self, arm: str) -> Lease | None:
+        with self._lock:
+            return self._leases.get(arm)
+
+    # ---------------------------------------------------------------- verbs
+    def acquire(self, req: dict[str, Any]) -> dict[str, Any]:
+        name = req.get("arm") or "follower"
+        arm = self._arm(name)
+        client = req.get("client") or "a control-socket client"
+        pid = req.get("pid")
+        with self._lock:
+            held = self._leases.get(name)
+            if held is not None and held.alive():
+                raise RequestError(f"the arm {name!r} is held by {held.words()}: it must release it first", "arm")
+            if held is not None:
+                log.warning("%s: its holder %s is gone without releasing; lease freed", name, held.words())
+            lease = Lease(name, secrets.token_hex(16), client, pid, time.time())
+            self._leases[name] = lease
+        self.source.clear()  # an old holder's last action must not drive the new one's arm
+        try:
+            self.loop.assign(name, SOURCE_NAME).result(timeout=_CALL_TIMEOUT_S)
+            self.loop.call(lambda: self.loop.set_intent(_TRACKING_INTENT), timeout_s=_CALL_TIMEOUT_S)
+        except Exception as exc:
+            with self._lock:
+                self._leases.pop(name, None)
+            raise RequestError(f"the control loop did not hand the arm over: {exc}") from None
+        log.info("%s: lent to %s", name, lease.words())
+        return {
+            "message": f"{name} follows {client}'s actions (the arm holds until the first arrives)",
+            "arm": name,
+            "lease": lease.token,
+            "stale_s": self.stale_s,
+            "mode": arm.state.mode,
+        }
+
+    def release(self, req: dict[str, Any]) -> dict[str, Any]:
+        lease = self._lease_of(req.get("lease"))
+        with self._lock:
+            self._leases.pop(lease.arm, None)
+        self.source.clear()
+        back = "leader" if "leader" in self.loop.sources else SOURCE_NAME
+
+        def hand_back() -> None:
+            self.loop.set_intent("hold")
+
+        try:
+            self.loop.assign(lease.arm, back).result(timeout=_CALL_TIMEOUT_S)
+            self.loop.call(hand_back, timeout_s=_CALL_TIMEOUT_S)
+        except Exception as exc:
+            raise RequestError(f"released, but the control loop did not answer: {exc}") from None
+        log.info("%s: released by %s; holding", lease.arm, lease.words())
+        return {"message": f"{lease.arm} released: holding", "arm": lease.arm, "mode": self._arm(lease.arm).state.mode}
+
+    def action(self, req: dict[str, Any]) -> dict[str, Any]:
+        lease = self._lease_of(req.get("lease"))
+        missing = [j for j in JOINT_NAMES if req.get(j) is None]
+        if missing:
+            raise RequestError(f"arm.action needs every joint; missing {', '.join(missing)}", missing[0])
+        arm = self._arm(lease.arm)
+        loop = self.loop
+        st = arm.state
+        if loop.intent == "hold" or st.mode in _REFUSING_MODES:
+            raise RequestError(f"the daemon is not taking actions: {st.mode} ({st.reason})")
+        if arm.source_name != SOURCE_NAME:
+            raise RequestError(f"the arm is driven by {arm.source_name} now (the operator took it back)")
+        target = np.array([req[j] for j in JOINT_NAMES], dtype=np.float64)
+        self.source.offer(target)
+        return {
+            "commanded": _joints(self._commanded(arm, target)),
+            "mode": st.mode,
+            "reason": st.reason,
+            "cycle": loop.cycles,
+        }
+
+    def _commanded(self, arm: DrivenArm, target: np.ndarray) -> np.ndarray | None:
+        """The safety layer's command for ``target`` from the arm's state at its last cycle: the
+        same pure function the loop runs next (alignment, step and joint limits)."""
+        params, measured = arm.params, arm.measured
+        if params is None or measured is None:
+            return None
+        inputs = CycleInputs(
+            intent=self.loop.intent,
+            torque_wanted=self.loop.torque_wanted,
+            follower_ok=True,
+            measured=measured,
+            target=target,
+            target_age_s=0.0,
+            fault_now=arm.fault_now,
+            target_name=SOURCE_NAME,
+            dt_s=self.loop.period_s,
+        )
+        return update(arm.state, inputs, params).command
+
+    def observe(self, req: dict[str, Any]) -> dict[str, Any]:
+        name = req.get("arm") or "follower"
+        arm = self._arm(name)
+        now = self._monotonic()
+        loop = self.loop
+        held = self.holder(name)
+        leader_at = loop.leader_read_at_s
+        return {
+            "arm": name,
+            "follower": _joints(arm.measured if arm.link.connected else None),
+            "follower_age_ms": (now - arm.measured_at_s) * 1000.0 if arm.measured is not None else None,
+            "leader": _joints(loop.leader_units),
+            "leader_age_ms": (now - leader_at) * 1000.0 if loop.leader_units is not None else None,
+            "command": _joints(arm.command),
+            "mode": arm.state.mode,
+            "reason": arm.state.reason,
+            "source": arm.source_name,
+            "holder": held.words() if held is not None else None,
+            "cycle": loop.cycles,
+            "frames": self.newest_frames(),
+        }
+
+
+def attach_client_arms(context: DaemonContext) -> ClientArms:
+    """Register the arm.* verbs (and camera.share) on the daemon's socket, over one client source in its loop."""
+    shares = attach_frame_shares(context)
+    arms = ClientArms(context.loop, context.cfg.safety.leader_stale_s, shares.newest)
+    reg = context.server.register
+    reg("arm.acquire", arms.acquire)
+    reg("arm.release", arms.release)
+    # these two only read the arm's snapshot or swap the newest action in: served on the socket's
+    # selector thread, without a worker hand-off (a LeRobot control step sends one of each)
+    reg("arm.action", arms.action, inline=True)
+    reg("arm.observe", arms.observe, inline=True)
+    return arms

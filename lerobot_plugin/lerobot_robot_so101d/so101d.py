@@ -1,0 +1,150 @@
+"""Robot ``so101d``: an arm of the so101d daemon, as LeRobot's ``so101_follower`` shows it.
+
+The features are so101_follower's (``<joint>.pos``: body joints in degrees, the gripper 0..100),
+so a dataset recorded through the daemon has the same columns, and its robot_type is
+``so_follower``, the type LeRobot records for that arm (the arm behind the daemon is one).
+``connect`` takes the arm from the daemon (``arm.acquire``: it now follows this client's
+actions, through the daemon's safety layer); ``send_action`` returns what that layer commands;
+``disconnect`` gives the arm back and it holds where it is. No calibration here: the daemon owns
+the servos and their calibration.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from functools import cached_property
+from typing import Any
+
+from lerobot.robots.robot import Robot
+from lerobot.utils.errors import DeviceAlreadyConnectedError, DeviceNotConnectedError
+
+from calibration.conventions import JOINT_NAMES
+from drivers.frame_shm import FrameShareReader
+from lerobot_robot_so101d.config_so101d import SO101DConfig
+from lerobot_robot_so101d.daemon_link import (
+    FEATURE_KEYS,
+    DaemonLink,
+    DaemonRefused,
+    as_features,
+    camera_sizes,
+    client_name,
+)
+
+log = logging.getLogger(__name__)
+
+
+class SO101D(Robot):
+    config_class = SO101DConfig
+    name = "so_follower"  # LeRobot's robot_type for the SO-100/101 follower (dataset metadata)
+
+    def __init__(self, config: SO101DConfig) -> None:
+        super().__init__(config)
+        self.config = config
+        self._link = DaemonLink(config.socket, config.timeout_s)
+        self._lease: str | None = None
+        # LeRobot reads len(robot.cameras) and the features before connect: the sizes come from
+        # the daemon's camera.list now (the daemon must be running to record its cameras)
+        self.cameras: dict[str, tuple[int, int]] = (
+            camera_sizes(self._link, config.daemon_cameras) if config.daemon_cameras else {}
+        )
+        self._frames: dict[str, FrameShareReader] = {}
+
+    @cached_property
+    def observation_features(self) -> dict[str, type | tuple[int, ...]]:
+        cams = {name: (h, w, 3) for name, (h, w) in self.cameras.items()}
+        return {**dict.fromkeys(FEATURE_KEYS, float), **cams}
+
+    @cached_property
+    def action_features(self) -> dict[str, type]:
+        return dict.fromkeys(FEATURE_KEYS, float)
+
+    @property
+    def is_connected(self) -> bool:
+        return self._lease is not None
+
+    @property
+    def is_calibrated(self) -> bool:
+        return True  # the daemon calibrates its arms (so101d calibrate)
+
+    def calibrate(self) -> None:
+        """Nothing to do here: the daemon owns the servos' calibration."""
+
+    def configure(self) -> None:
+        """Nothing to do here: the daemon configures the servos it drives."""
+
+    def connect(self, calibrate: bool = True) -> None:
+        if self._lease is not None:
+            raise DeviceAlreadyConnectedError(f"{self} is already connected")
+        self._link.connect()
+        try:
+            reply = self._link.request("arm.acquire", arm=self.config.arm, client=client_name(), pid=os.getpid())
+        except DaemonRefused as exc:
+            self._link.close()
+            raise DeviceNotConnectedError(str(exc)) from None
+        self._lease = str(reply["lease"])
+        try:
+            for name in self.cameras:
+                share = self._link.request("camera.share", camera=name)
+                self._frames[name] = FrameShareReader(share["path"])
+            self._wait_first_frames()
+        except Exception:
+            self.disconnect()
+            raise
+        log.info("%s: the daemon at %s lent us its arm %r", self, self._link.path, self.config.arm)
+
+    def _wait_first_frames(self, timeout_s: float = 5.0) -> None:
+        end = time.monotonic() + timeout_s
+        waiting = list(self._frames)
+        while waiting:
+            waiting = [n for n in waiting if self._frames[n].latest() is None]
+            if waiting and time.monotonic() > end:
+                raise DeviceNotConnectedError(
+                    f"the so101d daemon's camera(s) {', '.join(waiting)} gave no frame in {timeout_s:g} s"
+                )
+            if waiting:
+                time.sleep(0.01)
+
+    def _check(self) -> str:
+        if self._lease is None:
+            raise DeviceNotConnectedError(f"{self} is not connected: call connect() first")
+        return self._lease
+
+    def get_observation(self) -> dict[str, Any]:
+        self._check()
+        reply = self._link.request("arm.observe", arm=self.config.arm)
+        obs: dict[str, Any] = as_features(reply.get("follower"), f"{self.config.arm} pose")
+        for name, reader in self._frames.items():
+            frame = reader.latest()
+            if frame is None:
+                raise DeviceNotConnectedError(f"the so101d daemon's camera {name} has no frame")
+            obs[name] = frame.pixels
+        return obs
+
+    def send_action(self, action: dict[str, Any]) -> dict[str, Any]:
+        lease = self._check()
+        try:
+            goal = {j: float(action[f"{j}.pos"]) for j in JOINT_NAMES}
+        except KeyError as exc:
+            raise ValueError(f"{self}: the action lacks {exc.args[0]} (it needs {', '.join(FEATURE_KEYS)})") from None
+        reply = self._link.request("arm.action", lease=lease, **goal)
+        commanded = reply.get("commanded")
+        if commanded is None:
+            raise DaemonRefused(f"the so101d daemon commands nothing now: {reply.get('mode')} ({reply.get('reason')})")
+        return as_features(commanded, "commanded")
+
+    def disconnect(self) -> None:
+        lease = self._check()
+        self._lease = None
+        try:
+            if self._link.connected:
+                self._link.request("arm.release", lease=lease)
+        except (DaemonRefused, DeviceNotConnectedError) as exc:
+            # disconnect runs in LeRobot's `finally`: the error that brought us here matters more
+            log.warning("%s: could not give the arm back: %s", self, exc)
+        finally:
+            for reader in self._frames.values():
+                reader.close()
+            self._frames.clear()
+            self._link.close()

@@ -1,0 +1,176 @@
+"""An outside client drives the follower over the control socket (what the LeRobot plugin does):
+acquire, actions through the safety layer, observations, a second client refused naming the
+holder, the operator's hold refusing actions with its reason, a silent client noticed within the
+stale bound, a client killed while holding the arm freeing it, release holding the arm.
+
+Real parts: the daemon in-process on our Feetech driver over two emulated buses, the real socket
+and client; the cycle is not touched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import still_arm_on_pty, wait_for
+
+from calibration.conventions import JOINT_NAMES
+from daemon.api.client import CommandFailed, ControlClient
+from daemon.api.messages import ArmActionReply, ArmLeaseReply, ArmObservation, CameraShareReply
+from daemon.config.settings import config_from_dict
+from daemon.service.daemon import Daemon
+from drivers.emulator import reference_calibration
+from drivers.feetech_arm import FeetechFollower, FeetechLeader
+from drivers.frame_shm import FrameShareReader
+
+POSE_A = np.array([0.0, -60.0, 60.0, 40.0, 0.0, 20.0])
+POSE_B = np.array([20.0, -45.0, 50.0, 30.0, 10.0, 45.0])
+TOL_DEG = 2.0
+
+
+def _action(pose: np.ndarray) -> dict[str, float]:
+    return {j: float(v) for j, v in zip(JOINT_NAMES, pose)}
+
+
+def _pose(joints: dict[str, float] | None) -> np.ndarray:
+    assert joints is not None
+    return np.array([joints[j] for j in JOINT_NAMES])
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("client-arm")
+    parts = [still_arm_on_pty(tmp / role, role, POSE_A) for role in ("leader", "follower")]
+    cfg = config_from_dict(
+        {
+            "socket": {"path": str(tmp / "c.sock")},
+            "safety": {"align_speed_deg_s": 180.0, "align_gripper_speed_pct_s": 180.0},
+            "cameras": {"front": {"kind": "virtual", "width": 64, "height": 48, "fps": 30}},
+        }
+    )
+    d = Daemon(
+        cfg,
+        FeetechLeader(str(tmp / "leader"), reference_calibration("leader")),
+        FeetechFollower(str(tmp / "follower"), reference_calibration("follower")),
+    )
+    d.start()
+    try:
+        wait_for(lambda: d.loop.state.mode == "teleop", 60, "teleop")
+        yield d
+    finally:
+        d.stop()
+        for _arm, bus in parts:
+            bus.stop()
+
+
+def test_a_client_drives_the_arm_through_safety_and_gives_it_back(daemon: Daemon) -> None:
+    path = daemon.socket_path
+    with ControlClient(path) as c, ControlClient(path) as other:
+        lease = c.request_as(ArmLeaseReply, "arm.acquire", client="test client", pid=os.getpid()).lease
+        assert lease
+        # the second client is refused, naming the holder
+        with pytest.raises(CommandFailed, match=rf"held by test client \(pid {os.getpid()}\)"):
+            other.request("arm.acquire", client="intruder")
+        assert daemon.loop.assignments()["follower"] == "client"
+        # far away: the first command is the safety layer's alignment step, not the target
+        first = c.request_as(ArmActionReply, "arm.action", lease=lease, **_action(POSE_B))
+        step = np.abs(_pose(first.commanded) - POSE_A)
+        assert step.max() < 10.0, f"the first command jumped: {first.commanded}"
+
+        def arrived() -> bool:
+            c.request("arm.action", lease=lease, **_action(POSE_B))
+            obs = c.request_as(ArmObservation, "arm.observe")
+            return obs.follower is not None and bool(np.all(np.abs(_pose(obs.follower) - POSE_B) < TOL_DEG))
+
+        wait_for(arrived, 20, "the follower at the client's target")
+        obs = c.request_as(ArmObservation, "arm.observe")
+        assert obs.source == "client" and obs.holder is not None and "test client" in obs.holder
+        assert obs.leader is not None and np.allclose(_pose(obs.leader), POSE_A, atol=TOL_DEG)
+        # an action missing a joint, or an unknown lease, is refused and moves nothing
+        with pytest.raises(CommandFailed, match="missing gripper"):
+            c.request("arm.action", lease=lease, **{k: v for k, v in _action(POSE_B).items() if k != "gripper"})
+        with pytest.raises(CommandFailed, match="not current"):
+            c.request("arm.action", lease="0" * 32, **_action(POSE_A))
+        # the operator holds: the action is refused with the daemon's reason
+        other.request("hold")
+        with pytest.raises(CommandFailed, match=r"hold \(hold requested\)"):
+            c.request("arm.action", lease=lease, **_action(POSE_A))
+        released = c.request_as(ArmLeaseReply, "arm.release", lease=lease)
+        assert "holding" in released.message
+        assert daemon.loop.assignments()["follower"] == "leader"
+        wait_for(lambda: daemon.loop.state.mode == "hold", 5, "hold after release")
+        held = _pose(c.request_as(ArmObservation, "arm.observe").follower)
+        assert np.allclose(held, POSE_B, atol=TOL_DEG), "the arm did not stay where the client left it"
+        # the lease is spent
+        with pytest.raises(CommandFailed, match="not current"):
+            c.request("arm.action", lease=lease, **_action(POSE_A))
+
+
+def test_a_silent_client_is_noticed_and_a_killed_one_frees_the_arm(daemon: Daemon, tmp_path: Path) -> None:
+    path = daemon.socket_path
+    # a client in its own process: acquires, sends one action, then stops sending and is killed
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, time\n"
+            "from daemon.api.client import ControlClient\n"
+            "c = ControlClient(sys.argv[1]).connect()\n"
+            "r = c.request('arm.acquire', client='doomed', pid=os.getpid())\n"
+            "o = c.request('arm.observe')['follower']\n"
+            "c.request('arm.action', lease=r['lease'], **o)\n"
+            "print('sent', flush=True)\n"
+            "time.sleep(600)\n",
+            str(path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        start_new_session=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "sent"
+        # it stopped sending: within the stale bound the arm holds, saying why
+        wait_for(lambda: daemon.loop.state.reason == "client stale", 5, "hold on a silent client")
+        with ControlClient(path) as c:
+            with pytest.raises(CommandFailed, match="held by doomed"):
+                c.request("arm.acquire", client="next")
+            os.killpg(child.pid, signal.SIGKILL)  # the power-cut way: no release
+            child.wait(10)
+            lease = c.request_as(ArmLeaseReply, "arm.acquire", client="next", pid=os.getpid()).lease
+            assert lease
+            c.request("arm.release", lease=lease)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(10)
+
+
+def test_a_camera_shared_in_memory_gives_the_client_its_newest_frames(daemon: Daemon) -> None:
+    with ControlClient(daemon.socket_path) as c:
+        with pytest.raises(CommandFailed, match="no camera named 'side'"):
+            c.request("camera.share", camera="side")
+        share = c.request_as(CameraShareReply, "camera.share", camera="front")
+        assert (share.width, share.height) == (64, 48)
+        reader = FrameShareReader(share.path)
+        try:
+            wait_for(lambda: reader.latest() is not None, 10, "a first shared frame")
+            first = reader.latest()
+            assert first is not None and first.pixels.shape == (48, 64, 3) and first.pixels.dtype == np.uint8
+            # the observation names the newest frame in the share; frames keep coming
+            wait_for(lambda: c.request("arm.observe")["frames"].get("front", -1) > first.seq, 10, "newer frames")
+            newer = reader.latest()
+            assert newer is not None and newer.seq > first.seq
+            cam = next(x for x in daemon.context.cameras.built() if x.name == "front")
+            live = cam.latest_frame()
+            assert live is not None and live.seq >= newer.seq
+        finally:
+            reader.close()
+    # a second share of the same camera is the same memory (one copy per frame, whoever reads)
+    with ControlClient(daemon.socket_path) as c:
+        assert c.request("camera.share", camera="front")["path"] == share.path
