@@ -1,10 +1,10 @@
-"""Recording at scale: commits cost the same at episode 1000 as at episode 1, episodes are packed
-into LeRobot v3's shared data/video files, and LeRobot loads, decodes and edits the result.
+"""Recording at scale: episodes are packed into LeRobot v3's shared data/video files, and LeRobot
+loads, decodes and edits the result (the cost per commit at scale: bench/bench_recording_scale.py).
 
 Episodes are staged exactly as the writer process stages them (writer.CameraEncoder encodes each
 camera with PyAV/libx264 and computes LeRobot's image stats; rows.npz, timing.npz, then
 episode.json last), then committed by DatasetStore: the real store path, with tiny frames and
-short episodes so a thousand of them fit in a test.
+short episodes so a hundred and more fit in a test.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -175,56 +174,25 @@ def test_packed_rollover_follows_lerobot_rules_and_lerobot_reads_it(tmp_path):
         assert_frames_match(ds, i, lengths[i])
 
 
-def rss_mb() -> float:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 @pytest.mark.e2e
-@pytest.mark.timeout(3600)
-def test_a_thousand_episodes_commit_at_constant_cost_and_lerobot_loads_decodes_and_edits_them(tmp_path):
-    """The operator records 1000 short episodes into one dataset (LeRobot's default size targets):
-    the last commits cost what the first ones did, everything lands in one data file and one video
-    file per camera, and LeRobot's loader and lerobot-edit-dataset take it as their own.
+def test_many_episodes_pack_into_lerobots_default_files_and_lerobot_loads_decodes_and_edits_them(tmp_path):
+    """The operator records many short episodes into one dataset (LeRobot's default size targets):
+    everything lands in one data file and one video file per camera, the episodes table rolls over
+    at 100 rows as LeRobot's does, and LeRobot's loader and lerobot-edit-dataset take it as their own.
 
-    The first 50 and the last 50 commits are measured side by side (alternately into a new dataset
-    and into the big one), so a change in this shared machine's load hits both alike."""
+    That a commit costs the same at episode 1000 as at episode 1 (and memory does not grow) is a
+    speed claim: bench/bench_recording_scale.py measures it side by side with LeRobot's writer."""
     root = tmp_path / "ds"
     store = make_store(root)
-    n_episodes, frames = 1000, 3
+    n_episodes, frames = 130, 3  # past the first 100-row episodes file
     tasks = ("pick the cube", "place the cube")
-    decoded = {0, 1, 499, 500, 501, 998, 999}  # every episode whose pictures are checked below
+    decoded = {0, 1, 64, 65, 66, 128, 129}  # every episode whose pictures are checked below
     template = tmp_path / "template"
     videos = (template, encode_cameras(template, store, 7, frames))
-
-    def stage(st: DatasetStore, episode: int) -> Path:
-        own = st is store and episode in decoded  # the fresh dataset is never decoded
-        return stage_episode(st, episode, frames, task=tasks[episode % 2], videos=None if own else videos)
-
-    for i in range(n_episodes - 50):
-        store.commit(stage(store, i))
-        if i == 99:
-            rss_at_100 = rss_mb()
-    rss_at_950 = rss_mb()
-    fresh = make_store(tmp_path / "fresh")
-    fresh.commit(stage_episode(fresh, 0, frames))  # its creation is not what we compare
-    first_s, last_s = [], []
-    for i in range(n_episodes - 50, n_episodes):
-        for st, costs, episode in ((fresh, first_s, i - n_episodes + 51), (store, last_s, i)):
-            staged = stage(st, episode)
-            t0 = time.perf_counter()
-            st.commit(staged)
-            costs.append(time.perf_counter() - t0)
+    for i in range(n_episodes):
+        own = i in decoded  # the others get a copy of the template's encoded pictures
+        store.commit(stage_episode(store, i, frames, task=tasks[i % 2], videos=None if own else videos))
     store.release_ownership()
-    fresh.release_ownership()
-
-    first, last = statistics.median(first_s), statistics.median(last_s)
-    print(
-        f"median commit: episodes 1-50 {first * 1000:.1f} ms, 951-1000 {last * 1000:.1f} ms, "
-        f"ratio {last / first:.2f}; RSS {rss_at_100:.0f} MB at 100, {rss_at_950:.0f} MB at 950"
-    )
-    assert last <= 2.0 * first, (first, last)
-    assert rss_at_950 - rss_at_100 < 64, (rss_at_100, rss_at_950)  # no growth per episode
 
     # LeRobot's packing with its default targets: one data file, one video file per camera
     assert [p.relative_to(root).as_posix() for p in files(root, "data/*/*.parquet")] == [
@@ -232,11 +200,11 @@ def test_a_thousand_episodes_commit_at_constant_cost_and_lerobot_loads_decodes_a
     ]
     for cam in ("front", "wrist"):
         assert [p.name for p in files(root, f"videos/observation.images.{cam}/*/*.mp4")] == ["file-000.mp4"]
-    assert len(files(root, "meta/episodes/*/*.parquet")) == n_episodes // 100
+    assert len(files(root, "meta/episodes/*/*.parquet")) == 2  # 100 rows, then the other 30
 
     ds = load(root)
     assert ds.num_episodes == n_episodes and len(ds) == n_episodes * frames
-    for i in (0, 1, 499, 500, 998, 999):  # ends and the middle of the packed files
+    for i in (0, 1, 64, 65, 128, 129):  # ends and the middle of the packed files
         assert_frames_match(ds, i, frames)
     assert ds.meta.total_tasks == 2
 
@@ -251,7 +219,7 @@ def test_a_thousand_episodes_commit_at_constant_cost_and_lerobot_loads_decodes_a
         "--new_repo_id=local/edited",
         f"--new_root={out}",
         "--operation.type=delete_episodes",
-        "--operation.episode_indices=[0, 500, 999]",
+        "--operation.episode_indices=[0, 65, 129]",
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
@@ -259,10 +227,10 @@ def test_a_thousand_episodes_commit_at_constant_cost_and_lerobot_loads_decodes_a
 
     edited = LeRobotDataset("local/edited", root=out, video_backend="pyav")
     assert edited.num_episodes == n_episodes - 3 and len(edited) == (n_episodes - 3) * frames
-    # the old episode 501 is now 499: its frames still decode to what was recorded for it
-    item = edited[int(edited.meta.episodes[499]["dataset_from_index"]) + 1]
+    # the old episode 66 is now 64: its frames still decode to what was recorded for it
+    item = edited[int(edited.meta.episodes[64]["dataset_from_index"]) + 1]
     got = item["observation.images.front"].numpy().transpose(1, 2, 0) * 255.0
-    assert np.abs(got - frame_rgb(501, 1, 0, 24, 32)).mean() < 8.0
+    assert np.abs(got - frame_rgb(66, 1, 0, 24, 32)).mean() < 8.0
 
 
 def lerobot_sessions(root: Path, episodes: int, frames: int) -> None:
