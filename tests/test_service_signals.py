@@ -82,6 +82,10 @@ class Terminal:
         env = dict(os.environ, PS1="$ ", TERM="dumb", PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
         pid, fd = pty.fork()
         if pid == 0:  # child: the shell, session leader with the pty as controlling terminal
+            # A terminal window's shell starts with the terminal's signals at their defaults, even
+            # when the test run itself was started under nohup (SIGHUP ignored, inherited).
+            for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
             os.chdir(cwd)
             os.execvpe("bash", ["bash", "--norc", "--noprofile", "-i"], env)
         self.shell_pid, self.fd = pid, fd
@@ -113,12 +117,30 @@ class Terminal:
                 self.closed = True
                 os.close(self.fd)
 
+    def session(self) -> list[int]:
+        """Every process still in the window's session (what a failed test must not leave running)."""
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == self.shell_pid and int(stat.parent.name) != self.shell_pid:
+                pids.append(int(stat.parent.name))
+        return pids
+
     def reap(self) -> None:
         self.close_window()
-        if poll_until(lambda: os.waitpid(self.shell_pid, os.WNOHANG)[0] != 0, 10):
-            return
-        os.kill(self.shell_pid, signal.SIGKILL)
-        os.waitpid(self.shell_pid, 0)
+        if not poll_until(lambda: os.waitpid(self.shell_pid, os.WNOHANG)[0] != 0, 10):
+            os.kill(self.shell_pid, signal.SIGKILL)
+            os.waitpid(self.shell_pid, 0)
+        # After a passing test the session is empty; after a failing one its daemon, demo or
+        # emulator would run on, loading the machine for every later test.
+        for pid in self.session():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.fixture
