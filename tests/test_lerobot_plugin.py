@@ -62,8 +62,22 @@ def _start_daemon(bench: VirtualBench) -> subprocess.Popen[bytes]:
             env=_env(),
             start_new_session=True,  # its own process group: killed whole, as by a power cut
         )
-    wait_status(bench.socket_path, lambda st: st["mode"] == "teleop", timeout_s=60, proc=proc)
+    try:
+        wait_status(bench.socket_path, lambda st: st["mode"] == "teleop", timeout_s=60, proc=proc)
+    except BaseException:
+        _stop(proc)
+        raise
     return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +87,11 @@ def running() -> Iterator[Running]:
     except importlib.metadata.PackageNotFoundError:
         pytest.fail("the so101d LeRobot plugin is not installed: run `make setup` (it installs lerobot_plugin/)")
     with open_virtual_bench() as bench:
-        proc = _start_daemon(bench)
+        run = Running(bench, _start_daemon(bench))
         try:
-            yield Running(bench, proc)
+            yield run
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(60)
+            _stop(run.daemon)  # the daemon now running: a test may have killed and restarted it
 
 
 def _lerobot(tool: str, *args: str, timeout_s: float = 240.0) -> subprocess.CompletedProcess[str]:
