@@ -18,8 +18,11 @@ collection stops naming it.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -186,6 +189,60 @@ def virtual_bench() -> Iterator[VirtualBench]:
     (tests/virtual_bench_support.py)."""
     with open_virtual_bench() as bench:
         yield bench
+
+
+# -- no process outlives its test file ---------------------------------------------------------------
+# A story that fails half-way can leave its daemon, demo or emulator running; on a 2-core machine
+# such a leftover loads every later test (one ran for 28 minutes of a suite run). Each file's
+# processes carry a token in their environment (inherited by whatever they spawn with the
+# environment passed on); when the file is done, any still alive after a short grace are killed
+# and the file fails, naming them.
+_TOKEN_VAR = "SO101D_TEST_FILE_TOKEN"
+_LEFTOVER_GRACE_S = 10.0
+
+
+def _processes_with(token: str) -> dict[int, str]:
+    found = {}
+    needle = f"{_TOKEN_VAR}={token}".encode()
+    for env_path in Path("/proc").glob("[0-9]*/environ"):
+        pid = int(env_path.parent.name)
+        if pid == os.getpid():
+            continue
+        try:
+            if needle not in env_path.read_bytes().split(b"\0"):
+                continue
+            cmd = (env_path.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if cmd:  # a zombie has none: it is only waiting for its parent
+            found[pid] = cmd.strip()
+    return found
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_process_outlives_its_file() -> Iterator[None]:
+    token = uuid.uuid4().hex
+    os.environ[_TOKEN_VAR] = token
+    try:
+        yield
+    finally:
+        os.environ.pop(_TOKEN_VAR, None)
+    deadline = time.monotonic() + _LEFTOVER_GRACE_S
+    left = _processes_with(token)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)  # a daemon told to stop, a resource tracker: they finish on their own
+        left = _processes_with(token)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if left:
+        pytest.fail(
+            "processes started by this file were still running after it ended (now killed): "
+            + "; ".join(f"{pid}: {cmd[:160]}" for pid, cmd in sorted(left.items())),
+            pytrace=False,
+        )
 
 
 # -- the e2e tests, timed in every run -------------------------------------------------------------
