@@ -23,6 +23,7 @@ from calibration.conventions import JOINT_NAMES
 from daemon.api.client import CommandFailed, ControlClient
 from daemon.api.messages import ArmActionReply, ArmLeaseReply, ArmObservation, CameraShareReply
 from daemon.config.settings import config_from_dict
+from daemon.service.client_arm import Lease, process_started
 from daemon.service.daemon import Daemon
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
@@ -149,6 +150,52 @@ def test_a_silent_client_is_noticed_and_a_killed_one_frees_the_arm(daemon: Daemo
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait(10)
+
+
+@pytest.mark.parametrize("pid_words", ["pid=1", "pid=None"], ids=["lying-pid", "no-pid"])
+def test_a_killed_client_frees_the_arm_whatever_pid_it_claimed(daemon: Daemon, pid_words: str) -> None:
+    """The holder is the process on the socket (the kernel says which), not the pid a request
+    names: a client claiming pid 1 (alive for ever), or none, and then killed, frees the arm."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from daemon.api.client import ControlClient\n"
+            "c = ControlClient(sys.argv[1]).connect()\n"
+            f"c.request('arm.acquire', client='liar', {pid_words})\n"
+            "print('held', flush=True)\n"
+            "time.sleep(600)\n",
+            str(daemon.socket_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        start_new_session=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "held"
+        with ControlClient(daemon.socket_path) as c:
+            with pytest.raises(CommandFailed, match=rf"held by liar \(pid {child.pid}\)"):
+                c.request("arm.acquire", client="next", pid=os.getpid())
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(10)
+            lease = c.request_as(ArmLeaseReply, "arm.acquire", client="next", pid=os.getpid()).lease
+            assert lease
+            c.request("arm.release", lease=lease)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(10)
+
+
+def test_a_reused_pid_is_not_the_holder() -> None:
+    """A holder's pid taken by a new process (pid reuse) is not the holder alive."""
+    me = os.getpid()
+    started = process_started(me)
+    assert started is not None
+    assert Lease("follower", "t", "c", me, 0.0, started).alive()
+    assert not Lease("follower", "t", "c", me, 0.0, started + 1).alive()
 
 
 def test_a_camera_shared_in_memory_gives_the_client_its_newest_frames(daemon: Daemon) -> None:
