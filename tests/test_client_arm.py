@@ -221,3 +221,29 @@ def test_a_camera_shared_in_memory_gives_the_client_its_newest_frames(daemon: Da
     # a second share of the same camera is the same memory (one copy per frame, whoever reads)
     with ControlClient(daemon.socket_path) as c:
         assert c.request("camera.share", camera="front")["path"] == share.path
+
+
+def test_the_plugin_refuses_a_frozen_camera_frame(daemon: Daemon) -> None:
+    """A daemon camera that stops delivering (unplugged, hung) gives the plugin's get_observation
+    LeRobot's TimeoutError, as so101_follower's cameras do, not the last frame for ever."""
+    from lerobot_robot_so101d import SO101D, SO101DConfig
+
+    robot = SO101D(SO101DConfig(socket=str(daemon.socket_path), daemon_cameras=["front"]))
+    robot.connect()
+    cam = next(x for x in daemon.context.cameras.built() if x.name == "front")
+    try:
+        assert robot.get_observation()["front"].shape == (48, 64, 3)
+        cam.stop()  # no frame comes any more; the share keeps the last one
+
+        def refused() -> bool:
+            try:
+                robot.get_observation()
+            except TimeoutError as exc:
+                assert "front" in str(exc) and "ms old" in str(exc)
+                return True
+            return False
+
+        wait_for(refused, 10, "the plugin refusing the frozen frame")
+    finally:
+        cam.start()
+        robot.disconnect()
