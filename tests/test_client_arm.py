@@ -25,6 +25,7 @@ from daemon.api.messages import ArmActionReply, ArmLeaseReply, ArmObservation, C
 from daemon.config.settings import config_from_dict
 from daemon.service.client_arm import Lease, process_started
 from daemon.service.daemon import Daemon
+from daemon.service.frame_shares import new_share
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 from drivers.frame_shm import FrameShareReader
@@ -247,3 +248,39 @@ def test_the_plugin_refuses_a_frozen_camera_frame(daemon: Daemon) -> None:
     finally:
         cam.start()
         robot.disconnect()
+
+
+def test_a_killed_daemons_frame_shares_are_swept() -> None:
+    """A daemon killed whole (SIGKILL: nothing unlinks its files) leaves its camera shares in
+    /dev/shm; the next daemon's share removes them once their maker is gone."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\n"
+            "from daemon.service.frame_shares import new_share\n"
+            "print(new_share('front', 8, 4).path, flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        start_new_session=True,
+    )
+    try:
+        assert child.stdout is not None
+        left = Path(child.stdout.readline().strip())
+        assert left.exists()
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(10)
+        assert left.exists(), "nothing removes a killed process's share by itself"
+        mine = new_share("front", 8, 4)
+        try:
+            assert not left.exists(), f"{left} outlived its daemon"
+            assert mine.path.exists()
+        finally:
+            mine.close()
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(10)
