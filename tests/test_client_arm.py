@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from lerobot.utils.errors import DeviceNotConnectedError
 from support import still_arm_on_pty, wait_for
 
 from calibration.conventions import JOINT_NAMES
@@ -26,13 +27,14 @@ from daemon.config.settings import config_from_dict
 from daemon.service.client_arm import Lease, process_started
 from daemon.service.daemon import Daemon
 from daemon.service.frame_shares import new_share
-from drivers.emulator import reference_calibration
+from drivers.emulator import BusEmulator, reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 from drivers.frame_shm import FrameShareReader
 
 POSE_A = np.array([0.0, -60.0, 60.0, 40.0, 0.0, 20.0])
 POSE_B = np.array([20.0, -45.0, 50.0, 30.0, 10.0, 45.0])
 TOL_DEG = 2.0
+_BUSES: dict[str, BusEmulator] = {}  # the module daemon's emulated buses, for the unplug story
 
 
 def _action(pose: np.ndarray) -> dict[str, float]:
@@ -61,6 +63,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
         FeetechFollower(str(tmp / "follower"), reference_calibration("follower")),
     )
     d.start()
+    _BUSES.update({role: bus for role, (_arm, bus) in zip(("leader", "follower"), parts)})
     try:
         wait_for(lambda: d.loop.state.mode == "teleop", 60, "teleop")
         yield d
@@ -284,3 +287,27 @@ def test_a_killed_daemons_frame_shares_are_swept() -> None:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait(10)
+
+
+def test_the_plugin_teleop_refuses_an_unplugged_leaders_last_reading(daemon: Daemon) -> None:
+    """The daemon keeps its last leader reading when the leader stops answering; the plugin's
+    get_action must not hand it to LeRobot as the operator's action. (Last: it unplugs the leader.)"""
+    from lerobot_robot_so101d import SO101DTeleop, SO101DTeleopConfig
+
+    teleop = SO101DTeleop(SO101DTeleopConfig(socket=str(daemon.socket_path)))
+    teleop.connect()
+    try:
+        assert set(teleop.get_action()) == {f"{j}.pos" for j in JOINT_NAMES}
+        _BUSES["leader"].stop()  # unplugged: no reply any more
+
+        def refused() -> bool:
+            try:
+                teleop.get_action()
+            except DeviceNotConnectedError as exc:
+                assert "leader" in str(exc) and "ms old" in str(exc)
+                return True
+            return False
+
+        wait_for(refused, 10, "the plugin refusing the frozen leader reading")
+    finally:
+        teleop.disconnect()
