@@ -63,13 +63,23 @@ class _Mapped:
 class FrameShareWriter:
     """One camera's frames into shared memory (the daemon side)."""
 
-    def __init__(self, camera: str, width: int, height: int, slots: int = 4, directory: Path = SHM_DIR) -> None:
+    def __init__(
+        self,
+        camera: str,
+        width: int,
+        height: int,
+        slots: int = 4,
+        directory: Path = SHM_DIR,
+        file_name: str | None = None,
+    ) -> None:
+        """``file_name``: the file's name under ``directory`` (the daemon names it so that a killed
+        daemon's files can be swept); default one made of this pid and the camera's name."""
         self.width, self.height, self.slots = width, height, slots
         self.frame_bytes = width * height * 3
         offset = _pixel_offset(slots)
         size = offset + slots * self.frame_bytes
         safe = "".join(ch if ch.isalnum() else "_" for ch in camera)[:40]
-        self.path = directory / f"{PREFIX}-{os.getpid()}-{safe}-{secrets.token_hex(4)}"
+        self.path = directory / (file_name or f"{PREFIX}-{os.getpid()}-{safe}-{secrets.token_hex(4)}")
         self._map = _Mapped(self.path, size, create=True)
         buf = self._map._mm
         self._header: np.ndarray = np.ndarray((_HEADER_WORDS,), np.int64, buf, 0)

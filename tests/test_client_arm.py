@@ -17,20 +17,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from lerobot.utils.errors import DeviceNotConnectedError
 from support import still_arm_on_pty, wait_for
 
 from calibration.conventions import JOINT_NAMES
 from daemon.api.client import CommandFailed, ControlClient
 from daemon.api.messages import ArmActionReply, ArmLeaseReply, ArmObservation, CameraShareReply
 from daemon.config.settings import config_from_dict
+from daemon.service.client_arm import Lease, process_started
 from daemon.service.daemon import Daemon
-from drivers.emulator import reference_calibration
+from daemon.service.frame_shares import new_share
+from drivers.emulator import BusEmulator, reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 from drivers.frame_shm import FrameShareReader
 
 POSE_A = np.array([0.0, -60.0, 60.0, 40.0, 0.0, 20.0])
 POSE_B = np.array([20.0, -45.0, 50.0, 30.0, 10.0, 45.0])
 TOL_DEG = 2.0
+_BUSES: dict[str, BusEmulator] = {}  # the module daemon's emulated buses, for the unplug story
 
 
 def _action(pose: np.ndarray) -> dict[str, float]:
@@ -59,6 +63,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
         FeetechFollower(str(tmp / "follower"), reference_calibration("follower")),
     )
     d.start()
+    _BUSES.update({role: bus for role, (_arm, bus) in zip(("leader", "follower"), parts)})
     try:
         wait_for(lambda: d.loop.state.mode == "teleop", 60, "teleop")
         yield d
@@ -151,6 +156,52 @@ def test_a_silent_client_is_noticed_and_a_killed_one_frees_the_arm(daemon: Daemo
             child.wait(10)
 
 
+@pytest.mark.parametrize("pid_words", ["pid=1", "pid=None"], ids=["lying-pid", "no-pid"])
+def test_a_killed_client_frees_the_arm_whatever_pid_it_claimed(daemon: Daemon, pid_words: str) -> None:
+    """The holder is the process on the socket (the kernel says which), not the pid a request
+    names: a client claiming pid 1 (alive for ever), or none, and then killed, frees the arm."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from daemon.api.client import ControlClient\n"
+            "c = ControlClient(sys.argv[1]).connect()\n"
+            f"c.request('arm.acquire', client='liar', {pid_words})\n"
+            "print('held', flush=True)\n"
+            "time.sleep(600)\n",
+            str(daemon.socket_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        start_new_session=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "held"
+        with ControlClient(daemon.socket_path) as c:
+            with pytest.raises(CommandFailed, match=rf"held by liar \(pid {child.pid}\)"):
+                c.request("arm.acquire", client="next", pid=os.getpid())
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(10)
+            lease = c.request_as(ArmLeaseReply, "arm.acquire", client="next", pid=os.getpid()).lease
+            assert lease
+            c.request("arm.release", lease=lease)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(10)
+
+
+def test_a_reused_pid_is_not_the_holder() -> None:
+    """A holder's pid taken by a new process (pid reuse) is not the holder alive."""
+    me = os.getpid()
+    started = process_started(me)
+    assert started is not None
+    assert Lease("follower", "t", "c", me, 0.0, started).alive()
+    assert not Lease("follower", "t", "c", me, 0.0, started + 1).alive()
+
+
 def test_a_camera_shared_in_memory_gives_the_client_its_newest_frames(daemon: Daemon) -> None:
     with ControlClient(daemon.socket_path) as c:
         with pytest.raises(CommandFailed, match="no camera named 'side'"):
@@ -174,3 +225,89 @@ def test_a_camera_shared_in_memory_gives_the_client_its_newest_frames(daemon: Da
     # a second share of the same camera is the same memory (one copy per frame, whoever reads)
     with ControlClient(daemon.socket_path) as c:
         assert c.request("camera.share", camera="front")["path"] == share.path
+
+
+def test_the_plugin_refuses_a_frozen_camera_frame(daemon: Daemon) -> None:
+    """A daemon camera that stops delivering (unplugged, hung) gives the plugin's get_observation
+    LeRobot's TimeoutError, as so101_follower's cameras do, not the last frame for ever."""
+    from lerobot_robot_so101d import SO101D, SO101DConfig
+
+    robot = SO101D(SO101DConfig(socket=str(daemon.socket_path), daemon_cameras=["front"]))
+    robot.connect()
+    cam = next(x for x in daemon.context.cameras.built() if x.name == "front")
+    try:
+        assert robot.get_observation()["front"].shape == (48, 64, 3)
+        cam.stop()  # no frame comes any more; the share keeps the last one
+
+        def refused() -> bool:
+            try:
+                robot.get_observation()
+            except TimeoutError as exc:
+                assert "front" in str(exc) and "ms old" in str(exc)
+                return True
+            return False
+
+        wait_for(refused, 10, "the plugin refusing the frozen frame")
+    finally:
+        cam.start()
+        robot.disconnect()
+
+
+def test_a_killed_daemons_frame_shares_are_swept() -> None:
+    """A daemon killed whole (SIGKILL: nothing unlinks its files) leaves its camera shares in
+    /dev/shm; the next daemon's share removes them once their maker is gone."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\n"
+            "from daemon.service.frame_shares import new_share\n"
+            "print(new_share('front', 8, 4).path, flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        start_new_session=True,
+    )
+    try:
+        assert child.stdout is not None
+        left = Path(child.stdout.readline().strip())
+        assert left.exists()
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(10)
+        assert left.exists(), "nothing removes a killed process's share by itself"
+        mine = new_share("front", 8, 4)
+        try:
+            assert not left.exists(), f"{left} outlived its daemon"
+            assert mine.path.exists()
+        finally:
+            mine.close()
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(10)
+
+
+def test_the_plugin_teleop_refuses_an_unplugged_leaders_last_reading(daemon: Daemon) -> None:
+    """The daemon keeps its last leader reading when the leader stops answering; the plugin's
+    get_action must not hand it to LeRobot as the operator's action. (Last: it unplugs the leader.)"""
+    from lerobot_robot_so101d import SO101DTeleop, SO101DTeleopConfig
+
+    teleop = SO101DTeleop(SO101DTeleopConfig(socket=str(daemon.socket_path)))
+    teleop.connect()
+    try:
+        assert set(teleop.get_action()) == {f"{j}.pos" for j in JOINT_NAMES}
+        _BUSES["leader"].stop()  # unplugged: no reply any more
+
+        def refused() -> bool:
+            try:
+                teleop.get_action()
+            except DeviceNotConnectedError as exc:
+                assert "leader" in str(exc) and "ms old" in str(exc)
+                return True
+            return False
+
+        wait_for(refused, 10, "the plugin refusing the frozen leader reading")
+    finally:
+        teleop.disconnect()

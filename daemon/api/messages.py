@@ -105,7 +105,17 @@ class ReplayStartRequest(RequestBase, tag="replay.start"):
 class ArmAcquireRequest(RequestBase, tag="arm.acquire"):
     arm: Annotated[str, _text(64, "which arm (default: follower)")] | None = None
     client: Annotated[str, _text(200, "who asks, in words (shown to a client refused)")] | None = None
-    pid: Annotated[int, msgspec.Meta(ge=1, le=2**31, description="the client's process id")] | None = None
+    pid: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                ge=1,
+                le=2**31,
+                description="the client's process id (the socket's peer, by the kernel's word, is taken instead)",
+            ),
+        ]
+        | None
+    ) = None
 
 
 class ArmLeaseRequest(RequestBase, tag="arm.release"):

@@ -51,6 +51,7 @@ import queue
 import selectors
 import socket
 import stat
+import struct
 import threading
 import time
 import traceback
@@ -71,6 +72,32 @@ log = logging.getLogger("so101d.socket")
 _rl = RateLimitedLogger(log, period_s=10.0, burst=5)
 
 Handler = Callable[[dict[str, Any]], dict[str, Any] | None]
+
+
+# The process on the other end of the connection whose verb this thread runs now: what a request
+# says about its sender (a ``pid`` field) is the client's word, this is the kernel's.
+class _Serving(threading.local):
+    peer_pid: int | None = None
+
+
+_serving = _Serving()
+
+
+def request_peer_pid() -> int | None:
+    """The pid of the process that sent the request this thread is serving (None outside a socket
+    request, e.g. ``handle`` called in-process, or where the kernel did not say)."""
+    return _serving.peer_pid
+
+
+def _peer_pid(sock: socket.socket) -> int | None:
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    pid = struct.unpack("3i", creds)[0]
+    return pid if pid > 0 else None
+
+
 MAX_CONNECTIONS = 512  # beyond this the longest-idle connection is evicted (fds: systemd's soft limit is 1024)
 IDLE_TIMEOUT_S = 300.0  # a silent client is dropped after this
 LISTEN_BACKLOG = 128  # connections the kernel queues while the selector thread is busy
@@ -133,6 +160,7 @@ class _Conn:
     close_after_write: bool = False  # a refused oversized request: the rest cannot be trusted
     closed: bool = False
     events: int = 0  # what the selector watches for it now (0: not registered)
+    peer_pid: int | None = None  # the connecting process, by the kernel's word (SO_PEERCRED)
 
 
 class _WorkerPool:
@@ -467,7 +495,7 @@ class ControlServer:
             while self._n_conns >= max(1, self.max_connections):
                 self._evict_one(f"the control socket was at its limit of {self.max_connections} connections")
             sock.setblocking(False)
-            conn = _Conn(sock=sock, fd=sock.fileno(), last_active_s=time.monotonic())
+            conn = _Conn(sock=sock, fd=sock.fileno(), last_active_s=time.monotonic(), peer_pid=_peer_pid(sock))
             self._conns[conn.fd] = conn
             self._n_conns = len(self._conns)
             self._set_interest(conn, selectors.EVENT_READ)
@@ -645,7 +673,7 @@ class ControlServer:
             conn.outbuf += _encode(error or _error("malformed request"))
             return
         if req.cmd in self._inline:
-            conn.outbuf += self._reply_bytes(req)
+            conn.outbuf += self._reply_bytes(req, conn.peer_pid)
             return
         pool = self._operator_pool if req.cmd in OPERATOR_VERBS else self._pool
         if pool is None:  # stopping
@@ -654,18 +682,21 @@ class ControlServer:
         conn.busy = True
         pool.submit(self._run_request, conn, req)
 
-    def _reply_bytes(self, req: Request) -> bytes:
+    def _reply_bytes(self, req: Request, peer_pid: int | None) -> bytes:
         """The verb run, its reply encoded (an encoding failure answered as an internal error)."""
+        _serving.peer_pid = peer_pid
         try:
             return self.encode_reply(self._dispatch(req))
         except BaseException as exc:
             self._count_error()
             _rl.error(f"encode.{req.cmd}", "reply of %r could not be sent: %r", req.cmd, exc)
             return _encode(_error(f"internal error in {req.cmd!r}: {type(exc).__name__}"))
+        finally:
+            _serving.peer_pid = None
 
     def _run_request(self, conn: _Conn, req: Request) -> None:
         """On a worker: the verb, its reply encoded, handed back to the selector thread."""
-        data = self._reply_bytes(req)
+        data = self._reply_bytes(req, conn.peer_pid)
         self._replies.append((conn, data))
         self._wake()
 

@@ -1,4 +1,5 @@
-"""Names for the recording rings' shared-memory segments, and the sweep of our own stale ones.
+"""Names for the recording rings' shared-memory segments (and the camera frame shares'), and the
+sweep of our own stale ones.
 
 A power cut clears /dev/shm, but a SIGKILL of the daemon's process group (an OOM kill, systemd's
 stop timeout) does not: Python's resource tracker dies with the group and the ring's segments

@@ -22,12 +22,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from calibration.conventions import JOINT_NAMES
-from daemon.api.server import RequestError
+from daemon.api.server import RequestError, request_peer_pid
 from daemon.control.client_source import ClientSource
 from daemon.control.driven_arm import DrivenArm
 from daemon.control.loop import ControlLoop
@@ -52,6 +53,7 @@ class Lease:
     client: str
     pid: int | None
     since_s: float  # wall clock, for the refusal's words
+    pid_started: int | None = None  # the holder's start time (/proc): a reused pid is another process
 
     def words(self) -> str:
         who = f"{self.client} (pid {self.pid})" if self.pid is not None else self.client
@@ -66,8 +68,19 @@ class Lease:
         except ProcessLookupError:
             return False
         except PermissionError:  # someone else's process: it exists
-            return True
-        return True
+            pass
+        return self.pid_started is None or process_started(self.pid) == self.pid_started
+
+
+def process_started(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, /proc/PID/stat field 22), None if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: count from the last ')'
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 else None
 
 
 def _joints(values: np.ndarray | None) -> dict[str, float] | None:
@@ -122,14 +135,18 @@ class ClientArms:
         name = req.get("arm") or "follower"
         arm = self._arm(name)
         client = req.get("client") or "a control-socket client"
-        pid = req.get("pid")
+        # the kernel's word for who is on the socket, not the request's: a pid the client names
+        # may be another process's (pid 1 lives for ever) or missing, and its lease never freed
+        peer = request_peer_pid()
+        pid = peer if peer is not None else req.get("pid")
         with self._lock:
             held = self._leases.get(name)
             if held is not None and held.alive():
                 raise RequestError(f"the arm {name!r} is held by {held.words()}: it must release it first", "arm")
             if held is not None:
                 log.warning("%s: its holder %s is gone without releasing; lease freed", name, held.words())
-            lease = Lease(name, secrets.token_hex(16), client, pid, time.time())
+            started = process_started(pid) if pid is not None else None
+            lease = Lease(name, secrets.token_hex(16), client, pid, time.time(), started)
             self._leases[name] = lease
         self.source.clear()  # an old holder's last action must not drive the new one's arm
         try:

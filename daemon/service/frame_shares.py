@@ -13,12 +13,21 @@ import threading
 from typing import Any
 
 from daemon.api.server import RequestError
+from daemon.data.shm_names import segment_name, sweep_stale
 from daemon.service.context import DaemonContext
 from drivers.cameras import Camera
 from drivers.frame_shm import FrameShareWriter
 
 log = logging.getLogger("so101d.frame_shares")
 POLL_S = 0.002  # a new frame waits at most this long before it is shared (30 fps: 33 ms apart)
+
+
+def new_share(camera: str, width: int, height: int) -> FrameShareWriter:
+    """A camera's share file, named like the recording rings' segments (this process's pid and
+    start time) so that the files of a daemon killed whole (SIGKILL of its group: nothing
+    unlinks them) are swept, here and at the next ring, once their maker is gone."""
+    sweep_stale()
+    return FrameShareWriter(camera, width, height, file_name=segment_name("frames"))
 
 
 class FrameShares:
@@ -55,7 +64,7 @@ class FrameShares:
         if cam is None:
             raise RequestError(f"no camera named {name!r} (cameras: {', '.join(cams) or 'none'})", "camera")
         cam.start()  # idempotent: the recorder or the policy may have started it already
-        writer = FrameShareWriter(name, cam.width, cam.height)
+        writer = new_share(name, cam.width, cam.height)
         self._shares[name] = (cam, writer)
         log.info("camera %s: frames shared at %s", name, writer.path)
         if self._thread is None:

@@ -33,6 +33,9 @@ from lerobot_robot_so101d.daemon_link import (
 )
 
 log = logging.getLogger(__name__)
+# so101_follower's cameras refuse a frame older than this (LeRobot's Camera.read_latest default):
+# a camera that stopped delivering must not feed a frozen image into a dataset
+FRAME_MAX_AGE_MS = 500.0
 
 
 class SO101D(Robot):
@@ -119,6 +122,13 @@ class SO101D(Robot):
             frame = reader.latest()
             if frame is None:
                 raise DeviceNotConnectedError(f"the so101d daemon's camera {name} has no frame")
+            # both sides read CLOCK_MONOTONIC: the daemon's capture time is comparable here
+            age_ms = (time.monotonic() - frame.capture_monotonic_s) * 1000.0
+            if age_ms > FRAME_MAX_AGE_MS:
+                raise TimeoutError(
+                    f"the so101d daemon's camera {name}: newest frame is {age_ms:.0f} ms old "
+                    f"(max {FRAME_MAX_AGE_MS:.0f} ms; see `so101d status` for the camera)"
+                )
             obs[name] = frame.pixels
         return obs
 

@@ -12,6 +12,8 @@ from lerobot.utils.errors import DeviceAlreadyConnectedError, DeviceNotConnected
 from lerobot_robot_so101d.config_so101d import SO101DTeleopConfig
 from lerobot_robot_so101d.daemon_link import FEATURE_KEYS, DaemonLink, as_features
 
+LEADER_MAX_AGE_MS = 500.0  # as the robot's camera frames: older than this is not the leader now
+
 
 class SO101DTeleop(Teleoperator):
     config_class = SO101DTeleopConfig
@@ -53,6 +55,14 @@ class SO101DTeleop(Teleoperator):
         if not self._link.connected:
             raise DeviceNotConnectedError(f"{self} is not connected: call connect() first")
         reply = self._link.request("arm.observe", arm=self.config.arm)
+        # the daemon keeps its last leader reading when the leader stops answering (unplugged):
+        # an old one is no action, or LeRobot would record a frozen leader as the operator's
+        age_ms = reply.get("leader_age_ms")
+        if age_ms is not None and age_ms > LEADER_MAX_AGE_MS:
+            raise DeviceNotConnectedError(
+                f"the so101d daemon's leader reading is {age_ms:.0f} ms old (max {LEADER_MAX_AGE_MS:.0f} ms): "
+                "is the leader unplugged? see `so101d status`"
+            )
         return as_features(reply.get("leader"), "leader")
 
     def send_feedback(self, feedback: dict[str, Any]) -> None:
