@@ -73,7 +73,10 @@ class ReplayController:
                 raise RequestError(f"replay refused: the follower is {st.mode} ({st.reason})")
             if not loop.torque_wanted:
                 raise RequestError("replay refused: torque is off (torque.on first)")
-            src = ReplaySource(ep.actions_units, ep.fps, speed, arm, loop.period_s)
+            try:
+                src = ReplaySource(ep.actions_units, ep.fps, speed, arm, loop.period_s)
+            except ValueError as exc:
+                raise RequestError(f"replay refused: {exc}", field="speed") from None
             number = self._start_recording(ep, record)
             loop.add_source(SOURCE_NAME, src, src.last_target)
             loop.assign(arm.name, SOURCE_NAME)
