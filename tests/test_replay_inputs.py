@@ -7,7 +7,9 @@ or handled, never a crash, a hang or an unbounded allocation.
 - a speed so small the replay would last for ever: refused, and a long episode's log stays
   bounded in memory;
 - a sim episode with NaN in its recorded state: the sim-to-real gap is told over the frames that
-  have a state, not NaN.
+  have a state, not NaN;
+- ``dataset check``'s feasibility on a one-frame episode: its pose is still checked against the
+  calibrated range and the gripper's 0..100.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from daemon.api.messages import ReplayStartRequest
 from daemon.control.replay_source import MIN_SPEED, ReplayLog, ReplaySource
 from daemon.control.safety import ControllerState
 from daemon.control.tracking_report import tracking_report
+from daemon.data.feasibility import ArmLimits, check_feasibility
 from daemon.data.replay_episode import ReplayRefused, load_replay_episode
 
 
@@ -159,3 +162,20 @@ def test_a_sim_state_with_nan_frames_gives_a_finite_sim_gap():
     assert rep.sim_gap and all(np.isfinite([e.p50, e.p99, e.max]).all() for e in rep.sim_gap), rep.sim_gap
     assert rep.sim_gap[0].max == pytest.approx(2.0)
     assert "nan" not in rep.summary()
+
+
+def test_feasibility_of_a_one_frame_episode_still_checks_its_pose():
+    lim = ArmLimits(
+        rated_speed_deg_s=316.0,
+        model="sts3215",
+        supply_voltage_v=7.4,
+        max_step_per_frame=np.full(6, 20.0),
+        step_text="10 deg per cycle",
+        lower=np.array([-110.0, -100, -100, -95, -160, 0]),
+        upper=np.array([110.0, 100, 100, 95, 160, 100]),
+    )
+    one = np.array([[150.0, 0, 0, 0, 0, 120.0]])  # shoulder_pan past its range, gripper past 100
+    reasons = check_feasibility(one, None, 30.0, lim).reasons
+    assert any(r.startswith("range: shoulder_pan.pos") and "frames 0" in r for r in reasons), reasons
+    assert any(r.startswith("gripper: command outside 0..100") for r in reasons), reasons
+    assert check_feasibility(np.array([[0.0, 0, 0, 0, 0, 50]]), None, 30.0, lim).reasons == []
