@@ -200,6 +200,34 @@ def test_bad_inputs_are_refused_naming_why_and_the_arm_never_moves(
         assert c.request("replay.status")["phase"] in ("done", "stopped"), "the last replay's report stays"
 
 
+def test_a_replay_does_not_take_the_arm_from_a_client_nor_play_into_an_episode_being_recorded(
+    bench: Bench, mimic: Path
+):
+    vb = bench.vb
+    wait_until(lambda: _status(bench)["mode"] in ("teleop", "hold"), 30)
+    # an episode the operator is recording: a replay would play into it under its origin
+    r = cli("episode", "start", "--task", "wave", *bench.sock)
+    assert r.returncode == 0, r.stderr
+    try:
+        goals = vb.follower.goal_ticks()
+        for flag in ("--no-record", "--record"):
+            r = cli("replay", str(mimic), "--episode", "0", flag, *bench.sock)
+            assert r.returncode == 1 and "an episode is being recorded" in r.stderr, (flag, r.stdout, r.stderr)
+        assert np.array_equal(vb.follower.goal_ticks(), goals)
+    finally:
+        assert cli("episode", "discard", *bench.sock).returncode == 0
+    # a client (the LeRobot plugin) holds the arm: the replay would cut it off mid-motion
+    with ControlClient(vb.socket_path, timeout_s=10) as c:
+        lease = c.request("arm.acquire", client="test client")["lease"]
+        try:
+            goals = vb.follower.goal_ticks()
+            r = cli("replay", str(mimic), "--episode", "0", "--no-record", *bench.sock)
+            assert r.returncode == 1 and "driven by 'client'" in r.stderr, (r.stdout, r.stderr)
+            assert np.array_equal(vb.follower.goal_ticks(), goals)
+        finally:
+            c.request("arm.release", lease=lease)
+
+
 @pytest.fixture(scope="module")
 def long_episode(tmp_path_factory) -> Path:
     """Ten seconds of smooth motion near the bench pose: long enough to be stopped midway."""

@@ -98,7 +98,7 @@ class PolicyStopRequest(RequestBase, tag="policy.stop"):
 class ReplayStartRequest(RequestBase, tag="replay.start"):
     dataset: Annotated[str, _text(doc="the dataset's folder (absolute path, on the daemon's machine)")] | None = None
     episode: Annotated[int, msgspec.Meta(ge=0, le=MAX_FRAME_SEQ, description="episode index")] | None = None
-    speed: Annotated[float, msgspec.Meta(gt=0, le=1, description="fraction of the episode's fps")] | None = None
+    speed: Annotated[float, msgspec.Meta(ge=0.01, le=1, description="fraction of the episode's fps")] | None = None
     record: bool | None = None
 
 

@@ -25,6 +25,10 @@ from daemon.control.safety import ControllerState, SafetyParams
 Phase = Literal["aligning", "playing", "done", "stopped"]
 _SHAPED_EPS = 1e-6  # a command this close to the target was not shaped (float round-off)
 _SPARE_CYCLES = 2000  # log room beyond the episode's own length (late cycles, the alignment's end)
+# The log's ceiling, whatever the episode's length and speed: an hour at 100 Hz, about 50 MB. Past
+# it cycles are counted as dropped: a request must not make the daemon allocate without bound.
+MAX_LOG_CYCLES = 360_000
+MIN_SPEED = 0.01  # slower than this a replay is a still arm, not a replay
 
 
 class ArmView(Protocol):
@@ -60,8 +64,8 @@ class ReplaySource:
             raise ValueError(f"actions must be (frames, {NUM_JOINTS}), got {actions.shape}")
         if not np.all(np.isfinite(actions)):
             raise ValueError("actions hold NaN or infinite values")
-        if not (fps > 0 and 0 < speed <= 1):
-            raise ValueError(f"fps must be > 0 and speed in (0, 1], got fps {fps} speed {speed}")
+        if not (math.isfinite(fps) and fps > 0 and MIN_SPEED <= speed <= 1):
+            raise ValueError(f"fps must be > 0 and speed in [{MIN_SPEED}, 1], got fps {fps} speed {speed}")
         self.actions = actions
         self.frames_per_s = float(fps) * float(speed)
         self.arm = arm
@@ -71,7 +75,7 @@ class ReplaySource:
         self._calls = 0
         self._start_s: float | None = None
         self._given: np.ndarray | None = None  # the target of the previous call, for the shaped check
-        cap = math.ceil(len(actions) / self.frames_per_s / period_s) + _SPARE_CYCLES
+        cap = min(math.ceil(len(actions) / self.frames_per_s / period_s) + _SPARE_CYCLES, MAX_LOG_CYCLES)
         self._t = np.zeros(cap)
         self._frame = np.zeros(cap, dtype=np.int64)
         self._target = np.zeros((cap, NUM_JOINTS))

@@ -107,7 +107,10 @@ def tracking_report(
     gap: list[JointError] = []
     if sim_state is not None and len(sim_state):
         idx = np.clip(log.frame, 0, len(sim_state) - 1)
-        gap = _errors(joint_names, np.abs(np.asarray(sim_state, np.float64)[idx] - log.measured))
+        diff = np.abs(np.asarray(sim_state, np.float64)[idx] - log.measured)
+        # a frame whose recorded state is NaN (a sim that lost the object, a padded import) has no
+        # gap to tell: left out, not allowed to turn every figure into NaN
+        gap = _errors(joint_names, diff[np.all(np.isfinite(diff), axis=1)])
     sent = log.command[np.all(np.isfinite(log.command), axis=1)]
     max_step = np.abs(np.diff(sent, axis=0)).max(axis=0) if len(sent) > 1 else np.zeros(0)
     return TrackingReport(

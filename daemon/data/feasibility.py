@@ -87,9 +87,12 @@ def check_feasibility(action: np.ndarray, state: np.ndarray | None, fps: float, 
     out = Feasibility()
     a = np.asarray(action, np.float64)
     n = len(a)
-    if n < 2 or not np.isfinite(a).all():
+    if n == 0 or not np.isfinite(a).all():
         return out
     names = list(FEATURE_NAMES)
+    _check_positions(a, lim, names, out)
+    if n < 2:  # one frame has no motion to judge, but its pose can still be out of reach
+        return out
     body = [j for j in range(a.shape[1]) if j != GRIPPER_INDEX]
     step = np.r_[np.zeros((1, a.shape[1])), np.abs(np.diff(a, axis=0))]  # step[i]: frame i-1 -> i
     speed = step * fps
@@ -119,6 +122,20 @@ def check_feasibility(action: np.ndarray, state: np.ndarray | None, fps: float, 
             f"step limit: {', '.join(joints)} change faster than the daemon's step limit lets through "
             f"({lim.step_text}) at frames {_frames(_runs(rows))}"
         )
+    g = a[:, GRIPPER_INDEX]
+    if state is not None and np.isfinite(state).all():
+        push = np.asarray(state, np.float64)[:, GRIPPER_INDEX] - g > lim.gripper_push_pct
+        long_runs = [(s, e) for s, e in _runs(push) if (e - s + 1) / fps >= lim.gripper_push_s]
+        if long_runs:
+            out.reasons.append(
+                f"gripper: commanded more than {lim.gripper_push_pct:g} % past where it stopped "
+                f"(closing through the object?) at frames {_frames(long_runs)}"
+            )
+    return out
+
+
+def _check_positions(a: np.ndarray, lim: ArmLimits, names: list[str], out: Feasibility) -> None:
+    """Poses out of reach: outside the calibrated range, a gripper command outside 0..100."""
     if lim.lower is not None and lim.upper is not None:
         outside = (a < lim.lower - 1e-6) | (a > lim.upper + 1e-6)
         for j in range(a.shape[1]):
@@ -132,15 +149,6 @@ def check_feasibility(action: np.ndarray, state: np.ndarray | None, fps: float, 
     runs = _runs((g < 0.0) | (g > 100.0))
     if runs:
         out.reasons.append(f"gripper: command outside 0..100 at frames {_frames(runs)}")
-    if state is not None and np.isfinite(state).all():
-        push = np.asarray(state, np.float64)[:, GRIPPER_INDEX] - g > lim.gripper_push_pct
-        long_runs = [(s, e) for s, e in _runs(push) if (e - s + 1) / fps >= lim.gripper_push_s]
-        if long_runs:
-            out.reasons.append(
-                f"gripper: commanded more than {lim.gripper_push_pct:g} % past where it stopped "
-                f"(closing through the object?) at frames {_frames(long_runs)}"
-            )
-    return out
 
 
 def arm_limits(cfg: Config, with_calibration: bool, fps: float) -> ArmLimits:

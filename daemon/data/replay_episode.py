@@ -12,6 +12,7 @@ follower's (``daemon.data.schema``: LeRobot SO follower units, body joints in de
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,14 +61,33 @@ def _feature_mismatch(key: str, feat: dict[str, object] | None, arm: str) -> str
 
 
 def load_replay_episode(root: Path, episode_index: int, arm: str = "follower") -> ReplayEpisode:
-    """The episode's arrays, or ReplayRefused naming why not (nothing is read past the refusal)."""
-    import pyarrow.parquet as pq
-
+    """The episode's arrays, or ReplayRefused naming why not (nothing is read past the refusal).
+    A damaged dataset (bad JSON, a truncated parquet, rows of another width) is refused too."""
     root = Path(root)
     info_path = root / "meta" / "info.json"
     if not info_path.exists():
         raise ReplayRefused(f"{root}: no LeRobot dataset here (meta/info.json missing)")
-    info = json.loads(info_path.read_text())
+    try:
+        return _load(root, info_path, episode_index, arm)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        if isinstance(exc, ReplayRefused):
+            raise
+        raise ReplayRefused(f"{root}: the dataset cannot be read: {type(exc).__name__}: {exc}") from None
+
+
+def _regular(path: Path) -> Path:
+    """``path`` if it is a regular file: a FIFO or a device would block the reader for ever."""
+    if not path.is_file():
+        raise ReplayRefused(f"{path} is not a regular file")
+    return path
+
+
+def _load(root: Path, info_path: Path, episode_index: int, arm: str) -> ReplayEpisode:
+    import pyarrow.parquet as pq
+
+    info = json.loads(_regular(info_path).read_text())
+    if not isinstance(info, dict):
+        raise ReplayRefused(f"{info_path}: not a JSON object")
     if not str(info.get("codebase_version", "")).startswith("v3"):
         raise ReplayRefused(f"{root}: LeRobot dataset {info.get('codebase_version')}, not v3.0")
     total = int(info.get("total_episodes", 0))
@@ -82,7 +102,7 @@ def load_replay_episode(root: Path, episode_index: int, arm: str = "follower") -
     rows: list[np.ndarray] = []
     states: list[np.ndarray] = []
     for path in sorted((root / "data").glob("chunk-*/file-*.parquet")):
-        t = pq.read_table(path, columns=["episode_index", "frame_index", ACTION_KEY, STATE_KEY])
+        t = pq.read_table(_regular(path), columns=["episode_index", "frame_index", ACTION_KEY, STATE_KEY])
         eps = t.column("episode_index").to_numpy()
         mask = eps == episode_index
         if not mask.any():
@@ -94,6 +114,11 @@ def load_replay_episode(root: Path, episode_index: int, arm: str = "follower") -
     if not rows:
         raise ReplayRefused(f"episode {episode_index} has no rows in {root}/data")
     actions, state = np.concatenate(rows), np.concatenate(states)
+    for key, arr in ((ACTION_KEY, actions), (STATE_KEY, state)):
+        if arr.ndim != 2 or arr.shape[1] != len(FEATURE_NAMES):
+            raise ReplayRefused(
+                f"episode {episode_index}: {key!r} rows are {arr.shape[1:]}, not {len(FEATURE_NAMES)} joints"
+            )
     if not np.all(np.isfinite(actions)):
         bad = int(np.flatnonzero(~np.isfinite(actions).all(axis=1))[0])
         raise ReplayRefused(f"episode {episode_index}: action is NaN or infinite from frame {bad}")
@@ -101,14 +126,17 @@ def load_replay_episode(root: Path, episode_index: int, arm: str = "follower") -
     kind = tag.kind if tag is not None else "real"
     task = ""
     for mpath in sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet")):
-        mt = pq.read_table(mpath, columns=["episode_index", "tasks"])
+        mt = pq.read_table(_regular(mpath), columns=["episode_index", "tasks"])
         for ep, tasks in zip(mt.column("episode_index").to_pylist(), mt.column("tasks").to_pylist()):
             if int(ep) == episode_index:
                 task = ", ".join(tasks or [])
+    fps = float(info.get("fps") or 0)
+    if not (math.isfinite(fps) and fps > 0):
+        raise ReplayRefused(f"{info_path}: fps {info.get('fps')!r} is not a positive rate")
     return ReplayEpisode(
         root=root,
         episode_index=episode_index,
-        fps=float(info["fps"]),
+        fps=fps,
         task=task,
         actions_units=actions,
         state_units=state if kind in ("sim", "generated") else None,

@@ -63,6 +63,7 @@ class ReplayController:
                 raise RequestError("a replay is running already (replay.stop ends it)")
             if len(loop.arms) > 1:
                 raise RequestError("replay drives one arm; this daemon drives " + ", ".join(a.name for a in loop.arms))
+            self._refuse_if_driven_or_recording(arm.source_name)
             try:
                 ep = load_replay_episode(Path(dataset).expanduser(), int(episode), arm.name)
             except ReplayRefused as exc:
@@ -73,7 +74,10 @@ class ReplayController:
                 raise RequestError(f"replay refused: the follower is {st.mode} ({st.reason})")
             if not loop.torque_wanted:
                 raise RequestError("replay refused: torque is off (torque.on first)")
-            src = ReplaySource(ep.actions_units, ep.fps, speed, arm, loop.period_s)
+            try:
+                src = ReplaySource(ep.actions_units, ep.fps, speed, arm, loop.period_s)
+            except ValueError as exc:
+                raise RequestError(f"replay refused: {exc}", field="speed") from None
             number = self._start_recording(ep, record)
             loop.add_source(SOURCE_NAME, src, src.last_target)
             loop.assign(arm.name, SOURCE_NAME)
@@ -136,6 +140,22 @@ class ReplayController:
             "kind": run.episode.kind,
             "recording": run.recording,
         }
+
+    def _refuse_if_driven_or_recording(self, source_name: str) -> None:
+        """A replay does not take the arm from a policy or a client that holds it (they would be
+        cut off mid-motion and not given it back), nor play into an episode the operator is
+        recording (its frames would be a replay under another origin, even with --no-record)."""
+        loop = self.ctx.loop
+        if loop.intent == "policy":
+            raise RequestError("replay refused: a policy is driving the follower (policy.stop first)")
+        if source_name not in ("leader", "policy"):
+            raise RequestError(f"replay refused: the follower is driven by {source_name!r} (release it first)")
+        rec = self.ctx.recorder
+        if rec is not None and rec.phase == "recording":
+            raise RequestError(
+                "replay refused: an episode is being recorded (episode save or discard first; the replay "
+                "records its own)"
+            )
 
     def _start_recording(self, ep: ReplayEpisode, record: bool | None) -> int | None:
         rec = self.ctx.recorder

@@ -14,6 +14,7 @@ import msgspec
 
 from daemon.api.client import ControlClient, DaemonUnavailable, add_socket_arguments, socket_path_from_args
 from daemon.api.messages import ErrorReply, ReplayReply, ReplayReport
+from daemon.control.replay_source import MIN_SPEED
 
 _POLL_S = 0.1  # progress polling of the daemon (the CLI's own pace; the loop does not wait on it)
 
@@ -21,7 +22,9 @@ _POLL_S = 0.1  # progress polling of the daemon (the CLI's own pace; the loop do
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dataset", type=Path, help="the LeRobot v3.0 dataset's folder")
     parser.add_argument("--episode", type=int, required=True, help="episode index")
-    parser.add_argument("--speed", type=float, default=1.0, help="fraction of the episode's fps, (0, 1] (default 1)")
+    parser.add_argument(
+        "--speed", type=float, default=1.0, help=f"fraction of the episode's fps, [{MIN_SPEED}, 1] (default 1)"
+    )
     rec = parser.add_mutually_exclusive_group()
     rec.add_argument(
         "--record",
@@ -55,8 +58,8 @@ def format_report(rep: ReplayReport) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 0 < args.speed <= 1:
-        print(f"so101d: replay: --speed {args.speed} must be in (0, 1]", file=sys.stderr)
+    if not MIN_SPEED <= args.speed <= 1:
+        print(f"so101d: replay: --speed {args.speed} must be in [{MIN_SPEED}, 1]", file=sys.stderr)
         return 1
     fields = {"dataset": str(args.dataset.expanduser().resolve()), "episode": args.episode, "speed": args.speed}
     if args.record is not None:
