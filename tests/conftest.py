@@ -192,6 +192,15 @@ def virtual_bench() -> Iterator[VirtualBench]:
         yield bench
 
 
+# -- Ctrl-C stories, whoever started the run ------------------------------------------------------
+# A shell starts a background job (`make test &`, a CI step run with `&`) with SIGINT ignored, and
+# an ignored signal is inherited across exec: every `so101d` the tests start would then ignore the
+# Ctrl-C its story sends (a replay ran to its end, a calibration saw "stdin closed" instead).
+# Python's own handler here makes the children start with the default, as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 # -- no process outlives its test file ---------------------------------------------------------------
 # A story that fails half-way can leave its daemon, demo or emulator running; on a 2-core machine
 # such a leftover loads every later test (one ran for 28 minutes of a suite run). Each file's
@@ -215,9 +224,19 @@ def _processes_with(token: str) -> dict[int, str]:
             cmd = (env_path.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if cmd:  # a zombie has none: it is only waiting for its parent
-            found[pid] = cmd.strip()
+        if not cmd:  # a zombie has none: it is only waiting for its parent
+            continue
+        if "multiprocessing.resource_tracker" in cmd and _parent(pid) == os.getpid():
+            continue  # this test process's own tracker (multiprocessing starts one, for its lifetime)
+        found[pid] = cmd.strip()
     return found
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -291,6 +291,32 @@ def test_hold_and_ctrl_c_stop_a_replay_at_once_and_the_arm_holds(bench: Bench, l
             proc.wait(10)
 
 
+def test_a_stop_sent_while_the_start_is_being_answered_ends_that_replay(bench: Bench, long_episode: Path):
+    """Ctrl-C of `so101d replay` before the start was answered sends replay.stop on a second
+    connection while the daemon is still reading the episode: the stop waits for that start and
+    ends it; it never answers "no replay is running" and lets the replay play on."""
+    import socket
+
+    vb = bench.vb
+    starting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    starting.settimeout(30)
+    try:
+        starting.connect(str(vb.socket_path))
+        start = {"cmd": "replay.start", "dataset": str(long_episode), "episode": 0, "record": False}
+        starting.sendall((json.dumps(start) + "\n").encode())  # on its way before the stop connects
+        with ControlClient(vb.socket_path, timeout_s=30) as c:
+            stopped = c.request("replay.stop")
+            started = json.loads(starting.makefile("rb").readline())
+            assert started.get("ok"), started
+            assert stopped["message"] == "replay stopped: holding", (stopped, started)
+            assert wait_until(lambda: c.request("replay.status").get("report") is not None, 10)
+            assert c.request("replay.status")["phase"] == "stopped"
+            assert c.request("status")["mode"] == "hold"
+            assert wait_until(lambda: _goals_still(bench), 10), "the arm holds"
+    finally:
+        starting.close()
+
+
 @pytest.fixture(scope="module")
 def bench(mimic: Path, long_episode: Path, bad_datasets: tuple[Path, Path]) -> Iterator[Bench]:
     """The daemon on the virtual bench. The datasets are written first: writing them in this

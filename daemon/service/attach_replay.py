@@ -104,7 +104,8 @@ class ReplayController:
         )
 
     def stop(self) -> dict:
-        run = self._running
+        with self._lock:  # a start still reading its episode finishes first, and is then stopped
+            run = self._running
         if run is None:
             return {**self._last, "message": "no replay is running"}
         run.source.stop("stopped by the operator")

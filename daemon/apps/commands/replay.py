@@ -66,13 +66,18 @@ def run(args: argparse.Namespace) -> int:
         fields["record"] = args.record
     path = socket_path_from_args(args)
     try:
-        with ControlClient(path) as c:
-            first = c.call_as(ReplayReply, "replay.start", **fields)
-        if isinstance(first, ErrorReply):
-            print(f"so101d: replay: {first.error}", file=sys.stderr)
-            return 1
-        if not args.json:
-            print(first.message, flush=True)
+        try:
+            with ControlClient(path) as c:
+                first = c.call_as(ReplayReply, "replay.start", **fields)
+            if isinstance(first, ErrorReply):
+                print(f"so101d: replay: {first.error}", file=sys.stderr)
+                return 1
+            if not args.json:
+                print(first.message, flush=True)
+        except KeyboardInterrupt:
+            # the daemon may be reading the episode still: the stop waits for that start, then ends it
+            _stop(path)
+            return 130
         final = _follow(path, args.json)
     except DaemonUnavailable as exc:
         print(f"so101d: {exc}", file=sys.stderr)
@@ -102,8 +107,25 @@ def _follow(path: str, quiet: bool) -> ReplayReply:
                 time.sleep(_POLL_S)
             except KeyboardInterrupt:
                 c.close()
+                _stop(path)
                 c = ControlClient(path).connect()
-                c.request_as(ReplayReply, "replay.stop")
-                print("so101d: replay stopped (Ctrl-C): the arm holds", file=sys.stderr, flush=True)
     finally:
         c.close()
+
+
+def _stop(path: str) -> None:
+    """replay.stop on a fresh connection (the interrupted one may hold half a reply). Another
+    Ctrl-C while it is on its way sends it again: stopping is what the operator asked for."""
+    for _ in range(3):
+        try:
+            with ControlClient(path) as c:
+                c.request_as(ReplayReply, "replay.stop")
+            print("so101d: replay stopped (Ctrl-C): the arm holds", file=sys.stderr, flush=True)
+            return
+        except KeyboardInterrupt:
+            continue
+    print(
+        "so101d: replay: Ctrl-C kept interrupting the stop; run `so101d teleop stop` (hold)",
+        file=sys.stderr,
+        flush=True,
+    )
