@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +25,10 @@ from calibration.conventions import JOINT_NAMES
 from daemon.api.client import CommandFailed, ControlClient
 from daemon.api.messages import ArmActionReply, ArmLeaseReply, ArmObservation, CameraShareReply
 from daemon.config.settings import config_from_dict
-from daemon.service.client_arm import Lease, process_started
+from daemon.service.client_arm import Lease
 from daemon.service.daemon import Daemon
 from daemon.service.frame_shares import new_share
+from daemon.system.processes import start_ticks
 from drivers.emulator import BusEmulator, reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 from drivers.frame_shm import FrameShareReader
@@ -196,7 +198,7 @@ def test_a_killed_client_frees_the_arm_whatever_pid_it_claimed(daemon: Daemon, p
 def test_a_reused_pid_is_not_the_holder() -> None:
     """A holder's pid taken by a new process (pid reuse) is not the holder alive."""
     me = os.getpid()
-    started = process_started(me)
+    started = start_ticks(me)
     assert started is not None
     assert Lease("follower", "t", "c", me, 0.0, started).alive()
     assert not Lease("follower", "t", "c", me, 0.0, started + 1).alive()
@@ -238,19 +240,24 @@ def test_the_plugin_refuses_a_frozen_camera_frame(daemon: Daemon) -> None:
     try:
         assert robot.get_observation()["front"].shape == (48, 64, 3)
         cam.stop()  # no frame comes any more; the share keeps the last one
-
-        def refused() -> bool:
-            try:
-                robot.get_observation()
-            except TimeoutError as exc:
-                assert "front" in str(exc) and "ms old" in str(exc)
-                return True
-            return False
-
-        wait_for(refused, 10, "the plugin refusing the frozen frame")
+        _wait_refused(robot.get_observation, TimeoutError, ("front", "ms old"), "the plugin refusing the frozen frame")
     finally:
         cam.start()
         robot.disconnect()
+
+
+def _wait_refused(call: Callable[[], object], error: type[Exception], words: tuple[str, ...], what: str) -> None:
+    """Until ``call`` raises ``error`` (its message naming each of ``words``) instead of answering."""
+
+    def refused() -> bool:
+        try:
+            call()
+        except error as exc:
+            assert all(w in str(exc) for w in words), exc
+            return True
+        return False
+
+    wait_for(refused, 10, what)
 
 
 def test_a_killed_daemons_frame_shares_are_swept() -> None:
@@ -299,15 +306,11 @@ def test_the_plugin_teleop_refuses_an_unplugged_leaders_last_reading(daemon: Dae
     try:
         assert set(teleop.get_action()) == {f"{j}.pos" for j in JOINT_NAMES}
         _BUSES["leader"].stop()  # unplugged: no reply any more
-
-        def refused() -> bool:
-            try:
-                teleop.get_action()
-            except DeviceNotConnectedError as exc:
-                assert "leader" in str(exc) and "ms old" in str(exc)
-                return True
-            return False
-
-        wait_for(refused, 10, "the plugin refusing the frozen leader reading")
+        _wait_refused(
+            teleop.get_action,
+            DeviceNotConnectedError,
+            ("leader", "ms old"),
+            "the plugin refusing the frozen leader reading",
+        )
     finally:
         teleop.disconnect()

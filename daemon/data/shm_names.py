@@ -16,6 +16,8 @@ import re
 import secrets
 from pathlib import Path
 
+from daemon.system.processes import start_ticks
+
 log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
@@ -24,20 +26,9 @@ _NAME = re.compile(rf"^{PREFIX}-(\d+)-(\d+)-[a-z]+-[0-9a-f]{{8}}$")
 SWEEP_LIMIT = 64  # segments removed per start at most: a sweep is bounded, the next start goes on
 
 
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22); None: gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # the command name (field 2) may hold spaces and parentheses: split after its last ')'
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])
-
-
 def segment_name(kind: str) -> str:
     pid = os.getpid()
-    return f"{PREFIX}-{pid}-{_start_ticks(pid) or 0}-{kind}-{secrets.token_hex(4)}"
+    return f"{PREFIX}-{pid}-{start_ticks(pid) or 0}-{kind}-{secrets.token_hex(4)}"
 
 
 def sweep_stale(shm_dir: Path = SHM_DIR, limit: int = SWEEP_LIMIT) -> list[str]:
@@ -52,7 +43,7 @@ def sweep_stale(shm_dir: Path = SHM_DIR, limit: int = SWEEP_LIMIT) -> list[str]:
         if m is None:
             continue  # not ours (another program's, or a Python default psm_* name)
         pid, ticks = int(m.group(1)), int(m.group(2))
-        if _start_ticks(pid) == ticks:
+        if start_ticks(pid) == ticks:
             continue  # its maker is alive (another daemon recording now)
         if len(removed) >= limit:
             log.warning("shared memory: more than %d stale ring segments; the rest at the next start", limit)

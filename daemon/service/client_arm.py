@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,7 @@ from daemon.control.loop import ControlLoop
 from daemon.control.safety import CycleInputs, update
 from daemon.service.context import DaemonContext
 from daemon.service.frame_shares import attach_frame_shares
+from daemon.system.processes import start_ticks
 
 log = logging.getLogger("so101d.client_arm")
 
@@ -69,18 +69,7 @@ class Lease:
             return False
         except PermissionError:  # someone else's process: it exists
             pass
-        return self.pid_started is None or process_started(self.pid) == self.pid_started
-
-
-def process_started(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot, /proc/PID/stat field 22), None if unknown."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # the command name (field 2) may hold spaces and parentheses: count from the last ')'
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return int(fields[19]) if len(fields) > 19 else None
+        return self.pid_started is None or start_ticks(self.pid) == self.pid_started
 
 
 def _joints(values: np.ndarray | None) -> dict[str, float] | None:
@@ -145,7 +134,7 @@ class ClientArms:
                 raise RequestError(f"the arm {name!r} is held by {held.words()}: it must release it first", "arm")
             if held is not None:
                 log.warning("%s: its holder %s is gone without releasing; lease freed", name, held.words())
-            started = process_started(pid) if pid is not None else None
+            started = start_ticks(pid) if pid is not None else None
             lease = Lease(name, secrets.token_hex(16), client, pid, time.time(), started)
             self._leases[name] = lease
         self.source.clear()  # an old holder's last action must not drive the new one's arm
