@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,30 +292,58 @@ def test_hold_and_ctrl_c_stop_a_replay_at_once_and_the_arm_holds(bench: Bench, l
             proc.wait(10)
 
 
-def test_a_stop_sent_while_the_start_is_being_answered_ends_that_replay(bench: Bench, long_episode: Path):
-    """Ctrl-C of `so101d replay` before the start was answered sends replay.stop on a second
-    connection while the daemon is still reading the episode: the stop waits for that start and
-    ends it; it never answers "no replay is running" and lets the replay play on."""
+def test_a_stop_sent_while_the_start_is_on_its_way_ends_that_replay_whichever_arrives_first(
+    bench: Bench, long_episode: Path
+):
+    """Ctrl-C of `so101d replay` before the start was answered sends replay.stop, naming the
+    start's ticket, on a second connection. The two run on different workers, so either may come
+    first: the stop ends the replay once it started, or the start is refused when it comes. The
+    replay never plays on after a stop was answered."""
     import socket
 
     vb = bench.vb
+    ticket = uuid.uuid4().hex
     starting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     starting.settimeout(30)
     try:
         starting.connect(str(vb.socket_path))
-        start = {"cmd": "replay.start", "dataset": str(long_episode), "episode": 0, "record": False}
-        starting.sendall((json.dumps(start) + "\n").encode())  # on its way before the stop connects
+        start = {"cmd": "replay.start", "dataset": str(long_episode), "episode": 0, "record": False, "ticket": ticket}
+        starting.sendall((json.dumps(start) + "\n").encode())
         with ControlClient(vb.socket_path, timeout_s=30) as c:
-            stopped = c.request("replay.stop")
+            stopped = c.request("replay.stop", ticket=ticket)
             started = json.loads(starting.makefile("rb").readline())
-            assert started.get("ok"), started
-            assert stopped["message"] == "replay stopped: holding", (stopped, started)
-            assert wait_until(lambda: c.request("replay.status").get("report") is not None, 10)
-            assert c.request("replay.status")["phase"] == "stopped"
+            if stopped["message"] == "replay stopped: holding":
+                assert started.get("ok"), (stopped, started)
+                assert wait_until(lambda: c.request("replay.status").get("report") is not None, 10)
+                assert c.request("replay.status")["phase"] == "stopped"
+            else:
+                assert stopped["message"] == "replay canceled before it started: the arm was not moved", stopped
+                assert not started.get("ok") and "its replay.stop came first" in started["error"], started
+            assert c.request("replay.status")["phase"] != "aligning"
             assert c.request("status")["mode"] == "hold"
             assert wait_until(lambda: _goals_still(bench), 10), "the arm holds"
     finally:
         starting.close()
+
+
+def test_a_start_whose_stop_came_first_is_refused_and_the_arm_does_not_move(bench: Bench, long_episode: Path):
+    """The order the race above may take, made certain: the stop with the ticket, then its start."""
+    vb = bench.vb
+    ticket = uuid.uuid4().hex
+    with ControlClient(vb.socket_path, timeout_s=30) as c:
+        before = c.request("replay.status")
+        stopped = c.request("replay.stop", ticket=ticket)
+        assert stopped["ok"] and "canceled before it started" in stopped["message"], stopped
+        goals = vb.follower.goal_ticks()
+        late = c.request("replay.start", dataset=str(long_episode), episode=0, record=False, ticket=ticket)
+        assert not late["ok"] and late["error"].startswith("replay canceled: its replay.stop came first"), late
+        assert c.request("replay.status") == before, "nothing started"
+        assert wait_until(lambda: _goals_still(bench), 10) and np.array_equal(vb.follower.goal_ticks(), goals)
+        # the ticket was used up: the same start again is a fresh start (and is stopped with it)
+        again = c.request("replay.start", dataset=str(long_episode), episode=0, record=False, ticket=ticket)
+        assert again["ok"], again
+        assert c.request("replay.stop", ticket=ticket)["message"] == "replay stopped: holding"
+        assert wait_until(lambda: c.request("replay.status").get("report") is not None, 10)
 
 
 @pytest.fixture(scope="module")

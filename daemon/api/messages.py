@@ -24,7 +24,7 @@ from typing import Annotated, Any, Final, cast
 
 import msgspec
 
-API_VERSION: Final = "1.1"
+API_VERSION: Final = "1.2"
 TEXT_MAX_CHARS: Final = 4096  # any text field (a path, a task, a camera name)
 TASK_MAX_CHARS: Final = 500
 MAX_FRAME_SEQ: Final = 2**53  # a frame counter: any real one is far below JSON's exact-integer limit
@@ -100,6 +100,13 @@ class ReplayStartRequest(RequestBase, tag="replay.start"):
     episode: Annotated[int, msgspec.Meta(ge=0, le=MAX_FRAME_SEQ, description="episode index")] | None = None
     speed: Annotated[float, msgspec.Meta(ge=0.01, le=1, description="fraction of the episode's fps")] | None = None
     record: bool | None = None
+    ticket: Annotated[str, _text(64, "the client's name for this start: a replay.stop with it cancels it")] | None = None
+
+
+class ReplayStopRequest(RequestBase, tag="replay.stop"):
+    ticket: (
+        Annotated[str, _text(64, "stop the replay.start with this ticket, even one not yet arrived")] | None
+    ) = None
 
 
 class ArmAcquireRequest(RequestBase, tag="arm.acquire"):
@@ -751,7 +758,7 @@ _SPECS: Final = (
     _spec(
         "replay.start", ReplayReply, "Align to an episode's first action, then play its actions.", ReplayStartRequest
     ),
-    _spec("replay.stop", ReplayReply, "Stop the replay now: hold."),
+    _spec("replay.stop", ReplayReply, "Stop the replay now: hold.", ReplayStopRequest),
     _spec("replay.status", ReplayReply, "The replay's progress, and its tracking report once it ended."),
     _spec("arm.acquire", ArmLeaseReply, "Take the arm for this client: it follows arm.action.", ArmAcquireRequest),
     _spec("arm.action", ArmActionReply, "A joint target for the acquired arm, through safety.", ArmActionRequest),

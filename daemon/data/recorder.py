@@ -994,7 +994,9 @@ class Recorder:
                 if self._phase != CLOSED:
                     proc = self._proc
                     if proc is not None:
-                        proc.join(1.0)  # the pipe closes as the process dies: name how it ended
+                        # the pipe closes as the process dies, its exit status a moment later (a
+                        # loaded machine tears a big process down slowly): name how it ended
+                        proc.join(_WRITER_EXIT_WAIT_S)
                     dead = proc is not None and not proc.is_alive()
                     self._fail(_writer_exit_text(proc.exitcode) if dead else "writer process connection lost")
                 self._ready.set()
@@ -1117,6 +1119,9 @@ def episode_name(number: int | None, dataset_index: int | None) -> str:
     if dataset_index is None or dataset_index == number:
         return f"episode {number}"
     return f"episode {number} (dataset episode {dataset_index})"
+
+
+_WRITER_EXIT_WAIT_S = 10.0
 
 
 def _writer_exit_text(exitcode: int | None) -> str:

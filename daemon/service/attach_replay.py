@@ -5,7 +5,9 @@ anything moves when it does not fit this arm), offers a ``ReplaySource`` to the 
 it to the follower with a forced re-alignment, so safety brings the arm to the first action at
 the safe speed whatever it was doing; then the intent is ``teleop`` (tracking) with the follower
 driven by the replay. Hold (the verb, the console, SIGUSR1) or ``replay.stop`` ends it at once:
-the arm holds. At its end the arm holds too, the follower is handed back to the leader (still
+the arm holds. A client may name its start with a ``ticket``: a ``replay.stop`` with that ticket
+ends that replay, or, when the stop overtook its start (the two arrive on different connections
+and run on different workers), the start is refused when it comes. At its end the arm holds too, the follower is handed back to the leader (still
 holding), and the tracking report is kept for ``replay.status``. With recording on, the replay
 is an episode of origin ``replay`` whose tag names the source episode and carries the report.
 """
@@ -16,6 +18,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ from daemon.service.context import DaemonContext, HasContext, context_of
 log = logging.getLogger("so101d.replay")
 SOURCE_NAME = "replay"
 _WATCH_PERIOD_S = 0.02  # how often the watcher looks for the replay's end (not on the loop thread)
+_TICKETS_KEPT = 64  # started and canceled tickets remembered (a client's stop rarely lags its start by more)
 
 
 @dataclasses.dataclass
@@ -38,6 +42,7 @@ class _Running:
     source: ReplaySource
     speed: float
     recording: int | None
+    ticket: str | None
 
 
 class ReplayController:
@@ -48,9 +53,18 @@ class ReplayController:
         self._lock = threading.Lock()
         self._running: _Running | None = None
         self._last: dict[str, Any] = {"phase": "idle", "message": "no replay yet"}
+        self._started: OrderedDict[str, None] = OrderedDict()  # tickets whose start arrived
+        self._canceled: OrderedDict[str, None] = OrderedDict()  # tickets stopped before their start came
 
     # ------------------------------------------------------------------ verbs
-    def start(self, dataset: str | None, episode: int | None, speed: float | None, record: bool | None) -> dict:
+    def start(
+        self,
+        dataset: str | None,
+        episode: int | None,
+        speed: float | None,
+        record: bool | None,
+        ticket: str | None = None,
+    ) -> dict:
         if not dataset:
             raise RequestError("replay.start needs the dataset's folder", field="dataset")
         if episode is None:
@@ -59,6 +73,11 @@ class ReplayController:
         loop = self.ctx.loop
         arm: DrivenArm = loop.primary
         with self._lock:
+            if ticket is not None:
+                if ticket in self._canceled:
+                    del self._canceled[ticket]
+                    raise RequestError("replay canceled: its replay.stop came first; the arm was not moved")
+                _remember(self._started, ticket)
             if self._running is not None:
                 raise RequestError("a replay is running already (replay.stop ends it)")
             if len(loop.arms) > 1:
@@ -93,7 +112,7 @@ class ReplayController:
                 if number is not None and self.ctx.recorder is not None:
                     self.ctx.recorder.discard_episode()  # nothing was replayed into it
                 raise RequestError(f"replay: the control loop did not take it: {exc}") from None
-            self._running = _Running(ep, src, speed, number)
+            self._running = _Running(ep, src, speed, number, ticket)
         threading.Thread(target=self._watch, name="so101d-replay", daemon=True).start()
         log.info(
             "replay of %s episode %d (%d frames at %g fps x %g)", ep.root, ep.episode_index, src.frames, ep.fps, speed
@@ -103,11 +122,16 @@ class ReplayController:
             self._running, f"aligning to episode {ep.episode_index}'s first action, then playing it{recorded}"
         )
 
-    def stop(self) -> dict:
+    def stop(self, ticket: str | None = None) -> dict:
         with self._lock:  # a start still reading its episode finishes first, and is then stopped
             run = self._running
+            if ticket is not None and ticket not in self._started:
+                _remember(self._canceled, ticket)
+                return {**self._last, "message": "replay canceled before it started: the arm was not moved"}
         if run is None:
             return {**self._last, "message": "no replay is running"}
+        if ticket is not None and run.ticket != ticket:
+            return self._progress(run, "that replay has ended; another is running (replay.stop with no ticket ends it)")
         run.source.stop("stopped by the operator")
         try:
             self.ctx.loop.call(lambda: self.ctx.loop.set_intent("hold"), timeout_s=3.0)
@@ -218,6 +242,12 @@ class ReplayController:
             log.error("replay: its episode was not saved: %s", exc)
 
 
+def _remember(tickets: OrderedDict[str, None], ticket: str) -> None:
+    tickets[ticket] = None
+    while len(tickets) > _TICKETS_KEPT:
+        tickets.popitem(last=False)
+
+
 def attach_replay(daemon: DaemonContext | HasContext) -> ReplayController:
     """Register replay.start / stop / status on the daemon's control socket."""
     ctx = context_of(daemon)
@@ -235,9 +265,10 @@ def attach_replay(daemon: DaemonContext | HasContext) -> ReplayController:
             _int(req, "episode"),
             req.get("speed"),
             req.get("record"),
+            req.get("ticket"),
         ),
     )
-    reg("replay.stop", lambda req: ctl.stop())
+    reg("replay.stop", lambda req: ctl.stop(req.get("ticket")))
     reg("replay.status", lambda req: ctl.status())
     ctx.on_stop.append(ctl.close)
     return ctl

@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import msgspec
@@ -61,7 +62,14 @@ def run(args: argparse.Namespace) -> int:
     if not MIN_SPEED <= args.speed <= 1:
         print(f"so101d: replay: --speed {args.speed} must be in [{MIN_SPEED}, 1]", file=sys.stderr)
         return 1
-    fields = {"dataset": str(args.dataset.expanduser().resolve()), "episode": args.episode, "speed": args.speed}
+    # the ticket lets a Ctrl-C's stop cancel this start even if it reaches the daemon first
+    ticket = uuid.uuid4().hex
+    fields = {
+        "dataset": str(args.dataset.expanduser().resolve()),
+        "episode": args.episode,
+        "speed": args.speed,
+        "ticket": ticket,
+    }
     if args.record is not None:
         fields["record"] = args.record
     path = socket_path_from_args(args)
@@ -75,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
             if not args.json:
                 print(first.message, flush=True)
         except KeyboardInterrupt:
-            # the daemon may be reading the episode still: the stop waits for that start, then ends it
-            _stop(path)
+            # the start may still be on its way or being read: the stop names it, so it ends either way
+            _stop(path, ticket)
             return 130
         final = _follow(path, args.json)
     except DaemonUnavailable as exc:
@@ -107,20 +115,21 @@ def _follow(path: str, quiet: bool) -> ReplayReply:
                 time.sleep(_POLL_S)
             except KeyboardInterrupt:
                 c.close()
-                _stop(path)
+                _stop(path, None)
                 c = ControlClient(path).connect()
     finally:
         c.close()
 
 
-def _stop(path: str) -> None:
+def _stop(path: str, ticket: str | None) -> None:
     """replay.stop on a fresh connection (the interrupted one may hold half a reply). Another
     Ctrl-C while it is on its way sends it again: stopping is what the operator asked for."""
     for _ in range(3):
         try:
             with ControlClient(path) as c:
-                c.request_as(ReplayReply, "replay.stop")
-            print("so101d: replay stopped (Ctrl-C): the arm holds", file=sys.stderr, flush=True)
+                reply = c.call_as(ReplayReply, "replay.stop", **({"ticket": ticket} if ticket else {}))
+            said = reply.error if isinstance(reply, ErrorReply) else reply.message
+            print(f"so101d: replay (Ctrl-C): {said}", file=sys.stderr, flush=True)
             return
         except KeyboardInterrupt:
             continue
