@@ -282,7 +282,7 @@ def test_hold_and_ctrl_c_stop_a_replay_at_once_and_the_arm_holds(bench: Bench, l
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=30)
             assert proc.returncode == 1, (out, err)
-            assert "replay stopped (Ctrl-C): the arm holds" in err, err
+            assert "so101d: replay (Ctrl-C): replay stopped: holding" in err, err
             assert "replay stopped: stopped by the operator" in out, out
             assert c.request("status")["mode"] == "hold"
             assert wait_until(lambda: _goals_still(bench), 10), "the arm holds"
@@ -335,12 +335,12 @@ def test_a_start_whose_stop_came_first_is_refused_and_the_arm_does_not_move(benc
         stopped = c.request("replay.stop", ticket=ticket)
         assert stopped["ok"] and "canceled before it started" in stopped["message"], stopped
         goals = vb.follower.goal_ticks()
-        late = c.request("replay.start", dataset=str(long_episode), episode=0, record=False, ticket=ticket)
+        late = c.call("replay.start", dataset=str(long_episode), episode=0, record=False, ticket=ticket)
         assert not late["ok"] and late["error"].startswith("replay canceled: its replay.stop came first"), late
         assert c.request("replay.status") == before, "nothing started"
         assert wait_until(lambda: _goals_still(bench), 10) and np.array_equal(vb.follower.goal_ticks(), goals)
         # the ticket was used up: the same start again is a fresh start (and is stopped with it)
-        again = c.request("replay.start", dataset=str(long_episode), episode=0, record=False, ticket=ticket)
+        again = c.call("replay.start", dataset=str(long_episode), episode=0, record=False, ticket=ticket)
         assert again["ok"], again
         assert c.request("replay.stop", ticket=ticket)["message"] == "replay stopped: holding"
         assert wait_until(lambda: c.request("replay.status").get("report") is not None, 10)

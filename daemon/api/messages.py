@@ -100,13 +100,13 @@ class ReplayStartRequest(RequestBase, tag="replay.start"):
     episode: Annotated[int, msgspec.Meta(ge=0, le=MAX_FRAME_SEQ, description="episode index")] | None = None
     speed: Annotated[float, msgspec.Meta(ge=0.01, le=1, description="fraction of the episode's fps")] | None = None
     record: bool | None = None
-    ticket: Annotated[str, _text(64, "the client's name for this start: a replay.stop with it cancels it")] | None = None
+    ticket: Annotated[str, _text(64, "the client's name for this start: a replay.stop with it cancels it")] | None = (
+        None
+    )
 
 
 class ReplayStopRequest(RequestBase, tag="replay.stop"):
-    ticket: (
-        Annotated[str, _text(64, "stop the replay.start with this ticket, even one not yet arrived")] | None
-    ) = None
+    ticket: Annotated[str, _text(64, "stop the replay.start with this ticket, even one not yet arrived")] | None = None
 
 
 class ArmAcquireRequest(RequestBase, tag="arm.acquire"):
