@@ -109,3 +109,24 @@ def test_a_hold_stops_the_replay_and_it_gives_no_target_after():
     arm.cycle(src, 0.21)
     assert src.phase == "stopped" and src.why.startswith("the arm left tracking: hold"), src.why
     assert src.target(0.22, arm.pose) is None
+
+
+def test_a_hold_while_aligning_stops_the_replay_before_it_plays():
+    """The operator holds while the arm is still on its way to the first action: the replay ends
+    there (it does not wait, keeping the follower, for a later teleop.start to play it)."""
+    actions = np.tile(np.array([60.0, 0, 0, 0, 0, 50]), (100, 1))
+    arm = _bench(np.array([0.0, 0, 0, 0, 0, 50]))  # 60 deg away: 60 cycles of alignment
+    arm.intent = "hold"  # the replay is assigned before its teleop intent reaches the loop
+    src = ReplaySource(actions, fps=100.0, speed=1.0, arm=arm, period_s=PERIOD_S)
+    for k in range(3):
+        arm.cycle(src, k * PERIOD_S)
+    assert src.phase == "aligning", "a hold from before the replay took the arm does not end it"
+    arm.intent = "teleop"
+    for k in range(3, 13):
+        arm.cycle(src, k * PERIOD_S, realign=k == 3)
+    assert src.phase == "aligning" and arm.state.mode == "aligning", (src.phase, arm.state)
+    arm.intent = "hold"
+    arm.cycle(src, 0.13)
+    arm.cycle(src, 0.14)
+    assert src.phase == "stopped" and src.why.startswith("the arm left tracking while aligning: hold"), src.why
+    assert src.target(0.15, arm.pose) is None and src.frame == 0

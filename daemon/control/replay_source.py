@@ -73,6 +73,7 @@ class ReplaySource:
         self.why = ""  # why it stopped ("" while playing or when done)
         self.frame = 0  # the frame commanded last
         self._calls = 0
+        self._tracking_seen = False  # the arm aligning to (or following) us, seen once
         self._start_s: float | None = None
         self._given: np.ndarray | None = None  # the target of the previous call, for the shaped check
         cap = min(math.ceil(len(actions) / self.frames_per_s / period_s) + _SPARE_CYCLES, MAX_LOG_CYCLES)
@@ -108,6 +109,13 @@ class ReplaySource:
         if self._start_s is None:
             # The first call's state is from before this source was assigned; from the second on it
             # is the outcome of aligning to our first action (the service forced a re-alignment).
+            if self._calls >= 2 and st.mode in ("aligning", "teleop"):
+                self._tracking_seen = True
+            elif self._tracking_seen:
+                # a hold, a fault or torque off while aligning ends the replay as it does while playing
+                # (else it would wait, holding the follower, and any later teleop.start would play it)
+                self.stop(f"the arm left tracking while aligning: {st.mode} ({st.reason})")
+                return None
             if self._calls < 2 or not (st.aligned and st.mode == "teleop"):
                 self._given = self.actions[0]
                 return self._given
