@@ -46,6 +46,11 @@ MIN_RATE_SHARE = 0.8
 VERIFY_WINDOW_S = 1.0  # frames timed after open before the rate is judged
 VERIFY_MIN_FRAMES = 8
 REOPEN_PERIOD_S = 0.5  # a gone camera is looked for this often
+# A refused camera is opened and judged again after this, then twice as long each time up to the
+# most: the same camera gives the same answer (so not often: each look opens the device), but a
+# camera swapped on the port, or one another program had held in another mode, may fit now.
+REFUSED_RETRY_FIRST_S = 5.0
+REFUSED_RETRY_MAX_S = 60.0
 PIPE_WAIT_S = 0.5  # one wait for something to write to a named pipe source
 # No frame for this long from an open camera (its read blocked: frozen, starved of bandwidth) is a
 # camera gone until it sends again; long enough that a loaded machine's scheduling is not one.
@@ -191,6 +196,8 @@ class LeRobotCamera(ThreadedCamera):
         self._dropped = 0
         self._gone_since_s = 0.0
         self._gone_why = ""
+        self._refused_retry_s = REFUSED_RETRY_FIRST_S
+        self.refused_looks = 0  # times a refused camera was opened and judged again
         self._events_lock = threading.Lock()
 
     @staticmethod
@@ -274,7 +281,10 @@ class LeRobotCamera(ThreadedCamera):
                 except Exception as exc:  # already half gone: nothing more to release
                     log.debug("camera %s: disconnect: %s", self.name, exc)
             if self.state == "refused":
-                return  # a configuration problem: reopening gives the same answer
+                log.info("camera %s: refused; looking again in %g s", self.name, self._refused_retry_s)
+                self._stop.wait(self._refused_retry_s)
+                self._refused_retry_s = min(2 * self._refused_retry_s, REFUSED_RETRY_MAX_S)
+                self.refused_looks += 1
 
     def _open_failed(self, why: str) -> None:
         """Said once (logged, in ``error``), then tried again; a gone camera keeps saying it is gone."""
@@ -331,12 +341,16 @@ class LeRobotCamera(ThreadedCamera):
     def _stream(self, cam: Any) -> None:
         negotiated = self._negotiated(cam)
         was_gone = self.state == "gone"
-        self._c.error = ""
+        rechecking = self.state == "refused"  # stays refused, with its reason, until it passes
+        if not rechecking:
+            self._c.error = ""
         self._recent.clear()
         # size, negotiated rate and format are known at once; only the delivered rate needs frames
         if not self._judge(negotiated, None, was_gone):
             return
-        self.state = "verifying"
+        verifying = True
+        if not rechecking:
+            self.state = "verifying"
         first: float | None = None
         timed = 0
         last: float | None = None
@@ -362,15 +376,16 @@ class LeRobotCamera(ThreadedCamera):
                     self._dropped += round(gap_periods) - 1
             last = t
             self._recent.append(t)
-            if self.state == "verifying":
+            if verifying:
                 first = t if first is None else first
                 timed += 1
                 if t - first >= VERIFY_WINDOW_S and timed >= VERIFY_MIN_FRAMES:
                     measured = (timed - 1) / (t - first)
                     if not self._judge(negotiated, measured, was_gone, first):
                         return
-            if self.state == "refused":
-                return
+                    verifying = False
+            if verifying and rechecking:
+                continue  # a refused camera's frames are published once it passed its check again
             if pixels.shape[0] != self.height or pixels.shape[1] != self.width:
                 continue  # judged above: never published at a size the recorder did not ask for
             self._publish(pixels, t)
@@ -382,13 +397,18 @@ class LeRobotCamera(ThreadedCamera):
         v = verify(self._configured, negotiated, self.fps if measured_fps is None else measured_fps)
         self.verification = v
         if v.refused(self.on_mismatch):
+            again = self.state == "refused"  # looked at again: the same answer is not news
             self.state = "refused"
             hint = "" if v.size_problem else ' (or set on_mismatch = "warn" to record what it gives)'
             self._c.error = f"camera {self.name}: " + "; ".join(v.problems) + hint
-            log.error("%s", self._c.error)
+            (log.info if again else log.error)("%s", self._c.error)
             return False
         if measured_fps is None:
             return True
+        if self.state == "refused":
+            log.warning("camera %s: now fits its configuration (it was refused: %s)", self.name, self._c.error)
+            self._c.error = ""
+        self._refused_retry_s = REFUSED_RETRY_FIRST_S
         if v.problems:
             log.warning("camera %s: %s; recording what it gives (on_mismatch = warn)", self.name, "; ".join(v.problems))
         if was_gone:
@@ -457,6 +477,7 @@ class LeRobotCamera(ThreadedCamera):
             "gone_events": sum(1 for e in self.events if e.kind == "gone"),
             "gone_for_s": round(time.monotonic() - self._gone_since_s, 1) if self.state == "gone" else None,
             "problems": list(v.problems) if v else [],
+            "refused_looks": self.refused_looks,
         }
         return super().stats()
 

@@ -132,6 +132,46 @@ def test_a_camera_that_silently_delivers_half_its_rate_is_refused_by_measurement
     assert "the camera delivers" in cam.refusal() and "(measured)" in cam.refusal(), cam.refusal()
 
 
+def test_a_refused_camera_is_looked_at_again_stays_refused_meanwhile_and_fits_once_swapped(pipes, monkeypatch, caplog):
+    """The operator plugs the wrong camera into the configured port (it gives another rate), sees
+    it refused, and swaps in the right one: the daemon finds it without a restart. While refused it
+    says so the whole time, and the same refusal is not logged again at each look."""
+    import drivers.camera_lerobot as camera_lerobot
+
+    monkeypatch.setattr(camera_lerobot, "REFUSED_RETRY_FIRST_S", 0.2)
+    monkeypatch.setattr(camera_lerobot, "REFUSED_RETRY_MAX_S", 0.4)
+    caplog.set_level("INFO", logger="so101d.camera")
+    wrong = pipes(header_fps=30, rate_fps=12)  # says 30, gives 12: refused only by measuring it
+    cam = camera(wrong.path)
+    seen: set[str] = set()
+    cam.start()
+    try:
+        assert settled(cam) == "refused"
+        why = cam.refusal()
+        assert "the camera delivers" in why, why
+
+        def looked_twice() -> bool:
+            seen.add(cam.state)
+            # the reason stays while it is looked at again (its measured rate may read a little differently)
+            assert "the camera delivers" in cam.refusal(), cam.refusal()
+            return cam.stats()["refused_looks"] >= 2
+
+        wait_for(looked_twice, 30, f"two more looks ({cam.stats()})")
+        assert seen == {"refused"}, seen  # not "opening" / "verifying" flapping on the page
+        errors = [r for r in caplog.records if r.levelname == "ERROR" and "the camera delivers" in r.getMessage()]
+        assert len(errors) == 1, [r.getMessage() for r in errors]
+        wrong.unplug()
+        right = type(wrong)(wrong.path, header_fps=30, rate_fps=30).plug()
+        try:
+            wait_for(lambda: cam.state == "streaming", 30, f"the right camera taken ({cam.stats()})")
+            wait_for(lambda: cam.latest_frame() is not None, 10, "its frames")
+            assert cam.refusal() == "" and cam.stats()["error"] == ""
+        finally:
+            right.unplug()
+    finally:
+        cam.stop()
+
+
 def test_unplug_marks_the_camera_gone_and_replug_reopens_it_by_its_path(pipes):
     src = pipes()
     cam = camera(src.path)
@@ -187,6 +227,10 @@ def test_configuration_takes_lerobot_options_and_bad_ones_are_refused(tmp_path):
     )
     (cam,) = build_cameras(cfg.cameras)
     assert isinstance(cam, LeRobotCamera) and cam.config.fourcc == "MJPG" and cam.config.rotation == 90
+    # "mjpg" is MJPG (V4L2's codes are case-sensitive: the lower-case one would be an unknown format)
+    lower = config_from_dict({"cameras": {"front": {"kind": "opencv", "fourcc": "mjpg"}}})
+    assert lower.cameras["front"].fourcc == "MJPG"
+    assert config_from_dict({"cameras": {"front": {"fourcc": "pBAA"}}}).cameras["front"].fourcc == "pBAA"
     with pytest.raises(ValueError, match="serial_number_or_name"):
         build_cameras(config_from_dict({"cameras": {"d": {"kind": "intelrealsense"}}}).cameras)
     with pytest.raises(ValueError, match="server_address"):

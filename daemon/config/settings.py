@@ -268,6 +268,9 @@ _CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
     ("recording.stop_timeout_s", lambda v: 0 < v <= 3600, "must be in (0, 3600]"),
     ("recording.min_free_mb", lambda v: v >= 0, "must be 0 (no check) or more"),
 ]
+# The webcam formats V4L2 names in capitals; a lower-case spelling of one of these is that one
+# (a FOURCC is case-sensitive, and lower-case codes of other formats exist, so only these).
+_UPPERCASE_FOURCCS = frozenset({"MJPG", "YUYV", "UYVY", "H264", "HEVC", "NV12", "GREY", "RGB3", "BGR3", "YU12"})
 _CAMERA_CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
     ("width", lambda v: 0 < v <= 8192, "must be 1..8192"),
     ("height", lambda v: 0 < v <= 8192, "must be 1..8192"),
@@ -392,6 +395,8 @@ def validate(cfg: Config) -> Config:
             value = getattr(cam, name)
             if not ok(value):
                 raise ConfigError(f"cameras.{cam_name}.{name}: {value!r} {what}")
+        if cam.fourcc.upper() in _UPPERCASE_FOURCCS:
+            cam.fourcc = cam.fourcc.upper()  # "mjpg" means MJPG: V4L2 would take it as another, unknown code
     if cfg.control.reconnect_backoff_max_s < cfg.control.reconnect_backoff_min_s:
         raise ConfigError("control.reconnect_backoff_max_s: must be >= control.reconnect_backoff_min_s")
     if cfg.follower.kind == "feetech":
