@@ -619,7 +619,7 @@ class ControlLoop:
         return LinkSnapshot(
             connected=link.connected,
             port=link.port,
-            connected_for_s=now - link.since_s,
+            connected_for_s=max(0.0, now - link.since_s),
             connects=link.connects,
             losses=link.losses,
             last_error=link.last_error,
@@ -667,7 +667,8 @@ class ControlLoop:
             timing_ms=stages,
             leader=self._link_snapshot(self.leader_link, now) if self.leader_link is not None else None,
             follower=self._link_snapshot(primary.link, now),
-            leader_age_s=now - self.leader_read_at_s,
+            # the loop thread may read the leader after `now` was taken: a reading that new is 0 s old
+            leader_age_s=max(0.0, now - self.leader_read_at_s),
             leader_units=self.leader_units,
             follower_units=primary.measured,
             command_units=primary.command,
