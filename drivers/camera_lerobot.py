@@ -282,7 +282,8 @@ class LeRobotCamera(ThreadedCamera):
                     log.debug("camera %s: disconnect: %s", self.name, exc)
             if self.state == "refused":
                 log.info("camera %s: refused; looking again in %g s", self.name, self._refused_retry_s)
-                self._stop.wait(self._refused_retry_s)
+                if self._stop.wait(self._refused_retry_s):
+                    return
                 self._refused_retry_s = min(2 * self._refused_retry_s, REFUSED_RETRY_MAX_S)
                 self.refused_looks += 1
 

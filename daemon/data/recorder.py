@@ -62,6 +62,9 @@ SAVE_HANDOVER_TIMEOUT_S = 2.0
 SAVE_DURABLE_TIMEOUT_S = 1.0
 DEFAULT_MIN_FREE_MB = 500.0  # [recording] min_free_mb: two 640x480 cameras for a minute, twice, and room
 DEFAULT_STOP_TIMEOUT_S = 120.0  # [recording] stop_timeout_s: how long shutdown waits for the writer
+# The pipe closes as the writer dies, its exit status a moment later (a loaded machine tears a big
+# process down slowly): this long is waited for it, to name how the writer ended.
+_WRITER_EXIT_WAIT_S = 10.0
 
 
 @dataclass
@@ -994,9 +997,7 @@ class Recorder:
                 if self._phase != CLOSED:
                     proc = self._proc
                     if proc is not None:
-                        # the pipe closes as the process dies, its exit status a moment later (a
-                        # loaded machine tears a big process down slowly): name how it ended
-                        proc.join(_WRITER_EXIT_WAIT_S)
+                        proc.join(_WRITER_EXIT_WAIT_S)  # the pipe closed: name how it ended
                     dead = proc is not None and not proc.is_alive()
                     self._fail(_writer_exit_text(proc.exitcode) if dead else "writer process connection lost")
                 self._ready.set()
@@ -1119,9 +1120,6 @@ def episode_name(number: int | None, dataset_index: int | None) -> str:
     if dataset_index is None or dataset_index == number:
         return f"episode {number}"
     return f"episode {number} (dataset episode {dataset_index})"
-
-
-_WRITER_EXIT_WAIT_S = 10.0
 
 
 def _writer_exit_text(exitcode: int | None) -> str:

@@ -7,8 +7,8 @@ the safe speed whatever it was doing; then the intent is ``teleop`` (tracking) w
 driven by the replay. Hold (the verb, the console, SIGUSR1) or ``replay.stop`` ends it at once:
 the arm holds. A client may name its start with a ``ticket``: a ``replay.stop`` with that ticket
 ends that replay, or, when the stop overtook its start (the two arrive on different connections
-and run on different workers), the start is refused when it comes. At its end the arm holds too, the follower is handed back to the leader (still
-holding), and the tracking report is kept for ``replay.status``. With recording on, the replay
+and run on different workers), the start is refused when it comes. At its end the arm holds
+too, the follower is handed back to the leader (still holding), and the tracking report is kept for ``replay.status``. With recording on, the replay
 is an episode of origin ``replay`` whose tag names the source episode and carries the report.
 """
 

@@ -127,7 +127,7 @@ def _stop(path: str, ticket: str | None) -> None:
     for _ in range(3):
         try:
             with ControlClient(path) as c:
-                reply = c.call_as(ReplayReply, "replay.stop", **({"ticket": ticket} if ticket else {}))
+                reply = c.call_as(ReplayReply, "replay.stop", ticket=ticket)
             said = reply.error if isinstance(reply, ErrorReply) else reply.message
             print(f"so101d: replay (Ctrl-C): {said}", file=sys.stderr, flush=True)
             return
