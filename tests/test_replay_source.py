@@ -130,3 +130,23 @@ def test_a_hold_while_aligning_stops_the_replay_before_it_plays():
     arm.cycle(src, 0.14)
     assert src.phase == "stopped" and src.why.startswith("the arm left tracking while aligning: hold"), src.why
     assert src.target(0.15, arm.pose) is None and src.frame == 0
+
+
+def test_a_late_cycle_at_the_end_still_plays_the_last_frame_so_the_arm_holds_where_the_episode_ends():
+    """A loaded machine: the loop's cycle comes a second late near the end of the episode. Frames
+    it passed are skipped, as in any real-time playback, but the last one is played before the
+    replay is done: the arm holds at the episode's last action, and the report says all frames."""
+    actions = np.tile(np.array([0.0, 0, 0, 0, 0, 50]), (50, 1))
+    actions[:, 0] = np.arange(50) * 0.2  # shoulder_pan moving to 9.8 deg
+    arm = _bench(actions[0])
+    src = ReplaySource(actions, fps=100.0, speed=1.0, arm=arm, period_s=PERIOD_S)
+    _run(arm, src, 40)
+    assert src.phase == "playing" and 30 <= src.frame < 45, (src.phase, src.frame)
+    arm.cycle(src, 1.5)  # a second late: past the end
+    arm.cycle(src, 1.51)
+    assert src.phase == "done", src.phase
+    log = src.log()
+    assert log.frame[-1] == 49 and np.array_equal(log.target[-1], actions[-1]), log.frame[-3:]
+    assert np.allclose(arm.pose, actions[-1]), arm.pose
+    rep = tracking_report(log, list(FEATURE_NAMES), len(actions), "done", PERIOD_S)
+    assert rep.frames_played == rep.frames == 50, rep

@@ -128,9 +128,14 @@ class ReplaySource:
             self._note_shaped(st)
         t = now_monotonic_s - self._start_s
         i = int(t * self.frames_per_s)
-        if i >= len(self.actions):
-            self.phase = "done"
-            return None
+        last = len(self.actions) - 1
+        if i > last:
+            if self.frame == last:
+                self.phase = "done"
+                return None
+            # a late cycle (a loaded machine) passed the end: frames it passed are skipped, but the
+            # last one is played, so the arm holds where the episode ends
+            i = last
         self.frame = i
         target = self.actions[i]
         k = self._n
