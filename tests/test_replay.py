@@ -18,27 +18,19 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 from dataset_support import FPS, Ep, make_dataset, smooth_motion
 from recording_support import wait_until
-from support import wait_status
-from virtual_bench_support import BENCH_POSE_UNITS, VirtualBench, open_virtual_bench
+from replay_support import SO101D, Bench, bench_daemon, cli
+from virtual_bench_support import BENCH_POSE_UNITS
 
 from daemon.api.client import ControlClient
 
-SO101D = [sys.executable, "-m", "daemon.apps.cli"]
 RATE_HZ = 60.0
 MAX_STEP_DEG = 10.0
-
-
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*SO101D, *args], capture_output=True, text=True, timeout=timeout, env=dict(os.environ, HF_HUB_OFFLINE="1")
-    )
 
 
 class BenchMotion:
@@ -48,15 +40,6 @@ class BenchMotion:
         k = int(t_s * FPS) % (FPS * 60)
         m = smooth_motion(k + 1)[-1].astype(np.float64)
         return BENCH_POSE_UNITS + np.r_[m[:5] * 0.5, m[5] - 50.0] * np.r_[1, 1, 1, 1, 1, 0.6]
-
-
-@dataclass
-class Bench:
-    vb: VirtualBench
-    data: Path  # the daemon's dataset
-    proc: subprocess.Popen
-    sock: list[str]
-    log: Path
 
 
 def _status(b: Bench) -> dict:
@@ -350,30 +333,5 @@ def test_a_start_whose_stop_came_first_is_refused_and_the_arm_does_not_move(benc
 def bench(mimic: Path, long_episode: Path, bad_datasets: tuple[Path, Path]) -> Iterator[Bench]:
     """The daemon on the virtual bench. The datasets are written first: writing them in this
     process (video encoding, LeRobot) while the emulated servos answer from it starves them."""
-    with open_virtual_bench() as vb:
-        data = vb.root / "datasets"
-        cfg = vb.write_config(
-            f'[recording]\nenabled = true\ndataset_root = "{data}"\nrepo_id = "local/replayed"\n'
-            f"[safety]\nmax_step_deg = {MAX_STEP_DEG}\n",
-            rate_hz=RATE_HZ,
-        )
-        log_path = vb.root / "so101d.log"
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(
-                [*SO101D, "run", "--config", str(cfg)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ, HF_HUB_OFFLINE="1"),
-                start_new_session=True,
-            )
-        try:
-            wait_status(vb.socket_path, lambda s: (s.get("recording") or {}).get("phase") == "idle", 180, proc)
-            yield Bench(vb, data / "local" / "replayed", proc, ["--socket", str(vb.socket_path)], log_path)
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(20)
+    with bench_daemon("local/replayed", RATE_HZ, extra_toml=f"[safety]\nmax_step_deg = {MAX_STEP_DEG}\n") as b:
+        yield b
