@@ -528,17 +528,12 @@ function showReplay() {
   if (rr && rr.frames) { prog.max = rr.frames; prog.value = rr.frame || 0; }
   for (const tr of document.querySelectorAll("#episode-list tr.replay-report")) {
     const i = Number(tr.id.replace("replay-report-", ""));
-    const cell = tr.cells[0];
-    if (replay.error && replay.errorIndex === i) {
-      tr.hidden = false;
-      cell.innerHTML = `<div class="error">replay refused: ${esc(replay.error)}</div>`;
-    } else if (rr && rr.phase !== "idle" && rr.episode === i && sameRoot(rr.dataset, replay.listRoot)) {
-      tr.hidden = false;
-      cell.innerHTML = running || !rr.report ? `<div class="dim">${esc(rr.phase)}: frame ${rr.frame ?? "–"}/${rr.frames ?? "–"}</div>` : reportHtml(rr.report, rr.recording);
-    } else {
-      tr.hidden = true;
-      cell.innerHTML = "";
-    }
+    let html = "";
+    if (replay.error && replay.errorIndex === i) html = `<div class="error">replay refused: ${esc(replay.error)}</div>`;
+    else if (rr && rr.phase !== "idle" && rr.episode === i && sameRoot(rr.dataset, replay.listRoot))
+      html = running || !rr.report ? `<div class="dim">${esc(rr.phase)}: frame ${rr.frame ?? "–"}/${rr.frames ?? "–"}</div>` : reportHtml(rr.report, rr.recording);
+    tr.hidden = !html;
+    if (tr.dataset.shown !== html) { tr.dataset.shown = html; tr.cells[0].innerHTML = html; } // unchanged: left as it is
   }
 }
 
