@@ -14,6 +14,10 @@ Websocket messages, console -> page (text frames are JSON):
 page's script may read of ``status`` and ``live`` (tests/test_api_schema.py checks that it reads
 nothing else).
 Page -> console: ``{"t": "verb", "id": ID, "cmd": CMD, "args": {...}}`` (see page_verbs.py).
+``replay.start`` from a page names an episode only: the console replays it from the dataset it
+lists (the daemon's recording dataset, from ``status``) under a ticket of its own, which its
+``replay.stop`` sends while that replay may still run. ``status`` does not carry the replay: a
+page asks ``replay.status`` while one runs.
 
 A page that reads slowly loses status and preview frames (newest wins), never a reply.
 """
