@@ -265,6 +265,10 @@ def test_an_episode_replayed_from_the_list_shows_its_tracking_report_beside_it(c
     follower = st["joints"]["follower"]
     off = {j: round(abs(follower[j] - end_pose[j]), 2) for j in JOINTS if j != "gripper"}
     assert max(off.values()) < 5.0, f"the follower is not where the episode ends: {off}"
+    later = wait_status(console_bench.sock, lambda s: s["cycles"] >= st["cycles"] + 30)
+    assert later["mode"] == "hold"
+    drift = {j: abs(later["joints"]["follower"][j] - follower[j]) for j in JOINTS}
+    assert max(drift.values()) < 1.0, f"the follower left the episode's end while holding: {drift}"
     # the replay was recorded: the list shows that episode, naming the one it replayed, and how it tracked
     replayed = wait_js(
         page,

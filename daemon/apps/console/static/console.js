@@ -483,7 +483,11 @@ function onReplayReply(rr) {
 
 function pollReplay() {
   if (!replay.polling || replay.asking) return;
-  replay.asking = !!ask("replay.status", (r) => { replay.asking = false; if (r.ok) onReplayReply(r); });
+  replay.asking = !!ask("replay.status", (r) => {
+    replay.asking = false;
+    if (r.ok) onReplayReply(r);
+    else { replay.polling = false; applyReplayBlock(); } // said once; a follower still driven by "replay" asks again
+  });
 }
 
 /** What keeps Replay off now (the daemon refuses these too, saying so), "" when nothing does.
