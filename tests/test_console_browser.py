@@ -219,6 +219,13 @@ def _an_episode_recorded_here(console_bench: Bench) -> int:
     return before
 
 
+def _refresh_the_list(page: Any) -> None:
+    """The episodes list read again (and drawn: its rows are new elements)."""
+    loads = page.execute_script("return window.so101dConsole.listLoads || 0")
+    _click(page, "btn-episodes-refresh")
+    wait_js(page, f"return window.so101dConsole.listLoads > {loads}", what="the episodes list read again")
+
+
 def _episode_detail(console_bench: Bench, index: int) -> dict[str, Any]:
     import urllib.request
 
@@ -231,8 +238,7 @@ def test_an_episode_replayed_from_the_list_shows_its_tracking_report_beside_it(c
     ep = _an_episode_recorded_here(console_bench)
     end = _episode_detail(console_bench, ep)
     end_pose = {n.removesuffix(".pos"): v for n, v in zip(end["names"], end["action"][-1])}
-    _click(page, "btn-episodes-refresh")
-    wait_js(page, f"return document.getElementById('btn-replay-{ep}')", what="the episode's Replay button")
+    _refresh_the_list(page)
     reports = page.execute_script("return window.so101dConsole.replay.reports")
     _click(page, f"btn-replay-{ep}")
     # while it runs: its progress beside the episode, a Stop, and Replay off saying why
@@ -279,6 +285,36 @@ def test_an_episode_replayed_from_the_list_shows_its_tracking_report_beside_it(c
     )
     assert "replay done" in replayed, replayed
     # the arm back to the operator
+    _click(page, "btn-resume")
+    console_bench.wait_recorder_ready(timeout_s=60)
+
+
+def test_stop_ends_a_replay_at_the_chosen_speed_and_the_arm_holds(console_bench: Bench, page: Any) -> None:
+    from selenium.webdriver.support.select import Select
+
+    ep = _an_episode_recorded_here(console_bench)
+    _refresh_the_list(page)
+    assert page.find_element("id", f"btn-replay-{ep}").is_enabled()
+    Select(page.find_element("id", f"replay-speed-{ep}")).select_by_value("0.25")
+    reports = page.execute_script("return window.so101dConsole.replay.reports")
+    _click(page, f"btn-replay-{ep}")
+    wait_js(
+        page,
+        "return document.getElementById('replay-state').textContent.includes('playing frame')",
+        timeout_s=30,
+        what="the replay playing",
+    )
+    assert "at 0.25×" in _text(page, "replay-state")
+    _click(page, "btn-replay-stop")
+    wait_js(
+        page,
+        f"return window.so101dConsole.replay.reports > {reports}",
+        timeout_s=30,
+        what="the stopped replay's report",
+    )
+    shown = page.execute_script(f"return document.getElementById('replay-report-{ep}').textContent")
+    assert "replay stopped: stopped by the operator" in shown, shown
+    assert wait_status(console_bench.sock, lambda s: s["mode"] == "hold")["mode"] == "hold"
     _click(page, "btn-resume")
     console_bench.wait_recorder_ready(timeout_s=60)
 
