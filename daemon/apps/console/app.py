@@ -14,6 +14,10 @@ Websocket messages, console -> page (text frames are JSON):
 page's script may read of ``status`` and ``live`` (tests/test_api_schema.py checks that it reads
 nothing else).
 Page -> console: ``{"t": "verb", "id": ID, "cmd": CMD, "args": {...}}`` (see page_verbs.py).
+``replay.start`` from a page names an episode only: the console replays it from the dataset it
+lists (the daemon's recording dataset, from ``status``) under a ticket of its own, which its
+``replay.stop`` sends while that replay may still run. ``status`` does not carry the replay: a
+page asks ``replay.status`` while one runs.
 
 A page that reads slowly loses status and preview frames (newest wins), never a reply.
 """
@@ -26,6 +30,7 @@ import logging
 import os
 import struct
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +50,7 @@ log = logging.getLogger("so101d.console")
 STATIC_DIR = Path(__file__).parent / "static"
 PAGE_QUEUE = 32  # messages waiting for one page; beyond, status/preview frames are dropped
 MAX_PAGE_MESSAGE_BYTES = 16384
+NO_DATASET = "this daemon records no dataset ([recording] enabled = false)"
 PAGE_JSON = JsonBounds(max_bytes=MAX_PAGE_MESSAGE_BYTES, max_depth=8)
 
 
@@ -100,6 +106,10 @@ class Console:
         self.hosts = access.HostRule(cfg.host, tuple(h.lower().rstrip(".") for h in cfg.allowed_hosts))
         self._own_uid = os.geteuid()
         self._starting_episode = False
+        # the replay this console started: its ticket, which its Stop sends (a stop that overtakes
+        # the start cancels it); None once it is known to have ended
+        self._replay_ticket: str | None = None
+        self._starting_replay = False
         self.previews_sent = 0
         self._schema_text = reference.schema_text()
 
@@ -149,24 +159,57 @@ class Console:
         starts = req.cmd in ("episode.start", "episode.redo")
         if starts and self._starting_episode:
             return {"ok": False, "error": f"{req.cmd}: an episode is already being started (double click?)"}
+        replays = req.cmd == "replay.start"
+        if replays and self._starting_replay:
+            return {"ok": False, "error": "replay.start: a replay is already being started (double click?)"}
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         page.in_flight[req.id] = fut
         if starts:
             self._starting_episode = True
+        if replays:
+            self._starting_replay = True
         try:
             if req.cmd == "episode.redo":
                 reply = await self.link.verb("episode.discard")
                 if reply.get("ok") or "no episode is recording" in str(reply.get("error", "")):
                     reply = await self.link.verb("episode.start", task=req.args["task"])
+            elif req.cmd.startswith("replay."):
+                reply = await self._replay_verb(req)
             else:
                 reply = await self.link.verb(req.cmd, **req.args)
         finally:
             if starts:
                 self._starting_episode = False
+            if replays:
+                self._starting_replay = False
             page.in_flight.pop(req.id, None)
         page.replies.put(req.id, reply)
         fut.set_result(reply)
         log.info("page: %s %s -> %s", req.cmd, req.args or "", "ok" if reply.get("ok") else reply.get("error"))
+        return reply
+
+    async def _replay_verb(self, req: PageRequest) -> dict[str, Any]:
+        """replay.*: the page names an episode of the dataset it lists; the console adds that
+        dataset (never a path from the page) and a ticket per start, which its Stop sends."""
+        if req.cmd == "replay.start":
+            root = self._dataset_root_or_none()
+            if root is None:
+                return {"ok": False, "error": f"replay.start: {NO_DATASET}"}
+            ticket = uuid.uuid4().hex
+            self._replay_ticket = ticket  # set before the start goes: a Stop meanwhile cancels it
+            reply = await self.link.verb("replay.start", dataset=root, ticket=ticket, **req.args)
+            if not reply.get("ok") and self._replay_ticket == ticket:
+                self._replay_ticket = None  # refused: nothing of ours runs
+            return reply
+        if req.cmd == "replay.stop":
+            ours = self._replay_ticket
+            reply = await self.link.verb("replay.stop", ticket=ours)
+            if ours is not None and not self._starting_replay and self._replay_ticket == ours:
+                self._replay_ticket = None  # ours is stopped, canceled, or had ended (the reply says which)
+            return reply
+        reply = await self.link.verb("replay.status")
+        if reply.get("ok") and reply.get("phase") not in ("aligning", "playing") and not self._starting_replay:
+            self._replay_ticket = None  # no replay runs: a later Stop names none
         return reply
 
     # ------------------------------------------------------------------ http
@@ -239,12 +282,17 @@ class Console:
         """The control API's schema: every field the page reads is declared there."""
         return web.Response(text=self._schema_text, content_type="application/json")
 
-    def _dataset_root(self) -> str:
+    def _dataset_root_or_none(self) -> str | None:
+        """The dataset the daemon records into (its status says which): the one listed and replayed."""
         st = self.link.last_status
         rec = st.recording if st is not None else None
-        if rec is None or not rec.dataset:
-            raise web.HTTPNotFound(text="this daemon records no dataset ([recording] enabled = false)")
-        return rec.dataset
+        return rec.dataset if rec is not None and rec.dataset else None
+
+    def _dataset_root(self) -> str:
+        root = self._dataset_root_or_none()
+        if root is None:
+            raise web.HTTPNotFound(text=NO_DATASET)
+        return root
 
     async def episode_list(self, request: web.Request) -> web.StreamResponse:
         root = self._dataset_root()

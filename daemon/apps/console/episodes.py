@@ -3,7 +3,8 @@
 Read from the LeRobot v3.0 files on disk (the console runs beside the daemon; the dataset path
 comes from the daemon's ``status``): ``meta/info.json``, ``meta/episodes/*/*.parquet`` (one row per
 episode: length, tasks, where its data rows and video span are), ``data/*/*.parquet`` and
-``meta/so101d_episodes.jsonl`` (our tags). Nothing here writes. A video of a packed dataset holds
+``meta/so101d_episodes.jsonl`` (our tags; a replayed episode's also say which episode it
+replayed and how well the arm followed). Nothing here writes. A video of a packed dataset holds
 several episodes; the page plays the span ``from_timestamp`` .. ``to_timestamp`` of the file.
 """
 
@@ -14,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from daemon.data.schema import ACTION_KEY, IMAGE_KEY_PREFIX, STATE_KEY, read_episode_tags
+from daemon.data.schema import ACTION_KEY, IMAGE_KEY_PREFIX, STATE_KEY, EpisodeTag, read_episode_tags
 
 DATA_PATH = "data/chunk-{chunk:03d}/file-{file:03d}.parquet"
 VIDEO_PATH = "videos/{key}/chunk-{chunk:03d}/file-{file:03d}.mp4"
@@ -52,6 +53,7 @@ def list_episodes(root: str | Path) -> dict[str, Any]:
     root = Path(root)
     info = _info(root)
     tags = read_episode_tags(root)
+    index_of_uid = {t.uid: i for i, t in tags.items() if t.uid}
     out = []
     for r in _episode_rows(root):
         i = int(r["episode_index"])
@@ -62,6 +64,7 @@ def list_episodes(root: str | Path) -> dict[str, Any]:
                 "length": int(r["length"]),
                 "tasks": list(r.get("tasks") or []),
                 "tag": asdict(tag) if tag is not None else None,
+                **(replay_of(tag, index_of_uid) if tag is not None and tag.origin == "replay" else {}),
             }
         )
     return {
@@ -70,6 +73,20 @@ def list_episodes(root: str | Path) -> dict[str, Any]:
         "fps": int(info.get("fps", 30)),
         "cameras": camera_keys(info),
         "episodes": out,
+    }
+
+
+def replay_of(tag: EpisodeTag, index_of_uid: dict[str, int]) -> dict[str, Any]:
+    """What a replayed episode's tag notes say (daemon/service/attach_replay.py writes them):
+    ``replay_of``, the index of the episode it replayed in this dataset (found by its recording
+    uid, so an edit that renumbered the episodes does not mislead; None: not in this dataset),
+    ``replay_note``, that note as written, and ``tracking``, the report's one-line summary."""
+    source = next((n for n in tag.notes if n.startswith("replay_of=")), "")
+    uid = source.removeprefix("replay_of=").split(" ", 1)[0]
+    return {
+        "replay_of": index_of_uid.get(uid) if uid and uid != "untagged" else None,
+        "replay_note": source,
+        "tracking": next((n for n in tag.notes if "tracking p99" in n), ""),
     }
 
 

@@ -3,7 +3,8 @@
 The page sends ``{"t": "verb", "id": ID, "cmd": CMD, "args": {...}}``. Anything else, an unknown
 verb, an argument of the wrong type or out of range gets a reply naming what was wrong; nothing
 reaches the daemon. ``episode.redo`` is the one composite: discard the episode in progress, then
-start the same task again (what backspace does in ``so101d record``).
+start the same task again (what backspace does in ``so101d record``). ``replay.start`` names an
+episode only: the console adds the dataset it lists and a ticket of its own (app.py).
 
 The argument types and bounds are the control socket's own field declarations
 (the request types of daemon/api/messages.py); the page adds which ones it must send and one-line text.
@@ -11,7 +12,7 @@ The argument types and bounds are the control socket's own field declarations
 A verb sent twice never acts twice: a request id this page has already sent is answered with the
 first reply (a page resending after a hiccup; another page's ids are its own), and a second ``episode.start`` while one is
 still on its way is refused (a double click); the daemon itself refuses to start an episode while
-one is recording.
+one is recording; likewise a second ``replay.start`` while one is on its way.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ PAGE_VERBS: dict[str, dict[str, Arg]] = {
     "policy.stop": _page_args("policy.stop", "success", "discard"),
     "policy.takeover": {},
     "policy.unload": {},
+    # the page names the episode, never the dataset (the console's own, the one it lists) nor the
+    # ticket (the console's own, one per start: its Stop names it)
+    "replay.start": _page_args("replay.start", "episode", "speed", "record", required=("episode",)),
+    "replay.stop": {},
+    "replay.status": {},
 }
 
 
@@ -117,6 +123,16 @@ def _check(cmd: str, name: str, a: Arg, v: Any) -> Any:
         if (a.lo is not None and v < a.lo) or (a.hi is not None and v > a.hi):
             raise BadRequest(f"{cmd}: {name} must be from {a.lo:g} to {a.hi:g}, got {v}")
         return float(v)
+    if a.kind is int:
+        # JSON's 3 only: not true (Python's bool is an int), not 3.0 (a page sends an index as
+        # an integer; the control socket refuses 3.0 too), not "3"
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise BadRequest(f"{cmd}: {name} must be a whole number, got {_words(v)}")
+        if (a.lo is not None and v < a.lo) or (a.hi is not None and v > a.hi):
+            lo = "" if a.lo is None else f" at least {a.lo:.0f}"
+            hi = "" if a.hi is None else f" at most {a.hi:.0f}"
+            raise BadRequest(f"{cmd}: {name} must be{lo}{' and' if lo and hi else ''}{hi}, got {v}")
+        return v
     if not isinstance(v, str):
         raise BadRequest(f"{cmd}: {name} must be text, got {json_type(v)}")
     text = v.strip()
@@ -127,6 +143,11 @@ def _check(cmd: str, name: str, a: Arg, v: Any) -> Any:
     if any(ord(ch) < 32 for ch in text):
         raise BadRequest(f"{cmd}: {name} must be one line of text (no control characters)")
     return text
+
+
+def _words(v: Any) -> str:
+    """A value that is not a whole number, in JSON's words (a fraction shown as it came)."""
+    return repr(v) if isinstance(v, float) else json_type(v)
 
 
 class ReplyMemory:

@@ -30,6 +30,9 @@ function connect() {
     banner("bad", "console unreachable: reconnecting…");
     for (const btn of pending.values()) if (btn) btn.disabled = false;
     pending.clear();
+    for (const id of quiet) replyHandlers.delete(id);
+    quiet.clear();
+    replay.asked = false; replay.asking = false; // the next status asks again
     setTimeout(connect, retryMs);
     retryMs = Math.min(retryMs * 2, 4000);
   };
@@ -86,9 +89,22 @@ function send(cmd, args, btn) {
 const replyHandlers = new Map(); // id -> fn(reply)
 function sendThen(cmd, args, btn, fn) { const id = send(cmd, args, btn); if (id && fn) replyHandlers.set(id, fn); return id; }
 
+// A question the page asks by itself (replay.status while a replay runs): no button, and its
+// answer goes to its handler, not to the message line (an error still does).
+const quiet = new Set();
+function ask(cmd, fn) {
+  if (!ws || ws.readyState !== WebSocket.OPEN) return null;
+  const id = `q${Date.now()}-${nextId++}`;
+  quiet.add(id);
+  replyHandlers.set(id, fn);
+  ws.send(JSON.stringify({ t: "verb", id, cmd, args: {} }));
+  return id;
+}
+
 function onReply(m) {
   const fn = replyHandlers.get(m.id);
   replyHandlers.delete(m.id);
+  if (quiet.delete(m.id)) { if (!m.ok) say(`${m.cmd || "request"}: ${m.error || "failed"}`, true); if (fn) fn(m); return; }
   if (m.ok) say(m.message || `${m.cmd}: ok` + (m.episode !== undefined ? ` (episode ${m.episode})` : ""), false);
   else say(`${m.cmd || "request"}: ${m.error || "failed"}`, true);
   if (fn) fn(m);
@@ -147,6 +163,7 @@ function onStatus(st) {
   showRecording(st.recording);
   showCameraProblems(st.cameras);
   showPolicy(st.policy);
+  replayFromStatus(st);
 }
 
 /** A camera that is gone (unplugged) or refused (not what was configured), named in red.
@@ -314,6 +331,11 @@ function showRecording(rec) {
   if (!C.taskFilled && rec.task) { C.taskFilled = true; if (!$("task").value) $("task").value = rec.task; } // once: never over the operator's typing
   const s = C.session;
   if (s.active && s.phase === "episode" && !recording && !s.waiting) s.phase = "idle"; // ended elsewhere
+  // a recorded replay's episode is in the dataset: the list shows it (once, when it is saved)
+  if (replay.refreshAfter && rec.episodes_in_dataset > replay.listCount && !rec.saves_pending) {
+    replay.refreshAfter = false;
+    loadEpisodes().catch(() => {});
+  }
 }
 
 function task() { return $("task").value.trim(); }
@@ -385,15 +407,156 @@ async function loadEpisodes() {
   if (!r.ok) { $("dataset-root").textContent = await r.text(); return; }
   const d = await r.json();
   $("dataset-root").textContent = `${d.root} · ${d.episodes.length} episodes` + (d.note ? ` · ${d.note}` : "");
+  replay.listRoot = d.root;
+  replay.listCount = d.episodes.length;
   const body = $("episode-list").tBodies[0];
   body.innerHTML = d.episodes.map((e) => {
     const t = e.tag || {};
+    const i = e.episode_index;
     const ok = t.success === true ? "success" : t.success === false ? "failure" : "–";
-    return `<tr data-index="${e.episode_index}"><td>${e.episode_index}</td><td>${e.length}</td><td>${esc(e.tasks.join("; "))}</td>` +
-      `<td>${ok}</td><td>${esc(t.origin || "–")}</td><td>${esc(t.follower_kind || "–")}</td>` +
-      `<td>${t.late_frames ?? "–"}/${t.missing_frames ?? "–"}</td><td>${fmt(t.worst_camera_skew_ms)}</td></tr>`;
+    // a replayed episode names the one it replayed (by its uid: the note's index may be stale) and how it tracked
+    const of = t.origin === "replay"
+      ? ` of ${e.replay_of === null ? `an episode not in this dataset (${esc(e.replay_note || "untagged")})` : `#${e.replay_of}`}` +
+        (e.tracking ? `<div class="tracking">${esc(e.tracking)}</div>` : "")
+      : "";
+    return `<tr data-index="${i}"><td>${i}</td><td>${e.length}</td><td>${esc(e.tasks.join("; "))}</td>` +
+      `<td>${ok}</td><td class="origin">${esc(t.origin || "–")}${of}</td><td>${esc(t.follower_kind || "–")}</td>` +
+      `<td>${t.late_frames ?? "–"}/${t.missing_frames ?? "–"}</td><td>${fmt(t.worst_camera_skew_ms)}</td>` +
+      `<td class="replay-cell"><select id="replay-speed-${i}" title="speed: fraction of the episode's fps">` +
+      `<option value="1">1×</option><option value="0.5">0.5×</option><option value="0.25">0.25×</option></select> ` +
+      `<button id="btn-replay-${i}" class="btn-replay" data-index="${i}">Replay</button></td></tr>` +
+      `<tr id="replay-report-${i}" class="replay-report" hidden><td colspan="9"></td></tr>`;
   }).join("");
-  for (const tr of body.rows) tr.onclick = () => openEpisode(Number(tr.dataset.index), tr);
+  for (const tr of body.rows) if (tr.dataset.index !== undefined) tr.onclick = () => openEpisode(Number(tr.dataset.index), tr);
+  for (const sel of body.querySelectorAll("select")) sel.onclick = (ev) => ev.stopPropagation();
+  for (const btn of body.querySelectorAll(".btn-replay")) {
+    btn.onclick = (ev) => {
+      ev.stopPropagation(); // a click on Replay does not open the playback too
+      const i = Number(btn.dataset.index);
+      startReplay(i, Number($(`replay-speed-${i}`).value), btn);
+    };
+  }
+  showReplay();
+  applyReplayBlock();
+  C.listLoads = (C.listLoads || 0) + 1; // (the tests wait on it)
+}
+
+// ------------------------------------------------------------------ replay
+// The page names an episode and a speed; the console adds the dataset it lists and a ticket
+// (its Stop sends it). The daemon's status does not carry the replay: the page asks replay.status
+// while one runs (a follower driven by "replay" in status.arms starts that, whoever started it).
+const REPLAY_POLL_MS = 250;
+const replay = (C.replay = {
+  reply: null, seenRunning: false, polling: false, asking: false, asked: false, block: "", listRoot: null, listCount: 0,
+  refreshAfter: false, error: null, errorIndex: null, reports: 0, reportKey: "",
+});
+
+function startReplay(index, speed, btn) {
+  replay.error = null;
+  replay.errorIndex = index;
+  sendThen("replay.start", { episode: index, speed }, btn, (r) => {
+    if (!r.ok) { replay.error = r.error; showReplay(); return; }
+    onReplayReply(r);
+  });
+}
+C.startReplay = startReplay;
+
+function stopReplay(btn) { sendThen("replay.stop", {}, btn, (r) => { if (r.ok) onReplayReply(r); }); }
+
+/** @param {ReplayReply} rr */
+function onReplayReply(rr) {
+  // ended, its report still being worked out (a moment): ask again
+  const running = rr.phase === "aligning" || rr.phase === "playing" || (rr.phase !== "idle" && !rr.report);
+  replay.reply = rr;
+  replay.polling = running;
+  if (running) replay.seenRunning = true;
+  const key = rr.report ? JSON.stringify([rr.dataset, rr.episode, rr.message, rr.report]) : "";
+  if (key && key !== replay.reportKey) {
+    replay.reportKey = key;
+    replay.reports++;
+    // a replay seen running was recorded: its episode comes (one found ended on opening is listed already)
+    if (replay.seenRunning && rr.recording !== null && rr.recording !== undefined) replay.refreshAfter = true;
+    replay.seenRunning = false;
+  }
+  showReplay();
+  applyReplayBlock();
+}
+
+function pollReplay() {
+  if (!replay.polling || replay.asking) return;
+  replay.asking = !!ask("replay.status", (r) => {
+    replay.asking = false;
+    if (r.ok) onReplayReply(r);
+    else { replay.polling = false; applyReplayBlock(); } // said once; a follower still driven by "replay" asks again
+  });
+}
+
+/** What keeps Replay off now (the daemon refuses these too, saying so), "" when nothing does.
+ * @param {StatusReply} st */
+function replayFromStatus(st) {
+  if (!replay.asked) { replay.asked = !!ask("replay.status", (r) => { if (r.ok) onReplayReply(r); }); } // the last report
+  /** @type {Object<string, ArmStatus>} */
+  const arms = st.arms || {};
+  const sources = Object.keys(arms).map((k) => arms[k].source);
+  if (sources.includes("replay") && !replay.polling) replay.polling = true; // started elsewhere (so101d replay)
+  const other = sources.find((x) => x && !["leader", "replay", "policy"].includes(x));
+  replay.block = replay.polling ? "a replay is running"
+    : st.recording && st.recording.phase === "recording" ? "an episode is being recorded"
+    : st.intent === "policy" || sources.includes("policy") || (st.policy && st.policy.driving) ? "a policy drives the follower"
+    : other ? `the follower is driven by ${other}` : "";
+  applyReplayBlock();
+}
+
+function applyReplayBlock() {
+  const busy = new Set(pending.values());
+  for (const btn of document.querySelectorAll(".btn-replay")) {
+    btn.disabled = !!replay.block || busy.has(btn);
+    btn.title = replay.block ? `replay is off: ${replay.block}` : "replay this episode on the arm (Hold or Stop stops it)";
+  }
+  $("replay-block").textContent = replay.block && !replay.polling ? `Replay is off: ${replay.block}` : "";
+  $("btn-replay-stop").hidden = !replay.polling;
+}
+
+const sameRoot = (a, b) => !!a && !!b && a.replace(/\/+$/, "") === b.replace(/\/+$/, "");
+
+/** The replay's line above the list, and beside its episode its progress, then its report. */
+function showReplay() {
+  /** @type {ReplayReply} */
+  const rr = replay.reply;
+  const running = replay.polling;
+  const line = $("replay-state");
+  if (!rr) line.textContent = "no replay yet";
+  else if (running) line.textContent = `replaying episode ${rr.episode} of ${rr.dataset}: ${rr.phase}` + (rr.phase === "playing" ? ` frame ${rr.frame}/${rr.frames} at ${rr.speed}×` : "");
+  else line.textContent = rr.message || rr.phase || "";
+  const prog = $("replay-progress");
+  prog.hidden = !running;
+  if (rr && rr.frames) { prog.max = rr.frames; prog.value = rr.frame || 0; }
+  for (const tr of document.querySelectorAll("#episode-list tr.replay-report")) {
+    const i = Number(tr.id.replace("replay-report-", ""));
+    let html = "";
+    if (replay.error && replay.errorIndex === i) html = `<div class="error">replay refused: ${esc(replay.error)}</div>`;
+    else if (rr && rr.phase !== "idle" && rr.episode === i && sameRoot(rr.dataset, replay.listRoot))
+      html = running || !rr.report ? `<div class="dim">${esc(rr.phase)}: frame ${rr.frame ?? "–"}/${rr.frames ?? "–"}</div>` : reportHtml(rr.report, rr.recording);
+    tr.hidden = !html;
+    if (tr.dataset.shown !== html) { tr.dataset.shown = html; tr.cells[0].innerHTML = html; } // unchanged: left as it is
+  }
+}
+
+/** @param {ReplayJointError} je */
+function jointRow(je) { return `<tr><td>${esc(je.joint)}</td><td>${fmt(je.p50, 2)}</td><td>${fmt(je.p99, 2)}</td><td>${fmt(je.max, 2)}</td></tr>`; }
+
+/** The tracking report, as `so101d replay` prints it (daemon/apps/commands/replay.py).
+ * @param {ReplayReport} rep */
+function reportHtml(rep, recording) {
+  const head = (what) => `<thead><tr><th>${what}</th><th>p50</th><th>p99</th><th>max</th></tr></thead>`;
+  const shaped = `${rep.shaped_cycles ?? "–"} cycles (step limit ${rep.step_limited_cycles ?? "–"}, joint limits ${rep.joint_limited_cycles ?? "–"})` +
+    (rep.shaped_frames.length ? `; first at frames ${rep.shaped_frames.join(", ")}` : "");
+  return `<div class="replay-outcome">replay ${esc(rep.outcome)}: ${rep.frames_played ?? "–"}/${rep.frames ?? "–"} frames in ${rep.cycles ?? "–"} cycles` +
+    (recording !== null && recording !== undefined ? ` · recorded as episode ${recording}` : "") + `</div>` +
+    `<table class="replay-error">${head("joint (commanded − measured, deg; gripper %)")}<tbody>${rep.error.map(jointRow).join("")}</tbody></table>` +
+    `<div><span class="k">lag</span> <span class="replay-lag">${rep.lag_ms === null || rep.lag_ms === undefined ? "–" : `${fmt(rep.lag_ms, 0)} ms`}</span> · ` +
+    `<span class="k">shaped by safety</span> <span class="replay-shaped">${shaped}</span></div>` +
+    (rep.sim_gap.length ? `<table class="replay-sim-gap">${head("sim-to-real gap (recorded sim − measured real)")}<tbody>${rep.sim_gap.map(jointRow).join("")}</tbody></table>` : "");
 }
 
 const playback = { detail: null, videos: [], raf: 0, t0: 0, playing: false, cursor: 0 };
@@ -501,6 +664,7 @@ function wire() {
   $("btn-policy-stop").onclick = (e) => send("policy.stop", {}, e.currentTarget);
   $("btn-policy-takeover").onclick = (e) => send("policy.takeover", {}, e.currentTarget);
   $("btn-episodes-refresh").onclick = () => loadEpisodes();
+  $("btn-replay-stop").onclick = (e) => stopReplay(e.currentTarget);
   $("btn-play").onclick = () => playEpisode();
   document.addEventListener("keydown", (e) => {
     if (e.target instanceof HTMLInputElement) return; // typing the task
@@ -521,3 +685,4 @@ connect();
 loadEpisodes().catch(() => {});
 setInterval(drawPlots, 50);
 setInterval(tickSession, 100);
+setInterval(pollReplay, REPLAY_POLL_MS);
