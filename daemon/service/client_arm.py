@@ -8,9 +8,27 @@ hands the arm back to the leader's source with the intent ``hold``, so it stays 
 
 One client at a time per arm: a second is refused, naming the holder. A holder whose process is
 gone (killed, crashed: it never released) loses the lease to the next client that asks; a holder
-that stops sending is no target after the stale bound and the arm holds. While the operator
-holds the arm, or it is in fault or disconnected, an action is refused with the daemon's reason
-instead of being queued for later.
+that stops sending is no target after the stale bound and the arm holds. An arm a policy or a
+replay drives is not lent (stop it first).
+
+The operator's hold belongs to the operator. Acquiring never changes the loop's intent: an arm
+the operator holds (``so101d teleop stop``, the console's Hold, SIGUSR1), has made idle (torque
+off), or that is in fault, is lent but keeps holding, and every action is refused with the
+daemon's reason and what resumes it, instead of being queued for later. The operator's resume is
+the one they already have, ``so101d teleop start``: tracking resumes for every arm, and an arm
+lent to a client follows that client (the leader gets it back at ``arm.release``). So the arm
+never moves on acquire: in teleop it holds where it is until the first action, which it then
+aligns to at the safe speed; under a hold it stays held.
+
+The loop's period does not depend on what a client sends. The loop takes one target per cycle,
+so ``arm.action`` takes at most one action per arm per cycle: an action that comes before the
+loop has run a cycle since the previous one waits for that cycle on a socket worker (asleep, the
+GIL free), and its connection sends nothing more meanwhile (one request at a time). A client
+flooding actions (pipelined, as fast as it can) is so served at the loop's rate, instead of
+keeping a socket thread busy: a busy Python thread makes the loop thread wait up to the
+interpreter's switch interval for the GIL after each of its serial reads and writes, which
+stretched a 100 Hz cycle to ~25 ms (bench/bench_plugin.py --flood). A client at or below the
+loop's rate (LeRobot's 30 fps) never waits.
 """
 
 from __future__ import annotations
@@ -39,9 +57,12 @@ from daemon.system.processes import start_ticks
 log = logging.getLogger("so101d.client_arm")
 
 SOURCE_NAME = "client"  # the source's name in the loop (the dataset's so101d.source: follower=client)
-_TRACKING_INTENT = "teleop"  # an intent under which the safety layer follows an arm's source
 _REFUSING_MODES = ("fault", "disconnected", "idle")
+_OPERATOR_HOLDS = ("hold", "idle")  # the operator's intents under which a lent arm stays still
 _CALL_TIMEOUT_S = 3.0
+_PACE_POLL_S = 0.0005  # how often a waiting action looks for the next cycle (a count read, no GIL held between)
+_LENDABLE_SOURCES = ("leader", SOURCE_NAME)  # an arm driven by these may be lent (policy, replay: not)
+_RESUME_HINT = "`so101d teleop start` hands it to this client"
 
 
 @dataclass(frozen=True)
@@ -95,7 +116,9 @@ class ClientArms:
         self.source = ClientSource(stale_s, monotonic)
         loop.add_source(SOURCE_NAME, self.source, self.source.last)
         self._leases: dict[str, Lease] = {}
+        self._taken_at_cycle: dict[str, int] = {}  # arm -> the loop's cycle count at its newest action
         self._lock = threading.Lock()
+        self.actions_waited = 0  # actions that came faster than the loop's cycles and waited for the next
 
     # ---------------------------------------------------------------- helpers
     def _arm(self, name: str) -> DrivenArm:
@@ -128,6 +151,9 @@ class ClientArms:
         # may be another process's (pid 1 lives for ever) or missing, and its lease never freed
         peer = request_peer_pid()
         pid = peer if peer is not None else req.get("pid")
+        if self.loop.intent == "policy" or arm.source_name not in _LENDABLE_SOURCES:
+            driver = "a policy" if self.loop.intent == "policy" else repr(arm.source_name)
+            raise RequestError(f"the arm {name!r} is driven by {driver} now: stop it first, then acquire", "arm")
         with self._lock:
             held = self._leases.get(name)
             if held is not None and held.alive():
@@ -139,15 +165,21 @@ class ClientArms:
             self._leases[name] = lease
         self.source.clear()  # an old holder's last action must not drive the new one's arm
         try:
+            # only the source changes; the operator's intent (a hold, torque off) stays theirs
             self.loop.assign(name, SOURCE_NAME).result(timeout=_CALL_TIMEOUT_S)
-            self.loop.call(lambda: self.loop.set_intent(_TRACKING_INTENT), timeout_s=_CALL_TIMEOUT_S)
         except Exception as exc:
             with self._lock:
                 self._leases.pop(name, None)
             raise RequestError(f"the control loop did not hand the arm over: {exc}") from None
         log.info("%s: lent to %s", name, lease.words())
+        kept = self._operator_hold(arm)
+        follows = (
+            f"{name} is lent to {client} but stays still: {kept}"
+            if kept
+            else f"{name} follows {client}'s actions (the arm holds until the first arrives)"
+        )
         return {
-            "message": f"{name} follows {client}'s actions (the arm holds until the first arrives)",
+            "message": follows,
             "arm": name,
             "lease": lease.token,
             "stale_s": self.stale_s,
@@ -172,16 +204,51 @@ class ClientArms:
         log.info("%s: released by %s; holding", lease.arm, lease.words())
         return {"message": f"{lease.arm} released: holding", "arm": lease.arm, "mode": self._arm(lease.arm).state.mode}
 
+    def _operator_hold(self, arm: DrivenArm) -> str:
+        """Why the operator's side keeps ``arm`` still now, with what resumes it ("" when nothing does)."""
+        intent, state = self.loop.intent, arm.state
+        if state.mode == "fault" or state.fault:
+            return f"fault ({state.reason or state.fault}); the operator clears it with {_RESUME_HINT}"
+        if not self.loop.torque_wanted:
+            return f"torque is off ({state.mode}); the operator's `so101d torque on` then {_RESUME_HINT}"
+        if intent in _OPERATOR_HOLDS:
+            return f"the operator's {intent} ({state.mode}: {state.reason}); {_RESUME_HINT}"
+        if state.mode in _REFUSING_MODES:
+            return f"{state.mode} ({state.reason})"
+        return ""
+
+    def _take_cycle(self, arm: str) -> int:
+        """The loop takes one target per cycle: wait (asleep, on this worker) until it has run a
+        cycle since this arm's previous action, and claim that cycle; returns its count."""
+        loop = self.loop
+        end_s = self._monotonic() + _CALL_TIMEOUT_S
+        waited = False
+        while True:
+            with self._lock:
+                cycle = loop.cycles
+                if self._taken_at_cycle.get(arm) != cycle:
+                    self._taken_at_cycle[arm] = cycle
+                    if waited:
+                        self.actions_waited += 1
+                    return cycle
+            if self._monotonic() > end_s:
+                raise RequestError(f"the control loop ran no cycle in {_CALL_TIMEOUT_S:g} s: the action was not taken")
+            waited = True
+            time.sleep(_PACE_POLL_S)
+
     def action(self, req: dict[str, Any]) -> dict[str, Any]:
         lease = self._lease_of(req.get("lease"))
         missing = [j for j in JOINT_NAMES if req.get(j) is None]
         if missing:
             raise RequestError(f"arm.action needs every joint; missing {', '.join(missing)}", missing[0])
         arm = self._arm(lease.arm)
+        self._take_cycle(lease.arm)
+        lease = self._lease_of(req.get("lease"))  # still current after the wait (not released meanwhile)
         loop = self.loop
         st = arm.state
-        if loop.intent == "hold" or st.mode in _REFUSING_MODES:
-            raise RequestError(f"the daemon is not taking actions: {st.mode} ({st.reason})")
+        held = self._operator_hold(arm)
+        if held:
+            raise RequestError(f"the daemon is not taking actions: {held}")
         if arm.source_name != SOURCE_NAME:
             raise RequestError(f"the arm is driven by {arm.source_name} now (the operator took it back)")
         target = np.array([req[j] for j in JOINT_NAMES], dtype=np.float64)
@@ -242,8 +309,9 @@ def attach_client_arms(context: DaemonContext) -> ClientArms:
     reg = context.server.register
     reg("arm.acquire", arms.acquire)
     reg("arm.release", arms.release)
-    # these two only read the arm's snapshot or swap the newest action in: served on the socket's
-    # selector thread, without a worker hand-off (a LeRobot control step sends one of each)
-    reg("arm.action", arms.action, inline=True)
+    # an action may wait for the loop's next cycle (one action per arm per cycle, see the module
+    # docstring): on a worker, never on the selector thread that serves every other client
+    reg("arm.action", arms.action)
+    # reads the arm's snapshot only: served on the socket's selector thread, without a worker hand-off
     reg("arm.observe", arms.observe, inline=True)
     return arms
