@@ -8,19 +8,28 @@ Row 1 is LeRobot's SOFollower on the emulated follower (one sync read for the ob
 sync write for the action); row 2 is the plugin against the daemon driving that follower.
 Target: the plugin's round trip p99 <= 1 ms.
 
-    .venv/bin/python bench/bench_plugin.py [--rounds 2000]
+``--flood S``: instead, the loop's rate while a client floods ``arm.action`` for S seconds, beside
+the loop's rate with no client: one client waiting for each reply (ControlClient, as fast as it
+can), then one pipelining (every action written without waiting, the replies read as they come).
+The loop's rate must not depend on what a client sends (daemon/service/client_arm.py).
+
+    .venv/bin/python bench/bench_plugin.py [--rounds 2000] [--flood 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -109,11 +118,90 @@ def run_plugin(sock: Path, rounds: int) -> np.ndarray:
         robot.disconnect()
 
 
+def _cycles_over(c: ControlClient, run: Callable[[], int]) -> tuple[float, float]:
+    """(loop cycles per second, actions answered per second) over the same window, while
+    ``run()`` floods (it returns how many actions were answered)."""
+    c0, t0 = c.request("status")["cycles"], time.monotonic()
+    n = run()
+    c1, t1 = c.request("status")["cycles"], time.monotonic()
+    return (c1 - c0) / (t1 - t0), n / (t1 - t0)
+
+
+def run_flood(sock: Path, seconds: float) -> list[tuple[str, float, float]]:
+    """Rows (what, loop cycles/s, actions/s): no client, a waiting flood, a pipelined flood."""
+    rows: list[tuple[str, float, float]] = []
+    with ControlClient(sock) as c:
+        rate, _ = _cycles_over(c, lambda: time.sleep(seconds) or 0)
+        rows.append(("no client", rate, 0.0))
+        lease = c.request("arm.acquire", client="bench flood")["lease"]
+        pose = c.request("arm.observe")["follower"]
+        try:
+            with ControlClient(sock) as flooder:
+
+                def waiting() -> int:
+                    n, end = 0, time.monotonic() + seconds
+                    while time.monotonic() < end:
+                        flooder.request("arm.action", lease=lease, **pose)
+                        n += 1
+                    return n
+
+                rows.append(("flood, waiting for each reply", *_cycles_over(c, waiting)))
+
+            def pipelined() -> int:
+                line = (json.dumps({"cmd": "arm.action", "lease": lease, **pose}) + "\n").encode()
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(str(sock))
+                end = time.monotonic() + seconds
+                replies = [0]
+
+                def read() -> None:
+                    f = s.makefile("rb")
+                    try:
+                        while f.readline():
+                            replies[0] += 1
+                    except OSError:  # the connection shut below
+                        pass
+
+                reader = threading.Thread(target=read, daemon=True)
+                reader.start()
+                while time.monotonic() < end:
+                    s.sendall(line)
+                n = replies[0]
+                s.shutdown(socket.SHUT_RDWR)  # the actions not yet answered are dropped with the connection
+                s.close()
+                return n
+
+            rows.append(("flood, pipelined", *_cycles_over(c, pipelined)))
+        finally:
+            c.request("arm.release", lease=lease)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2000, help="round trips per row (default 2000)")
+    ap.add_argument(
+        "--flood", type=float, default=0.0, metavar="S", help="the loop's rate under a flood of S s instead"
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    if args.flood > 0:
+        with tempfile.TemporaryDirectory(prefix="so101d-bench-") as d:
+            ports = Path(d)
+            with EmulatorProcess(ports, wire_time=True, leader_motion="still"):
+                daemon, sock = start_daemon(ports)
+                try:
+                    rows = run_flood(sock, args.flood)
+                finally:
+                    os.killpg(daemon.pid, signal.SIGTERM)
+                    daemon.wait(60)
+        print(f"control loop at 100 Hz while a client floods arm.action, {args.flood:g} s each")
+        print(f"{'':32s} {'cycles/s':>9s} {'actions/s':>10s}")
+        for name, rate, actions in rows:
+            print(f"{name:32s} {rate:9.1f} {actions:10.0f}")
+        worst = min(rate for _, rate, _ in rows[1:])
+        print(f"loop rate under a flood / without: {worst / rows[0][1]:.2f}")
+        return 0
     with tempfile.TemporaryDirectory(prefix="so101d-bench-") as d:
         ports = Path(d)
         with EmulatorProcess(ports, wire_time=True, leader_motion="still"):
