@@ -49,7 +49,7 @@ from daemon.api.server import RequestError, request_peer_pid
 from daemon.control.client_source import ClientSource
 from daemon.control.driven_arm import DrivenArm
 from daemon.control.loop import ControlLoop
-from daemon.control.safety import CycleInputs, update
+from daemon.control.safety import ControllerState, CycleInputs, update
 from daemon.service.context import DaemonContext
 from daemon.service.frame_shares import attach_frame_shares
 from daemon.system.processes import start_ticks
@@ -167,6 +167,11 @@ class ClientArms:
         try:
             # only the source changes; the operator's intent (a hold, torque off) stays theirs
             self.loop.assign(name, SOURCE_NAME).result(timeout=_CALL_TIMEOUT_S)
+            # and one whole cycle runs on the client's source, with no target yet, before the lease
+            # is given: the arm leaves the leader's tracking for a hold, so the first action starts an
+            # alignment at the safe speed. An action taken in the very cycle the source changed would
+            # be stepped from the leader's tracking at max_step instead (10 degrees a cycle).
+            self.loop.call(lambda: None, timeout_s=_CALL_TIMEOUT_S)
         except Exception as exc:
             with self._lock:
                 self._leases.pop(name, None)
@@ -252,15 +257,19 @@ class ClientArms:
         if arm.source_name != SOURCE_NAME:
             raise RequestError(f"the arm is driven by {arm.source_name} now (the operator took it back)")
         target = np.array([req[j] for j in JOINT_NAMES], dtype=np.float64)
+        # predicted before the target is offered: cycles that run between the two do not act on
+        # it, so the loop's first command for it comes from the state predicted from (offered
+        # first, a worker that lost the CPU for a few cycles answered the arm's later alignment)
+        commanded = self._commanded(arm, st, target)
         self.source.offer(target)
         return {
-            "commanded": _joints(self._commanded(arm, target)),
+            "commanded": _joints(commanded),
             "mode": st.mode,
             "reason": st.reason,
             "cycle": loop.cycles,
         }
 
-    def _commanded(self, arm: DrivenArm, target: np.ndarray) -> np.ndarray | None:
+    def _commanded(self, arm: DrivenArm, state: ControllerState, target: np.ndarray) -> np.ndarray | None:
         """The safety layer's command for ``target`` from the arm's state at its last cycle: the
         same pure function the loop runs next (alignment, step and joint limits)."""
         params, measured = arm.params, arm.measured
@@ -277,7 +286,7 @@ class ClientArms:
             target_name=SOURCE_NAME,
             dt_s=self.loop.period_s,
         )
-        return update(arm.state, inputs, params).command
+        return update(state, inputs, params).command
 
     def observe(self, req: dict[str, Any]) -> dict[str, Any]:
         name = req.get("arm") or "follower"
