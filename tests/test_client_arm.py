@@ -412,6 +412,51 @@ def test_a_killed_daemons_frame_shares_are_swept() -> None:
             child.wait(10)
 
 
+def test_lerobots_handover_with_the_so101d_teleop_slides_the_follower_to_the_leader(daemon: Daemon) -> None:
+    """The so101d teleoperator is not actuated (the daemon drives no leader): LeRobot's own check
+    says so, and the handover LeRobot then takes (follower_smooth_move_to, as lerobot-rollout's
+    episodic reset and dagger correction call it) brings the follower to the leader's pose through
+    the daemon's safety layer. Leader goals handed to send_feedback are refused, naming them."""
+    from lerobot.common.control_utils import follower_smooth_move_to, teleop_supports_feedback
+    from lerobot_robot_so101d import SO101D, SO101DConfig, SO101DTeleop, SO101DTeleopConfig
+
+    path = str(daemon.socket_path)
+    teleop = SO101DTeleop(SO101DTeleopConfig(socket=path))
+    robot = SO101D(SO101DConfig(socket=path))
+    with pytest.raises(DeviceNotConnectedError):
+        teleop.send_feedback({})
+    teleop.connect()
+    robot.connect()  # lent while the last story's release holds it: still, until the operator's resume
+    try:
+        _operator_resumes(daemon)
+        assert not teleop_supports_feedback(teleop)
+        teleop.send_feedback({})  # nothing to send
+        teleop.send_feedback({"rumble": 1.0})  # not a leader goal: ignored, as LeRobot's so_leader does
+        leader = teleop.get_action()
+        with pytest.raises(ValueError, match=r"shoulder_pan\.pos.*slides the follower to the leader"):
+            teleop.send_feedback(leader)
+        goal = np.array([leader[f"{j}.pos"] for j in JOINT_NAMES])
+
+        def at(pose: np.ndarray) -> Callable[[], bool]:
+            action = {f"{j}.pos": float(v) for j, v in zip(JOINT_NAMES, pose)}
+
+            def arrived() -> bool:
+                robot.send_action(action)
+                now = robot.get_observation()
+                return bool(np.all(np.abs(np.array([now[f"{j}.pos"] for j in JOINT_NAMES]) - pose) < TOL_DEG))
+
+            return arrived
+
+        # LeRobot's policy left the follower away from the leader
+        wait_for(at(POSE_B), 20, "the follower away from the leader")
+        obs = robot.get_observation()
+        follower_smooth_move_to(robot, {k: v for k, v in obs.items() if k.endswith(".pos")}, leader, duration_s=0.5)
+        wait_for(at(goal), 20, "the follower at the leader's pose after LeRobot's handover")
+    finally:
+        robot.disconnect()
+        teleop.disconnect()
+
+
 def test_the_plugin_teleop_refuses_an_unplugged_leaders_last_reading(daemon: Daemon) -> None:
     """The daemon keeps its last leader reading when the leader stops answering; the plugin's
     get_action must not hand it to LeRobot as the operator's action. (Last: it unplugs the leader.)"""
