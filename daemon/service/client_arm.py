@@ -213,7 +213,7 @@ class ClientArms:
         """Why the operator's side keeps ``arm`` still now, with what resumes it ("" when nothing does)."""
         intent, state = self.loop.intent, arm.state
         if state.mode == "fault" or state.fault:
-            return f"fault ({state.reason or state.fault}); the operator clears it with {_RESUME_HINT}"
+            return f"fault ({state.reason or state.fault}); once it is gone, {_RESUME_HINT} and clears it"
         if not self.loop.torque_wanted:
             return f"torque is off ({state.mode}); the operator's `so101d torque on` then {_RESUME_HINT}"
         if intent in _OPERATOR_HOLDS:
