@@ -169,7 +169,7 @@ def test_a_client_acquiring_a_held_arm_gets_it_still_until_the_operator_resumes(
     assert daemon.loop.assignments()["follower"] == "leader"
 
 
-FLOOD_ACTIONS = 150
+FLOOD_ACTIONS = 200
 _FLOODER = """
 import json, socket, sys, threading
 path, line, n = sys.argv[1], (sys.argv[2] + "\\n").encode(), int(sys.argv[3])
@@ -193,9 +193,9 @@ print(json.dumps({"ok": ok, "errors": errors}), flush=True)
 
 
 def test_a_client_flooding_actions_leaves_the_loop_at_its_rate(daemon: Daemon) -> None:
-    """A client pipelining actions as fast as it can (its own process) is served at the loop's
-    pace, one action per cycle, and the loop keeps its configured rate meanwhile: before, the
-    socket thread serving the flood kept the GIL from the loop and a 100 Hz loop ran ~40 cycles/s."""
+    """A client pipelining actions as fast as it can (its own process) is served at most at twice
+    the loop's rate, and the loop keeps its configured rate meanwhile: before, the socket thread
+    serving the flood kept the GIL from the loop and a 100 Hz loop ran ~40 cycles/s."""
     _operator_resumes(daemon)
     with ControlClient(daemon.socket_path) as c:
         lease = c.request_as(ArmLeaseReply, "arm.acquire", client="flood", pid=os.getpid()).lease
@@ -227,8 +227,8 @@ def test_a_client_flooding_actions_leaves_the_loop_at_its_rate(daemon: Daemon) -
     words = (
         f"{cycles} cycles during {FLOOD_ACTIONS} actions in {wall_s:.2f} s ({rate_cycles:.0f} at the configured rate)"
     )
-    # each action took a cycle of its own (the loop follows one target per cycle) ...
-    assert cycles >= FLOOD_ACTIONS - 1, words
+    # the flood was served at most at twice the loop's rate (the loop follows one target a cycle) ...
+    assert 2 * rate_cycles >= FLOOD_ACTIONS - 1, words
     # ... and the loop kept its rate meanwhile (generous: a loaded 2-core machine slows it too)
     assert cycles >= 0.5 * rate_cycles, words
 

@@ -21,19 +21,20 @@ never moves on acquire: in teleop it holds where it is until the first action, w
 aligns to at the safe speed; under a hold it stays held.
 
 The loop's period does not depend on what a client sends. The loop takes one target per cycle,
-so ``arm.action`` takes at most one action per arm per cycle: an action that comes before the
-loop has run a cycle since the previous one waits for that cycle on a socket worker (asleep, the
-GIL free), and its connection sends nothing more meanwhile (one request at a time). A client
-flooding actions (pipelined, as fast as it can) is so served at the loop's rate, instead of
-keeping a socket thread busy: a busy Python thread makes the loop thread wait up to the
-interpreter's switch interval for the GIL after each of its serial reads and writes, which
-stretched a 100 Hz cycle to ~25 ms (bench/bench_plugin.py --flood). A client at or below the
-loop's rate (LeRobot's 30 fps) never waits.
+so ``arm.action`` takes at most two actions per arm per period (the rest would only overwrite
+each other): an earlier one waits its turn on a socket worker (asleep, the GIL free), and its
+connection sends nothing more meanwhile (one request at a time). A client flooding actions
+(pipelined, as fast as it can) is so served at twice the loop's rate, instead of keeping a socket
+thread busy: a busy Python thread makes the loop thread wait up to the interpreter's switch
+interval for the GIL after each of its serial reads and writes, which stretched a 100 Hz cycle to
+~25 ms (bench/bench_plugin.py --flood). A client at up to twice the loop's rate (LeRobot's 30 fps)
+never waits.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import threading
@@ -60,7 +61,7 @@ SOURCE_NAME = "client"  # the source's name in the loop (the dataset's so101d.so
 _REFUSING_MODES = ("fault", "disconnected", "idle")
 _OPERATOR_HOLDS = ("hold", "idle")  # the operator's intents under which a lent arm stays still
 _CALL_TIMEOUT_S = 3.0
-_PACE_POLL_S = 0.0005  # how often a waiting action looks for the next cycle (a count read, no GIL held between)
+_TURN_PERIODS = 0.5  # an arm takes an action at most every half period (twice the loop's rate)
 _LENDABLE_SOURCES = ("leader", SOURCE_NAME)  # an arm driven by these may be lent (policy, replay: not)
 _RESUME_HINT = "`so101d teleop start` hands it to this client"
 
@@ -116,9 +117,9 @@ class ClientArms:
         self.source = ClientSource(stale_s, monotonic)
         loop.add_source(SOURCE_NAME, self.source, self.source.last)
         self._leases: dict[str, Lease] = {}
-        self._taken_at_cycle: dict[str, int] = {}  # arm -> the loop's cycle count at its newest action
+        self._next_turn_s: dict[str, float] = {}  # arm -> when its next action may be taken (monotonic)
         self._lock = threading.Lock()
-        self.actions_waited = 0  # actions that came faster than the loop's cycles and waited for the next
+        self.actions_waited = 0  # actions that came faster than twice the loop's rate and waited their turn
 
     # ---------------------------------------------------------------- helpers
     def _arm(self, name: str) -> DrivenArm:
@@ -222,24 +223,19 @@ class ClientArms:
             return f"{state.mode} ({state.reason})"
         return ""
 
-    def _take_cycle(self, arm: str) -> int:
-        """The loop takes one target per cycle: wait (asleep, on this worker) until it has run a
-        cycle since this arm's previous action, and claim that cycle; returns its count."""
-        loop = self.loop
-        end_s = self._monotonic() + _CALL_TIMEOUT_S
-        waited = False
-        while True:
-            with self._lock:
-                cycle = loop.cycles
-                if self._taken_at_cycle.get(arm) != cycle:
-                    self._taken_at_cycle[arm] = cycle
-                    if waited:
-                        self.actions_waited += 1
-                    return cycle
-            if self._monotonic() > end_s:
-                raise RequestError(f"the control loop ran no cycle in {_CALL_TIMEOUT_S:g} s: the action was not taken")
-            waited = True
-            time.sleep(_PACE_POLL_S)
+    def _take_turn(self, arm: str) -> None:
+        """At most one action per arm every half period (twice the loop's rate: the loop takes one
+        target per cycle, a faster one only overwrites its own): an earlier one sleeps here, on
+        this worker, until its turn. Time, not the loop's cycle count: a loop running late does
+        not hold a client at a slower pace back."""
+        gap_s = self.loop.period_s * _TURN_PERIODS
+        with self._lock:
+            now = self._monotonic()
+            turn = max(now, self._next_turn_s.get(arm, -math.inf))
+            self._next_turn_s[arm] = turn + gap_s
+        if turn > now:
+            self.actions_waited += 1
+            time.sleep(turn - now)
 
     def action(self, req: dict[str, Any]) -> dict[str, Any]:
         lease = self._lease_of(req.get("lease"))
@@ -247,7 +243,7 @@ class ClientArms:
         if missing:
             raise RequestError(f"arm.action needs every joint; missing {', '.join(missing)}", missing[0])
         arm = self._arm(lease.arm)
-        self._take_cycle(lease.arm)
+        self._take_turn(lease.arm)
         lease = self._lease_of(req.get("lease"))  # still current after the wait (not released meanwhile)
         loop = self.loop
         st = arm.state
