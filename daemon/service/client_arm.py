@@ -233,8 +233,9 @@ class ClientArms:
             now = self._monotonic()
             turn = max(now, self._next_turn_s.get(arm, -math.inf))
             self._next_turn_s[arm] = turn + gap_s
+            if turn > now:
+                self.actions_waited += 1
         if turn > now:
-            self.actions_waited += 1
             time.sleep(turn - now)
 
     def action(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -253,9 +254,10 @@ class ClientArms:
         if arm.source_name != SOURCE_NAME:
             raise RequestError(f"the arm is driven by {arm.source_name} now (the operator took it back)")
         target = np.array([req[j] for j in JOINT_NAMES], dtype=np.float64)
-        # predicted before the target is offered: cycles that run between the two do not act on
-        # it, so the loop's first command for it comes from the state predicted from (offered
-        # first, a worker that lost the CPU for a few cycles answered the arm's later alignment)
+        # predicted from the state read above, before the target is offered: a cycle running in
+        # between still follows the previous target, so the loop's first step towards this one
+        # starts where the prediction did (offered first, a worker that lost the CPU for a few
+        # cycles answered a step the arm had already taken)
         commanded = self._commanded(arm, st, target)
         self.source.offer(target)
         return {
@@ -314,8 +316,8 @@ def attach_client_arms(context: DaemonContext) -> ClientArms:
     reg = context.server.register
     reg("arm.acquire", arms.acquire)
     reg("arm.release", arms.release)
-    # an action may wait for the loop's next cycle (one action per arm per cycle, see the module
-    # docstring): on a worker, never on the selector thread that serves every other client
+    # an action may wait its turn (twice the loop's rate per arm, see the module docstring): on a
+    # worker, never on the selector thread that serves every other client
     reg("arm.action", arms.action)
     # reads the arm's snapshot only: served on the socket's selector thread, without a worker hand-off
     reg("arm.observe", arms.observe, inline=True)
