@@ -6,21 +6,33 @@ The emulator runs in its own process (`so101d emulate`, wire time modelled at 1 
 daemon in its own (`so101d run` at 100 Hz), the client here: three processes, as on a bench.
 Row 1 is LeRobot's SOFollower on the emulated follower (one sync read for the observation, one
 sync write for the action); row 2 is the plugin against the daemon driving that follower.
-Target: the plugin's round trip p99 <= 1 ms.
+Target: the plugin's round trip p99 <= 1 ms. Each round starts ``--every-ms`` after the previous
+(default 12 ms, as a LeRobot control loop paces its steps, at 30 fps): the daemon's loop takes one
+action per cycle (100 Hz here), so a client sending faster waits for the next cycle, and rounds
+back to back would time the loop's period, not the socket.
 
-    .venv/bin/python bench/bench_plugin.py [--rounds 2000]
+``--flood S``: instead, the loop's rate while a client floods ``arm.action`` for S seconds, beside
+the loop's rate with no client: one client waiting for each reply (ControlClient, as fast as it
+can), then one pipelining (every action written without waiting, the replies read as they come).
+The loop's rate must not depend on what a client sends (daemon/service/client_arm.py).
+
+    .venv/bin/python bench/bench_plugin.py [--rounds 2000] [--every-ms 12] [--flood 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,12 +51,15 @@ def pct(a: np.ndarray, q: float) -> float:
     return float(np.percentile(a, q)) if a.size else float("nan")
 
 
-def round_trips(robot: object, rounds: int) -> np.ndarray:
+def round_trips(robot: object, rounds: int, every_s: float) -> np.ndarray:
     get_obs, send = robot.get_observation, robot.send_action  # type: ignore[attr-defined]
     for _ in range(50):  # warm up
         send(get_obs())
+        time.sleep(every_s)
     times = np.empty(rounds)
+    start_s = time.perf_counter()
     for i in range(rounds):
+        time.sleep(max(0.0, start_s + i * every_s - time.perf_counter()))
         t0 = time.perf_counter()
         obs = get_obs()
         send(obs)  # hold where it is: the measured pose as the action
@@ -52,7 +67,7 @@ def round_trips(robot: object, rounds: int) -> np.ndarray:
     return times
 
 
-def run_lerobot(ports: Path, rounds: int) -> np.ndarray:
+def run_lerobot(ports: Path, rounds: int, every_s: float) -> np.ndarray:
     from lerobot.robots.so_follower import SOFollower, SOFollowerRobotConfig
 
     root = ports / "lerobot_cal"
@@ -64,7 +79,7 @@ def run_lerobot(ports: Path, rounds: int) -> np.ndarray:
     )
     robot.connect()
     try:
-        return round_trips(robot, rounds)
+        return round_trips(robot, rounds, every_s)
     finally:
         robot.disconnect()
 
@@ -98,34 +113,114 @@ def start_daemon(ports: Path) -> tuple[subprocess.Popen[bytes], Path]:
     raise SystemExit("the daemon did not reach teleop in 60 s")
 
 
-def run_plugin(sock: Path, rounds: int) -> np.ndarray:
+def run_plugin(sock: Path, rounds: int, every_s: float) -> np.ndarray:
     from lerobot_robot_so101d import SO101D, SO101DConfig
 
     robot = SO101D(SO101DConfig(socket=str(sock)))
     robot.connect()
     try:
-        return round_trips(robot, rounds)
+        return round_trips(robot, rounds, every_s)
     finally:
         robot.disconnect()
+
+
+def _cycles_over(c: ControlClient, run: Callable[[], int]) -> tuple[float, float]:
+    """(loop cycles per second, actions answered per second) over the same window, while
+    ``run()`` floods (it returns how many actions were answered)."""
+    c0, t0 = c.request("status")["cycles"], time.monotonic()
+    n = run()
+    c1, t1 = c.request("status")["cycles"], time.monotonic()
+    return (c1 - c0) / (t1 - t0), n / (t1 - t0)
+
+
+def run_flood(sock: Path, seconds: float) -> list[tuple[str, float, float]]:
+    """Rows (what, loop cycles/s, actions/s): no client, a waiting flood, a pipelined flood."""
+    rows: list[tuple[str, float, float]] = []
+    with ControlClient(sock) as c:
+        rate, _ = _cycles_over(c, lambda: time.sleep(seconds) or 0)
+        rows.append(("no client", rate, 0.0))
+        lease = c.request("arm.acquire", client="bench flood")["lease"]
+        pose = c.request("arm.observe")["follower"]
+        try:
+            with ControlClient(sock) as flooder:
+
+                def waiting() -> int:
+                    n, end = 0, time.monotonic() + seconds
+                    while time.monotonic() < end:
+                        flooder.request("arm.action", lease=lease, **pose)
+                        n += 1
+                    return n
+
+                rows.append(("flood, waiting for each reply", *_cycles_over(c, waiting)))
+
+            def pipelined() -> int:
+                line = (json.dumps({"cmd": "arm.action", "lease": lease, **pose}) + "\n").encode()
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(str(sock))
+                end = time.monotonic() + seconds
+                replies = [0]
+
+                def read() -> None:
+                    f = s.makefile("rb")
+                    try:
+                        while f.readline():
+                            replies[0] += 1
+                    except OSError:  # the connection shut below
+                        pass
+
+                reader = threading.Thread(target=read, daemon=True)
+                reader.start()
+                while time.monotonic() < end:
+                    s.sendall(line)
+                n = replies[0]
+                s.shutdown(socket.SHUT_RDWR)  # the actions not yet answered are dropped with the connection
+                s.close()
+                return n
+
+            rows.append(("flood, pipelined", *_cycles_over(c, pipelined)))
+        finally:
+            c.request("arm.release", lease=lease)
+    return rows
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2000, help="round trips per row (default 2000)")
+    ap.add_argument("--every-ms", type=float, default=12.0, help="one round every this many ms (default 12)")
+    ap.add_argument(
+        "--flood", type=float, default=0.0, metavar="S", help="the loop's rate under a flood of S s instead"
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    if args.flood > 0:
+        with tempfile.TemporaryDirectory(prefix="so101d-bench-") as d:
+            ports = Path(d)
+            with EmulatorProcess(ports, wire_time=True, leader_motion="still"):
+                daemon, sock = start_daemon(ports)
+                try:
+                    rows = run_flood(sock, args.flood)
+                finally:
+                    os.killpg(daemon.pid, signal.SIGTERM)
+                    daemon.wait(60)
+        print(f"control loop at 100 Hz while a client floods arm.action, {args.flood:g} s each")
+        print(f"{'':32s} {'cycles/s':>9s} {'actions/s':>10s}")
+        for name, rate, actions in rows:
+            print(f"{name:32s} {rate:9.1f} {actions:10.0f}")
+        worst = min(rate for _, rate, _ in rows[1:])
+        print(f"loop rate under a flood / without: {worst / rows[0][1]:.2f}")
+        return 0
     with tempfile.TemporaryDirectory(prefix="so101d-bench-") as d:
         ports = Path(d)
         with EmulatorProcess(ports, wire_time=True, leader_motion="still"):
-            direct = run_lerobot(ports, args.rounds)
+            direct = run_lerobot(ports, args.rounds, args.every_ms / 1000.0)
             daemon, sock = start_daemon(ports)
             try:
-                plugin = run_plugin(sock, args.rounds)
+                plugin = run_plugin(sock, args.rounds, args.every_ms / 1000.0)
             finally:
                 os.killpg(daemon.pid, signal.SIGTERM)
                 daemon.wait(60)
     rows = [("LeRobot SOFollower, serial bus", direct), ("so101d plugin, control socket", plugin)]
-    print(f"get_observation + send_action round trip, {args.rounds} rounds, no cameras")
+    print(f"get_observation + send_action round trip, {args.rounds} rounds {args.every_ms:g} ms apart, no cameras")
     print(f"{'':34s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s}")
     for name, t in rows:
         print(f"{name:34s} {pct(t, 50) * 1e3:8.3f} {pct(t, 99) * 1e3:8.3f} {float(t.max()) * 1e3:8.3f}")

@@ -1,7 +1,9 @@
 """An outside client drives the follower over the control socket (what the LeRobot plugin does):
 acquire, actions through the safety layer, observations, a second client refused naming the
 holder, the operator's hold refusing actions with its reason, a silent client noticed within the
-stale bound, a client killed while holding the arm freeing it, release holding the arm.
+stale bound, a client killed while holding the arm freeing it, release holding the arm; a client
+acquiring an arm the operator holds gets it still, and it moves only after the operator's
+``teleop start``; a client flooding actions as fast as it can leaves the loop at its rate.
 
 Real parts: the daemon in-process on our Feetech driver over two emulated buses, the real socket
 and client; the cycle is not touched.
@@ -9,10 +11,12 @@ and client; the cycle is not touched.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -75,6 +79,13 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
             bus.stop()
 
 
+def _operator_resumes(daemon: Daemon) -> None:
+    """The operator's `so101d teleop start` (a story before may have left the arm held)."""
+    with ControlClient(daemon.socket_path) as op:
+        op.request("teleop.start")
+    wait_for(lambda: daemon.loop.intent == "teleop", 5, "teleop")
+
+
 def test_a_client_drives_the_arm_through_safety_and_gives_it_back(daemon: Daemon) -> None:
     path = daemon.socket_path
     with ControlClient(path) as c, ControlClient(path) as other:
@@ -105,7 +116,7 @@ def test_a_client_drives_the_arm_through_safety_and_gives_it_back(daemon: Daemon
             c.request("arm.action", lease="0" * 32, **_action(POSE_A))
         # the operator holds: the action is refused with the daemon's reason
         other.request("hold")
-        with pytest.raises(CommandFailed, match=r"hold \(hold requested\)"):
+        with pytest.raises(CommandFailed, match=r"operator's hold \(hold: hold requested\)"):
             c.request("arm.action", lease=lease, **_action(POSE_A))
         released = c.request_as(ArmLeaseReply, "arm.release", lease=lease)
         assert "holding" in released.message
@@ -118,8 +129,113 @@ def test_a_client_drives_the_arm_through_safety_and_gives_it_back(daemon: Daemon
             c.request("arm.action", lease=lease, **_action(POSE_A))
 
 
+def test_a_client_acquiring_a_held_arm_gets_it_still_until_the_operator_resumes(daemon: Daemon) -> None:
+    """The operator's hold is the operator's: LeRobot's connect() gets the arm, but it stays where
+    it is and send_action raises naming the hold and the resume; after the operator's `so101d
+    teleop start` the arm follows LeRobot's actions, and at disconnect the leader has it back."""
+    from lerobot_robot_so101d import SO101D, SO101DConfig
+    from lerobot_robot_so101d.daemon_link import DaemonRefused
+
+    path = daemon.socket_path
+    with ControlClient(path) as op:
+        op.request("teleop.stop")
+        wait_for(lambda: daemon.loop.state.mode == "hold", 5, "the operator's hold")
+        before = _pose(op.request_as(ArmObservation, "arm.observe").follower)
+        robot = SO101D(SO101DConfig(socket=str(path)))
+        robot.connect()
+        try:
+            assert daemon.loop.assignments()["follower"] == "client"
+            assert daemon.loop.intent == "hold", "acquiring took the operator's hold away"
+            far = before + np.array([15.0, 10.0, -10.0, 10.0, 10.0, 15.0])
+            goal = {f"{j}.pos": float(v) for j, v in zip(JOINT_NAMES, far)}
+            with pytest.raises(DaemonRefused, match=r"operator's hold \(hold: hold requested\).*so101d teleop start"):
+                robot.send_action(goal)
+            daemon.loop.wait_cycles(20)
+            here = np.array([robot.get_observation()[f"{j}.pos"] for j in JOINT_NAMES])
+            assert np.allclose(here, before, atol=0.5), f"the held arm moved on acquire: {here} from {before}"
+            assert daemon.loop.state.mode == "hold"
+            # the operator resumes: the arm, still lent, follows LeRobot's actions
+            op.request("teleop.start")
+
+            def arrived() -> bool:
+                robot.send_action(goal)
+                now = np.array([robot.get_observation()[f"{j}.pos"] for j in JOINT_NAMES])
+                return bool(np.all(np.abs(now - far) < TOL_DEG))
+
+            wait_for(arrived, 20, "the follower at LeRobot's target after teleop start")
+            assert daemon.loop.assignments()["follower"] == "client"
+        finally:
+            robot.disconnect()
+    assert daemon.loop.assignments()["follower"] == "leader"
+
+
+FLOOD_ACTIONS = 200
+_FLOODER = """
+import json, socket, sys, threading
+path, line, n = sys.argv[1], (sys.argv[2] + "\\n").encode(), int(sys.argv[3])
+s = socket.socket(socket.AF_UNIX)
+s.connect(path)
+print("ready", flush=True)
+sys.stdin.readline()
+# pipelined: every action written at once, the replies read as they come
+writer = threading.Thread(target=lambda: [s.sendall(line) for _ in range(n)])
+writer.start()
+replies = s.makefile("rb")
+ok, errors = 0, []
+for _ in range(n):
+    reply = json.loads(replies.readline())
+    ok += bool(reply["ok"])
+    if not reply["ok"] and len(errors) < 3:
+        errors.append(reply["error"])
+writer.join()
+print(json.dumps({"ok": ok, "errors": errors}), flush=True)
+"""
+
+
+def test_a_client_flooding_actions_leaves_the_loop_at_its_rate(daemon: Daemon) -> None:
+    """A client pipelining actions as fast as it can (its own process) is served at most at twice
+    the loop's rate, and the loop keeps its configured rate meanwhile: before, the socket thread
+    serving the flood kept the GIL from the loop and a 100 Hz loop ran ~40 cycles/s."""
+    _operator_resumes(daemon)
+    with ControlClient(daemon.socket_path) as c:
+        lease = c.request_as(ArmLeaseReply, "arm.acquire", client="flood", pid=os.getpid()).lease
+        here = _pose(c.request_as(ArmObservation, "arm.observe").follower)
+        line = json.dumps({"cmd": "arm.action", "lease": lease, **_action(here)})
+        child = subprocess.Popen(
+            [sys.executable, "-c", _FLOODER, str(daemon.socket_path), line, str(FLOOD_ACTIONS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            assert child.stdin is not None and child.stdout is not None
+            assert child.stdout.readline().strip() == "ready"
+            cycles0, t0 = daemon.loop.cycles, time.monotonic()
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            result = json.loads(child.stdout.readline())
+            cycles, wall_s = daemon.loop.cycles - cycles0, time.monotonic() - t0
+            child.wait(10)
+        finally:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait(10)
+        c.request("arm.release", lease=lease)
+    assert result["ok"] == FLOOD_ACTIONS, result
+    rate_cycles = daemon.cfg.control.rate_hz * wall_s
+    words = (
+        f"{cycles} cycles during {FLOOD_ACTIONS} actions in {wall_s:.2f} s ({rate_cycles:.0f} at the configured rate)"
+    )
+    # the flood was served at most at twice the loop's rate (the loop follows one target a cycle) ...
+    assert 2 * rate_cycles >= FLOOD_ACTIONS - 1, words
+    # ... and the loop kept its rate meanwhile (generous: a loaded 2-core machine slows it too)
+    assert cycles >= 0.5 * rate_cycles, words
+
+
 def test_a_silent_client_is_noticed_and_a_killed_one_frees_the_arm(daemon: Daemon, tmp_path: Path) -> None:
     path = daemon.socket_path
+    _operator_resumes(daemon)
     # a client in its own process: acquires, sends one action, then stops sending and is killed
     child = subprocess.Popen(
         [
@@ -294,6 +410,51 @@ def test_a_killed_daemons_frame_shares_are_swept() -> None:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait(10)
+
+
+def test_lerobots_handover_with_the_so101d_teleop_slides_the_follower_to_the_leader(daemon: Daemon) -> None:
+    """The so101d teleoperator is not actuated (the daemon drives no leader): LeRobot's own check
+    says so, and the handover LeRobot then takes (follower_smooth_move_to, as lerobot-rollout's
+    episodic reset and dagger correction call it) brings the follower to the leader's pose through
+    the daemon's safety layer. Leader goals handed to send_feedback are refused, naming them."""
+    from lerobot.common.control_utils import follower_smooth_move_to, teleop_supports_feedback
+    from lerobot_robot_so101d import SO101D, SO101DConfig, SO101DTeleop, SO101DTeleopConfig
+
+    path = str(daemon.socket_path)
+    teleop = SO101DTeleop(SO101DTeleopConfig(socket=path))
+    robot = SO101D(SO101DConfig(socket=path))
+    with pytest.raises(DeviceNotConnectedError):
+        teleop.send_feedback({})
+    teleop.connect()
+    robot.connect()  # lent while the last story's release holds it: still, until the operator's resume
+    try:
+        _operator_resumes(daemon)
+        assert not teleop_supports_feedback(teleop)
+        teleop.send_feedback({})  # nothing to send
+        teleop.send_feedback({"rumble": 1.0})  # not a leader goal: ignored, as LeRobot's so_leader does
+        leader = teleop.get_action()
+        with pytest.raises(ValueError, match=r"shoulder_pan\.pos.*slides the follower to the leader"):
+            teleop.send_feedback(leader)
+        goal = np.array([leader[f"{j}.pos"] for j in JOINT_NAMES])
+
+        def at(pose: np.ndarray) -> Callable[[], bool]:
+            action = {f"{j}.pos": float(v) for j, v in zip(JOINT_NAMES, pose)}
+
+            def arrived() -> bool:
+                robot.send_action(action)
+                now = robot.get_observation()
+                return bool(np.all(np.abs(np.array([now[f"{j}.pos"] for j in JOINT_NAMES]) - pose) < TOL_DEG))
+
+            return arrived
+
+        # LeRobot's policy left the follower away from the leader
+        wait_for(at(POSE_B), 20, "the follower away from the leader")
+        obs = robot.get_observation()
+        follower_smooth_move_to(robot, {k: v for k, v in obs.items() if k.endswith(".pos")}, leader, duration_s=0.5)
+        wait_for(at(goal), 20, "the follower at the leader's pose after LeRobot's handover")
+    finally:
+        robot.disconnect()
+        teleop.disconnect()
 
 
 def test_the_plugin_teleop_refuses_an_unplugged_leaders_last_reading(daemon: Daemon) -> None:

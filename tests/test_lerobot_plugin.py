@@ -94,6 +94,15 @@ def running() -> Iterator[Running]:
             _stop(run.daemon)  # the daemon now running: a test may have killed and restarted it
 
 
+def _operator_tracks(sock: Path) -> None:
+    """The operator's `so101d teleop start` before a LeRobot tool takes the arm: a fault is the
+    operator's to clear (LeRobot's connect does not), and an emulated bus on a loaded machine may
+    have latched one (servos silent for a few cycles) while the bench waited."""
+    with ControlClient(sock) as c:
+        c.request("teleop.start")
+    wait_status(sock, lambda st: st["mode"] == "teleop", timeout_s=30)
+
+
 def _lerobot(tool: str, *args: str, timeout_s: float = 240.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, env=_env(), timeout=timeout_s)
 
@@ -126,6 +135,7 @@ def test_lerobot_record_and_replay_through_the_daemon(running: Running, tmp_path
     pose = np.array([10.0, -30.0, 40.0, 20.0, 5.0, 60.0])
     leader.set_pose_units(pose)
     root = tmp_path / "ds"
+    _operator_tracks(running.sock)
     r = _lerobot("lerobot-record", *_record_args(running.sock, root, 2, 1.0, "--robot.daemon_cameras=[front]"))
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     ds = LeRobotDataset("local/plugin", root=root)
@@ -186,6 +196,7 @@ def test_no_daemon_at_the_socket_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_the_daemon_killed_mid_run_ends_lerobot_record_with_a_clear_error(running: Running, tmp_path: Path) -> None:
     root = tmp_path / "ds"
+    _operator_tracks(running.sock)
     proc = subprocess.Popen(
         [str(BIN / "lerobot-record"), *_record_args(running.sock, root, episodes=1, seconds=60.0)],
         stdout=subprocess.PIPE,

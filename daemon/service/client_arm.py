@@ -8,14 +8,33 @@ hands the arm back to the leader's source with the intent ``hold``, so it stays 
 
 One client at a time per arm: a second is refused, naming the holder. A holder whose process is
 gone (killed, crashed: it never released) loses the lease to the next client that asks; a holder
-that stops sending is no target after the stale bound and the arm holds. While the operator
-holds the arm, or it is in fault or disconnected, an action is refused with the daemon's reason
-instead of being queued for later.
+that stops sending is no target after the stale bound and the arm holds. An arm a policy or a
+replay drives is not lent (stop it first).
+
+The operator's hold belongs to the operator. Acquiring never changes the loop's intent: an arm
+the operator holds (``so101d teleop stop``, the console's Hold, SIGUSR1), has made idle (torque
+off), or that is in fault, is lent but keeps holding, and every action is refused with the
+daemon's reason and what resumes it, instead of being queued for later. The operator's resume is
+the one they already have, ``so101d teleop start``: tracking resumes for every arm, and an arm
+lent to a client follows that client (the leader gets it back at ``arm.release``). So the arm
+never moves on acquire: in teleop it holds where it is until the first action, which it then
+aligns to at the safe speed; under a hold it stays held.
+
+The loop's period does not depend on what a client sends. The loop takes one target per cycle,
+so ``arm.action`` takes at most two actions per arm per period (the rest would only overwrite
+each other): an earlier one waits its turn on a socket worker (asleep, the GIL free), and its
+connection sends nothing more meanwhile (one request at a time). A client flooding actions
+(pipelined, as fast as it can) is so served at twice the loop's rate, instead of keeping a socket
+thread busy: a busy Python thread makes the loop thread wait up to the interpreter's switch
+interval for the GIL after each of its serial reads and writes, which stretched a 100 Hz cycle to
+~25 ms (bench/bench_plugin.py --flood). A client at up to twice the loop's rate (LeRobot's 30 fps)
+never waits.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import threading
@@ -31,7 +50,7 @@ from daemon.api.server import RequestError, request_peer_pid
 from daemon.control.client_source import ClientSource
 from daemon.control.driven_arm import DrivenArm
 from daemon.control.loop import ControlLoop
-from daemon.control.safety import CycleInputs, update
+from daemon.control.safety import ControllerState, CycleInputs, update
 from daemon.service.context import DaemonContext
 from daemon.service.frame_shares import attach_frame_shares
 from daemon.system.processes import start_ticks
@@ -39,9 +58,12 @@ from daemon.system.processes import start_ticks
 log = logging.getLogger("so101d.client_arm")
 
 SOURCE_NAME = "client"  # the source's name in the loop (the dataset's so101d.source: follower=client)
-_TRACKING_INTENT = "teleop"  # an intent under which the safety layer follows an arm's source
 _REFUSING_MODES = ("fault", "disconnected", "idle")
+_OPERATOR_HOLDS = ("hold", "idle")  # the operator's intents under which a lent arm stays still
 _CALL_TIMEOUT_S = 3.0
+_TURN_PERIODS = 0.5  # an arm takes an action at most every half period (twice the loop's rate)
+_LENDABLE_SOURCES = ("leader", SOURCE_NAME)  # an arm driven by these may be lent (policy, replay: not)
+_RESUME_HINT = "`so101d teleop start` hands it to this client"
 
 
 @dataclass(frozen=True)
@@ -95,7 +117,9 @@ class ClientArms:
         self.source = ClientSource(stale_s, monotonic)
         loop.add_source(SOURCE_NAME, self.source, self.source.last)
         self._leases: dict[str, Lease] = {}
+        self._next_turn_s: dict[str, float] = {}  # arm -> when its next action may be taken (monotonic)
         self._lock = threading.Lock()
+        self.actions_waited = 0  # actions that came faster than twice the loop's rate and waited their turn
 
     # ---------------------------------------------------------------- helpers
     def _arm(self, name: str) -> DrivenArm:
@@ -128,6 +152,9 @@ class ClientArms:
         # may be another process's (pid 1 lives for ever) or missing, and its lease never freed
         peer = request_peer_pid()
         pid = peer if peer is not None else req.get("pid")
+        if self.loop.intent == "policy" or arm.source_name not in _LENDABLE_SOURCES:
+            driver = "a policy" if self.loop.intent == "policy" else repr(arm.source_name)
+            raise RequestError(f"the arm {name!r} is driven by {driver} now: stop it first, then acquire", "arm")
         with self._lock:
             held = self._leases.get(name)
             if held is not None and held.alive():
@@ -139,15 +166,26 @@ class ClientArms:
             self._leases[name] = lease
         self.source.clear()  # an old holder's last action must not drive the new one's arm
         try:
+            # only the source changes; the operator's intent (a hold, torque off) stays theirs
             self.loop.assign(name, SOURCE_NAME).result(timeout=_CALL_TIMEOUT_S)
-            self.loop.call(lambda: self.loop.set_intent(_TRACKING_INTENT), timeout_s=_CALL_TIMEOUT_S)
+            # and one whole cycle runs on the client's source, with no target yet, before the lease
+            # is given: the arm leaves the leader's tracking for a hold, so the first action starts an
+            # alignment at the safe speed. An action taken in the very cycle the source changed would
+            # be stepped from the leader's tracking at max_step instead (10 degrees a cycle).
+            self.loop.call(lambda: None, timeout_s=_CALL_TIMEOUT_S)
         except Exception as exc:
             with self._lock:
                 self._leases.pop(name, None)
             raise RequestError(f"the control loop did not hand the arm over: {exc}") from None
         log.info("%s: lent to %s", name, lease.words())
+        kept = self._operator_hold(arm)
+        follows = (
+            f"{name} is lent to {client} but stays still: {kept}"
+            if kept
+            else f"{name} follows {client}'s actions (the arm holds until the first arrives)"
+        )
         return {
-            "message": f"{name} follows {client}'s actions (the arm holds until the first arrives)",
+            "message": follows,
             "arm": name,
             "lease": lease.token,
             "stale_s": self.stale_s,
@@ -172,28 +210,64 @@ class ClientArms:
         log.info("%s: released by %s; holding", lease.arm, lease.words())
         return {"message": f"{lease.arm} released: holding", "arm": lease.arm, "mode": self._arm(lease.arm).state.mode}
 
+    def _operator_hold(self, arm: DrivenArm) -> str:
+        """Why the operator's side keeps ``arm`` still now, with what resumes it ("" when nothing does)."""
+        intent, state = self.loop.intent, arm.state
+        if state.mode == "fault" or state.fault:
+            return f"fault ({state.reason or state.fault}); once it is gone, {_RESUME_HINT} and clears it"
+        if not self.loop.torque_wanted:
+            return f"torque is off ({state.mode}); the operator's `so101d torque on` then {_RESUME_HINT}"
+        if intent in _OPERATOR_HOLDS:
+            return f"the operator's {intent} ({state.mode}: {state.reason}); {_RESUME_HINT}"
+        if state.mode in _REFUSING_MODES:
+            return f"{state.mode} ({state.reason})"
+        return ""
+
+    def _take_turn(self, arm: str) -> None:
+        """At most one action per arm every half period (twice the loop's rate: the loop takes one
+        target per cycle, a faster one only overwrites its own): an earlier one sleeps here, on
+        this worker, until its turn. Time, not the loop's cycle count: a loop running late does
+        not hold a client at a slower pace back."""
+        gap_s = self.loop.period_s * _TURN_PERIODS
+        with self._lock:
+            now = self._monotonic()
+            turn = max(now, self._next_turn_s.get(arm, -math.inf))
+            self._next_turn_s[arm] = turn + gap_s
+            if turn > now:
+                self.actions_waited += 1
+        if turn > now:
+            time.sleep(turn - now)
+
     def action(self, req: dict[str, Any]) -> dict[str, Any]:
         lease = self._lease_of(req.get("lease"))
         missing = [j for j in JOINT_NAMES if req.get(j) is None]
         if missing:
             raise RequestError(f"arm.action needs every joint; missing {', '.join(missing)}", missing[0])
         arm = self._arm(lease.arm)
+        self._take_turn(lease.arm)
+        lease = self._lease_of(req.get("lease"))  # still current after the wait (not released meanwhile)
         loop = self.loop
         st = arm.state
-        if loop.intent == "hold" or st.mode in _REFUSING_MODES:
-            raise RequestError(f"the daemon is not taking actions: {st.mode} ({st.reason})")
+        held = self._operator_hold(arm)
+        if held:
+            raise RequestError(f"the daemon is not taking actions: {held}")
         if arm.source_name != SOURCE_NAME:
             raise RequestError(f"the arm is driven by {arm.source_name} now (the operator took it back)")
         target = np.array([req[j] for j in JOINT_NAMES], dtype=np.float64)
+        # predicted from the state read above, before the target is offered: a cycle running in
+        # between still follows the previous target, so the loop's first step towards this one
+        # starts where the prediction did (offered first, a worker that lost the CPU for a few
+        # cycles answered a step the arm had already taken)
+        commanded = self._commanded(arm, st, target)
         self.source.offer(target)
         return {
-            "commanded": _joints(self._commanded(arm, target)),
+            "commanded": _joints(commanded),
             "mode": st.mode,
             "reason": st.reason,
             "cycle": loop.cycles,
         }
 
-    def _commanded(self, arm: DrivenArm, target: np.ndarray) -> np.ndarray | None:
+    def _commanded(self, arm: DrivenArm, state: ControllerState, target: np.ndarray) -> np.ndarray | None:
         """The safety layer's command for ``target`` from the arm's state at its last cycle: the
         same pure function the loop runs next (alignment, step and joint limits)."""
         params, measured = arm.params, arm.measured
@@ -210,7 +284,7 @@ class ClientArms:
             target_name=SOURCE_NAME,
             dt_s=self.loop.period_s,
         )
-        return update(arm.state, inputs, params).command
+        return update(state, inputs, params).command
 
     def observe(self, req: dict[str, Any]) -> dict[str, Any]:
         name = req.get("arm") or "follower"
@@ -242,8 +316,9 @@ def attach_client_arms(context: DaemonContext) -> ClientArms:
     reg = context.server.register
     reg("arm.acquire", arms.acquire)
     reg("arm.release", arms.release)
-    # these two only read the arm's snapshot or swap the newest action in: served on the socket's
-    # selector thread, without a worker hand-off (a LeRobot control step sends one of each)
-    reg("arm.action", arms.action, inline=True)
+    # an action may wait its turn (twice the loop's rate per arm, see the module docstring): on a
+    # worker, never on the selector thread that serves every other client
+    reg("arm.action", arms.action)
+    # reads the arm's snapshot only: served on the socket's selector thread, without a worker hand-off
     reg("arm.observe", arms.observe, inline=True)
     return arms

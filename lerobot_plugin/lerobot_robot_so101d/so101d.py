@@ -4,9 +4,10 @@ The features are so101_follower's (``<joint>.pos``: body joints in degrees, the 
 so a dataset recorded through the daemon has the same columns, and its robot_type is
 ``so_follower``, the type LeRobot records for that arm (the arm behind the daemon is one).
 ``connect`` takes the arm from the daemon (``arm.acquire``: it now follows this client's
-actions, through the daemon's safety layer); ``send_action`` returns what that layer commands;
-``disconnect`` gives the arm back and it holds where it is. No calibration here: the daemon owns
-the servos and their calibration.
+actions, through the daemon's safety layer); ``send_action`` returns what that layer commands,
+and raises ``DaemonRefused`` with the daemon's reason while the operator holds the arm (or it is
+in fault, or torque is off) instead of moving; ``disconnect`` gives the arm back and it holds
+where it is. No calibration here: the daemon owns the servos and their calibration.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ class SO101D(Robot):
         except Exception:
             self.disconnect()
             raise
-        log.info("%s: the daemon at %s lent us its arm %r", self, self._link.path, self.config.arm)
+        # e.g. that the operator holds the arm: lent, but still until their `so101d teleop start`
+        log.info("%s: the daemon at %s: %s", self, self._link.path, reply.get("message"))
 
     def _wait_first_frames(self, timeout_s: float = 5.0) -> None:
         end = time.monotonic() + timeout_s

@@ -1,5 +1,18 @@
 """Teleoperator ``so101d``: the leader arm the so101d daemon reads, as LeRobot's ``so101_leader``
-shows it (``<joint>.pos``, degrees, the gripper 0..100)."""
+shows it (``<joint>.pos``, degrees, the gripper 0..100).
+
+Feedback: this teleoperator is not actuated. LeRobot's ``so_leader`` is (its ``send_feedback``
+writes ``Goal_Position`` to the leader's own bus, lerobot/teleoperators/so_leader/so_leader.py in
+LeRobot 0.6.1), but here the daemon owns the leader's bus and offers no verb that drives it, so
+``feedback_features`` is empty and there is no ``enable_torque``/``disable_torque``. LeRobot asks
+exactly that (``lerobot.common.control_utils.teleop_supports_feedback``) before its smooth
+handover, and then takes its handover for a leader that cannot be driven: lerobot-rollout's
+episodic reset and dagger correction slide the *follower* to the leader's pose
+(``follower_smooth_move_to``, through ``robot.send_action``: the daemon's safety layer), instead
+of driving the leader to the follower. ``send_feedback`` keeps to that declaration: what
+``so_leader`` would write (``<joint>.pos`` goals) is refused with the reason, instead of being
+dropped as if the leader had moved; anything else is ignored, as ``so_leader`` ignores it.
+"""
 
 from __future__ import annotations
 
@@ -30,7 +43,7 @@ class SO101DTeleop(Teleoperator):
 
     @cached_property
     def feedback_features(self) -> dict[str, type]:
-        return {}  # the daemon's leader is moved by hand; nothing is sent back to it
+        return {}  # not actuated (module docstring): LeRobot's handover then moves the follower
 
     @property
     def is_connected(self) -> bool:
@@ -66,9 +79,18 @@ class SO101DTeleop(Teleoperator):
         return as_features(reply.get("leader"), "leader")
 
     def send_feedback(self, feedback: dict[str, Any]) -> None:
-        raise NotImplementedError(
-            "so101d teleoperator: feedback to the leader is not supported (the daemon's leader is torque-off)"
-        )
+        """Nothing to send: ``feedback_features`` is empty (module docstring). Leader goals
+        (``<joint>.pos``) raise ``ValueError`` naming them; other keys are ignored, as LeRobot's
+        so_leader ignores them."""
+        if not self._link.connected:
+            raise DeviceNotConnectedError(f"{self} is not connected: call connect() first")
+        goals = sorted(k for k in feedback if k.endswith(".pos"))
+        if goals:
+            raise ValueError(
+                f"{self}: the so101d daemon's leader cannot be driven ({', '.join(goals)} not sent): it is "
+                "moved by hand; feedback_features is empty, so LeRobot's handover slides the follower to "
+                "the leader instead"
+            )
 
     def disconnect(self) -> None:
         if not self._link.connected:
