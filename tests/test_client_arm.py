@@ -155,7 +155,7 @@ def test_a_client_acquiring_a_held_arm_gets_it_still_until_the_operator_resumes(
             assert np.allclose(here, before, atol=0.5), f"the held arm moved on acquire: {here} from {before}"
             assert daemon.loop.state.mode == "hold"
             # the operator resumes: the arm, still lent, follows LeRobot's actions
-            op.request("teleop.start")
+            assert "follower follows its source 'client'" in op.request("teleop.start")["message"]
 
             def arrived() -> bool:
                 robot.send_action(goal)

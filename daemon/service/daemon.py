@@ -232,12 +232,7 @@ class Daemon:
         reg = self.server.register
         reg("status", lambda req: self.status())
         reg("config.reload", lambda req: {"message": self.reload()})
-        reg(
-            "teleop.start",
-            lambda req: self._loop_call(
-                lambda: self.loop.set_intent("teleop"), "teleop: aligning, then following the leader"
-            ),
-        )
+        reg("teleop.start", lambda req: self._loop_call(lambda: self.loop.set_intent("teleop"), self._teleop_words()))
         reg("teleop.stop", lambda req: self._hold_call("teleop stopped: holding"))
         reg("hold", lambda req: self._hold_call("holding"))
         reg("idle", lambda req: self._loop_call(lambda: self.loop.set_intent("idle"), "idle"))
@@ -247,6 +242,15 @@ class Daemon:
         attach_console_api(self.context)
         # arm.acquire / action / observe / release: an outside client (LeRobot's tools) drives an arm
         attach_client_arms(self.context)
+
+    def _teleop_words(self) -> str:
+        """What teleop.start resumes: each arm follows its assigned source (an arm lent to a LeRobot
+        tool follows that client, not the leader)."""
+        others = {arm: src for arm, src in self.loop.assignments().items() if src != "leader"}
+        if not others:
+            return "teleop: aligning, then following the leader"
+        named = ", ".join(f"{arm} follows its source {src!r}" for arm, src in sorted(others.items()))
+        return f"teleop: aligning, then tracking ({named})"
 
     def _loop_call(self, fn: Callable[[], Any], message: str) -> dict[str, Any]:
         try:
