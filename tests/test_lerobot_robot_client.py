@@ -5,7 +5,8 @@ the daemon. The policy's actions reach the emulated follower through the daemon'
 (status says the arm's source is the client; the command never steps past the step limit);
 Ctrl-C on the client hands the arm back and it holds. The operator's hold mid-run: the client's
 ``send_action`` is refused with the daemon's reason, and LeRobot's client ends on that error
-(its traceback, exit status 1), giving the arm back on its way out.
+(its traceback, exit status 1), giving the arm back on its way out. No server at the address:
+LeRobot's client returns without stopping, and the plugin gives the arm back at exit.
 
 Real parts: `so101d run` on the virtual bench (emulated leader and follower, one virtual camera),
 LeRobot 0.6.1's server and client, unmodified, each in its own process. The pair speaks pickle
@@ -151,7 +152,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
             _stop(daemon)
 
 
-def _robot_client(b: Bench, log: Path) -> subprocess.Popen[bytes]:
+def _robot_client(b: Bench, log: Path, port: int | None = None) -> subprocess.Popen[bytes]:
     """LeRobot's robot client as a user types it, with the plugin's robot."""
     with open(log, "wb") as out:
         return subprocess.Popen(
@@ -163,7 +164,7 @@ def _robot_client(b: Bench, log: Path) -> subprocess.Popen[bytes]:
                 f"--robot.socket={b.sock}",
                 "--robot.daemon_cameras=[front]",
                 "--task=pick the cube",
-                f"--server_address=127.0.0.1:{b.port}",
+                f"--server_address=127.0.0.1:{port or b.port}",
                 "--policy_type=act",
                 f"--pretrained_name_or_path={b.checkpoint}",
                 "--policy_device=cpu",
@@ -298,3 +299,22 @@ def test_the_operators_hold_refuses_the_clients_actions_with_its_reason(bench: B
     with ControlClient(bench.sock) as c:
         obs = c.request("arm.observe")
     assert obs["holder"] is None and obs["mode"] == "hold", obs
+
+
+def test_no_policy_server_leaves_the_arm_handed_back(bench: Bench) -> None:
+    """The user forgot the server: LeRobot's client connects the robot, fails its handshake and
+    returns without stopping (robot_client.py async_client: start() False, no client.stop());
+    the plugin gives the arm back as the interpreter exits, not left to a gone process."""
+    _operator_tracks(bench.sock)
+    log = bench.workdir / "client-noserver.log"
+    client = _robot_client(bench, log, port=free_port())
+    try:
+        client.wait(300)
+    finally:
+        _end(client)
+    text = log.read_text()
+    assert "Failed to connect to policy server" in text, text[-3000:]
+    with ControlClient(bench.sock) as c:
+        obs = c.request("arm.observe")
+    assert obs["holder"] is None and obs["mode"] == "hold" and obs["source"] != "client", obs
+    assert "giving the arm back" in text, text[-3000:]
