@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -346,6 +347,32 @@ def test_slow_verbs_never_keep_status_from_answering(sock_dir):
             t.join(30)
         srv.stop()
     assert len(replies) == 12 and all(r == {"ok": True, "api_version": API_VERSION, "waited": True} for r in replies)
+
+
+def test_a_request_interrupted_by_ctrl_c_leaves_no_reply_for_the_next_one(sock_dir):
+    """Ctrl-C lands while the client waits for a reply (LeRobot's robot_client stopped mid
+    send_action); the request after it, on the same ControlClient (the plugin's arm.release in
+    LeRobot's finally), gets its own reply, not the one still on its way."""
+    srv = ControlServer(sock_dir / "c.sock")
+    answer = threading.Event()
+
+    def slow(req):
+        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, while the client waits
+        answer.wait(20)
+        return {"slow": True}
+
+    srv.register("slow", slow)
+    srv.register("echo", lambda req: {"echo": req.get("x")})
+    srv.start()
+    try:
+        with ControlClient(srv.path, timeout_s=10) as c:
+            with pytest.raises(KeyboardInterrupt):
+                c.request("slow")
+            answer.set()  # the interrupted request's reply now arrives
+            assert c.request("echo", x=2)["echo"] == 2
+    finally:
+        answer.set()
+        srv.stop()
 
 
 def test_pipelined_requests_are_answered_in_order(server):

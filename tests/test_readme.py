@@ -214,7 +214,10 @@ def _link_problems(text: str, page: Path) -> list[str]:
 
 
 # LeRobot's programs parse their flags with draccus from a config dataclass (no build_parser)
-DRACCUS_CONFIGS = {"lerobot.async_inference.policy_server": "lerobot.async_inference.configs.PolicyServerConfig"}
+DRACCUS_CONFIGS = {
+    "lerobot.async_inference.policy_server": "lerobot.async_inference.configs.PolicyServerConfig",
+    "lerobot.async_inference.robot_client": "lerobot.async_inference.configs.RobotClientConfig",
+}
 
 
 def _resolve(dotted: str) -> type:

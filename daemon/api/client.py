@@ -114,6 +114,7 @@ class ControlClient:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._buf.clear()  # a reply half read on that connection is no part of the next one's
 
     def __enter__(self) -> ControlClient:
         return self.connect() if self._sock is None else self
@@ -163,6 +164,13 @@ class ControlClient:
         except (TimeoutError, OSError) as exc:
             self.close()
             raise DaemonUnavailable(f"daemon at {self.path} did not answer: {exc}") from None
+        except BaseException:
+            # interrupted waiting (Ctrl-C's KeyboardInterrupt in recv, as when a user stops
+            # LeRobot's robot_client mid-action): the daemon's reply is still on its way, and the
+            # next request on this connection (the plugin's arm.release in LeRobot's finally)
+            # would read it as its own; the next request gets a fresh connection instead
+            self.close()
+            raise
         error = reply.get("error")
         if reply.get("ok") is False and isinstance(error, str) and error.startswith(CLOSED_IDLE_PREFIXES):
             self._buf.clear()

@@ -12,6 +12,7 @@ where it is. No calibration here: the daemon owns the servos and their calibrati
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import time
@@ -88,6 +89,10 @@ class SO101D(Robot):
             self._link.close()
             raise DeviceNotConnectedError(str(exc)) from None
         self._lease = str(reply["lease"])
+        # a LeRobot tool may end without disconnect(): robot_client returns when its policy
+        # server is not there (robot_client.py async_client: start() False, no client.stop()),
+        # and the arm would stay lent to a process that is gone until the next client asks
+        atexit.register(self._release_at_exit)
         try:
             for name in self.cameras:
                 share = self._link.request("camera.share", camera=name)
@@ -146,9 +151,15 @@ class SO101D(Robot):
             raise DaemonRefused(f"the so101d daemon commands nothing now: {reply.get('mode')} ({reply.get('reason')})")
         return as_features(commanded, "commanded")
 
+    def _release_at_exit(self) -> None:
+        if self._lease is not None:
+            log.info("%s: exiting still connected: giving the arm back", self)
+            self.disconnect()
+
     def disconnect(self) -> None:
         lease = self._check()
         self._lease = None
+        atexit.unregister(self._release_at_exit)
         try:
             if self._link.connected:
                 self._link.request("arm.release", lease=lease)
