@@ -21,6 +21,8 @@ import numpy as np
 from calibration.conventions import FEATURE_NAMES
 from daemon.data.schema import ACTION_KEY, STATE_KEY, EpisodeTag, read_episode_tags
 
+MAX_INFO_BYTES = 16 << 20  # a LeRobot info.json is some kilobytes; past this it is not one
+
 
 class ReplayRefused(ValueError):
     """The episode cannot be replayed on this arm (the message names why)."""
@@ -85,7 +87,11 @@ def _regular(path: Path) -> Path:
 def _load(root: Path, info_path: Path, episode_index: int, arm: str) -> ReplayEpisode:
     import pyarrow.parquet as pq
 
-    info = json.loads(_regular(info_path).read_text())
+    size = _regular(info_path).stat().st_size
+    if size > MAX_INFO_BYTES:
+        # a request names the folder: the daemon must not read a file of any size into memory
+        raise ReplayRefused(f"{info_path} is {size} bytes, not a LeRobot info.json (at most {MAX_INFO_BYTES})")
+    info = json.loads(info_path.read_text())
     if not isinstance(info, dict):
         raise ReplayRefused(f"{info_path}: not a JSON object")
     if not str(info.get("codebase_version", "")).startswith("v3"):

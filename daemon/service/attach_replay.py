@@ -202,16 +202,22 @@ class ReplayController:
         run = self._running
         assert run is not None
         src, loop = run.source, self.ctx.loop
-        while src.phase in ("aligning", "playing") and loop.is_running():
+        arm = loop.primary
+        while src.phase in ("aligning", "playing") and loop.is_running() and arm.source_name == SOURCE_NAME:
             time.sleep(_WATCH_PERIOD_S)
+        taken_by = arm.source_name if arm.source_name != SOURCE_NAME else None
         if src.phase in ("aligning", "playing"):
-            src.stop("the daemon is stopping")
-        try:
-            loop.call(lambda: loop.set_intent("hold"), timeout_s=3.0)
-            if "leader" in loop.sources:
-                loop.assign(loop.primary.name, "leader").result(timeout=3.0)
-        except Exception as exc:
-            log.error("replay end: the loop did not take the hold: %s", exc)
+            # the loop no longer asks a source it does not drive: without this stop the replay
+            # would stay "playing" for ever (refusing every later one) once a client took the arm
+            src.stop("the daemon is stopping" if taken_by is None else f"the follower was taken by {taken_by!r}")
+        if taken_by is None:
+            try:
+                loop.call(lambda: loop.set_intent("hold"), timeout_s=3.0)
+                if "leader" in loop.sources:
+                    loop.assign(arm.name, "leader").result(timeout=3.0)
+            except Exception as exc:
+                log.error("replay end: the loop did not take the hold: %s", exc)
+        # else: whoever took the follower (arm.acquire) keeps it; a hold here would cut it off
         loop.remove_source(SOURCE_NAME)
         outcome = "done" if src.phase == "done" else f"stopped: {src.why}"
         report = tracking_report(

@@ -1,0 +1,228 @@
+"""Replay (#27) attacked from the outside: what an operator, a second client or a hostile dataset
+may do to `so101d replay` and its socket verbs while the daemon (`so101d run` on the virtual
+bench) drives the arm.
+
+One daemon for the file, recording into its own dataset. Each story ends with the arm held and no
+replay left running (a replay that never ends would refuse every later one and keep the follower).
+The last story stops the daemon itself in the middle of a recorded replay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dataset_support import Ep, make_dataset
+from recording_support import wait_until
+from replay_support import SO101D, Bench, bench_daemon, cli
+from virtual_bench_support import BENCH_POSE_UNITS
+
+from daemon.api.client import ControlClient
+
+RATE_HZ = 60.0
+
+
+def _near_bench(state: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a = (BENCH_POSE_UNITS + (action - action[0]) * 0.5).astype(np.float32)
+    return a.copy(), a
+
+
+def _far_out(state: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every action thousands of degrees past any joint limit (finite: the loader lets it in)."""
+    a = np.tile(np.array([5000.0, -5000.0, 5000.0, -5000.0, 5000.0, 900.0], np.float32), (len(action), 1))
+    return a.copy(), a
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("attacks")
+    out = {
+        "long": make_dataset(tmp / "long", [Ep(frames=300, rows=_near_bench)]),
+        "short": make_dataset(tmp / "short", [Ep(frames=30, rows=_near_bench)]),
+        "far": make_dataset(tmp / "far", [Ep(frames=60, rows=_far_out)]),
+    }
+    # info.json lies: fps a billion (the whole episode due in the first cycle)
+    fast = make_dataset(tmp / "fast", [Ep(frames=60, rows=_near_bench)])
+    info = json.loads((fast / "meta" / "info.json").read_text())
+    info["fps"] = 1e9
+    (fast / "meta" / "info.json").write_text(json.dumps(info))
+    out["fast"] = fast
+    # a dataset root that is a symlink loop
+    loop = tmp / "loop"
+    loop.symlink_to(loop)
+    out["loop"] = loop
+    return out
+
+
+@pytest.fixture(scope="module")
+def bench(datasets: dict[str, Path]) -> Iterator[Bench]:
+    with bench_daemon("local/attacked", RATE_HZ) as b:
+        yield b
+
+
+def _req(b: Bench, cmd: str, **fields) -> dict:
+    with ControlClient(b.vb.socket_path, timeout_s=10) as c:
+        return c.call(cmd, **fields)
+
+
+def _phase(b: Bench) -> str:
+    return _req(b, "replay.status")["phase"]
+
+
+def _ended(b: Bench) -> bool:
+    st = _req(b, "replay.status")
+    return st["phase"] in ("done", "stopped", "idle") and (st["phase"] == "idle" or st.get("report") is not None)
+
+
+def _goals_still(b: Bench, cycles: int = 30) -> bool:
+    first = b.vb.follower.goal_ticks()
+    start = _req(b, "status")["cycles"]
+    assert wait_until(lambda: _req(b, "status")["cycles"] >= start + cycles, 30)
+    return np.array_equal(b.vb.follower.goal_ticks(), first)
+
+
+def _start_playing(b: Bench, dataset: Path, **fields) -> dict:
+    r = _req(b, "replay.start", dataset=str(dataset), episode=0, record=False, **fields)
+    assert r["ok"], r
+    assert wait_until(lambda: _phase(b) == "playing" and (_req(b, "replay.status").get("frame") or 0) >= 10, 60)
+    return r
+
+
+def _settle(b: Bench) -> None:
+    """No replay left running, the arm held (each story leaves the bench so)."""
+    if not _ended(b):
+        _req(b, "replay.stop")
+    assert wait_until(lambda: _ended(b), 15), _req(b, "replay.status")
+    assert wait_until(lambda: _goals_still(b), 15), "the arm holds"
+
+
+def test_a_second_replay_from_another_client_is_refused_and_the_first_plays_on(bench: Bench, datasets):
+    _start_playing(bench, datasets["long"])
+    second = _req(bench, "replay.start", dataset=str(datasets["short"]), episode=0, record=False)
+    assert not second["ok"] and "a replay is running already" in second["error"], second
+    st = _req(bench, "replay.status")
+    assert st["phase"] == "playing" and st["dataset"] == str(datasets["long"]), st
+    _settle(bench)
+
+
+def test_a_client_taking_the_arm_mid_replay_does_not_leave_a_replay_running_for_ever(bench: Bench, datasets):
+    """arm.acquire (the LeRobot plugin) while a replay plays: either refused (the replay plays on)
+    or the replay ends, and the client keeps the arm it was given."""
+    _start_playing(bench, datasets["long"])
+    got = _req(bench, "arm.acquire", client="attacker")
+    if not got["ok"]:
+        assert "replay" in got["error"], got
+        _settle(bench)
+        return
+    lease = got["lease"]
+    try:
+        assert wait_until(lambda: _ended(bench), 10), ("the replay still runs", _req(bench, "replay.status"))
+        assert "the follower was taken by 'client'" in _req(bench, "replay.status")["report"]["outcome"]
+        arms = _req(bench, "status")["arms"]
+        assert arms["follower"]["source"] == "client", ("the client lost the arm it was given", arms)
+    finally:
+        _req(bench, "arm.release", lease=lease)
+    ok = _req(bench, "replay.start", dataset=str(datasets["short"]), episode=0, record=False)
+    assert ok["ok"], ("a later replay is refused", ok)
+    _settle(bench)
+
+
+def test_teleop_start_mid_replay_is_refused_rather_than_answered_falsely(bench: Bench, datasets):
+    """The operator's teleop.start while a replay plays used to answer "following the leader" while
+    the replay played on to its end and the arm then held. It is refused, naming the replay; the
+    replay plays on, and Hold stops it."""
+    _start_playing(bench, datasets["long"])
+    r = _req(bench, "teleop.start")
+    assert not r["ok"] and "a replay drives the follower" in r["error"], r
+    assert _phase(bench) == "playing"
+    assert _req(bench, "hold")["mode"] == "hold"
+    assert wait_until(lambda: _ended(bench), 10)
+    assert _req(bench, "replay.status")["phase"] == "stopped"
+    _settle(bench)
+    # once the replay ended, teleop.start is the operator's again
+    r = _req(bench, "teleop.start")
+    assert r["ok"], r
+    assert wait_until(lambda: _req(bench, "status")["mode"] in ("aligning", "teleop"), 10)
+    assert _req(bench, "hold")["mode"] == "hold"
+
+
+def test_a_cli_killed_mid_replay_leaves_the_replay_to_end_and_the_arm_holds(bench: Bench, datasets):
+    """SIGKILL of `so101d replay` (no Ctrl-C handler runs): the daemon plays the episode to its end
+    (nothing stops it but the operator's Hold), then holds and keeps the report."""
+    proc = subprocess.Popen(
+        [*SO101D, "replay", str(datasets["short"]), "--episode", "0", "--no-record", *bench.sock],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
+    try:
+        assert wait_until(lambda: _phase(bench) in ("aligning", "playing"), 60)
+        proc.kill()
+        proc.wait(10)
+        assert wait_until(lambda: _ended(bench), 30), _req(bench, "replay.status")
+        st = _req(bench, "replay.status")
+        assert st["phase"] == "done" and st["report"]["frames_played"] == 30, st
+        assert _req(bench, "status")["mode"] == "hold"
+        assert wait_until(lambda: _goals_still(bench), 10), "the arm holds"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_actions_far_past_the_limits_are_clamped_and_the_replay_still_ends(bench: Bench, datasets):
+    r = cli("replay", str(datasets["far"]), "--episode", "0", "--no-record", "--json", *bench.sock, timeout=90)
+    assert r.returncode in (0, 1), (r.stdout, r.stderr)
+    rep = json.loads(r.stdout.strip().splitlines()[-1])["report"]
+    assert rep["frames_played"] == 60 and rep["joint_limited_cycles"] > 0, rep
+    _settle(bench)
+
+
+def test_an_fps_a_billion_plays_the_episode_under_the_step_limit_and_ends(bench: Bench, datasets):
+    r = cli("replay", str(datasets["fast"]), "--episode", "0", "--no-record", "--json", *bench.sock, timeout=90)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    rep = json.loads(r.stdout.strip().splitlines()[-1])["report"]
+    assert rep["frames_played"] >= 1 and rep["outcome"] == "done", rep
+    _settle(bench)
+
+
+def test_hostile_requests_are_refused_and_the_arm_never_moves(bench: Bench, datasets, tmp_path):
+    _settle(bench)
+    goals = bench.vb.follower.goal_ticks()
+    big = tmp_path / "big"
+    (big / "meta").mkdir(parents=True)
+    with open(big / "meta" / "info.json", "wb") as f:  # sparse: no disk used, 256 MiB to read
+        f.truncate(256 << 20)
+    bad = [
+        ({"dataset": str(datasets["long"]), "episode": 0, "speed": 0}, "speed"),
+        ({"dataset": str(datasets["long"]), "episode": 0, "speed": -1}, "speed"),
+        ({"dataset": str(datasets["long"]), "episode": 0, "speed": 1.0000001}, "speed"),
+        ({"dataset": str(datasets["long"]), "episode": -1}, "episode"),
+        ({"dataset": str(datasets["long"]), "episode": 1.5}, "episode"),
+        ({"dataset": str(datasets["loop"]), "episode": 0}, "no LeRobot dataset here"),
+        ({"dataset": str(big), "episode": 0}, "info.json"),
+        ({"dataset": "", "episode": 0}, "dataset"),
+    ]
+    for fields, why in bad:
+        r = _req(bench, "replay.start", record=False, **fields)
+        assert not r["ok"] and why in r["error"], (fields, r)
+    # NaN as JSON's NaN literal, through the raw socket
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    try:
+        s.connect(str(bench.vb.socket_path))
+        line = json.dumps({"cmd": "replay.start", "dataset": str(datasets["long"]), "episode": 0, "speed": 0.5})
+        s.sendall(line.replace("0.5", "NaN").encode() + b"\n")  # JSON has no NaN; Python's json.loads takes it
+        reply = json.loads(s.makefile("rb").readline())
+        assert not reply.get("ok"), reply
+    finally:
+        s.close()
+    assert _phase(bench) != "aligning" and _phase(bench) != "playing"
+    assert np.array_equal(bench.vb.follower.goal_ticks(), goals)
