@@ -226,3 +226,18 @@ def test_hostile_requests_are_refused_and_the_arm_never_moves(bench: Bench, data
         s.close()
     assert _phase(bench) != "aligning" and _phase(bench) != "playing"
     assert np.array_equal(bench.vb.follower.goal_ticks(), goals)
+
+
+def test_every_tag_field_the_episodes_list_shows_is_escaped():
+    """The tag is read from the dataset as written (a dataset from elsewhere, edited by hand or by
+    another tool): its fields are not type-checked, so ``late_frames`` may be text such as
+    ``<img src=x onerror=...>``. The row is built as HTML: every tag field in it goes through
+    esc() (text) or fmt() (a number)."""
+    import re
+
+    js = (Path(__file__).parent.parent / "daemon" / "apps" / "console" / "static" / "console.js").read_text()
+    body = js[js.index("async function loadEpisodes") : js.index("// ---", js.index("async function loadEpisodes"))]
+    shown = re.findall(r"\$\{([^{}]*\bt\.[a-z_]+[^{}]*)\}", body)
+    assert shown, "the row shows tag fields"
+    raw = [x for x in shown if not re.match(r"\s*(esc|fmt)\(", x)]
+    assert not raw, f"tag fields put into the row's HTML unescaped: {raw}"
