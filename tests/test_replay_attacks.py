@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -241,3 +242,71 @@ def test_every_tag_field_the_episodes_list_shows_is_escaped():
     assert shown, "the row shows tag fields"
     raw = [x for x in shown if not re.match(r"\s*(esc|fmt)\(", x)]
     assert not raw, f"tag fields put into the row's HTML unescaped: {raw}"
+
+
+def test_a_recorded_replay_of_the_dataset_the_daemon_is_writing(bench: Bench, datasets):
+    """A replay recorded into the daemon's dataset, then at once a replay of that very episode of
+    that dataset (its writer may still be appending it): played from what is at rest, or refused
+    saying why; and the second recording names the first by its uid."""
+    _settle(bench)
+    before = bench.episodes()
+    r = _req(bench, "replay.start", dataset=str(datasets["short"]), episode=0, record=True)
+    assert r["ok"] and r["recording"] == before, r
+    assert wait_until(lambda: _ended(bench), 30)
+    assert _req(bench, "replay.status")["phase"] == "done"
+    again = _req(bench, "replay.start", dataset=str(bench.data), episode=before, record=True)
+    print("replay of the episode just saved:", again.get("message") or again.get("error"))
+    if not again["ok"]:
+        # the save is queued, the writer commits it a moment later: until then it is not at rest
+        assert any(w in again["error"] for w in ("out of range", "recorder is", "no LeRobot dataset here")), again
+        assert wait_until(lambda: bench.episodes() > before, 60)
+        again = _req(bench, "replay.start", dataset=str(bench.data), episode=before, record=True)
+    assert again["ok"], again
+    assert wait_until(lambda: _ended(bench), 30)
+    assert _req(bench, "replay.status")["phase"] == "done", _req(bench, "replay.status")
+    assert wait_until(lambda: bench.episodes() > before + 1, 60)
+    from daemon.data.schema import read_episode_tags
+
+    tags = read_episode_tags(bench.data)
+    first, second = tags[before], tags[before + 1]
+    assert first.origin == second.origin == "replay", (first, second)
+    assert any(n.startswith(f"replay_of={first.uid}") for n in second.notes), second.notes
+    _settle(bench)
+
+
+def test_the_daemon_stopped_mid_recorded_replay_never_says_saved_falsely(bench: Bench, datasets):
+    """SIGTERM to `so101d run` while a recorded replay plays (the last story: it ends the daemon).
+    `so101d replay` says the daemon went away; the dataset then holds the replay's episode with
+    its tag (origin replay, replay_of) or not at all, and loads."""
+    _settle(bench)
+    before = bench.episodes()
+    proc = subprocess.Popen(
+        [*SO101D, "replay", str(datasets["long"]), "--episode", "0", "--record", *bench.sock],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
+    try:
+        assert wait_until(lambda: _phase(bench) == "playing" and (_req(bench, "replay.status")["frame"] or 0) >= 30, 60)
+        bench.proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        print("so101d replay:", proc.returncode, out[-500:], err[-500:])
+        assert proc.returncode != 0, (out, err)
+        assert bench.proc.wait(60) == 0, bench.log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    log = bench.log.read_text()
+    print(log[-2500:])
+    from daemon.data.schema import read_episode_tags
+
+    tags = read_episode_tags(bench.data)
+    print({i: (t.origin, t.notes) for i, t in tags.items() if i >= before})
+    if before in tags:
+        t = tags[before]
+        assert t.origin == "replay" and any(n.startswith("replay_of=") for n in t.notes), t
+        assert any("the daemon is stopping" in n for n in t.notes), t.notes  # the report says it was cut off
+    else:
+        assert "its episode was not saved" in log, log[-3000:]
