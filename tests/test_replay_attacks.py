@@ -274,6 +274,26 @@ def test_a_recorded_replay_of_the_dataset_the_daemon_is_writing(bench: Bench, da
     _settle(bench)
 
 
+def test_dataset_check_tag_on_a_dataset_it_cannot_write_prints_the_findings_and_says_why(bench: Bench, tmp_path):
+    """`dataset check --tag` on the dataset the daemon is recording (the daemon owns it), and on
+    one whose folder cannot take the edit's staging (here: a file in its place; a read-only mount
+    reads the same): the findings are printed, no tag is written, the exit status says it failed."""
+    r = cli("dataset", "check", str(bench.data), "--tag")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, (r.stdout, r.stderr)
+    assert "error: --tag: no tag was written: DatasetBusyError" in r.stderr, r.stderr
+    assert "clean," in r.stdout, r.stdout  # the check itself is printed
+    ds = make_dataset(tmp_path / "ds", [Ep(frames=40, rows=_far_out)])
+    import shutil
+
+    shutil.rmtree(tmp_path / ".ds.so101d-staging", ignore_errors=True)  # the store's, left empty
+    (tmp_path / ".ds.so101d-staging").write_text("in the way")
+    before = {p: p.read_bytes() for p in ds.rglob("*") if p.is_file()}
+    r = cli("dataset", "check", str(ds), "--tag")
+    assert r.returncode == 1 and "error: --tag: no tag was written" in r.stderr, (r.stdout, r.stderr)
+    assert "FLAGGED" in r.stdout and "0 clean, 1 flagged" in r.stdout, r.stdout
+    assert {p: p.read_bytes() for p in ds.rglob("*") if p.is_file()} == before, "nothing changed"
+
+
 def test_the_daemon_stopped_mid_recorded_replay_never_says_saved_falsely(bench: Bench, datasets):
     """SIGTERM to `so101d run` while a recorded replay plays (the last story: it ends the daemon).
     `so101d replay` says the daemon went away; the dataset then holds the replay's episode with
