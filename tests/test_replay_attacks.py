@@ -152,6 +152,17 @@ def test_teleop_start_mid_replay_is_refused_rather_than_answered_falsely(bench: 
     assert _req(bench, "hold")["mode"] == "hold"
 
 
+def test_policy_start_mid_replay_is_refused_naming_the_replay(bench: Bench, datasets):
+    """policy.start while a replay plays would answer "policy driving the follower" while the
+    replay kept the arm and then held it: refused naming the replay (checked before whether a
+    policy is loaded: this bench has none). The replay plays on."""
+    _start_playing(bench, datasets["long"])
+    r = _req(bench, "policy.start")
+    assert not r["ok"] and "a replay drives the follower" in r["error"], r
+    assert _phase(bench) == "playing"
+    _settle(bench)
+
+
 def test_a_cli_killed_mid_replay_leaves_the_replay_to_end_and_the_arm_holds(bench: Bench, datasets):
     """SIGKILL of `so101d replay` (no Ctrl-C handler runs): the daemon plays the episode to its end
     (nothing stops it but the operator's Hold), then holds and keeps the report."""
