@@ -53,6 +53,12 @@ def datasets(tmp_path_factory) -> dict[str, Path]:
     info["fps"] = 1e9
     (fast / "meta" / "info.json").write_text(json.dumps(info))
     out["fast"] = fast
+    # another arm's episode: Koch's joints have the SO-101's names
+    koch = make_dataset(tmp / "koch", [Ep(frames=30, rows=_near_bench)])
+    info = json.loads((koch / "meta" / "info.json").read_text())
+    info["robot_type"] = "koch_follower"
+    (koch / "meta" / "info.json").write_text(json.dumps(info))
+    out["koch"] = koch
     # a dataset root that is a symlink loop
     loop = tmp / "loop"
     loop.symlink_to(loop)
@@ -219,6 +225,7 @@ def test_hostile_requests_are_refused_and_the_arm_never_moves(bench: Bench, data
         ({"dataset": str(datasets["loop"]), "episode": 0}, "no LeRobot dataset here"),
         ({"dataset": str(big), "episode": 0}, "info.json"),
         ({"dataset": "", "episode": 0}, "dataset"),
+        ({"dataset": str(datasets["koch"]), "episode": 0}, "robot_type 'koch_follower' is not an SO-100/SO-101"),
     ]
     for fields, why in bad:
         r = _req(bench, "replay.start", record=False, **fields)
