@@ -105,6 +105,7 @@ FILE_KINDS: dict[str, str] = {
     "test_recording_scale.py": "integration",
     "test_recording_tags.py": "integration",
     "test_replay.py": "e2e",
+    "test_replay_attacks.py": "e2e",
     "test_replay_source.py": "unit",
     "test_replay_inputs.py": "unit",
     "test_dataset_feasibility.py": "integration",

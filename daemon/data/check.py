@@ -354,20 +354,32 @@ def run_check(args: argparse.Namespace) -> int:
     try:
         limits = feasibility_limits(args.config, args.root)
         reports = check_dataset(args.root, th, limits)
-        tagged = tag_findings(args.root, reports) if args.tag else None
     except (FileNotFoundError, ValueError, KeyError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    tagged: list[int] | None = None
+    tag_error = ""
+    if args.tag:
+        # a dataset that cannot be written (read-only, another's) still gets its findings printed
+        from daemon.data.store import DatasetBusyError
+
+        try:
+            tagged = tag_findings(args.root, reports)
+        except (OSError, ValueError, DatasetBusyError) as exc:
+            tag_error = f"error: --tag: no tag was written: {type(exc).__name__}: {exc}"
+    rc = 1 if tag_error else 0
     if args.episodes_for_training:
         print(training_episodes_arg(reports))
-        return 0
+        _say(tag_error)
+        return rc
     if args.json:
         print(
             json.dumps(
                 {"thresholds": asdict(th), "episodes": [asdict(r) | {"clean": r.clean} for r in reports]}, indent=2
             )
         )
-        return 0
+        _say(tag_error)
+        return rc
     print(f"{'episode':>7}  {'frames':>6}  {'seconds':>7}  verdict")
     for r in reports:
         print(f"{r.episode_index:>7}  {r.frames:>6}  {r.duration_s:>7.1f}  " + ("ok" if r.clean else "FLAGGED"))
@@ -383,4 +395,10 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"tagged {len(tagged)} flagged episodes with their reasons" + (f": {tagged}" if tagged else ""))
     print(f"{len(reports) - flagged} clean, {flagged} flagged; train on the clean ones with:")
     print(f"  lerobot-train ... {training_episodes_arg(reports)}")
-    return 0
+    _say(tag_error)
+    return rc
+
+
+def _say(error: str) -> None:
+    if error:
+        print(error, file=sys.stderr)

@@ -21,6 +21,11 @@ import numpy as np
 from calibration.conventions import FEATURE_NAMES
 from daemon.data.schema import ACTION_KEY, STATE_KEY, EpisodeTag, read_episode_tags
 
+# the robot_type a dataset of this arm carries: ours, LeRobot's for the SO-101 / SO-100 (lerobot-record
+# and our plugin write "so_follower" or the model's own name); none written: not told, let through
+SO_ROBOT_TYPES = frozenset({"so101_follower", "so100_follower", "so_follower", "so101", "so100"})
+MAX_INFO_BYTES = 16 << 20  # a LeRobot info.json is some kilobytes; past this it is not one
+
 
 class ReplayRefused(ValueError):
     """The episode cannot be replayed on this arm (the message names why)."""
@@ -85,7 +90,11 @@ def _regular(path: Path) -> Path:
 def _load(root: Path, info_path: Path, episode_index: int, arm: str) -> ReplayEpisode:
     import pyarrow.parquet as pq
 
-    info = json.loads(_regular(info_path).read_text())
+    size = _regular(info_path).stat().st_size
+    if size > MAX_INFO_BYTES:
+        # a request names the folder: the daemon must not read a file of any size into memory
+        raise ReplayRefused(f"{info_path} is {size} bytes, not a LeRobot info.json (at most {MAX_INFO_BYTES})")
+    info = json.loads(info_path.read_text())
     if not isinstance(info, dict):
         raise ReplayRefused(f"{info_path}: not a JSON object")
     if not str(info.get("codebase_version", "")).startswith("v3"):
@@ -94,6 +103,14 @@ def _load(root: Path, info_path: Path, episode_index: int, arm: str) -> ReplayEp
     if not 0 <= episode_index < total:
         last = f"0..{total - 1}" if total else "none"
         raise ReplayRefused(f"episode {episode_index} is out of range: {root} has {total} episodes ({last})")
+    robot = info.get("robot_type")
+    if robot and str(robot) not in SO_ROBOT_TYPES:
+        # another arm's joints may share the names (Koch's do) and pass every feature check, but
+        # its angles are other poses on this arm
+        raise ReplayRefused(
+            f"robot_type {robot!r} is not an SO-100/SO-101 follower ({', '.join(sorted(SO_ROBOT_TYPES))}): "
+            "its joint angles mean other poses on this arm"
+        )
     feats = info.get("features", {})
     for key in (ACTION_KEY, STATE_KEY):
         why = _feature_mismatch(key, feats.get(key), arm)

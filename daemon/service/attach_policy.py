@@ -28,6 +28,7 @@ from daemon.policy.checkpoint import CheckpointError, admit_checkpoint_path
 from daemon.policy.lerobot_server import ServerSpec
 from daemon.policy.runner import FrameSource, PolicyRunnerConfig, PolicySource
 from daemon.policy.takeover import LeaderActuator, Takeover, TakeoverConfig
+from daemon.service.attach_replay import SOURCE_NAME as REPLAY_SOURCE
 from daemon.service.context import DaemonContext, EpisodeRecorder, HasContext, context_of
 from drivers.cameras import VirtualArmCamera
 
@@ -178,6 +179,11 @@ class PolicyController:
         return src
 
     def start(self, record: bool | None = None, task: str | None = None) -> dict[str, Any]:
+        replaying = [a.name for a in self.daemon.loop.arms if a.source_name == REPLAY_SOURCE]
+        if replaying:
+            # the replay keeps its arm (policy intent leaves an arm on a source of its own) and, when
+            # it ends, holds: "policy driving the follower" would not be so
+            raise PolicyError(f"a replay drives the {', '.join(replaying)} (replay.stop or hold first)")
         src = self._require_ready()
         if self.daemon.loop.intent == "policy":
             # a second start would clear the queue under the running policy (a hold) and say

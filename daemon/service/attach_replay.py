@@ -33,6 +33,7 @@ from daemon.service.context import DaemonContext, HasContext, context_of
 log = logging.getLogger("so101d.replay")
 SOURCE_NAME = "replay"
 _WATCH_PERIOD_S = 0.02  # how often the watcher looks for the replay's end (not on the loop thread)
+_CLOSE_WAIT_S = 10.0  # at shutdown, how long the replay's end (hold, report, its episode's save) may take
 _TICKETS_KEPT = 64  # started and canceled tickets remembered (a client's stop rarely lags its start by more)
 
 
@@ -55,6 +56,7 @@ class ReplayController:
         self._last: dict[str, Any] = {"phase": "idle", "message": "no replay yet"}
         self._started: OrderedDict[str, None] = OrderedDict()  # tickets whose start arrived
         self._canceled: OrderedDict[str, None] = OrderedDict()  # tickets stopped before their start came
+        self._watcher: threading.Thread | None = None
 
     # ------------------------------------------------------------------ verbs
     def start(
@@ -113,7 +115,8 @@ class ReplayController:
                     self.ctx.recorder.discard_episode()  # nothing was replayed into it
                 raise RequestError(f"replay: the control loop did not take it: {exc}") from None
             self._running = _Running(ep, src, speed, number, ticket)
-        threading.Thread(target=self._watch, name="so101d-replay", daemon=True).start()
+        self._watcher = threading.Thread(target=self._watch, name="so101d-replay", daemon=True)
+        self._watcher.start()
         log.info(
             "replay of %s episode %d (%d frames at %g fps x %g)", ep.root, ep.episode_index, src.frames, ep.fps, speed
         )
@@ -144,10 +147,16 @@ class ReplayController:
         return self._progress(run, "replaying") if run is not None else dict(self._last)
 
     def close(self) -> None:
-        """The daemon is stopping: a running replay ends (the watcher saves its episode)."""
-        run = self._running
+        """The daemon is stopping: a running replay ends and the watcher saves its episode, with
+        its tag (replay_of, the report), before the recorder closes (else the recorder saves it
+        at shutdown as a bare ``replay`` episode naming nothing)."""
+        run, watcher = self._running, self._watcher
         if run is not None:
             run.source.stop("the daemon is stopping")
+        if watcher is not None:
+            watcher.join(_CLOSE_WAIT_S)
+            if watcher.is_alive():
+                log.error("replay: its end was not written within %.0f s of the daemon stopping", _CLOSE_WAIT_S)
 
     # ------------------------------------------------------------------ internals
     def _progress(self, run: _Running | None, message: str) -> dict:
@@ -202,16 +211,22 @@ class ReplayController:
         run = self._running
         assert run is not None
         src, loop = run.source, self.ctx.loop
-        while src.phase in ("aligning", "playing") and loop.is_running():
+        arm = loop.primary
+        while src.phase in ("aligning", "playing") and loop.is_running() and arm.source_name == SOURCE_NAME:
             time.sleep(_WATCH_PERIOD_S)
+        taken_by = arm.source_name if arm.source_name != SOURCE_NAME else None
         if src.phase in ("aligning", "playing"):
-            src.stop("the daemon is stopping")
-        try:
-            loop.call(lambda: loop.set_intent("hold"), timeout_s=3.0)
-            if "leader" in loop.sources:
-                loop.assign(loop.primary.name, "leader").result(timeout=3.0)
-        except Exception as exc:
-            log.error("replay end: the loop did not take the hold: %s", exc)
+            # the loop no longer asks a source it does not drive: without this stop the replay
+            # would stay "playing" for ever (refusing every later one) once a client took the arm
+            src.stop("the daemon is stopping" if taken_by is None else f"the follower was taken by {taken_by!r}")
+        if taken_by is None:
+            try:
+                loop.call(lambda: loop.set_intent("hold"), timeout_s=3.0)
+                if "leader" in loop.sources:
+                    loop.assign(arm.name, "leader").result(timeout=3.0)
+            except Exception as exc:
+                log.error("replay end: the loop did not take the hold: %s", exc)
+        # else: whoever took the follower (arm.acquire) keeps it; a hold here would cut it off
         loop.remove_source(SOURCE_NAME)
         outcome = "done" if src.phase == "done" else f"stopped: {src.why}"
         report = tracking_report(
@@ -270,5 +285,5 @@ def attach_replay(daemon: DaemonContext | HasContext) -> ReplayController:
     )
     reg("replay.stop", lambda req: ctl.stop(req.get("ticket")))
     reg("replay.status", lambda req: ctl.status())
-    ctx.on_stop.append(ctl.close)
+    ctx.on_stop.insert(0, ctl.close)  # before the recorder's close: the replay saves its own episode
     return ctl

@@ -25,6 +25,7 @@ from calibration.calibration_file import ArmCalibration, CalibrationError, load_
 from daemon.api.server import ControlServer, RequestError
 from daemon.config.settings import Config
 from daemon.control.loop import ControlLoop
+from daemon.service.attach_replay import SOURCE_NAME as REPLAY_SOURCE
 from daemon.service.cameras import DaemonCameras, cameras_status
 from daemon.service.client_arm import attach_client_arms
 from daemon.service.console_verbs import attach_console_api
@@ -232,7 +233,7 @@ class Daemon:
         reg = self.server.register
         reg("status", lambda req: self.status())
         reg("config.reload", lambda req: {"message": self.reload()})
-        reg("teleop.start", lambda req: self._loop_call(lambda: self.loop.set_intent("teleop"), self._teleop_words()))
+        reg("teleop.start", lambda req: self._teleop_start())
         reg("teleop.stop", lambda req: self._hold_call("teleop stopped: holding"))
         reg("hold", lambda req: self._hold_call("holding"))
         reg("idle", lambda req: self._loop_call(lambda: self.loop.set_intent("idle"), "idle"))
@@ -266,6 +267,16 @@ class Daemon:
             # accepted with no fault latched (a lost port): the loop carries it out once the arm is back
             message = f"{message}, once the follower is back ({waiting})"
         return {"message": message, "mode": mode}
+
+    def _teleop_start(self) -> dict[str, Any]:
+        # a replay keeps the follower (set_intent leaves an arm on a source of its own): "following
+        # the leader" would not be so until the episode ended, and then the arm holds
+        replaying = [a.name for a in self.loop.arms if a.source_name == REPLAY_SOURCE]
+        if replaying:
+            raise RequestError(
+                f"teleop.start refused: a replay drives the {', '.join(replaying)} (replay.stop or hold first)"
+            )
+        return self._loop_call(lambda: self.loop.set_intent("teleop"), self._teleop_words())
 
     def _hold_call(self, held: str) -> dict[str, Any]:
         """Ask for hold and say what came of it: ``held`` only when the arm is held."""

@@ -421,7 +421,7 @@ async function loadEpisodes() {
       : "";
     return `<tr data-index="${i}"><td>${i}</td><td>${e.length}</td><td>${esc(e.tasks.join("; "))}</td>` +
       `<td>${ok}</td><td class="origin">${esc(t.origin || "–")}${of}</td><td>${esc(t.follower_kind || "–")}</td>` +
-      `<td>${t.late_frames ?? "–"}/${t.missing_frames ?? "–"}</td><td>${fmt(t.worst_camera_skew_ms)}</td>` +
+      `<td>${esc(t.late_frames ?? "–")}/${esc(t.missing_frames ?? "–")}</td><td>${fmt(t.worst_camera_skew_ms)}</td>` +
       `<td class="replay-cell"><select id="replay-speed-${i}" title="speed: fraction of the episode's fps">` +
       `<option value="1">1×</option><option value="0.5">0.5×</option><option value="0.25">0.25×</option></select> ` +
       `<button id="btn-replay-${i}" class="btn-replay" data-index="${i}">Replay</button></td></tr>` +
