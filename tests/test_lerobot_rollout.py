@@ -171,6 +171,35 @@ def _wait_cycles(sock: Path, n: int) -> None:
     assert wait_until(lambda: _cycle(sock) >= start + n, 60), "the daemon's loop stopped"
 
 
+def _rollout_args(sock: Path, checkpoint: Path, root: Path, *strategy: str) -> list[str]:
+    return [
+        "--strategy.type=dagger",
+        *strategy,
+        f"--policy.path={checkpoint}",
+        "--policy.device=cpu",
+        "--robot.type=so101d",
+        f"--robot.socket={sock}",
+        "--robot.daemon_cameras=[front]",
+        "--teleop.type=so101d",
+        f"--teleop.socket={sock}",
+        "--dataset.repo_id=local/rollout_dagger",
+        f"--dataset.root={root}",
+        "--dataset.single_task=pick the cube",
+        "--dataset.push_to_hub=false",
+        "--dataset.video=false",
+        "--fps=30",
+        "--play_sounds=false",
+    ]
+
+
+def _operator_starts(sock: Path) -> None:
+    """The operator's `so101d teleop start`, the leader held at LEADER_POSE: the follower there."""
+    with ControlClient(sock) as c:
+        c.request("teleop.start")  # the leader drives, any fault cleared
+    wait_status(sock, lambda st: st["mode"] == "teleop", timeout_s=30)
+    _wait_command(sock, at_leader, "reached the leader")
+
+
 def test_dagger_records_policy_frames_and_the_operators_correction(
     running: Running, checkpoint: Path, tmp_path: Path
 ) -> None:
@@ -178,32 +207,11 @@ def test_dagger_records_policy_frames_and_the_operators_correction(
 
     sock = running.sock
     running.bench.leader.set_pose_units(LEADER_POSE)
-    with ControlClient(sock) as c:
-        c.request("teleop.start")  # the operator's start: the leader drives, any fault cleared
-    wait_status(sock, lambda st: st["mode"] == "teleop", timeout_s=30)
-    _wait_command(sock, at_leader, "reached the leader")  # the follower starts at the leader's pose
+    _operator_starts(sock)
     goals_before = [len(g) for g in running.spy.goals]
     root = tmp_path / "ds"
     rollout = Rollout(
-        [
-            "--strategy.type=dagger",
-            "--strategy.record_autonomous=true",
-            f"--policy.path={checkpoint}",
-            "--policy.device=cpu",
-            "--robot.type=so101d",
-            f"--robot.socket={sock}",
-            "--robot.daemon_cameras=[front]",
-            "--teleop.type=so101d",
-            f"--teleop.socket={sock}",
-            "--dataset.repo_id=local/rollout_dagger",
-            f"--dataset.root={root}",
-            "--dataset.single_task=pick the cube",
-            "--dataset.push_to_hub=false",
-            "--dataset.video=false",
-            "--fps=30",
-            "--play_sounds=false",
-        ],
-        tmp_path / "rollout.log",
+        _rollout_args(sock, checkpoint, root, "--strategy.record_autonomous=true"), tmp_path / "rollout.log"
     )
     try:
         rollout.wait_log("Using terminal keyboard input")
@@ -271,3 +279,39 @@ def test_dagger_records_policy_frames_and_the_operators_correction(
         moved_ticks[joint] = float(goal.max() - goal.min())
     # and they moved the arm: the policy's pose and the leader's are ~56 degrees apart at the shoulder
     assert moved_ticks["shoulder_lift"] > 30.0 / 360.0 * 4095, moved_ticks
+
+
+def test_dagger_by_default_records_only_the_correction_and_ends_after_the_episodes_asked(
+    running: Running, checkpoint: Path, tmp_path: Path
+) -> None:
+    """LeRobot's default dagger (record_autonomous false): the policy's frames are not recorded, a
+    correction is one episode, and the session ends by itself after --strategy.num_episodes."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    sock = running.sock
+    running.bench.leader.set_pose_units(LEADER_POSE)
+    _operator_starts(sock)
+    root = tmp_path / "ds"
+    rollout = Rollout(_rollout_args(sock, checkpoint, root, "--strategy.num_episodes=1"), tmp_path / "rollout.log")
+    try:
+        rollout.wait_log("Using terminal keyboard input")
+        at = rollout.wait_log("DAgger corrections-only recording started")
+        _wait_command(sock, lambda cmd: not at_leader(cmd), "left the leader's pose")  # the policy drives
+        rollout.type(b" ")
+        at = rollout.wait_log("Phase transition: autonomous -> paused", 30, at)
+        rollout.type(b"\t")
+        at = rollout.wait_log("Phase transition: paused -> correcting", 30, at)
+        _wait_command(sock, at_leader, "reached the leader")
+        _wait_cycles(sock, 200)
+        rollout.type(b"\t")  # the correction ends: saved as the one episode asked, and the session ends
+        at = rollout.wait_log("Correction 1/1 saved", 60, at)
+        rollout.wait_log("Rollout finished", 120, at)
+        assert rollout.proc.wait(60) == 0, rollout.log()[-4000:]
+    finally:
+        rollout.close()
+    ds = LeRobotDataset("local/rollout_dagger", root=root)
+    assert ds.meta.total_episodes == 1 and len(ds) >= 5, (ds.meta.total_episodes, len(ds))
+    flags = np.array([bool(np.asarray(ds[i]["intervention"]).reshape(-1)[0]) for i in range(len(ds))])
+    actions = np.stack([np.asarray(ds[i]["action"]) for i in range(len(ds))])
+    assert flags.all(), flags.astype(int).tolist()
+    assert np.all(np.abs(actions - LEADER_POSE) <= 1.5), actions
