@@ -64,6 +64,7 @@ FILE_KINDS: dict[str, str] = {
     "test_frame_shm.py": "unit",
     "test_lerobot_plugin.py": "e2e",
     "test_lerobot_robot_client.py": "e2e",
+    "test_lerobot_rollout.py": "e2e",
     "test_reconnect_honesty.py": "integration",
     "test_source_misbehaviour.py": "integration",
     "test_reconnect_port.py": "integration",

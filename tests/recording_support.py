@@ -102,9 +102,12 @@ def wait_until(pred, timeout_s: float, step_s: float = 0.05) -> bool:
     return pred()
 
 
-def train_tiny_act(repo_id: str, root: Path, out: Path, steps: int, episodes: int, *extra: str) -> str:
+def train_tiny_act(
+    repo_id: str, root: Path, out: Path, steps: int, episodes: int, *extra: str, save: bool = False
+) -> str:
     """`lerobot-train` (LeRobot's own script, its defaults but a tiny ACT) on a recorded dataset for
-    a few CPU steps; asserts it trained on ``episodes`` episodes with finite losses, returns its log."""
+    a few CPU steps; asserts it trained on ``episodes`` episodes with finite losses, returns its log.
+    ``save``: LeRobot saves its checkpoint too, at ``out/checkpoints/last/pretrained_model``."""
     import math
     import re
     import subprocess
@@ -135,7 +138,7 @@ def train_tiny_act(repo_id: str, root: Path, out: Path, steps: int, episodes: in
         "--log_freq=1",
         f"--output_dir={out}",
         "--wandb.enable=false",
-        "--save_checkpoint=false",
+        f"--save_checkpoint={str(save).lower()}",
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=600)
     log = r.stdout + r.stderr

@@ -48,9 +48,11 @@ class Running:
         return self.bench.socket_path
 
 
-def _start_daemon(bench: VirtualBench) -> subprocess.Popen[bytes]:
+def _start_daemon(bench: VirtualBench, safety_toml: str = "") -> subprocess.Popen[bytes]:
+    """`so101d run` on the bench; ``safety_toml``: more [safety] keys."""
     cfg = bench.write_config(
         "[safety]\nalign_speed_deg_s = 180.0\nalign_gripper_speed_pct_s = 180.0\n"
+        f"{safety_toml}"
         f'[cameras.front]\nkind = "virtual"\nwidth = {CAM_W}\nheight = {CAM_H}\nfps = 30\n',
         rate_hz=100.0,
     )
