@@ -375,6 +375,41 @@ def test_a_request_interrupted_by_ctrl_c_leaves_no_reply_for_the_next_one(sock_d
         srv.stop()
 
 
+class _InterruptedAfterSend:
+    """A connection whose send delivers the request and then takes the user's Ctrl-C: the signal
+    handled at the bytecode after send returned, before the client starts waiting for the reply."""
+
+    def __init__(self, sock) -> None:
+        self._sock = sock
+        self._interrupted = False
+
+    def send(self, data: bytes) -> int:
+        sent = self._sock.send(data)
+        if self._interrupted:
+            return sent
+        self._interrupted = True
+        raise KeyboardInterrupt(f"after {sent} bytes were sent")
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
+
+
+def test_a_ctrl_c_just_after_the_request_was_sent_leaves_no_reply_for_the_next_one(sock_dir):
+    srv = ControlServer(sock_dir / "c.sock")
+    srv.register("echo", lambda req: {"echo": req.get("x")})
+    srv.start()
+    try:
+        with ControlClient(srv.path, timeout_s=10) as c:
+            real = c._sock
+            c._sock = _InterruptedAfterSend(real)
+            with pytest.raises(KeyboardInterrupt):
+                c.request("echo", x=1)
+            assert c.request("echo", x=2)["echo"] == 2, "the next request read the interrupted one's reply"
+            real.close()
+    finally:
+        srv.stop()
+
+
 def test_pipelined_requests_are_answered_in_order(server):
     s = _raw_connect(server.path)
     s.sendall(

@@ -150,14 +150,16 @@ class ControlClient:
     def _exchange(self, data: bytes) -> dict[str, Any]:
         assert self._sock is not None
         try:
-            sent = self._sock.send(data)
-        except (BrokenPipeError, ConnectionResetError):
-            self._buf.clear()
-            raise _ClosedWhileIdle from None  # nothing of it was delivered
-        try:
+            try:
+                sent = self._sock.send(data)
+            except (BrokenPipeError, ConnectionResetError):
+                self._buf.clear()
+                raise _ClosedWhileIdle from None  # nothing of it was delivered
             if sent < len(data):
                 self._sock.sendall(data[sent:])
             reply = self._read_reply()
+        except _ClosedWhileIdle:
+            raise
         except DaemonUnavailable:
             self.close()
             raise
@@ -165,8 +167,10 @@ class ControlClient:
             self.close()
             raise DaemonUnavailable(f"daemon at {self.path} did not answer: {exc}") from None
         except BaseException:
-            # interrupted waiting (Ctrl-C's KeyboardInterrupt in recv, as when a user stops
-            # LeRobot's robot_client mid-action): the daemon's reply is still on its way, and the
+            # interrupted once the request was sent (Ctrl-C's KeyboardInterrupt in recv, or just
+            # after send returned: the signal is handled at the next bytecode, which a loaded
+            # machine reaches after the daemon already answered; as when a user stops LeRobot's
+            # robot_client mid-action): the daemon's reply is still on its way, and the
             # next request on this connection (the plugin's arm.release in LeRobot's finally)
             # would read it as its own; the next request gets a fresh connection instead
             self.close()
