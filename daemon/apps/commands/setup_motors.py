@@ -367,6 +367,9 @@ class SetupRun:
             f"setup-motors searches every id and rate: {self.resume_hint(joint)}"
         )
         try:
+            # said inside the try: a Ctrl-C as the operator reads it (still in this say) is one
+            # "while looking for it", not a stop between two steps
+            self.say(f"  looking for the {joint} servo (where the writes should have left it, then every rate)")
             now = locate(self.bus, [last_known, *candidates])
         except ArmError as exc:
             self.say(f"  could not look for it ({exc}); {unknown}")
