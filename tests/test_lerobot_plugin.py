@@ -11,31 +11,24 @@ LeRobot's console scripts in theirs; nothing is mocked.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+from lerobot_plugin_support import BIN, CAM_H, CAM_W, lerobot_env, require_plugin, start_daemon, stop_process
 from support import wait_status
 from virtual_bench_support import VirtualBench, open_virtual_bench
 
 from calibration.conventions import JOINT_NAMES
 from daemon.api.client import ControlClient
 
-BIN = Path(sys.executable).parent
 FEATURES = [f"{j}.pos" for j in JOINT_NAMES]
-CAM_W, CAM_H = 64, 48
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "HF_HUB_OFFLINE": "1"}
 
 
 @dataclass
@@ -48,52 +41,15 @@ class Running:
         return self.bench.socket_path
 
 
-def _start_daemon(bench: VirtualBench, safety_toml: str = "") -> subprocess.Popen[bytes]:
-    """`so101d run` on the bench; ``safety_toml``: more [safety] keys."""
-    cfg = bench.write_config(
-        "[safety]\nalign_speed_deg_s = 180.0\nalign_gripper_speed_pct_s = 180.0\n"
-        f"{safety_toml}"
-        f'[cameras.front]\nkind = "virtual"\nwidth = {CAM_W}\nheight = {CAM_H}\nfps = 30\n',
-        rate_hz=100.0,
-    )
-    with open(bench.root / "daemon.log", "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "daemon.apps.cli", "run", "--config", str(cfg)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=_env(),
-            start_new_session=True,  # its own process group: killed whole, as by a power cut
-        )
-    try:
-        wait_status(bench.socket_path, lambda st: st["mode"] == "teleop", timeout_s=60, proc=proc)
-    except BaseException:
-        _stop(proc)
-        raise
-    return proc
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
 @pytest.fixture(scope="module")
 def running() -> Iterator[Running]:
-    try:
-        importlib.metadata.distribution("lerobot_robot_so101d")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.fail("the so101d LeRobot plugin is not installed: run `make setup` (it installs lerobot_plugin/)")
+    require_plugin()
     with open_virtual_bench() as bench:
-        run = Running(bench, _start_daemon(bench))
+        run = Running(bench, start_daemon(bench))
         try:
             yield run
         finally:
-            _stop(run.daemon)  # the daemon now running: a test may have killed and restarted it
+            stop_process(run.daemon)  # the daemon now running: a test may have killed and restarted it
 
 
 def _operator_tracks(sock: Path) -> None:
@@ -106,7 +62,9 @@ def _operator_tracks(sock: Path) -> None:
 
 
 def _lerobot(tool: str, *args: str, timeout_s: float = 240.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, env=_env(), timeout=timeout_s)
+    return subprocess.run(
+        [str(BIN / tool), *args], capture_output=True, text=True, env=lerobot_env(), timeout=timeout_s
+    )
 
 
 def _record_args(sock: Path, root: Path, episodes: int, seconds: float, *extra: str) -> list[str]:
@@ -204,7 +162,7 @@ def test_the_daemon_killed_mid_run_ends_lerobot_record_with_a_clear_error(runnin
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=_env(),
+        env=lerobot_env(),
     )
     try:
         # it has the arm (LeRobot's imports take a minute on a busy 2-core machine)
@@ -228,5 +186,5 @@ def test_the_daemon_killed_mid_run_ends_lerobot_record_with_a_clear_error(runnin
     # the dataset is what LeRobot leaves after an exception: finalize() ran, the table loads
     assert (root / "meta" / "info.json").exists()
     # the next daemon on the same bench takes the arm again from a clean start
-    running.daemon = _start_daemon(running.bench)
+    running.daemon = start_daemon(running.bench)
     shutil.rmtree(root, ignore_errors=True)

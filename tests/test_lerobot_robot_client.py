@@ -16,9 +16,7 @@ control socket.
 
 from __future__ import annotations
 
-import importlib.metadata
 import itertools
-import os
 import signal
 import socket
 import subprocess
@@ -29,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from lerobot_plugin_support import CAM_H, CAM_W, lerobot_env, require_plugin, start_daemon, stop_process
 from support import free_port, wait_for, wait_status
 from virtual_bench_support import VirtualBench, open_virtual_bench
 
@@ -36,15 +35,10 @@ from calibration.conventions import GRIPPER_INDEX, JOINT_NAMES
 from daemon.api.client import ControlClient
 from daemon.policy.tiny import tiny_act_checkpoint
 
-CAM_W, CAM_H = 64, 48
 RATE_HZ = 100.0
 MAX_STEP_DEG = 1.0  # the step limit under test: small, so the policy's jumps must be cut to it
 ALIGN_DEG_S = 60.0  # alignment at 0.6 degrees a cycle: within the step limit too
 CHUNK = 10
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "HF_HUB_OFFLINE": "1"}
 
 
 @dataclass
@@ -59,39 +53,6 @@ class Bench:
     @property
     def sock(self) -> Path:
         return self.bench.socket_path
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
-def _start_daemon(bench: VirtualBench) -> subprocess.Popen[bytes]:
-    cfg = bench.write_config(
-        f"[safety]\nalign_speed_deg_s = {ALIGN_DEG_S}\nalign_gripper_speed_pct_s = {ALIGN_DEG_S}\n"
-        f"max_step_deg = {MAX_STEP_DEG}\n"
-        f'[cameras.front]\nkind = "virtual"\nwidth = {CAM_W}\nheight = {CAM_H}\nfps = 30\n',
-        rate_hz=RATE_HZ,
-    )
-    with open(bench.root / "daemon.log", "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "daemon.apps.cli", "run", "--config", str(cfg)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=_env(),
-            start_new_session=True,
-        )
-    try:
-        wait_status(bench.socket_path, lambda st: st["mode"] == "teleop", timeout_s=60, proc=proc)
-    except BaseException:
-        _stop(proc)
-        raise
-    return proc
 
 
 def _start_server(port: int, workdir: Path) -> subprocess.Popen[bytes]:
@@ -111,7 +72,7 @@ def _start_server(port: int, workdir: Path) -> subprocess.Popen[bytes]:
             cwd=workdir,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=_env(),
+            env=lerobot_env(),
             start_new_session=True,
         )
 
@@ -126,30 +87,27 @@ def _start_server(port: int, workdir: Path) -> subprocess.Popen[bytes]:
     try:
         wait_for(listening, 120, "LeRobot's policy server listening")
     except BaseException:
-        _stop(proc)
+        stop_process(proc)
         raise
     return proc
 
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
-    try:
-        importlib.metadata.distribution("lerobot_robot_so101d")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.fail("the so101d LeRobot plugin is not installed: run `make setup` (it installs lerobot_plugin/)")
+    require_plugin()
     work = tmp_path_factory.mktemp("robot-client")
     ckpt = tiny_act_checkpoint(work / "act", {"front": (CAM_H, CAM_W)}, chunk_size=CHUNK)
     with open_virtual_bench() as vb:
-        daemon = _start_daemon(vb)
+        daemon = start_daemon(vb, f"max_step_deg = {MAX_STEP_DEG}\n", align_deg_s=ALIGN_DEG_S, rate_hz=RATE_HZ)
         try:
             port = free_port()
             server = _start_server(port, work)
             try:
                 yield Bench(vb, daemon, server, port, ckpt, work)
             finally:
-                _stop(server)
+                stop_process(server)
         finally:
-            _stop(daemon)
+            stop_process(daemon)
 
 
 def _robot_client(b: Bench, log: Path, port: int | None = None) -> subprocess.Popen[bytes]:
@@ -175,7 +133,7 @@ def _robot_client(b: Bench, log: Path, port: int | None = None) -> subprocess.Po
             cwd=b.workdir,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=_env(),
+            env=lerobot_env(),
         )
 
 

@@ -19,7 +19,6 @@ LeRobot ACT checkpoint (daemon/policy/tiny.py: LeRobot's own training and save_p
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import pty
 import subprocess
@@ -29,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from lerobot_plugin_support import BIN, CAM_H, CAM_W, lerobot_env, require_plugin, start_daemon, stop_process
 from recording_support import train_tiny_act, wait_until
 from support import wait_status
-from test_lerobot_plugin import BIN, _env, _start_daemon, _stop
 from virtual_bench_support import VirtualBench, open_virtual_bench
 
 from calibration.conventions import JOINT_NAMES
@@ -39,7 +38,6 @@ from daemon.api.client import ControlClient
 from daemon.policy.tiny import make_synthetic_dataset
 from drivers.emulator.servo import ADDR_GOAL_POSITION, EmulatedServo
 
-CAM_W, CAM_H = 64, 48
 # the step limit under test; at least two periods of the bench's alignment speed (180 deg/s, 100 Hz:
 # 1.8 deg a period), since alignment moves by time and a late cycle may take two periods' worth
 MAX_STEP_DEG = 5.0
@@ -82,18 +80,15 @@ class Running:
 
 @pytest.fixture(scope="module")
 def running() -> Iterator[Running]:
-    try:
-        importlib.metadata.distribution("lerobot_robot_so101d")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.fail("the so101d LeRobot plugin is not installed: run `make setup` (it installs lerobot_plugin/)")
+    require_plugin()
     with open_virtual_bench() as bench:
         spy = GoalSpy()
         spy.attach(bench.follower.servos)
-        daemon = _start_daemon(bench, f"max_step_deg = {MAX_STEP_DEG}\nmax_step_gripper_pct = {MAX_STEP_GRIPPER_PCT}\n")
+        daemon = start_daemon(bench, f"max_step_deg = {MAX_STEP_DEG}\nmax_step_gripper_pct = {MAX_STEP_GRIPPER_PCT}\n")
         try:
             yield Running(bench, daemon, spy)
         finally:
-            _stop(daemon)
+            stop_process(daemon)
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +112,11 @@ class Rollout:
         self._master = master
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
-                [str(BIN / "lerobot-rollout"), *args], stdin=slave, stdout=out, stderr=subprocess.STDOUT, env=_env()
+                [str(BIN / "lerobot-rollout"), *args],
+                stdin=slave,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=lerobot_env(),
             )
         os.close(slave)
 
