@@ -29,7 +29,7 @@ from pathlib import Path
 
 from calibration.calibration_file import save_calibration
 from drivers.emulator.arm import PRESETS as ARM_PRESETS
-from drivers.emulator.arm import EmulatedArm
+from drivers.emulator.arm import EmulatedArm, Role
 from drivers.emulator.motion import HANDOVER_SIDES, MotionError, MotionSource, motion_from_spec
 from drivers.emulator.process import ControlServer, EmulatorHost
 from drivers.emulator.realism import PRESETS, realism_from_spec
@@ -165,10 +165,10 @@ def run(args: argparse.Namespace) -> int:
     rt = not args.no_realtime
     # Each leader's motion clock starts as its arm is made, microseconds apart here: the two
     # sides of a handover stay in step.
-    for name, path in paths.items():
-        role = "leader" if name.endswith("leader") else "follower"
+    for name, link in paths.items():
+        role: Role = "leader" if name.endswith("leader") else "follower"
         arm = EmulatedArm(role, args.preset, motion=motions.get(name), baudrate=args.baud)
-        host.add(name, path, arm, not args.no_wire_time, rt, realism)
+        host.add(name, link, arm, not args.no_wire_time, rt, realism)
 
     if args.calibration_out:
         root = Path(args.calibration_out)
