@@ -238,3 +238,18 @@ def test_so101d_run_refuses_a_bimanual_configuration_saying_it_is_not_built(tmp_
     err = capsys.readouterr().err
     assert "cannot start" in err and "bimanual driving is not built" in err, err
     assert not (tmp_path / "control.sock").exists()  # refused before anything was opened
+
+
+def test_so101d_doctor_does_not_check_default_ports_for_a_bimanual_configuration(tmp_path, capsys):
+    """[leader] / [follower] hold no port there: a check of /dev/ttyACM0 would report on no arm of the rig."""
+    import argparse
+
+    from daemon.apps.commands import doctor
+
+    p = tmp_path / "bi.toml"
+    p.write_text(BIMANUAL_TOML)
+    parser = argparse.ArgumentParser()
+    doctor.add_arguments(parser)
+    assert doctor.run(parser.parse_args(["--config", str(p)])) == 2
+    err = capsys.readouterr().err
+    assert "bimanual configuration's four arms is not built yet" in err and "--leader PORT" in err, err
