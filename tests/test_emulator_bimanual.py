@@ -125,7 +125,12 @@ def test_emulate_bimanual_announces_four_ports_and_writes_lerobot_bi_calibration
         for role, bi_id in (("leader", "emulated_leader"), ("follower", "emulated_follower")):
             path = calibration_path(role, f"{bi_id}_{side}", root)  # type: ignore[arg-type]
             saved = ArmCalibration.from_json_dict(json.loads(path.read_text()))
-            assert saved == reference_calibration(role)  # type: ignore[arg-type]
+            assert saved == reference_calibration(role, side=side)  # type: ignore[arg-type]
+            eeprom = bench.control({"cmd": "eeprom_calibration", "arm": f"{side}_{role}"})["calibration"]
+            assert eeprom == saved.to_json_dict()  # what that arm's servos hold
+    # Two physical arms per role: a swapped pair of files would not match (LeRobot would ask).
+    for role in ("leader", "follower"):
+        assert reference_calibration(role, side="left") != reference_calibration(role, side="right")  # type: ignore[arg-type]
     # A command for one arm must say which of the four.
     with pytest.raises(Exception, match="say which arm"):
         bench.control({"cmd": "snapshot"})

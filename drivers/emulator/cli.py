@@ -167,16 +167,16 @@ def run(args: argparse.Namespace) -> int:
     # sides of a handover stay in step.
     for name, link in paths.items():
         role: Role = "leader" if name.endswith("leader") else "follower"
-        arm = EmulatedArm(role, args.preset, motion=motions.get(name), baudrate=args.baud)
+        side = name.removesuffix(f"_{role}") if args.bimanual else None
+        arm = EmulatedArm(role, args.preset, motion=motions.get(name), baudrate=args.baud, side=side)
         host.add(name, link, arm, not args.no_wire_time, rt, realism)
 
     if args.calibration_out:
         root = Path(args.calibration_out)
         for name, arm in host.arms.items():
             arm_id = args.leader_id if arm.role == "leader" else args.follower_id
-            side = name.removesuffix("_" + arm.role)
-            if side in HANDOVER_SIDES:
-                arm_id = f"{arm_id}_{side}"  # LeRobot's bimanual classes: f"{config.id}_left"
+            if arm.side is not None:
+                arm_id = f"{arm_id}_{arm.side}"  # LeRobot's bimanual classes: f"{config.id}_left"
             path = save_calibration(arm.reference, arm.role, arm_id, root=root)
             log.info("reference calibration of the %s: %s", name, path)
 
