@@ -26,7 +26,7 @@ def test_example_documents_every_key_with_its_default():
     data = tomllib.loads(EXAMPLE.read_text())
     assert load_config(EXAMPLE) == Config()
     for section in dataclasses.fields(Config):
-        if section.name == "cameras":
+        if section.name in ("cameras", "arms"):  # tables of tables, shown commented out
             continue
         keys = {f.name for f in dataclasses.fields(getattr(Config(), section.name))}
         assert set(data.get(section.name, {})) == keys, f"[{section.name}] in the example differs from the dataclass"
@@ -128,3 +128,128 @@ def test_a_second_device_node_for_the_follower_port_is_refused(tmp_path):
     finally:
         os.close(main_fd)
         os.close(sub_fd)
+
+
+# -------------------------------------------------------------------------------------------------
+# a bimanual configuration: two pairs in [arms.left] / [arms.right], parsed and checked
+# -------------------------------------------------------------------------------------------------
+BIMANUAL_TOML = """\
+[leader]
+id = "bi_leader"
+
+[follower]
+id = "bi_follower"
+
+[arms.left]
+leader_port = "/dev/so101-left-leader"
+follower_port = "/dev/so101-left-follower"
+
+[arms.right]
+leader_port = "/dev/so101-right-leader"
+follower_port = "/dev/so101-right-follower"
+"""
+
+
+def _bimanual() -> dict:
+    return tomllib.loads(BIMANUAL_TOML)
+
+
+def test_a_bimanual_configuration_names_both_pairs_with_lerobots_bi_ids(tmp_path):
+    p = tmp_path / "bi.toml"
+    p.write_text(BIMANUAL_TOML)
+    cfg = load_config(p)
+    assert cfg.bimanual and list(cfg.arms) == ["left", "right"]
+    assert cfg.arms["right"].follower_port == "/dev/so101-right-follower"
+    # LeRobot's BiSOLeader(id="bi_leader") calibrates its arms as bi_leader_left / bi_leader_right
+    assert [(a.leader_id, a.follower_id) for a in cfg.arms.values()] == [
+        ("bi_leader_left", "bi_follower_left"),
+        ("bi_leader_right", "bi_follower_right"),
+    ]
+    data = _bimanual()
+    data["arms"]["left"]["follower_id"] = "lab_follower_a"  # an id of its own is kept
+    assert config_from_dict(data).arms["left"].follower_id == "lab_follower_a"
+    q = tmp_path / "dumped.toml"
+    q.write_text(dump_toml(cfg))
+    assert load_config(q) == cfg
+    assert not load_config(None).bimanual  # a single-arm configuration stays one pair
+
+
+def _without(side: str, key: str) -> dict:
+    data = _bimanual()
+    del data["arms"][side][key]
+    return data
+
+
+def _with(side: str, key: str, value: str) -> dict:
+    data = _bimanual()
+    data["arms"][side][key] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "why"),
+    [
+        (_without("left", "follower_port"), "arms.left.follower_port", "missing"),
+        (_with("right", "leader_port", ""), "arms.right.leader_port", "missing"),
+        ({**_bimanual(), "arms": {"left": _bimanual()["arms"]["left"]}}, "arms.right", "names both pairs"),
+        ({**_bimanual(), "arms": {**_bimanual()["arms"], "middle": {}}}, "arms.middle", "unknown pair"),
+        ({"arms": {"left": {"leader_prot": "/dev/x"}}}, "arms.left.leader_prot", "unknown key"),
+        ({**_bimanual(), "leader": {"port": "/dev/ttyACM0"}}, "leader.port", "names its ports in [arms.left]"),
+        ({**_bimanual(), "follower": {"kind": "sim"}}, "follower.kind", "bimanual"),
+        (_with("right", "follower_id", "bi_follower_left"), "arms.right.follower_id", "own calibration file"),
+        (_with("left", "leader_id", "a/b"), "arms.left.leader_id", "without '/'"),
+    ],
+)
+def test_a_bimanual_configuration_with_a_pair_incomplete_is_refused_naming_the_key(data, key, why):
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict(data)
+    assert str(ei.value).startswith(key + ":") and why in str(ei.value), str(ei.value)
+
+
+def test_one_serial_port_for_two_arms_of_a_bimanual_rig_is_refused_naming_both_keys(tmp_path):
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict(_with("right", "leader_port", "/dev/so101-left-follower"))
+    assert str(ei.value).startswith(
+        "arms.left.follower_port '/dev/so101-left-follower' and arms.right.leader_port '/dev/so101-left-follower' "
+        "name the same serial port"
+    ), str(ei.value)
+    device = tmp_path / "ttyACM2"
+    device.touch()
+    link = tmp_path / "so101-right-follower"
+    link.symlink_to(device)
+    data = _with("left", "leader_port", str(device))
+    data["arms"]["right"]["follower_port"] = str(link)
+    with pytest.raises(
+        ConfigError, match=rf"^arms\.left\.leader_port .* and arms\.right\.follower_port .*\(both are {device}\)"
+    ):
+        config_from_dict(data)
+
+
+def test_so101d_run_refuses_a_bimanual_configuration_saying_it_is_not_built(tmp_path, capsys):
+    import argparse
+
+    from daemon.apps.commands import run as run_command
+
+    p = tmp_path / "bi.toml"
+    p.write_text(BIMANUAL_TOML + f'\n[socket]\npath = "{tmp_path / "control.sock"}"\n')
+    parser = argparse.ArgumentParser()
+    run_command.add_arguments(parser)
+    assert run_command.run(parser.parse_args(["--config", str(p)])) == 2
+    err = capsys.readouterr().err
+    assert "cannot start" in err and "bimanual driving is not built" in err, err
+    assert not (tmp_path / "control.sock").exists()  # refused before anything was opened
+
+
+def test_so101d_doctor_does_not_check_default_ports_for_a_bimanual_configuration(tmp_path, capsys):
+    """[leader] / [follower] hold no port there: a check of /dev/ttyACM0 would report on no arm of the rig."""
+    import argparse
+
+    from daemon.apps.commands import doctor
+
+    p = tmp_path / "bi.toml"
+    p.write_text(BIMANUAL_TOML)
+    parser = argparse.ArgumentParser()
+    doctor.add_arguments(parser)
+    assert doctor.run(parser.parse_args(["--config", str(p)])) == 2
+    err = capsys.readouterr().err
+    assert "bimanual configuration's four arms is not built yet" in err and "--leader PORT" in err, err

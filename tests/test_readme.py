@@ -56,6 +56,16 @@ README_MAX_LINES = 250
 # ---------------------------------------------------------------------------------------------
 # the real schema and parser
 # ---------------------------------------------------------------------------------------------
+# Config's tables of tables ([cameras.<name>], [arms.<side>]): a page's `[cameras.front]` is "cameras.*"
+TABLES_OF_TABLES = {n for n, tp in typing.get_type_hints(config_module.Config).items() if typing.get_origin(tp) is dict}
+
+
+def _section_of(name: str) -> str:
+    """ "cameras.front" -> "cameras.*" (a table of tables), "follower" -> "follower"."""
+    prefix, dot, _ = name.partition(".")
+    return f"{prefix}.*" if dot and prefix in TABLES_OF_TABLES else name
+
+
 def _schema() -> dict[str, set[str]]:
     """Section -> keys, from daemon.config.settings.Config's dataclasses ("cameras.*" for a camera table)."""
     hints = typing.get_type_hints(config_module.Config)
@@ -69,15 +79,14 @@ def _schema() -> dict[str, set[str]]:
 
 
 def _example() -> dict[str, set[str]]:
-    """Section -> keys in the shipped example, the commented camera table included."""
+    """Section -> keys in the shipped example, the commented tables of tables included."""
     text = EXAMPLE_TOML.read_text()
     data = tomllib.loads(text)
     out = {section: set(values) for section, values in data.items() if isinstance(values, dict)}
-    # The camera table is shown commented out (no camera by default): read it uncommented.
-    m = re.search(r"^# \[cameras\.\w+\]\n((?:# [a-z_]+ = .*\n)+)", text, re.M)
-    if m:
-        body = "\n".join(line[2:] for line in m.group(1).splitlines())
-        out["cameras.*"] = set(tomllib.loads(body))
+    # A camera table and a pair's table are shown commented out (none by default): read them uncommented.
+    for m in re.finditer(r"^# \[([a-z_]+)\.\w+\]\n((?:# [a-z_]+ = .*\n)+)", text, re.M):
+        body = "\n".join(line[2:] for line in m.group(2).splitlines())
+        out.setdefault(f"{m.group(1)}.*", set()).update(tomllib.loads(body))
     return out
 
 
@@ -85,7 +94,7 @@ def _key_problems(keys: list[ConfigKey], page: str = "README.md") -> list[str]:
     schema, example = _schema(), _example()
     problems = []
     for k in keys:
-        section = "cameras.*" if k.section.startswith("cameras.") or k.section == "cameras.NAME" else k.section
+        section = _section_of(k.section)
         where = f"{page}:{k.line} ({k.how!r})"
         if not section:
             if not any(k.key in keys_ for keys_ in schema.values()):
@@ -361,7 +370,7 @@ def _reference_rows() -> dict[str, dict[str, str]]:
     for raw in page_text(REPO / "docs/configuration.md").splitlines():
         m = re.match(r"^## `\[([a-z_.A-Z]+)\]`", raw)
         if m:
-            current = "cameras.*" if m.group(1).startswith("cameras.") else m.group(1)
+            current = _section_of(m.group(1))
             out[current] = {}
             continue
         row = re.match(r"^\| `([a-z_]+)` \| `([^`]*)` \|", raw)
@@ -377,7 +386,7 @@ def test_the_configuration_reference_lists_every_key_with_the_default_the_code_h
     for name, tp in hints.items():
         section_name = name
         if typing.get_origin(tp) is dict:
-            tp, section_name = typing.get_args(tp)[1], "cameras.*"
+            tp, section_name = typing.get_args(tp)[1], f"{name}.*"
         default = tp()
         for f in dataclasses.fields(tp):
             shown = rows.get(section_name, {}).get(f.name)
@@ -390,7 +399,7 @@ def test_the_configuration_reference_lists_every_key_with_the_default_the_code_h
                     f"[{section_name}] {f.name}: the page says {shown}, the code {getattr(default, f.name)!r}"
                 )
     extra = {f"[{s}] {k}" for s, keys in rows.items() for k in keys} - {
-        f"[{'cameras.*' if typing.get_origin(tp) is dict else n}] {f.name}"
+        f"[{f'{n}.*' if typing.get_origin(tp) is dict else n}] {f.name}"
         for n, tp in hints.items()
         for f in dataclasses.fields(typing.get_args(tp)[1] if typing.get_origin(tp) is dict else tp)
     }

@@ -6,8 +6,13 @@ annotations, so a typo ("follower.prot") or a bad value ("control.rate_hz = -5")
 names the key, never a silently ignored setting: on a robot arm a misspelt safety limit must not
 fall back to a default unnoticed.
 
-Sections: [leader] [follower] [calibration] [control] [safety] [socket] [recording]
-[cameras.<name>] [leisaac_remote_leader] [policy] [service] [display].
+Sections: [leader] [follower] [arms.left] [arms.right] [calibration] [control] [safety] [socket]
+[recording] [cameras.<name>] [leisaac_remote_leader] [policy] [service] [display].
+
+A bimanual configuration (two pairs, LeRobot's bi_so_leader / bi_so_follower) names each pair's
+ports in [arms.left] and [arms.right]; [leader] and [follower] then hold what both pairs share
+(ids as the pair's id, baud rate, gripper protection). It is parsed and checked here; the daemon
+refuses to start with one until it can drive two pairs (issue #25).
 """
 
 from __future__ import annotations
@@ -80,6 +85,23 @@ class FollowerConfig:
     # what `dataset check` compares joint speeds with (daemon/data/feasibility.py's rated-speed table)
     servo_model: Literal["sts3215"] = "sts3215"
     supply_voltage_v: float = 7.4  # the follower's servo supply: 7.4 V (SO-101 kit) or 12 V servos
+
+
+ARM_SIDES: tuple[str, ...] = ("left", "right")  # LeRobot's bimanual sides, left first
+
+
+@dataclass
+class ArmPairConfig:
+    """One [arms.<side>] table of a bimanual configuration: one leader and the follower it drives.
+
+    Its ids follow LeRobot's bimanual classes (lerobot/robots/bi_so_follower/bi_so_follower.py,
+    lerobot/teleoperators/bi_so_leader/bi_so_leader.py): arm ids ``<id>_left`` / ``<id>_right``
+    in the single-arm calibration folders, so a LeRobot bimanual calibration is used as it is."""
+
+    leader_port: str = ""  # serial port of this side's leader (required)
+    follower_port: str = ""  # serial port of this side's follower (required)
+    leader_id: str = ""  # calibration id; empty: "<[leader] id>_<side>" (LeRobot's BiSOLeader ids)
+    follower_id: str = ""  # calibration id; empty: "<[follower] id>_<side>" (LeRobot's BiSOFollower ids)
 
 
 @dataclass
@@ -222,6 +244,7 @@ class ConsoleSettings:
 class Config:
     leader: LeaderConfig = field(default_factory=LeaderConfig)
     follower: FollowerConfig = field(default_factory=FollowerConfig)
+    arms: dict[str, ArmPairConfig] = field(default_factory=dict)  # bimanual: [arms.left], [arms.right]
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
@@ -236,6 +259,11 @@ class Config:
 
     def calibration_root(self) -> Path | None:
         return Path(self.calibration.root).expanduser() if self.calibration.root else None
+
+    @property
+    def bimanual(self) -> bool:
+        """Two pairs ([arms.left] and [arms.right]) instead of one ([leader] and [follower] ports)."""
+        return bool(self.arms)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -399,8 +427,10 @@ def validate(cfg: Config) -> Config:
             cam.fourcc = cam.fourcc.upper()  # "mjpg" means MJPG: V4L2 would take it as another, unknown code
     if cfg.control.reconnect_backoff_max_s < cfg.control.reconnect_backoff_min_s:
         raise ConfigError("control.reconnect_backoff_max_s: must be >= control.reconnect_backoff_min_s")
-    if cfg.follower.kind == "feetech":
-        _check_distinct_ports(cfg.leader.port, cfg.follower.port)
+    if cfg.arms:
+        _validate_arms(cfg)
+    elif cfg.follower.kind == "feetech":
+        _check_distinct_ports("leader.port", cfg.leader.port, "follower.port", cfg.follower.port)
     for name in ("leader", "follower"):
         arm_id = getattr(cfg, name).id
         if not arm_id or "/" in arm_id:
@@ -418,18 +448,70 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
-def _check_distinct_ports(leader: str, follower: str) -> None:
-    """One serial port cannot serve both arms (each side takes an exclusive lock on it: the
+def _validate_arms(cfg: Config) -> None:
+    """A bimanual configuration: both pairs, each with both ports, four different serial ports,
+    an own calibration id per arm; refusals name the key."""
+    unknown = sorted(set(cfg.arms) - set(ARM_SIDES))
+    if unknown:
+        raise ConfigError(f"arms.{unknown[0]}: unknown pair; a bimanual configuration has [arms.left] and [arms.right]")
+    for side in ARM_SIDES:
+        if side not in cfg.arms:
+            other = next(s for s in ARM_SIDES if s != side)
+            raise ConfigError(
+                f"arms.{side}: missing: a bimanual configuration names both pairs ([arms.{other}] is given, "
+                f"[arms.{side}] is not)"
+            )
+    if cfg.follower.kind != "feetech":
+        raise ConfigError(
+            f"follower.kind: {cfg.follower.kind!r} with [arms.left] / [arms.right]: a bimanual configuration "
+            'drives four serial buses ("feetech"); a simulated bimanual follower is not built yet'
+        )
+    for section in ("leader", "follower"):
+        if "port" in (keys_given(getattr(cfg, section)) or ()):
+            raise ConfigError(
+                f"{section}.port: a bimanual configuration names its ports in [arms.left] and [arms.right] "
+                f"(leader_port, follower_port); remove {section}.port"
+            )
+    ports: list[tuple[str, str]] = []
+    ids: dict[str, list[tuple[str, str]]] = {"leader": [], "follower": []}
+    for side in ARM_SIDES:
+        pair = cfg.arms[side]
+        for role in ("leader", "follower"):
+            key = f"arms.{side}.{role}_port"
+            port = getattr(pair, f"{role}_port")
+            if not port:
+                raise ConfigError(f"{key}: missing: each pair names its leader_port and follower_port")
+            ports.append((key, port))
+            if not getattr(pair, f"{role}_id"):
+                # LeRobot's bimanual naming: f"{config.id}_left" (bi_so_leader.py, bi_so_follower.py)
+                setattr(pair, f"{role}_id", f"{getattr(cfg, role).id}_{side}")
+            arm_id = getattr(pair, f"{role}_id")
+            if "/" in arm_id:
+                raise ConfigError(f"arms.{side}.{role}_id: {arm_id!r} must be a name without '/'")
+            ids[role].append((f"arms.{side}.{role}_id", arm_id))
+    for i, (key_a, a) in enumerate(ports):
+        for key_b, b in ports[i + 1 :]:
+            _check_distinct_ports(key_a, a, key_b, b)
+    for role, ((key_a, a), (key_b, b)) in ids.items():
+        if a == b:
+            raise ConfigError(
+                f"{key_b}: {b!r} is {key_a} too: each {role} has its own calibration file "
+                f"(leave both empty for LeRobot's <[{role}] id>_left / _right)"
+            )
+
+
+def _check_distinct_ports(key_a: str, a: str, key_b: str, b: str) -> None:
+    """One serial port cannot serve two arms (each side takes an exclusive lock on it: the
     second would retry forever); a udev symlink names the same device as its target, and a bind
     mount or a second device node (a container's ``--device A:B``) is the same device too."""
     same: str | None = None
-    if os.path.realpath(leader) == os.path.realpath(follower):
-        same = "" if leader == follower else f" (both are {os.path.realpath(leader)})"
+    if os.path.realpath(a) == os.path.realpath(b):
+        same = "" if a == b else f" (both are {os.path.realpath(a)})"
     else:
-        same = _same_device(leader, follower)
+        same = _same_device(a, b)
     if same is not None:
         raise ConfigError(
-            f"leader.port {leader!r} and follower.port {follower!r} name the same serial port{same}: "
+            f"{key_a} {a!r} and {key_b} {b!r} name the same serial port{same}: "
             "each arm needs its own (see `so101d find-ports`)"
         )
 
@@ -509,12 +591,14 @@ def dump_toml(cfg: Config) -> str:
     """Serialise a Config as TOML (used to write the virtual bench's generated configuration)."""
     lines: list[str] = []
     for section, value in config_to_dict(cfg).items():
-        if section == "cameras":
-            for cam, cam_values in value.items():
-                lines.append(f"[cameras.{cam}]")
-                lines.extend(f"{k} = {_toml_value(v)}" for k, v in cam_values.items())
+        if section in ("cameras", "arms"):  # tables of tables: [cameras.<name>], [arms.<side>]
+            for name, table in value.items():
+                lines.append(f"[{section}.{name}]")
+                lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items())
                 lines.append("")
             continue
+        if cfg.arms and section in ("leader", "follower"):
+            value = {k: v for k, v in value.items() if k != "port"}  # the pairs name the ports
         lines.append(f"[{section}]")
         lines.extend(f"{k} = {_toml_value(v)}" for k, v in value.items())
         lines.append("")
@@ -522,7 +606,9 @@ def dump_toml(cfg: Config) -> str:
 
 
 __all__ = [
+    "ARM_SIDES",
     "JOINT_NAMES",
+    "ArmPairConfig",
     "CalibrationConfig",
     "CameraConfig",
     "Config",

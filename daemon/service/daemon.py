@@ -130,6 +130,15 @@ class Daemon:
         config_path: str | None = None,
         rerun: str | None = None,
     ) -> None:
+        if cfg.bimanual:
+            # Parsed and checked (daemon/config/settings.py), not driven: refuse before any port
+            # is opened rather than run one pair of the two and look like a bimanual rig.
+            raise StartupError(
+                "[arms.left] / [arms.right]: this is a bimanual configuration (two pairs); so101d "
+                "checks it but cannot drive two pairs yet (bimanual driving is not built, issue #25). "
+                "Run one pair with [leader] port and [follower] port, or LeRobot's bi_so_leader / "
+                "bi_so_follower meanwhile"
+            )
         self.config_path = config_path  # re-read on SIGHUP
         # a Rerun viewer's HOST:PORT from --rerun, kept apart from cfg so a reload of the file does
         # not report it as a change; else [display] rerun (daemon/service/rerun_child.py)

@@ -12,7 +12,14 @@ As a subprocess with a control socket: ``EmulatorProcess`` (drivers.emulator.pro
 
 from drivers.emulator.arm import EmulatedArm, reference_calibration
 from drivers.emulator.bus_server import BusEmulator, BusStats
-from drivers.emulator.motion import DemoMotion, KeyframeMotion, MotionError, StillMotion, load_trajectory
+from drivers.emulator.motion import (
+    DemoMotion,
+    HandoverMotion,
+    KeyframeMotion,
+    MotionError,
+    StillMotion,
+    load_trajectory,
+)
 from drivers.emulator.servo import EmulatedServo
 
 __all__ = [
@@ -21,6 +28,7 @@ __all__ = [
     "DemoMotion",
     "EmulatedArm",
     "EmulatedServo",
+    "HandoverMotion",
     "KeyframeMotion",
     "MotionError",
     "StillMotion",

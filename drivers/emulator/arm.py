@@ -69,6 +69,23 @@ _REFERENCE: dict[str, dict[str, tuple[int, int, int]]] = {
     },
 }
 
+# The right arm of a bimanual pair (``side="right"``) is another physical arm: its horns sit a few
+# encoder ticks away from the left's, so its homing offsets differ by this much (ranges, in the
+# offset frame, stay the same). A left calibration on the right arm is then a mismatch LeRobot
+# would ask to recalibrate, as with real arms, and a swapped pair of files is caught.
+_RIGHT_ARM_OFFSET_SHIFT_TICKS = 37
+
+
+def _reference(role: Role, joint: str, side: str | None) -> tuple[int, int, int]:
+    """(homing_offset, range_min, range_max) of ``joint`` of the ``role`` arm on ``side``."""
+    off, lo, hi = _REFERENCE[role][joint]
+    if side == "right":
+        off += _RIGHT_ARM_OFFSET_SHIFT_TICKS
+    elif side not in (None, "left"):
+        raise ValueError(f"side must be 'left', 'right' or None, got {side!r}")
+    return off, lo, hi
+
+
 # Physical constants by role: the follower's 1/345 gear at 7.4 V; the leader runs at 5 V and
 # its lower-ratio servos are back-driven by hand (speed only matters if someone enables torque).
 _PHYSICS: dict[str, ServoPhysics] = {
@@ -86,10 +103,11 @@ _GRAVITY_SIGN = {
 }
 
 
-def reference_calibration(role: Role, gripper_reversed: bool = False) -> ArmCalibration:
+def reference_calibration(role: Role, gripper_reversed: bool = False, side: str | None = None) -> ArmCalibration:
     """The LeRobot calibration of the emulated ``role`` arm (what the 'calibrated' preset holds).
 
-    With ``gripper_reversed`` the gripper's drive_mode is 1: its servo is mounted the other way
+    ``side``: the arm of a bimanual pair ("left" is the single arm's; "right" another arm's,
+    see _RIGHT_ARM_OFFSET_SHIFT_TICKS). With ``gripper_reversed`` the gripper's drive_mode is 1: its servo is mounted the other way
     round, so closing turns the horn toward high ticks and LeRobot reads ``100 - x``.
     """
     if role not in _REFERENCE:
@@ -103,12 +121,12 @@ def reference_calibration(role: Role, gripper_reversed: bool = False) -> ArmCali
                 range_min=lo,
                 range_max=hi,
             )
-            for name, (off, lo, hi) in _REFERENCE[role].items()
+            for name, (off, lo, hi) in ((n, _reference(role, n, side)) for n in _REFERENCE[role])
         }
     )
 
 
-def _preset_registers(role: Role, preset: Preset, joint: str, baud_code: int) -> bytearray:
+def _preset_registers(role: Role, preset: Preset, joint: str, baud_code: int, side: str | None) -> bytearray:
     servo_id = FACTORY_ID if preset == "new-kit" else JOINT_IDS[joint]
     mem = factory_registers(servo_id)
 
@@ -117,7 +135,7 @@ def _preset_registers(role: Role, preset: Preset, joint: str, baud_code: int) ->
 
     put(6, 1, baud_code)
     if preset == "calibrated":
-        off, lo, hi = _REFERENCE[role][joint]
+        off, lo, hi = _reference(role, joint, side)
         put(31, 2, encode_sign_magnitude(off, 11))  # Homing_Offset
         put(9, 2, lo)  # Min_Position_Limit
         put(11, 2, hi)  # Max_Position_Limit
@@ -153,6 +171,7 @@ class EmulatedArm:
         clock: Callable[[], float] = time.monotonic,
         gripper_reversed: bool = False,
         realism: ServoRealism | None = None,
+        side: str | None = None,
     ) -> None:
         if role not in ("leader", "follower"):
             raise ValueError(f"role must be 'leader' or 'follower', got {role!r}")
@@ -164,7 +183,8 @@ class EmulatedArm:
         self.clock = clock
         self.lock = threading.RLock()
         self.gripper_reversed = bool(gripper_reversed)
-        self.reference = reference_calibration(role, self.gripper_reversed)
+        self.side = side  # of a bimanual pair: "left", "right"; None: a single arm
+        self.reference = reference_calibration(role, self.gripper_reversed, side)
         self._lo = np.array([self.reference[n].range_min for n in JOINT_NAMES], dtype=np.float64)
         self._hi = np.array([self.reference[n].range_max for n in JOINT_NAMES], dtype=np.float64)
         self._mid = (self._lo + self._hi) / 2
@@ -180,7 +200,7 @@ class EmulatedArm:
                 hold_load_pct=base.hold_load_pct,
                 gravity_sign=_GRAVITY_SIGN[joint],
             )
-            regs = _preset_registers(role, preset, joint, codes[baudrate])
+            regs = _preset_registers(role, preset, joint, codes[baudrate], side)
             servo = EmulatedServo(regs[ADDR_ID], phys[i], clock, physics, regs, realism)
             servo.on_release = self._on_torque_release
             self.servos.append(servo)

@@ -3,8 +3,20 @@
     so101d emulate --leader /tmp/bench/leader --follower /tmp/bench/follower \\
         --control /tmp/bench/emulator.sock --calibration-out /tmp/bench/calibration
 
+    so101d emulate --bimanual --left-leader /tmp/bench/left_leader --left-follower /tmp/bench/left_follower \\
+        --right-leader /tmp/bench/right_leader --right-follower /tmp/bench/right_follower ...
+
 Each path becomes a symlink to a pty slave that LeRobot, the Feetech SDK or our driver can open
 like /dev/ttyACM0. On exit the links (and the control socket) are removed.
+
+``--bimanual`` serves two pairs (the arms ``left_leader``, ``left_follower``, ``right_leader``,
+``right_follower`` on the control socket), each arm on its own pty and its own bus thread, as
+faithful as the single-arm bench. ``--leader-motion demo`` then moves each leader through its side
+of a handover (drivers/emulator/motion.py HANDOVER_KEYFRAMES), and ``--calibration-out`` writes
+LeRobot's bimanual layout: BiSOLeader / BiSOFollower with ``id=ID`` look for ``ID_left`` and
+``ID_right`` under the single-arm folders (lerobot/teleoperators/bi_so_leader/bi_so_leader.py,
+lerobot/robots/bi_so_follower/bi_so_follower.py), so ``--leader-id`` / ``--follower-id`` name the
+bimanual ids and the files are ``<id>_left.json`` / ``<id>_right.json``.
 """
 
 from __future__ import annotations
@@ -17,8 +29,8 @@ from pathlib import Path
 
 from calibration.calibration_file import save_calibration
 from drivers.emulator.arm import PRESETS as ARM_PRESETS
-from drivers.emulator.arm import EmulatedArm
-from drivers.emulator.motion import MotionError, motion_from_spec
+from drivers.emulator.arm import EmulatedArm, Role
+from drivers.emulator.motion import HANDOVER_SIDES, MotionError, MotionSource, motion_from_spec
 from drivers.emulator.process import ControlServer, EmulatorHost
 from drivers.emulator.realism import PRESETS, realism_from_spec
 from drivers.parent_watch import add_exit_with_parent_arguments, watch_parent
@@ -31,6 +43,17 @@ log = logging.getLogger("so101d.emulate")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--leader", metavar="PATH", help="link path for the emulated leader arm")
     parser.add_argument("--follower", metavar="PATH", help="link path for the emulated follower arm")
+    parser.add_argument(
+        "--bimanual",
+        action="store_true",
+        help="serve two pairs (left and right) on the --left-/--right- paths below instead of one "
+        "(the leaders' demo motion is then a handover, a different path per side)",
+    )
+    for side in HANDOVER_SIDES:
+        for role in ("leader", "follower"):
+            parser.add_argument(
+                f"--{side}-{role}", metavar="PATH", help=f"with --bimanual: link path for the {side} {role} arm"
+            )
     parser.add_argument(
         "--baud", type=int, default=1_000_000, help="servo baud rate (default 1000000, what LeRobot uses)"
     )
@@ -73,14 +96,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="write the arms' reference calibration JSONs under DIR in LeRobot's layout",
     )
-    parser.add_argument("--leader-id", default="emulated_leader", help="calibration id of the leader (file name)")
-    parser.add_argument("--follower-id", default="emulated_follower", help="calibration id of the follower")
+    parser.add_argument(
+        "--leader-id",
+        default="emulated_leader",
+        help="calibration id of the leader (file name); with --bimanual the pair's id, files ID_left / ID_right",
+    )
+    parser.add_argument(
+        "--follower-id",
+        default="emulated_follower",
+        help="calibration id of the follower; with --bimanual the pair's id, files ID_left / ID_right",
+    )
     add_exit_with_parent_arguments(parser)
 
 
+def _arm_paths(args: argparse.Namespace) -> tuple[dict[str, str], str | None]:
+    """The arms asked for: name -> link path, or (_, why the flags do not fit together)."""
+    sided = {
+        f"{side}_{role}": getattr(args, f"{side}_{role}")
+        for side in HANDOVER_SIDES
+        for role in ("leader", "follower")
+        if getattr(args, f"{side}_{role}")
+    }
+    single = {role: getattr(args, role) for role in ("leader", "follower") if getattr(args, role)}
+    if args.bimanual:
+        if single:
+            flags = ", ".join(f"--{r}" for r in single)
+            return {}, f"{flags}: a single pair's port; with --bimanual give --left-leader, --left-follower, ..."
+        if not sided:
+            return {}, "--bimanual: give --left-leader, --left-follower, --right-leader and/or --right-follower PATH"
+        return sided, None
+    if sided:
+        flags = ", ".join("--" + name.replace("_", "-") for name in sided)
+        return {}, f"{flags}: a side's port needs --bimanual"
+    if not single:
+        return {}, "give --leader PATH and/or --follower PATH (or --bimanual with the four --left-/--right- paths)"
+    return single, None
+
+
+def _leader_motion(spec: str, name: str) -> MotionSource:
+    """The motion of leader ``name``: under --bimanual, ``demo`` is that side's handover."""
+    side = name.removesuffix("_leader")
+    return motion_from_spec(f"handover-{side}" if spec == "demo" and side in HANDOVER_SIDES else spec)
+
+
 def run(args: argparse.Namespace) -> int:
-    if not args.leader and not args.follower:
-        print("so101d emulate: give --leader PATH and/or --follower PATH", file=sys.stderr)
+    paths, why = _arm_paths(args)
+    if why:
+        print(f"so101d emulate: {why}", file=sys.stderr)
         return 2
     if args.baud not in BAUD_RATE_BY_CODE.values():
         print(
@@ -89,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        motion = motion_from_spec(args.leader_motion) if args.leader else None
+        motions = {name: _leader_motion(args.leader_motion, name) for name in paths if name.endswith("leader")}
     except MotionError as exc:
         print(f"so101d emulate: {exc}", file=sys.stderr)
         return 2
@@ -101,23 +163,20 @@ def run(args: argparse.Namespace) -> int:
         return 2
     host = EmulatorHost()
     rt = not args.no_realtime
-    if args.leader:
-        arm = EmulatedArm("leader", args.preset, motion=motion, baudrate=args.baud)
-        host.add("leader", args.leader, arm, not args.no_wire_time, rt, realism)
-    if args.follower:
-        host.add(
-            "follower",
-            args.follower,
-            EmulatedArm("follower", args.preset, baudrate=args.baud),
-            not args.no_wire_time,
-            rt,
-            realism,
-        )
+    # Each leader's motion clock starts as its arm is made, microseconds apart here: the two
+    # sides of a handover stay in step.
+    for name, link in paths.items():
+        role: Role = "leader" if name.endswith("leader") else "follower"
+        side = name.removesuffix(f"_{role}") if args.bimanual else None
+        arm = EmulatedArm(role, args.preset, motion=motions.get(name), baudrate=args.baud, side=side)
+        host.add(name, link, arm, not args.no_wire_time, rt, realism)
 
     if args.calibration_out:
         root = Path(args.calibration_out)
         for name, arm in host.arms.items():
-            arm_id = args.leader_id if name == "leader" else args.follower_id
+            arm_id = args.leader_id if arm.role == "leader" else args.follower_id
+            if arm.side is not None:
+                arm_id = f"{arm_id}_{arm.side}"  # LeRobot's bimanual classes: f"{config.id}_left"
             path = save_calibration(arm.reference, arm.role, arm_id, root=root)
             log.info("reference calibration of the %s: %s", name, path)
 

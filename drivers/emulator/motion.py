@@ -6,6 +6,10 @@ its own (reference) calibration.
 
 - ``DemoMotion``: a smooth, looping pick-and-place (reach, open, lower, grasp, lift, carry,
   lower, release, retreat, rest) of 16 s, eased between keyframes so velocity is continuous.
+- ``HandoverMotion("left"|"right")``: one side of a bimanual handover (``so101d emulate
+  --bimanual``): the left arm picks an object and carries it to the middle, the right arm takes it
+  there and puts it down on its side. Both 16 s loops on one clock, so the two leaders move
+  together but on different paths and phases, never as mirror images of one another.
 - ``StillMotion``: one fixed pose.
 - ``TrajectoryMotion``: a recorded trajectory (CSV or JSON), linearly interpolated, looping.
 
@@ -113,6 +117,45 @@ class DemoMotion(KeyframeMotion):
         super().__init__(DEMO_KEYFRAMES, loop=True, eased=True)
 
 
+# The bimanual handover, one keyframe list per side on a shared 16 s clock (so101d emulate
+# --bimanual). Poses stay inside both presets' calibrated ranges, like DEMO_KEYFRAMES. The right
+# arm starts moving at once (getting ready) so that both sides move from the first second.
+HANDOVER_KEYFRAMES: dict[str, list[tuple[float, list[float]]]] = {
+    "left": [
+        (0.0, REST_POSE_UNITS.tolist()),
+        (2.0, [30.0, -30.0, 40.0, 60.0, 10.0, 70.0]),  # reach above the object, open
+        (3.5, [30.0, 5.0, 20.0, 70.0, 10.0, 70.0]),  # lower
+        (4.5, [30.0, 5.0, 20.0, 70.0, 10.0, 8.0]),  # grasp
+        (6.5, [-15.0, -45.0, 50.0, 40.0, 60.0, 8.0]),  # lift and carry to the middle, rolled toward the partner
+        (9.0, [-15.0, -45.0, 50.0, 40.0, 60.0, 8.0]),  # hold while the right arm grasps
+        (10.0, [-15.0, -45.0, 50.0, 40.0, 60.0, 70.0]),  # let go
+        (12.0, [10.0, -60.0, 70.0, 50.0, 0.0, 40.0]),  # retreat
+        (16.0, REST_POSE_UNITS.tolist()),  # rest, then loop
+    ],
+    "right": [
+        (0.0, REST_POSE_UNITS.tolist()),
+        (3.0, [-10.0, -60.0, 70.0, 45.0, 0.0, 30.0]),  # get ready
+        (6.5, [12.0, -40.0, 45.0, 45.0, -60.0, 75.0]),  # reach into the middle, open
+        (8.5, [12.0, -40.0, 45.0, 45.0, -60.0, 10.0]),  # grasp what the left arm holds
+        (10.0, [12.0, -40.0, 45.0, 45.0, -60.0, 10.0]),  # hold until the left arm has let go
+        (11.5, [-35.0, -30.0, 40.0, 60.0, -20.0, 10.0]),  # carry it to the right
+        (12.5, [-35.0, 2.0, 22.0, 68.0, -20.0, 10.0]),  # lower
+        (13.5, [-35.0, 2.0, 22.0, 68.0, -20.0, 70.0]),  # release
+        (16.0, REST_POSE_UNITS.tolist()),  # rest, then loop
+    ],
+}
+HANDOVER_SIDES: tuple[str, ...] = ("left", "right")
+
+
+class HandoverMotion(KeyframeMotion):
+    """One side (``"left"`` or ``"right"``) of the bimanual handover demo."""
+
+    def __init__(self, side: str) -> None:
+        if side not in HANDOVER_KEYFRAMES:
+            raise MotionError(f"a handover side is 'left' or 'right', got {side!r}")
+        super().__init__(HANDOVER_KEYFRAMES[side], loop=True, eased=True)
+
+
 _TIME_COLUMNS = ("t_s", "t", "time", "time_s", "timestamp")
 
 
@@ -180,9 +223,12 @@ def load_trajectory(path: str | Path, loop: bool = True) -> KeyframeMotion:
 
 
 def motion_from_spec(spec: str) -> MotionSource:
-    """``demo``, ``still`` or a trajectory file path (the CLI's --leader-motion)."""
+    """``demo``, ``still``, ``handover-left``, ``handover-right`` or a trajectory file path (the CLI's
+    --leader-motion; ``so101d emulate --bimanual`` turns ``demo`` into each side's handover)."""
     if spec == "demo":
         return DemoMotion()
+    if spec.startswith("handover-") and spec.removeprefix("handover-") in HANDOVER_KEYFRAMES:
+        return HandoverMotion(spec.removeprefix("handover-"))
     if spec == "still":
         return StillMotion()
     return load_trajectory(spec)

@@ -1,9 +1,10 @@
 """Run emulated arms as a set, control them over a JSON-lines UNIX socket, or in a subprocess.
 
-- ``EmulatorHost``: the leader and/or follower of one virtual bench, each an ``EmulatedArm`` on
-  its own ``BusEmulator`` thread.
+- ``EmulatorHost``: the leader and/or follower of one virtual bench (or the two pairs of a
+  bimanual one: left_leader, left_follower, right_leader, right_follower), each an
+  ``EmulatedArm`` on its own ``BusEmulator`` thread.
 - ``ControlServer``: a UNIX socket speaking JSON lines: one request object per line
-  ``{"cmd": "...", "arm": "leader"|"follower", ...}`` -> one reply line ``{"ok": true, ...}`` or
+  ``{"cmd": "...", "arm": "leader"|"follower"|"left_leader"|..., ...}`` -> one reply line ``{"ok": true, ...}`` or
   ``{"ok": false, "error": "..."}``. Fault injection and live pose setting from another process
   (tests, the daemon's demo). No pickle, loopback-free (a filesystem socket).
 - ``EmulatorProcess``: ``so101d emulate`` as a subprocess (its own GIL, so a client measured
@@ -58,7 +59,8 @@ class EmulatorControlError(RuntimeError):
 
 
 class EmulatorHost:
-    """The arms of one virtual bench: name ('leader'/'follower') -> (arm, bus)."""
+    """The arms of one virtual bench: name ('leader'/'follower', or 'left_leader' ... with
+    --bimanual) -> (arm, bus)."""
 
     def __init__(self) -> None:
         self.arms: dict[str, EmulatedArm] = {}
@@ -372,16 +374,24 @@ class EmulatorProcess:
         preset: str = "calibrated",
         calibration_out: str | os.PathLike | None = None,
         extra_args: list[str] | None = None,
+        bimanual: bool = False,
     ) -> None:
         self.directory = Path(directory)
-        self.leader_path = self.directory / "leader" if leader else None
-        self.follower_path = self.directory / "follower" if follower else None
+        self.bimanual = bimanual
+        roles = [r for r, wanted in (("leader", leader), ("follower", follower)) if wanted]
+        # arm name -> link path: "leader"/"follower", or "left_leader" ... "right_follower" (--bimanual)
+        names = [f"{side}_{r}" for side in ("left", "right") for r in roles] if bimanual else roles
+        self.links: dict[str, Path] = {name: self.directory / name for name in names}
+        self.leader_path = self.links.get("leader")
+        self.follower_path = self.links.get("follower")
         self.control_path = self.directory / "emulator.sock"
         self.args = [sys.executable, "-m", "daemon.apps.cli", "emulate", "--control", str(self.control_path)]
-        if self.leader_path:
-            self.args += ["--leader", str(self.leader_path), "--leader-motion", leader_motion]
-        if self.follower_path:
-            self.args += ["--follower", str(self.follower_path)]
+        if bimanual:
+            self.args.append("--bimanual")
+        for name, path in self.links.items():
+            self.args += ["--" + name.replace("_", "-"), str(path)]
+        if leader:
+            self.args += ["--leader-motion", leader_motion]
         if not wire_time:
             self.args.append("--no-wire-time")
         if preset != "calibrated":
@@ -417,7 +427,7 @@ class EmulatorProcess:
                 self.args + self._parent_args(), stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
             )
         deadline = time.monotonic() + timeout_s
-        links = [p for p in (self.leader_path, self.follower_path) if p]
+        links = list(self.links.values())
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 err = self.log_path.read_text(errors="replace")

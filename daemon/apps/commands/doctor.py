@@ -575,6 +575,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     root = Path(args.calibration_root).expanduser() if args.calibration_root else cfg.calibration_root()
     roles = [args.only] if args.only else ["leader", "follower"]
+    unnamed = [role for role in roles if not getattr(args, role)]
+    if cfg.bimanual and unnamed:
+        # [leader] / [follower] hold no port in a bimanual configuration: checking their defaults
+        # would report on a port that is not one of the rig's four
+        print(
+            "so101d doctor: [arms.left] / [arms.right]: checking a bimanual configuration's four arms is "
+            f"not built yet; check one arm at a time with --{unnamed[0]} PORT (and --{unnamed[0]}-id ID)",
+            file=sys.stderr,
+        )
+        return 2
     if cfg.follower.kind != "feetech" and "follower" in roles and not args.follower:
         roles.remove("follower")  # a simulated follower has no servos to check
     ids = _joint_ids()
