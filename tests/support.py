@@ -8,6 +8,7 @@ Each replaces copies that lived in several files.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 import socket
@@ -122,8 +123,24 @@ class MujocoSimThread:
         self.thread.join(5)
 
 
+def refuse_input(monkeypatch: Any) -> None:
+    """A LeRobot path that would block on input() (a calibration mismatch) fails the test instead."""
+
+    def refuse(*_a: object, **_k: object) -> str:
+        raise AssertionError("LeRobot asked for input(): the calibration did not match the servos")
+
+    monkeypatch.setattr(builtins, "input", refuse)
+
+
+def _buses(device: Any) -> list[Any]:
+    """The serial buses of a LeRobot device: a bi device's two arms', an arm's one, or the bus itself."""
+    if hasattr(device, "left_arm"):
+        return [device.left_arm.bus, device.right_arm.bus]
+    return [getattr(device, "bus", device)]
+
+
 def connect_lerobot(make: Callable[[], Any], attempts: int = 3) -> Any:
-    """Connect a LeRobot device (SOFollower, SOLeader or a bare FeetechMotorsBus) built by
+    """Connect a LeRobot device (SOFollower, SOLeader, their Bi pairs or a bare FeetechMotorsBus) built by
     ``make()``, retrying only the handshake.
 
     LeRobot's SDK waits 50 ms for each status packet and does not retry during connect: on a
@@ -140,9 +157,9 @@ def connect_lerobot(make: Callable[[], Any], attempts: int = 3) -> Any:
             return device
         except (ConnectionError, RuntimeError) as exc:
             last = exc
-            bus = getattr(device, "bus", device)
-            if bus.is_connected:
-                bus.port_handler.closePort()
+            for bus in _buses(device):  # a half-done attempt's open ports (a bi device opens left first)
+                if bus.is_connected:
+                    bus.port_handler.closePort()
             time.sleep(0.3)
     assert last is not None
     raise last

@@ -11,11 +11,9 @@ points the constant those classes read at the bench's folder).
 from __future__ import annotations
 
 import argparse
-import builtins
 import json
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -26,6 +24,7 @@ from lerobot.teleoperators import teleoperator as lerobot_teleoperator
 from lerobot.teleoperators.bi_so_leader import BiSOLeader, BiSOLeaderConfig
 from lerobot.teleoperators.so_leader import SOLeaderConfig
 from recording_support import wait_until
+from support import connect_lerobot, refuse_input
 
 from calibration.calibration_file import ArmCalibration, calibration_path
 from calibration.conventions import JOINT_NAMES
@@ -45,12 +44,7 @@ BI_KEYS = [f"{side}_{joint}.pos" for side in SIDES for joint in JOINT_NAMES]
 
 @pytest.fixture(autouse=True)
 def never_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A LeRobot path that would block on input() (calibration mismatch) fails the test instead."""
-
-    def refuse(*_a: object, **_k: object) -> str:
-        raise AssertionError("LeRobot asked for input(): the calibration did not match the servos")
-
-    monkeypatch.setattr(builtins, "input", refuse)
+    refuse_input(monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -68,25 +62,6 @@ def lerobot_calibration_root(bench: EmulatorProcess, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("HF_LEROBOT_CALIBRATION", str(root))
     monkeypatch.setattr(lerobot_robot, "HF_LEROBOT_CALIBRATION", root)
     monkeypatch.setattr(lerobot_teleoperator, "HF_LEROBOT_CALIBRATION", root)
-
-
-def _connect[D: (BiSOLeader, BiSOFollower)](make: Callable[[], D], attempts: int = 3) -> D:
-    """``make().connect()``, retrying only the handshake (tests/support.py connect_lerobot says why);
-    a half-done attempt's open ports (the left arm connects before the right) are closed first."""
-    last: Exception | None = None
-    for _ in range(attempts):
-        device = make()
-        try:
-            device.connect()
-            return device
-        except (ConnectionError, RuntimeError) as exc:
-            last = exc
-            for arm in (device.left_arm, device.right_arm):
-                if arm.bus.is_connected:
-                    arm.bus.port_handler.closePort()
-            time.sleep(0.3)
-    assert last is not None
-    raise last
 
 
 def _pose(bench: EmulatorProcess, arm: str) -> np.ndarray:
@@ -138,7 +113,7 @@ def test_emulate_bimanual_announces_four_ports_and_writes_lerobot_bi_calibration
 
 @pytest.mark.usefixtures("lerobot_calibration_root")
 def test_lerobot_bi_leader_reads_two_hands_moving_differently(bench: EmulatorProcess) -> None:
-    leader = _connect(lambda: _bi_leader(bench))
+    leader = connect_lerobot(lambda: _bi_leader(bench))
     try:
         assert list(leader.action_features) == BI_KEYS
         samples: list[np.ndarray] = []
@@ -173,7 +148,7 @@ def test_lerobot_bi_leader_reads_two_hands_moving_differently(bench: EmulatorPro
 
 @pytest.mark.usefixtures("lerobot_calibration_root")
 def test_lerobot_bi_follower_observes_acts_and_disconnects_cleanly(bench: EmulatorProcess) -> None:
-    robot = _connect(lambda: _bi_follower(bench))
+    robot = connect_lerobot(lambda: _bi_follower(bench))
     try:
         assert list(robot.action_features) == BI_KEYS
         obs = robot.get_observation()

@@ -8,7 +8,6 @@ socket.
 
 from __future__ import annotations
 
-import builtins
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from lerobot.motors import Motor, MotorCalibration, MotorNormMode
 from lerobot.motors.feetech import FeetechMotorsBus
 from lerobot.robots.so_follower import SOFollower, SOFollowerRobotConfig
 from lerobot.teleoperators.so_leader import SOLeader, SOLeaderTeleopConfig
+from support import refuse_input
 
 from calibration.calibration_file import ArmCalibration, calibration_path, save_calibration
 from calibration.conventions import JOINT_NAMES
@@ -29,12 +29,7 @@ from drivers.emulator.process import EmulatorProcess
 
 @pytest.fixture(autouse=True)
 def never_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A LeRobot path that would block on input() fails the test instead."""
-
-    def refuse(*_a: object, **_k: object) -> str:
-        raise AssertionError("LeRobot asked for input(): the calibration did not match the servos")
-
-    monkeypatch.setattr(builtins, "input", refuse)
+    refuse_input(monkeypatch)
 
 
 @pytest.fixture(scope="module")
