@@ -218,16 +218,6 @@ class LinkStatus(msgspec.Struct, kw_only=True):
     waiting: str = ""  # while not connected: what is missing, on which port, when the next try is
 
 
-class ArmStatus(msgspec.Struct, kw_only=True):
-    """One driven arm: the source assigned to it and its own safety state."""
-
-    source: str = ""  # the target source driving it ("leader", "policy", ...)
-    mode: str = "?"
-    reason: str = ""
-    kind: str = "?"
-    connected: bool = False
-
-
 class StageTiming(msgspec.Struct, kw_only=True):
     """One stage's times, ms: percentiles over the recent window, max since start."""
 
@@ -266,6 +256,25 @@ class ServoStatus(msgspec.Struct, kw_only=True):
     current_ma: float | None = None
     status: int | None = None  # the servo's status bits
     torque: bool | None = None
+
+
+class ArmStatus(msgspec.Struct, kw_only=True):
+    """One driven arm: the source assigned to it, its own safety state, its links and pose."""
+
+    source: str = ""  # the target source driving it ("leader", "policy", ...)
+    mode: str = "?"
+    reason: str = ""
+    kind: str = "?"
+    connected: bool = False
+    teleop_source: str = ""  # the leader that drives it in teleop ("leader"; "right_leader" ...)
+    fault: str = ""  # latched or seen now
+    follower: LinkStatus | None = None
+    leader: LinkStatus | None = None  # its teleop leader's link
+    joints: JointsStatus | None = None
+    errors: int = 0
+    limited_cycles: int = 0
+    servos: dict[str, ServoStatus] | None = None
+    missing_servos: list[str] = msgspec.field(default_factory=list)
 
 
 class SocketHealth(msgspec.Struct, kw_only=True):

@@ -135,6 +135,9 @@ class SafetyConfig:
         1 | 4 | 8 | 32
     )  # STS3215 status bits that count as a fault (voltage, overheat, overcurrent, overload)
     max_temperature_c: float = 70.0  # a servo hotter than this is a fault
+    # two arms (a bimanual pair) are one task: a fault or a lost follower on either arm holds
+    # both ("all"); "faulted" holds only the arm that faulted while the other keeps tracking
+    fault_holds: Literal["all", "faulted"] = "all"
 
 
 @dataclass

@@ -21,6 +21,7 @@ import numpy as np
 from calibration.conventions import NUM_JOINTS
 from daemon.config.settings import Config
 from daemon.control.arm_link import ArmLink
+from daemon.control.bus_worker import BusWorker
 from daemon.control.faults import (
     MISSING_FAULT_CYCLES,
     classify_read_failure,
@@ -110,6 +111,11 @@ class DrivenArm:
         self.name = name
         self.link = link
         self.source_name = source_name  # which entry of the loop's sources drives this arm
+        # the leader that drives it in teleop (a bimanual pair: each follower its own leader)
+        self.teleop_source = source_name
+        # this arm's bus thread (an arm beside the primary, with control.overlap_io): its reads and
+        # writes overlap the primary arm's; None: they run on the loop thread
+        self.worker: BusWorker | None = None
         self.cfg = cfg
         self.period_s = period_s
         self.read_stats = read_stats
@@ -259,8 +265,25 @@ class DrivenArm:
         return sel
 
     # ------------------------------------------------------------------ 3. update
-    def update(self, now: float, intent: str, torque_wanted: bool) -> CycleOutput:
+    def blocking(self) -> str:
+        """Why this arm cannot take part in a task now ("" when it can): a fault latched or seen,
+        or its follower not connected. With ``safety.fault_holds = "all"`` the other arms hold."""
+        fault = self.state.fault or self.fault_now or self.power_cycle_required
+        if fault:
+            return f"{self.name} fault: {fault}"
+        if not self.link.connected:
+            missing = f" ({', '.join(self.link.missing)} missing)" if self.link.missing else ""
+            return f"{self.name} not connected{missing}"
+        return ""
+
+    def update(self, now: float, intent: str, torque_wanted: bool, hold_reason: str = "") -> CycleOutput:
+        """``hold_reason``: another arm of the task blocks it, so a tracking intent holds instead."""
         sel = self.selection
+        asked = intent  # the operator's: a hold they did not ask for is logged as a warning
+        if hold_reason and intent in ("teleop", "policy"):
+            intent = "hold"
+        else:
+            hold_reason = ""
         link = self.link
         # a pose measured before the link's last (re)connect is not this arm's pose any more (the
         # connect thread may flip ``connected`` after this cycle's read was skipped)
@@ -295,6 +318,7 @@ class DrivenArm:
                 target_error=self.source_error,
                 dt_s=(now - self._prev_cycle_s) if self._prev_cycle_s is not None else None,
                 realign=self.realign_pending,
+                hold_reason=f"holding: {hold_reason}" if hold_reason else "",
             )
             out = update(self.state, inputs, params)
             self.realign_pending = False
@@ -308,7 +332,7 @@ class DrivenArm:
                 # which joints the limits clamped (a few microseconds, only on limited cycles)
                 self.limit_hits += (sel.target < params.lower) | (sel.target > params.upper)
         if out.state.mode != prev_mode:
-            self._log_mode_change(prev_mode, out.state, intent)
+            self._log_mode_change(prev_mode, out.state, asked)
         return out
 
     def _log_mode_change(self, prev_mode: str, st: ControllerState, intent: str) -> None:

@@ -48,6 +48,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -80,9 +81,7 @@ _SPIN_S = 0.0003  # sleep until this long before a deadline, then spin (sleep ov
 _CYCLE_POLL_S = 0.001  # wait_cycles polls the count: nothing for the loop to signal, nothing it pays
 _MONO = time.monotonic
 PRIMARY_ARM = "follower"
-# The operator's intent picks between these two for the arms they drive (teleop, hold, idle:
-# the leader; policy: the policy); an arm assigned any other source keeps it.
-_INTENT_SOURCES = ("leader", "policy")
+_WORKER_WAIT_S = 1.0  # longer than any serial transaction's timeout: a worker this late is stuck
 
 __all__ = ["ArmLink", "ControlLoop", "CycleHook", "LeaderHook", "RecordHook", "TargetSource"]
 
@@ -91,7 +90,8 @@ class ControlLoop:
     """Runs the cycle described in the module docstring on its own thread (``start``/``stop``).
 
     ``leader`` may be None (policy-only or sim-only setups); ``follower`` is required: it is the
-    primary arm, named "follower".
+    primary arm, named ``primary_name`` ("follower"; "left" on a bimanual bench), driven by the
+    leader source named ``leader_name``. A second pair is ``add_leader`` + ``add_arm``.
     """
 
     def __init__(
@@ -102,6 +102,8 @@ class ControlLoop:
         *,
         free_run: bool = False,
         spin_s: float = _SPIN_S,
+        primary_name: str = PRIMARY_ARM,
+        leader_name: str = "leader",
     ) -> None:
         """``free_run`` drops the sleep (benchmarks)."""
         self.cfg = cfg
@@ -111,25 +113,25 @@ class ControlLoop:
         self.overlap_io = cfg.control.overlap_io
         self.stats = LoopStats()
         self.worst_calls = WorstCalls()  # per source and hook: its longest single call
-        c = cfg.control
-        self.leader_link: ArmLink[LeaderArm] | None = (
-            ArmLink("leader", leader, c.reconnect_backoff_min_s, c.reconnect_backoff_max_s)
-            if leader is not None
-            else None
-        )
-        self.leader_source: LeaderSource | None = None
         # the target sources by name; an arm names the one that drives it
         self.sources: dict[str, SourceEntry] = {}
-        if self.leader_link is not None:
-            src = LeaderSource(self.leader_link, self.stats.leader_read, cfg.safety.leader_stale_s)
-            self.leader_source = src
-            self.sources["leader"] = SourceEntry("leader", src, lambda: src.units)
+        # every leader, read each cycle (each on its own worker with overlap_io); the first is the
+        # primary arm's (status's "leader", the leader hooks)
+        self.leaders: dict[str, LeaderSource] = {}
+        self.leader_link: ArmLink[LeaderArm] | None = None
+        self.leader_source: LeaderSource | None = None
+        if leader is not None:
+            self.leader_source = self._make_leader(leader_name, leader, self.stats.leader_read)
+            self.leader_link = self.leader_source.link
+        self.leader_name = leader_name
         self.arms: list[DrivenArm] = []
         self.primary = self._make_arm(
-            PRIMARY_ARM, follower, "leader", self.stats.follower_read, self.stats.follower_write
+            primary_name, follower, leader_name, self.stats.follower_read, self.stats.follower_write
         )
         self.arms.append(self.primary)
-        self.supervisor = Supervisor(cfg, self.period_s, self.stats, self.arms, self.leader_link, self.leader_source)
+        # a fault (or a lost follower) on one arm holds the others too: one task (safety.fault_holds)
+        self.hold_together = cfg.safety.fault_holds == "all"
+        self.supervisor = Supervisor(cfg, self.period_s, self.stats, self.arms, self.leaders)
         # operator intent, changed only on the loop thread (through submit)
         self.intent: str = cfg.control.start_mode
         self.torque_wanted = True
@@ -153,12 +155,22 @@ class ControlLoop:
         self._thread: threading.Thread | None = None
         self.stopped = threading.Event()
 
+    def _make_leader(self, name: str, leader: LeaderArm, read_stats: RollingStats) -> LeaderSource:
+        c = self.cfg.control
+        link: ArmLink[LeaderArm] = ArmLink(name, leader, c.reconnect_backoff_min_s, c.reconnect_backoff_max_s)
+        src = LeaderSource(link, read_stats, self.cfg.safety.leader_stale_s)
+        self.leaders[name] = src
+        self.sources = {**self.sources, name: SourceEntry(name, src, lambda: src.units)}
+        return src
+
     def _make_arm(
         self, name: str, arm: FollowerArm, source: str, read_stats: RollingStats, write_stats: RollingStats
     ) -> DrivenArm:
         c = self.cfg.control
         link: ArmLink[FollowerArm] = ArmLink(name, arm, c.reconnect_backoff_min_s, c.reconnect_backoff_max_s)
         driven = DrivenArm(name, link, source, self.cfg, self.period_s, read_stats, write_stats)
+        if source not in self.leaders:
+            driven.teleop_source = self.leader_name  # teleop: the primary leader, as before a source was given
         link.on_connect = driven.on_connect
         return driven
 
@@ -229,9 +241,20 @@ class ControlLoop:
         return self.leader_source.errors if self.leader_source is not None else 0
 
     # ------------------------------------------------------------------ arms and sources
+    def add_leader(self, name: str, leader: LeaderArm) -> None:
+        """Read another leader every cycle, offered as the source ``name`` (a bimanual pair's
+        second leader: ``add_leader("right_leader", ...)`` then ``add_arm("right", ...,
+        source="right_leader")``). Only before ``start``: its link and worker start with the others."""
+        if self._thread is not None:
+            raise RuntimeError("add_leader: the loop is running; leaders are added before start")
+        if name in self.sources:
+            raise ValueError(f"a source named {name!r} is offered already")
+        self._make_leader(name, leader, RollingStats())
+
     def add_arm(self, name: str, arm: FollowerArm, source: str = "leader") -> DrivenArm:
-        """Drive another arm, named ``name``, from the source named ``source``. Before ``start``
-        it is connected with the others; on a running loop it joins at a cycle boundary and
+        """Drive another arm, named ``name``, from the source named ``source`` (a leader's: that
+        arm's teleop source). Before ``start`` it is connected with the others (its bus on its own
+        thread with ``control.overlap_io``); on a running loop it joins at a cycle boundary and
         connects on its own link's thread."""
         if any(a.name == name for a in self.arms):
             raise ValueError(f"an arm named {name!r} is driven already")
@@ -276,6 +299,11 @@ class ControlLoop:
         fut: Future[None] = Future()
         self._commands.put((apply, fut))  # also on a loop stepped by hand: applied at its next cycle
         return fut
+
+    def links(self) -> list[ArmLink[Any]]:
+        """Every arm's link: the leaders' first, then the driven arms', in the loop's order."""
+        leaders: list[ArmLink[Any]] = [src.link for src in self.leaders.values()]
+        return leaders + [a.link for a in self.arms]
 
     def assignments(self) -> dict[str, str]:
         """Which source drives which arm, now."""
@@ -376,10 +404,9 @@ class ControlLoop:
         if intent in ("teleop", "policy"):
             self.torque_wanted = True
             self._recover_faults()
-        wanted = "policy" if intent == "policy" else "leader"
         for arm in self.arms:
-            if arm.source_name in _INTENT_SOURCES:
-                arm.source_name = wanted
+            if arm.source_name in (arm.teleop_source, "policy"):
+                arm.source_name = "policy" if intent == "policy" else arm.teleop_source
         self.intent = intent
 
     def set_torque_wanted(self, on: bool) -> None:
@@ -434,16 +461,22 @@ class ControlLoop:
         self._drain_commands()
         self._read(now)
         t_u = _MONO()
-        sources, intent, torque = self.sources, self.intent, self.torque_wanted
+        sources, intent, torque, arms = self.sources, self.intent, self.torque_wanted, self.arms
+        blocks = self._blocks() if len(arms) > 1 and self.hold_together else None
         outs = []
-        for arm in self.arms:
+        for arm in arms:
             arm.select(now, sources, self._count_hook_error, self.worst_calls, _MONO)
-            outs.append(arm.update(now, intent, torque))
+            why = "" if blocks is None else next((r for a, r in blocks if a is not arm), "")
+            outs.append(arm.update(now, intent, torque, why))
         self.stats.update.add(_MONO() - t_u)
-        for arm, out in zip(self.arms, outs):
-            arm.write(out, _MONO)
+        self._write(outs)
         self._call_hooks(now, outs)
         self.cycles += 1
+
+    def _blocks(self) -> list[tuple[DrivenArm, str]] | None:
+        """The arms that block the task now (a fault, a lost follower) and why; None: none does."""
+        found = [(a, why) for a in self.arms if (why := a.blocking())]
+        return found or None
 
     def _count_hook_error(self) -> None:
         self.hook_errors += 1
@@ -463,15 +496,21 @@ class ControlLoop:
 
     # ---- 1. read
     def _read(self, now: float) -> None:
-        """The leader (overlapped) and the arms; a fresh leader reading to the leader hooks."""
+        """The leaders (overlapped) and the arms (each beside the primary on its bus worker); a
+        fresh primary-leader reading to the leader hooks."""
+        leaders = self.leaders
+        started = [src for src in leaders.values() if src.begin_read()] if leaders else ()
+        arms = self.arms
+        on_workers = [a for a in arms if a.worker is not None and a.worker.run(partial(a.read, now, _MONO))]
+        for arm in arms:
+            if arm.worker is None:
+                arm.read(now, _MONO)
+        self._wait_workers(on_workers)
+        for src in started:
+            src.finish_read(max(0.0, now + self.period_s * 0.5 - _MONO()) if not self.free_run else 0.05)
         leader = self.leader_source
-        started = leader.begin_read() if leader is not None else False
-        for arm in self.arms:
-            arm.read(now, _MONO)
         if leader is None:
             return
-        if started:
-            leader.finish_read(max(0.0, now + self.period_s * 0.5 - _MONO()) if not self.free_run else 0.05)
         fresh = leader.take_fresh()
         if fresh is not None:
             for hook in self._leader_hooks:
@@ -480,6 +519,27 @@ class ControlLoop:
                 except Exception as exc:
                     self.hook_errors += 1
                     _rl.error("hook.leader", "leader hook failed: %r", exc)
+
+    # ---- 4. write
+    def _write(self, outs: list[CycleOutput]) -> None:
+        """Each arm's torque change and goals: the arms with a bus worker on it, meanwhile the
+        others here; returns once every bus is done (hooks read what the writes left)."""
+        arms = self.arms
+        on_workers = [
+            a for a, out in zip(arms, outs) if a.worker is not None and a.worker.run(partial(a.write, out, _MONO))
+        ]
+        for arm, out in zip(arms, outs):
+            if arm.worker is None:
+                arm.write(out, _MONO)
+        self._wait_workers(on_workers)
+
+    def _wait_workers(self, arms: list[DrivenArm]) -> None:
+        for arm in arms:
+            worker = arm.worker
+            if worker is not None and not worker.wait(_WORKER_WAIT_S):
+                # a bus stuck past every serial timeout: this arm's pose ages (it reads as not
+                # current, so nothing is written to it and its partners hold) until the call returns
+                _rl.error(f"{arm.name}.worker", "%s: its bus call has not returned in %.1f s", arm.name, _WORKER_WAIT_S)
 
     # ---- 5. hooks
     def _call_hooks(self, now: float, outs: list[CycleOutput]) -> None:
@@ -638,7 +698,6 @@ class ControlLoop:
         stages = self.stats.summaries_ms()
         period = stages["period"]
         health = primary.health
-        leader = self.leader_source
         return LoopSnapshot(
             mode=st.mode,
             intent=self.intent,
@@ -656,10 +715,10 @@ class ControlLoop:
             missed_cycles=self.missed_cycles,
             limited_cycles=primary.limited_cycles,
             limit_hits=tuple(int(c) for c in primary.limit_hits),
-            leader_errors=self.leader_errors,
+            leader_errors=sum(src.errors for src in self.leaders.values()),
             follower_errors=primary.errors,
             hook_errors=self.hook_errors,
-            overlap_io=leader is not None and leader.overlapped,
+            overlap_io=any(src.overlapped for src in self.leaders.values()),
             rate_warning=self.supervisor.rate_warning,
             scheduling=self.scheduling,
             power_cycle_required=primary.power_cycle_required,
@@ -675,10 +734,29 @@ class ControlLoop:
             health=health,
             health_age_s=None if health is None or not health.read_at_s else now - health.read_at_s,
             worst_calls_ms=self.worst_calls.as_ms(),
-            arms=tuple(
-                ArmSnapshot(a.name, a.source_name, a.state.mode, a.state.reason, a.kind, a.link.connected)
-                for a in self.arms
-            ),
+            arms=tuple(self._arm_snapshot(a, now) for a in self.arms),
+        )
+
+    def _arm_snapshot(self, arm: DrivenArm, now: float) -> ArmSnapshot:
+        st = arm.state
+        leader = self.leaders.get(arm.teleop_source)
+        return ArmSnapshot(
+            name=arm.name,
+            source=arm.source_name,
+            mode=st.mode,
+            reason=st.reason,
+            kind=arm.kind,
+            connected=arm.link.connected,
+            teleop_source=arm.teleop_source,
+            fault=fault_text(st.fault or arm.fault_now, arm.power_cycle_required),
+            follower=self._link_snapshot(arm.link, now),
+            leader=self._link_snapshot(leader.link, now) if leader is not None else None,
+            follower_units=arm.measured,
+            command_units=arm.command,
+            leader_units=leader.units if leader is not None else None,
+            errors=arm.errors,
+            limited_cycles=arm.limited_cycles,
+            health=arm.health,
         )
 
     def status(self) -> dict[str, Any]:

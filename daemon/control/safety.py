@@ -115,6 +115,8 @@ class CycleInputs:
     # The follower was moved under us (a simulator's scene reset): tracking restarts with
     # alignment from the measured pose, as after a hold, instead of stepping from the last command.
     realign: bool = False
+    # with intent "hold": why (another arm of the same task faulted), instead of "hold requested"
+    hold_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,7 @@ def update(s: ControllerState, inp: CycleInputs, p: SafetyParams) -> CycleOutput
     if inp.intent == "idle":
         return holding("idle", "idle: not tracking")
     if inp.intent == "hold":
-        return holding("hold", "hold requested")
+        return holding("hold", inp.hold_reason or "hold requested")
     if inp.intent not in ("teleop", "policy"):
         return holding("hold", f"unknown intent {inp.intent!r}")
 

@@ -40,7 +40,7 @@ class LinkSnapshot:
 
 @dataclass(frozen=True)
 class ArmSnapshot:
-    """One driven arm: which source drives it and what it does."""
+    """One driven arm: which source drives it, what it does, its follower's link and pose."""
 
     name: str
     source: str
@@ -48,6 +48,16 @@ class ArmSnapshot:
     reason: str
     kind: str
     connected: bool
+    teleop_source: str = ""  # the leader that drives it in teleop
+    fault: str = ""  # latched or seen now (a needed power cycle first)
+    follower: LinkSnapshot | None = None
+    leader: LinkSnapshot | None = None  # its teleop leader's link (None: no such leader)
+    follower_units: np.ndarray | None = None
+    command_units: np.ndarray | None = None
+    leader_units: np.ndarray | None = None
+    errors: int = 0
+    limited_cycles: int = 0
+    health: ArmHealth | None = None
 
 
 @dataclass(frozen=True)
@@ -115,9 +125,35 @@ def _link(link: LinkSnapshot | None) -> dict[str, Any] | None:
 
 def _arms(arms: Sequence[ArmSnapshot]) -> dict[str, dict[str, Any]]:
     return {
-        a.name: {"source": a.source, "mode": a.mode, "reason": a.reason, "kind": a.kind, "connected": a.connected}
+        a.name: {
+            "source": a.source,
+            "mode": a.mode,
+            "reason": a.reason,
+            "kind": a.kind,
+            "connected": a.connected,
+            "teleop_source": a.teleop_source,
+            "fault": a.fault,
+            "follower": _link(a.follower),
+            "leader": _link(a.leader),
+            "joints": {
+                "leader": _joints(a.leader_units),
+                "follower": _joints(a.follower_units),
+                "command": _joints(a.command_units),
+            },
+            "errors": a.errors,
+            "limited_cycles": a.limited_cycles,
+            "servos": _servos(a.health),
+            "missing_servos": _missing(a.health, a.follower),
+        }
         for a in arms
     }
+
+
+def _missing(health: ArmHealth | None, follower: LinkSnapshot | None) -> list[str]:
+    """The health read's silent servos, else (while reconnecting) those the link found missing."""
+    if health is not None and health.missing:
+        return list(health.missing)
+    return list(follower.missing_servos) if follower is not None else []
 
 
 def _servos(health: ArmHealth | None) -> dict[str, dict[str, Any]] | None:
@@ -181,9 +217,7 @@ def render_status(s: LoopSnapshot) -> dict[str, Any]:
         },
         "servos": _servos(s.health),
         # the health read's silent servos, else (while reconnecting) those the link found missing
-        "missing_servos": list(s.health.missing)
-        if s.health is not None and s.health.missing
-        else list(s.follower.missing_servos),
+        "missing_servos": _missing(s.health, s.follower),
         "health_age_s": None if s.health_age_s is None else round(s.health_age_s, 3),
         "arms": _arms(s.arms),
         "worst_calls_ms": dict(s.worst_calls_ms or {}),

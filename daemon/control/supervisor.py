@@ -25,11 +25,12 @@ import numpy as np
 
 from daemon.config.settings import Config
 from daemon.control.arm_link import ArmLink
+from daemon.control.bus_worker import BusWorker
 from daemon.control.driven_arm import DrivenArm
 from daemon.control.leader_source import LeaderSource
 from daemon.control.safety import SafetyParams
 from daemon.control.timing_stats import LoopStats, RollingStats
-from drivers.arm_interface import ArmError, LeaderArm, OverloadLatchedError, PortGoneError
+from drivers.arm_interface import ArmError, OverloadLatchedError, PortGoneError
 
 log = logging.getLogger("so101d.loop")
 _MONO = time.monotonic
@@ -47,26 +48,28 @@ class Supervisor:
         period_s: float,
         stats: LoopStats,
         arms: list[DrivenArm],
-        leader_link: ArmLink[LeaderArm] | None,
-        leader_source: LeaderSource | None,
+        leaders: dict[str, LeaderSource],
     ) -> None:
         self.cfg = cfg
         self.period_s = period_s
         self.stats = stats
         self.arms = arms  # the loop's own list: an arm added to the loop is supervised too
-        self.leader_link = leader_link
-        self.leader_source = leader_source
+        self.leaders = leaders  # the loop's own leaders, by source name
         self.rate_warning = ""  # set when the adapters make the configured rate impossible
         self.next_rate_check_s = 0.0
 
     # ------------------------------------------------------------------ connect
     def start_links(self, overlap_io: bool, on_worker_start: Callable[[], None] | None = None) -> None:
-        """Start connecting the arms (each on its link's thread), and the leader's read worker."""
-        if self.leader_link is not None and self.leader_source is not None:
-            self.leader_link.start()
+        """Start connecting the arms (each on its link's thread), each leader's read worker, and
+        with ``overlap_io`` a bus worker for every arm beside the primary (its own serial port:
+        its reads and writes overlap the primary's on the loop thread)."""
+        for src in self.leaders.values():
+            src.link.start()
             if overlap_io:
-                self.leader_source.start_worker(on_start=on_worker_start)
-        for arm in self.arms:
+                src.start_worker(on_start=on_worker_start)
+        for i, arm in enumerate(self.arms):
+            if overlap_io and i > 0 and arm.worker is None:
+                arm.worker = BusWorker(arm.name, on_start=on_worker_start)
             arm.link.start()
 
     # ------------------------------------------------------------------ fault recovery (loop thread)
@@ -122,17 +125,15 @@ class Supervisor:
             if arm.params is not None:
                 arm.params = SafetyParams.from_config(cfg.safety, arm.params.lower, arm.params.upper, self.period_s)
             arm.next_health_s = 0.0
-        if self.leader_source is not None:
-            self.leader_source.stale_s = cfg.safety.leader_stale_s
+        for src in self.leaders.values():
+            src.stale_s = cfg.safety.leader_stale_s
         for link in self._links():
             link.backoff_min_s = cfg.control.reconnect_backoff_min_s
             link.backoff_max_s = cfg.control.reconnect_backoff_max_s
 
     def _links(self) -> list[ArmLink[Any]]:
-        links: list[ArmLink[Any]] = [a.link for a in self.arms]
-        if self.leader_link is not None:
-            links.insert(0, self.leader_link)
-        return links
+        leader_links: list[ArmLink[Any]] = [src.link for src in self.leaders.values()]
+        return leader_links + [a.link for a in self.arms]
 
     # ------------------------------------------------------------------ rate diagnosis (loop thread)
     def check_rate(self, now: float) -> None:
@@ -149,8 +150,7 @@ class Supervisor:
             self.rate_warning = ""
             return
         reads: list[tuple[ArmLink[Any], RollingStats]] = [(a.link, a.read_stats) for a in self.arms]
-        if self.leader_link is not None:
-            reads.append((self.leader_link, self.stats.leader_read))
+        reads += [(src.link, src.read_stats) for src in self.leaders.values()]
         parts = []
         for link, stage in reads:
             p50 = stage.summary().p50 * 1000.0
@@ -172,14 +172,18 @@ class Supervisor:
         ``follower.torque_off_on_shutdown``, and close every arm saying which."""
         for link in self._links():
             link.stop()
-        if self.leader_source is not None:
-            self.leader_source.stop()
+        for src in self.leaders.values():
+            src.stop()
+        for arm in self.arms:
+            if arm.worker is not None:
+                arm.worker.stop()
+                arm.worker = None  # the shutdown's own bus calls below run here
         torque_off = self.cfg.follower.torque_off_on_shutdown
         for arm in self.arms:
             self._shutdown_arm(arm, torque_off)
-        closing: list[tuple[ArmLink[Any], bool]] = [(a.link, torque_off) for a in self.arms]
-        if self.leader_link is not None:
-            closing = [(self.leader_link, True), *closing]  # a leader never keeps torque
+        # a leader never keeps torque
+        closing: list[tuple[ArmLink[Any], bool]] = [(src.link, True) for src in self.leaders.values()]
+        closing += [(a.link, torque_off) for a in self.arms]
         for link, off in closing:
             try:
                 link.arm.close(torque_off=off)

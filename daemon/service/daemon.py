@@ -23,7 +23,7 @@ from typing import Any
 
 from calibration.calibration_file import ArmCalibration, CalibrationError, load_calibration
 from daemon.api.server import ControlServer, RequestError
-from daemon.config.settings import Config
+from daemon.config.settings import ARM_SIDES, Config
 from daemon.control.loop import ControlLoop
 from daemon.service.attach_replay import SOURCE_NAME as REPLAY_SOURCE
 from daemon.service.cameras import DaemonCameras, cameras_status
@@ -53,27 +53,49 @@ class StartupError(RuntimeError):
     """The daemon cannot start with this configuration (missing calibration, socket in use...)."""
 
 
+# What a bimanual daemon does not do yet, refused before any port opens rather than done for one
+# arm of the two (the verbs are answered with BIMANUAL_NOT_YET, see _attach_optional).
+BIMANUAL_NOT_YET = (
+    "not built for two arms yet: a bimanual daemon teleoperates both pairs; recording, policies, "
+    "replay and the LeIsaac remote leader run on a single pair for now"
+)
+
+
+def _refuse_unbuilt_bimanual(cfg: Config) -> None:
+    if cfg.recording.enabled:
+        raise StartupError(f"[recording] enabled with [arms.left] / [arms.right]: recording is {BIMANUAL_NOT_YET}")
+    if cfg.policy.enabled:
+        raise StartupError(f"[policy] enabled with [arms.left] / [arms.right]: a policy is {BIMANUAL_NOT_YET}")
+    if cfg.leisaac_remote_leader.enabled:
+        raise StartupError(
+            f"[leisaac_remote_leader] enabled with [arms.left] / [arms.right]: the remote leader is {BIMANUAL_NOT_YET}"
+        )
+
+
 # -------------------------------------------------------------------------------------------------
 # factories
 # -------------------------------------------------------------------------------------------------
-def load_arm_calibration(cfg: Config, role: str) -> ArmCalibration:
-    arm_id = cfg.leader.id if role == "leader" else cfg.follower.id
+def load_arm_calibration(cfg: Config, role: str, arm_id: str = "", key: str = "") -> ArmCalibration:
+    """The calibration of the ``role`` arm ``arm_id`` (default: [leader] / [follower] id); ``key``
+    names the arm in the error (default: the role)."""
+    arm_id = arm_id or (cfg.leader.id if role == "leader" else cfg.follower.id)
     try:
         return load_calibration(role, arm_id, cfg.calibration_root())  # type: ignore[arg-type]
     except CalibrationError as exc:
-        raise StartupError(f"{role}: {exc}") from exc
+        raise StartupError(f"{key or role}: {exc}") from exc
 
 
-def make_leader(cfg: Config) -> LeaderArm:
-    """The leader arm (a FeetechLeader on ``leader.port``), not yet connected."""
+def make_leader(cfg: Config, side: str = "") -> LeaderArm:
+    """The leader arm (a FeetechLeader on ``leader.port``, or on ``arms.<side>.leader_port`` of a
+    bimanual configuration), not yet connected."""
     from drivers.feetech_arm import (
         FeetechLeader,
         LeaderBusConfig,
     )
 
-    return FeetechLeader(
-        cfg.leader.port, load_arm_calibration(cfg, "leader"), LeaderBusConfig(baudrate=cfg.leader.baudrate)
-    )
+    port, arm_id = (cfg.arms[side].leader_port, cfg.arms[side].leader_id) if side else (cfg.leader.port, "")
+    cal = load_arm_calibration(cfg, "leader", arm_id, f"arms.{side}.leader" if side else "")
+    return FeetechLeader(port, cal, LeaderBusConfig(baudrate=cfg.leader.baudrate))
 
 
 def follower_bus_config(cfg: Config) -> FollowerBusConfig:
@@ -86,13 +108,16 @@ def follower_bus_config(cfg: Config) -> FollowerBusConfig:
     )
 
 
-def make_follower(cfg: Config) -> FollowerArm:
-    """The follower arm for ``follower.kind``, not yet connected."""
+def make_follower(cfg: Config, side: str = "") -> FollowerArm:
+    """The follower arm for ``follower.kind`` (on ``arms.<side>.follower_port`` of a bimanual
+    configuration), not yet connected."""
     kind = cfg.follower.kind
     if kind == "feetech":
         from drivers.feetech_arm import FeetechFollower
 
-        return FeetechFollower(cfg.follower.port, load_arm_calibration(cfg, "follower"), follower_bus_config(cfg))
+        port, arm_id = (cfg.arms[side].follower_port, cfg.arms[side].follower_id) if side else (cfg.follower.port, "")
+        cal = load_arm_calibration(cfg, "follower", arm_id, f"arms.{side}.follower" if side else "")
+        return FeetechFollower(port, cal, follower_bus_config(cfg))
     if kind == "sim":
         from drivers.sim_follower import SimFollower
 
@@ -112,7 +137,29 @@ def mapped_leader(leader: LeaderArm, cfg: Config) -> LeaderArm:
     return LeisaacMappedLeader(leader, cal, cfg.follower.sim_mapping)
 
 
-__all__ = ["Daemon", "RemoteLeaderHook", "StartupError", "make_follower", "make_leader"]
+def build_loop(
+    cfg: Config, leader: LeaderArm | None = None, follower: FollowerArm | None = None, *, free_run: bool = False
+) -> ControlLoop:
+    """The control loop over the configured arms (not started): one pair, or a bimanual rig's two
+    ([arms.left] the primary, then [arms.right], LeRobot's order; each follower driven by its own
+    leader). ``leader`` / ``follower``: the (primary) pair's arms instead of the configured ones."""
+    first = ARM_SIDES[0] if cfg.bimanual else ""
+    the_leader = leader if leader is not None else make_leader(cfg, first)
+    if cfg.follower.kind == "sim" and cfg.follower.sim_mapping != "degrees" and the_leader is not None:
+        the_leader = mapped_leader(the_leader, cfg)
+    the_follower = follower if follower is not None else make_follower(cfg, first)
+    if not first:
+        return ControlLoop(the_leader, the_follower, cfg, free_run=free_run)
+    loop = ControlLoop(
+        the_leader, the_follower, cfg, free_run=free_run, primary_name=first, leader_name=f"{first}_leader"
+    )
+    for side in ARM_SIDES[1:]:
+        loop.add_leader(f"{side}_leader", make_leader(cfg, side))
+        loop.add_arm(side, make_follower(cfg, side), source=f"{side}_leader")
+    return loop
+
+
+__all__ = ["Daemon", "RemoteLeaderHook", "StartupError", "build_loop", "make_follower", "make_leader"]
 
 
 # -------------------------------------------------------------------------------------------------
@@ -131,30 +178,22 @@ class Daemon:
         rerun: str | None = None,
     ) -> None:
         if cfg.bimanual:
-            # Parsed and checked (daemon/config/settings.py), not driven: refuse before any port
-            # is opened rather than run one pair of the two and look like a bimanual rig.
-            raise StartupError(
-                "[arms.left] / [arms.right]: this is a bimanual configuration (two pairs); so101d "
-                "checks it but cannot drive two pairs yet (bimanual driving is not built, issue #25). "
-                "Run one pair with [leader] port and [follower] port, or LeRobot's bi_so_leader / "
-                "bi_so_follower meanwhile"
-            )
+            _refuse_unbuilt_bimanual(cfg)
         self.config_path = config_path  # re-read on SIGHUP
         # a Rerun viewer's HOST:PORT from --rerun, kept apart from cfg so a reload of the file does
         # not report it as a change; else [display] rerun (daemon/service/rerun_child.py)
         self.rerun_address = rerun
         self.reloads = 0
         self._reload_requested = threading.Event()
-        the_leader = leader if leader is not None else make_leader(cfg)
-        if cfg.follower.kind == "sim" and cfg.follower.sim_mapping != "degrees" and the_leader is not None:
-            the_leader = mapped_leader(the_leader, cfg)
-        the_follower = follower if follower is not None else make_follower(cfg)
+        loop = build_loop(cfg, leader, follower)
+        the_leader = loop.leader_link.arm if loop.leader_link is not None else None
+        the_follower = loop.primary.link.arm
         self.socket_path = socket_path or cfg.socket.resolved_path()
         self.context = DaemonContext(
             cfg=cfg,
             leader=the_leader,
             follower=the_follower,
-            loop=ControlLoop(the_leader, the_follower, cfg),
+            loop=loop,
             server=ControlServer(self.socket_path, cfg.socket.mode, cfg.socket.max_request_bytes),
             cameras=DaemonCameras(cfg.cameras, the_follower),
         )
@@ -256,9 +295,9 @@ class Daemon:
     def _teleop_words(self) -> str:
         """What teleop.start resumes: each arm follows its assigned source (an arm lent to a LeRobot
         tool follows that client, not the leader)."""
-        others = {arm: src for arm, src in self.loop.assignments().items() if src != "leader"}
+        others = {a.name: a.source_name for a in self.loop.arms if a.source_name != a.teleop_source}
         if not others:
-            return "teleop: aligning, then following the leader"
+            return "teleop: aligning, then following the leader" + ("s" if len(self.loop.arms) > 1 else "")
         named = ", ".join(f"{arm} follows its source {src!r}" for arm, src in sorted(others.items()))
         return f"teleop: aligning, then tracking ({named})"
 
@@ -405,6 +444,10 @@ class Daemon:
         # No recorder: `so101d episode ...` / `record` get the reason, not "unknown command"
         # (a recorder attached later registers the real verbs, which take precedence).
         self.server.explain_missing("episode.", RECORDING_DISABLED)
+        if self.cfg.bimanual:
+            for prefix in ("policy.", "replay."):
+                self.server.explain_missing(prefix, f"{prefix.rstrip('.')}: {BIMANUAL_NOT_YET}")
+            return
         # the policy: policy.* verbs, `status.policy`, [policy] enabled loads at start
         from daemon.service.attach_policy import attach_policy
 
@@ -432,7 +475,8 @@ class Daemon:
         """Housekeeping from the main thread (READY / STATUS for systemd): cheap, ~5 Hz."""
         if self.notifier is None:
             return
-        both = self.loop.follower_link.connected and (self.loop.leader_link is None or self.loop.leader_link.connected)
+        links = self.loop.links()
+        both = all(link.connected for link in links)
         st = self.loop.state
         # READY=1 once the service can do what it is configured for: arms connected and, with
         # [recording] enabled, the recorder accepting episode.start (its writer process takes
@@ -444,11 +488,7 @@ class Daemon:
             self.notifier.ready(f"{st.mode}: arms connected" + (", recording ready" if rec is not None else ""))
             self._ready_sent = True
         elif not self._ready_sent:
-            missing = [
-                n
-                for n, link in (("leader", self.loop.leader_link), ("follower", self.loop.follower_link))
-                if link is not None and not link.connected
-            ]
+            missing = [link.name for link in links if not link.connected]
             waiting = [f"waiting for {' and '.join(missing)}"] if missing else []
             if rec_starting:
                 waiting.append("recording: starting (dataset writer loading)")

@@ -1,0 +1,212 @@
+"""Bimanual control-loop benchmark: two SO-101 pairs (four serial buses) on the virtual bimanual
+bench (`so101d emulate --bimanual` in its own process, 1 Mbaud, wire time modelled).
+
+Measured side by side in one run, on the same emulator:
+
+1. so101d's loop driving both pairs (the daemon's own ``build_loop`` on an [arms.left] /
+   [arms.right] configuration), free-running: the four buses overlapped (``control.overlap_io``:
+   each leader on its read worker, the right follower on its bus worker while the loop thread
+   does the left) and, for comparison, every bus in turn on the loop thread;
+2. so101d's loop on one pair of the same bench (the left), overlapped: what a single-arm cycle
+   costs here, so the bimanual cycle can be read against it;
+3. LeRobot 0.6.1's own bimanual cycle on the same four ports: ``BiSOLeader.get_action`` ->
+   ``BiSOFollower.send_action`` + ``BiSOFollower.get_observation`` (no cameras), free-running;
+4. so101d's bimanual loop at 100 Hz: the rate held and the period jitter.
+
+Goal (issue #25): so101d's bimanual cycle >= 2.5x faster than LeRobot's bimanual cycle, and close
+to a single-arm cycle.
+
+    .venv/bin/python bench/bench_bimanual.py [--seconds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from daemon.config.settings import Config, config_from_dict
+from daemon.control.loop import ControlLoop
+from daemon.service.daemon import build_loop
+from drivers.emulator.process import EmulatorProcess
+
+LEADER_ID, FOLLOWER_ID = "emulated_leader", "emulated_follower"  # the bench's --calibration-out ids
+
+
+def pct(a: np.ndarray, q: float) -> float:
+    return float(np.percentile(a, q)) if a.size else float("nan")
+
+
+def rig_config(bench: EmulatorProcess, *, bimanual: bool, overlap: bool, rate_hz: float) -> Config:
+    links = bench.links
+    data: dict = {
+        "leader": {"id": LEADER_ID},
+        "follower": {"id": FOLLOWER_ID},
+        "calibration": {"root": str(bench.directory / "calibration")},
+        # health reads off the measurement
+        "control": {"rate_hz": rate_hz, "overlap_io": overlap, "health_period_s": 1e6},
+        "socket": {"path": str(bench.directory / "unused.sock")},
+        # a free-running loop aligns at most two nominal (1 ms) periods' worth a cycle: quick alignment
+        "safety": {"align_speed_deg_s": 360.0},
+    }
+    if bimanual:
+        data["arms"] = {
+            side: {"leader_port": str(links[f"{side}_leader"]), "follower_port": str(links[f"{side}_follower"])}
+            for side in ("left", "right")
+        }
+    else:  # the left pair alone, with its own calibration ids
+        data["leader"].update(port=str(links["left_leader"]), id=f"{LEADER_ID}_left")
+        data["follower"].update(port=str(links["left_follower"]), id=f"{FOLLOWER_ID}_left")
+    return config_from_dict(data)
+
+
+def _tracking(loop: ControlLoop) -> bool:
+    return all(a.link.connected and a.state.mode == "teleop" for a in loop.arms) and all(
+        link.connected for link in loop.links()
+    )
+
+
+def run_ours(bench: EmulatorProcess, seconds: float, *, bimanual: bool, overlap: bool, rate_hz: float) -> dict:
+    cfg = rig_config(bench, bimanual=bimanual, overlap=overlap, rate_hz=rate_hz)
+    loop = build_loop(cfg, free_run=rate_hz >= 1000.0)
+    loop.start()
+    try:
+        end = time.monotonic() + 30
+        while not _tracking(loop):
+            if time.monotonic() > end:
+                modes = {a.name: (a.state.mode, a.state.reason) for a in loop.arms}
+                raise RuntimeError(f"the loop did not reach teleop on every arm: {modes}")
+            time.sleep(0.02)
+        loop.wait_cycles(20)
+        loop.call(loop.stats.reset)  # on the loop thread, between cycles
+        c0, o0 = loop.cycles, loop.overruns
+        t0 = time.monotonic()
+        time.sleep(seconds)  # the measurement window itself (a benchmark, not a test's wait)
+        cycles, elapsed = loop.cycles - c0, time.monotonic() - t0
+        s = loop.stats
+        cyc, jit = s.cycle.values(), s.jitter.values()
+        modes = sorted({a.state.mode for a in loop.arms})
+        return {
+            "rate_hz": cycles / elapsed,
+            "cycle_p50_ms": pct(cyc, 50) * 1e3,
+            "cycle_p99_ms": pct(cyc, 99) * 1e3,
+            "jitter_p50_ms": pct(jit, 50) * 1e3,
+            "jitter_p99_ms": pct(jit, 99) * 1e3,
+            "jitter_max_ms": float(jit.max()) * 1e3 if jit.size else float("nan"),
+            "overruns": loop.overruns - o0,
+            "arms": len(loop.arms),
+            "modes": ",".join(modes),
+        }
+    finally:
+        loop.stop()
+
+
+def run_lerobot(bench: EmulatorProcess, seconds: float) -> dict:
+    from lerobot.robots import robot as lerobot_robot
+    from lerobot.robots.bi_so_follower import BiSOFollower, BiSOFollowerConfig
+    from lerobot.robots.so_follower import SOFollowerConfig
+    from lerobot.teleoperators import teleoperator as lerobot_teleoperator
+    from lerobot.teleoperators.bi_so_leader import BiSOLeader, BiSOLeaderConfig
+    from lerobot.teleoperators.so_leader import SOLeaderConfig
+
+    # LeRobot reads HF_LEROBOT_CALIBRATION once at import: point its base classes at the bench's
+    # --calibration-out folder (what the variable does for a LeRobot started afterwards)
+    root = bench.directory / "calibration"
+    lerobot_robot.HF_LEROBOT_CALIBRATION = root
+    lerobot_teleoperator.HF_LEROBOT_CALIBRATION = root
+    links = bench.links
+    leader = BiSOLeader(
+        BiSOLeaderConfig(
+            id=LEADER_ID,
+            left_arm_config=SOLeaderConfig(port=str(links["left_leader"])),
+            right_arm_config=SOLeaderConfig(port=str(links["right_leader"])),
+        )
+    )
+    robot = BiSOFollower(
+        BiSOFollowerConfig(
+            id=FOLLOWER_ID,
+            left_arm_config=SOFollowerConfig(port=str(links["left_follower"])),
+            right_arm_config=SOFollowerConfig(port=str(links["right_follower"])),
+        )
+    )
+    leader.connect(calibrate=False)
+    robot.connect(calibrate=False)
+    try:
+        for _ in range(20):  # warm up
+            robot.send_action(leader.get_action())
+            robot.get_observation()
+        times = []
+        t0 = time.monotonic()
+        t_end = t0 + seconds
+        while time.monotonic() < t_end:
+            a = time.perf_counter()
+            robot.send_action(leader.get_action())
+            robot.get_observation()
+            times.append(time.perf_counter() - a)
+        elapsed = time.monotonic() - t0
+    finally:
+        robot.disconnect()
+        leader.disconnect()
+    arr = np.array(times)
+    return {"rate_hz": len(times) / elapsed, "cycle_p50_ms": pct(arr, 50) * 1e3, "cycle_p99_ms": pct(arr, 99) * 1e3}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=3.0, help="measurement time per configuration (default 3)")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    secs = args.seconds
+    with tempfile.TemporaryDirectory(prefix="so101d-bibench-") as d:
+        with EmulatorProcess(d, bimanual=True, calibration_out=Path(d) / "calibration") as bench:
+            bi_overlap = run_ours(bench, secs, bimanual=True, overlap=True, rate_hz=1000.0)
+            bi_serial = run_ours(bench, secs, bimanual=True, overlap=False, rate_hz=1000.0)
+            single = run_ours(bench, secs, bimanual=False, overlap=True, rate_hz=1000.0)
+            lerobot = run_lerobot(bench, secs)
+            at100 = run_ours(bench, max(secs, 3.0), bimanual=True, overlap=True, rate_hz=100.0)
+
+    print(f"\nbimanual control cycle on the emulated bench, 4 buses at 1 Mbaud, wire time modelled ({secs:g} s each)\n")
+    print(f"{'':44}{'rate Hz':>10}{'cycle p50 ms':>14}{'cycle p99 ms':>14}")
+    rows = (
+        ("so101d, two pairs, buses overlapped", bi_overlap),
+        ("so101d, two pairs, buses in turn", bi_serial),
+        ("so101d, one pair (left), overlapped", single),
+        ("LeRobot 0.6.1 BiSOLeader -> BiSOFollower", lerobot),
+    )
+    for name, r in rows:
+        print(f"{name:44}{r['rate_hz']:>10.1f}{r['cycle_p50_ms']:>14.3f}{r['cycle_p99_ms']:>14.3f}")
+    ratio = bi_overlap["rate_hz"] / lerobot["rate_hz"]
+    print(
+        "\nso101d bimanual / LeRobot bimanual: rate {:.2f}x, cycle time {:.2f}x   goal >= 2.5x  [{}]".format(
+            ratio, lerobot["cycle_p50_ms"] / bi_overlap["cycle_p50_ms"], "ok" if ratio >= 2.5 else "MISSED"
+        )
+    )
+    print(
+        "so101d bimanual cycle / single-arm cycle (p50): {:.2f}x;  overlapped / in turn: rate {:.2f}x".format(
+            bi_overlap["cycle_p50_ms"] / single["cycle_p50_ms"], bi_overlap["rate_hz"] / bi_serial["rate_hz"]
+        )
+    )
+    print(
+        "so101d bimanual at 100 Hz: {:.1f} Hz, period jitter p50 {:.3f} / p99 {:.3f} / max {:.3f} ms, "
+        "{} overruns, modes {} (no cameras, not recording)".format(
+            at100["rate_hz"],
+            at100["jitter_p50_ms"],
+            at100["jitter_p99_ms"],
+            at100["jitter_max_ms"],
+            at100["overruns"],
+            at100["modes"],
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
