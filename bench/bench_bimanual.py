@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import resource
 import sys
 import tempfile
 import time
@@ -43,6 +45,15 @@ LEADER_ID, FOLLOWER_ID = "emulated_leader", "emulated_follower"  # the bench's -
 
 def pct(a: np.ndarray, q: float) -> float:
     return float(np.percentile(a, q)) if a.size else float("nan")
+
+
+def _cpu_s(pid: int | None = None) -> float:
+    """CPU time (user + system) of this process, or of process ``pid``."""
+    if pid is None:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rig_config(bench: EmulatorProcess, *, bimanual: bool, overlap: bool, rate_hz: float) -> Config:
@@ -87,10 +98,14 @@ def run_ours(bench: EmulatorProcess, seconds: float, *, bimanual: bool, overlap:
             time.sleep(0.02)
         loop.wait_cycles(20)
         loop.call(loop.stats.reset)  # on the loop thread, between cycles
+        emulator_pid = int(bench.control({"cmd": "ping"})["pid"])
         c0, o0 = loop.cycles, loop.overruns
+        cpu0, emu0 = _cpu_s(), _cpu_s(emulator_pid)
         t0 = time.monotonic()
         time.sleep(seconds)  # the measurement window itself (a benchmark, not a test's wait)
         cycles, elapsed = loop.cycles - c0, time.monotonic() - t0
+        cpu_ms = (_cpu_s() - cpu0) / max(cycles, 1) * 1e3
+        emu_ms = (_cpu_s(emulator_pid) - emu0) / max(cycles, 1) * 1e3
         s = loop.stats
         cyc, jit = s.cycle.values(), s.jitter.values()
         modes = sorted({a.state.mode for a in loop.arms})
@@ -103,6 +118,8 @@ def run_ours(bench: EmulatorProcess, seconds: float, *, bimanual: bool, overlap:
             "jitter_max_ms": float(jit.max()) * 1e3 if jit.size else float("nan"),
             "overruns": loop.overruns - o0,
             "arms": len(loop.arms),
+            "cpu_ms": cpu_ms,  # this process's CPU per cycle (every thread)
+            "emulator_cpu_ms": emu_ms,  # the emulator's CPU per cycle (it serves all four buses)
             "modes": ",".join(modes),
         }
     finally:
@@ -183,6 +200,20 @@ def main() -> int:
     )
     for name, r in rows:
         print(f"{name:44}{r['rate_hz']:>10.1f}{r['cycle_p50_ms']:>14.3f}{r['cycle_p99_ms']:>14.3f}")
+    print(
+        "\nCPU per cycle, ms (ours / the emulator's): two pairs overlapped {:.2f} / {:.2f}, in turn {:.2f} / {:.2f}, "
+        "one pair {:.2f} / {:.2f}; {} cores, load average {:.2f}: where ours + the emulator's approach the cycle "
+        "times the free cores, the emulator's own CPU bounds the bimanual cycle".format(
+            bi_overlap["cpu_ms"],
+            bi_overlap["emulator_cpu_ms"],
+            bi_serial["cpu_ms"],
+            bi_serial["emulator_cpu_ms"],
+            single["cpu_ms"],
+            single["emulator_cpu_ms"],
+            os.cpu_count(),
+            os.getloadavg()[0],
+        )
+    )
     ratio = bi_overlap["rate_hz"] / lerobot["rate_hz"]
     print(
         "\nso101d bimanual / LeRobot bimanual: rate {:.2f}x, cycle time {:.2f}x   goal >= 2.5x  [{}]".format(
