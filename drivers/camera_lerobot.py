@@ -12,6 +12,9 @@ and read on their own thread. Around one of them this adds what the daemon needs
 - a camera that goes away (unplugged: LeRobot's read thread ends after its consecutive failures)
   is marked gone, its frames become missing, and it is reopened by its configured path (a
   /dev/v4l/by-id path finds the same camera on whatever /dev/videoN it comes back as).
+- a RealSense with ``use_depth`` publishes its depth map with each colour frame (``Frame.depth_mm``:
+  HxWx1 uint16 millimetres), the pair LeRobot's read thread took from one frameset, so both carry
+  the colour frame's capture time.
 
 A device that does not take the configured mode makes LeRobot's strict open fail ("failed to set
 fps=30"); it is then opened as it is and judged by what it delivers, so the answer names the
@@ -90,6 +93,11 @@ def lerobot_config(cfg: CameraConfig, request: bool = True) -> Any:
     """LeRobot's camera configuration for ours. ``request`` False asks for nothing (size, rate):
     the source is opened as it is. ValueError (LeRobot's own message) for a bad option."""
     from lerobot.cameras.configs import ColorMode, Cv2Backends, Cv2Rotation
+
+    if cfg.use_depth and cfg.kind != "intelrealsense":
+        raise ValueError(
+            f"use_depth is a RealSense option (kind 'intelrealsense'); LeRobot's {cfg.kind} camera has no depth stream"
+        )
 
     fps = round(cfg.fps) if request else None
     width = int(cfg.width) if request else None
@@ -185,6 +193,11 @@ class LeRobotCamera(ThreadedCamera):
         self.kind = config.kind
         self.device = str(config.device) if config.kind == "opencv" else self._device_text(config)
         self.on_mismatch = config.on_mismatch
+        # a depth map with every frame, recorded as the stream ``<name>_depth``
+        self.use_depth = config.kind == "intelrealsense" and config.use_depth
+        self.depth_stream = f"{config.name}_depth" if self.use_depth else ""
+        self._depth_frames = 0
+        self._depth_refused = 0
         lerobot_config(config)  # a bad option fails here, at build time, with LeRobot's message
         self._configured = Mode(self.width, self.height, self.fps, config.fourcc)
         self._lr: Any = None  # the LeRobot camera while open
@@ -235,17 +248,27 @@ class LeRobotCamera(ThreadedCamera):
             return Mode(width, height, float(vc.get(cv2.CAP_PROP_FPS)), _fourcc_text(vc.get(cv2.CAP_PROP_FOURCC)))
         return Mode(width, height, float(cam.fps or 0))
 
-    def _next_frame(self, cam: Any) -> tuple[np.ndarray, float] | None:
-        """LeRobot's newest unread frame and its capture time (perf_counter), or None after
-        FRAME_WAIT_S. The pair is read under LeRobot's frame lock, so the time is that frame's."""
+    def _next_frame(self, cam: Any) -> tuple[np.ndarray, float, np.ndarray | None] | None:
+        """LeRobot's newest unread frame, its capture time (perf_counter) and, for a RealSense
+        with depth, the depth map of the same frameset; None after FRAME_WAIT_S.
+
+        Read under LeRobot's frame lock, where its read thread stores them together: the time is
+        that frame's, the depth that frame's (its public ``async_read`` gives no time, and a
+        separate ``read_latest_depth`` could return the next frameset's depth). The OpenCV and
+        ZMQ classes keep ``latest_frame``; the RealSense class ``latest_color_frame`` and
+        ``latest_depth_frame``."""
         if not cam.new_frame_event.wait(FRAME_WAIT_S):
             return None
+        depth: np.ndarray | None = None
         with cam.frame_lock:
-            frame, stamp = cam.latest_frame, cam.latest_timestamp
+            if self.kind == "intelrealsense":
+                frame, depth, stamp = cam.latest_color_frame, cam.latest_depth_frame, cam.latest_timestamp
+            else:
+                frame, stamp = cam.latest_frame, cam.latest_timestamp
             cam.new_frame_event.clear()
         if frame is None or stamp is None:
             return None
-        return frame, float(stamp)
+        return frame, float(stamp), depth if self.use_depth else None
 
     @staticmethod
     def _reader_alive(cam: Any) -> bool:
@@ -364,7 +387,7 @@ class LeRobotCamera(ThreadedCamera):
                 if self.state == "streaming" and last is not None and time.monotonic() - last > FROZEN_S:
                     self._went_away(f"no frame for {FROZEN_S:g} s: it stopped sending, still open", reopen=False)
                 continue
-            pixels, stamp = got
+            pixels, stamp, depth = got
             t = stamp + self._clock_offset_s
             if self.state == "gone":  # frames again on the same open: it was frozen, not unplugged
                 self._c.error = ""
@@ -389,7 +412,12 @@ class LeRobotCamera(ThreadedCamera):
                 continue  # a refused camera's frames are published once it passed its check again
             if pixels.shape[0] != self.height or pixels.shape[1] != self.width:
                 continue  # judged above: never published at a size the recorder did not ask for
-            self._publish(pixels, t)
+            if self.use_depth:
+                if depth is None or depth.shape != (self.height, self.width, 1) or depth.dtype != np.uint16:
+                    self._depth_refused += 1  # the pair or nothing: a colour frame alone would record no depth
+                    continue
+                self._depth_frames += 1
+            self._publish(pixels, t, depth)
 
     def _judge(self, negotiated: Mode, measured_fps: float | None, was_gone: bool, first_frame_s: float = 0.0) -> bool:
         """False (and the camera refused) when it may not record; ``measured_fps`` None: the
@@ -479,6 +507,17 @@ class LeRobotCamera(ThreadedCamera):
             "gone_for_s": round(time.monotonic() - self._gone_since_s, 1) if self.state == "gone" else None,
             "problems": list(v.problems) if v else [],
             "refused_looks": self.refused_looks,
+            "depth": (
+                {
+                    "stream": self.depth_stream,
+                    "shape": [self.height, self.width, 1],
+                    "unit": "mm",
+                    "frames": self._depth_frames,
+                    "refused": self._depth_refused,
+                }
+                if self.use_depth
+                else None
+            ),
         }
         return super().stats()
 

@@ -26,11 +26,16 @@ STALL_PERIODS = 5.0
 
 @dataclass(frozen=True)
 class Frame:
-    """One captured image. ``pixels`` is HxWx3 uint8 RGB and must not be modified once published."""
+    """One captured image. ``pixels`` is HxWx3 uint8 RGB and must not be modified once published.
+
+    ``depth_mm`` is the depth map taken with it (a RealSense with ``use_depth``: HxWx1 uint16,
+    millimetres, 0 where the sensor saw nothing), the same capture, so the same time; None for a
+    camera without depth."""
 
     pixels: np.ndarray
     capture_monotonic_s: float  # time.monotonic() when the image was taken (best estimate)
     seq: int  # 0, 1, 2, ... per camera; a gap means frames were lost before publication
+    depth_mm: np.ndarray | None = None
 
 
 @runtime_checkable
@@ -70,7 +75,7 @@ class CameraConfig:
     color_mode: str = "rgb"
     warmup_s: int = 1
     serial_number_or_name: str = ""
-    use_depth: bool = False
+    use_depth: bool = False  # intelrealsense: a depth map with every frame (Frame.depth_mm)
     server_address: str = ""
     port: int = 5555
     camera_name: str = "zmq_camera"
@@ -174,8 +179,8 @@ class ThreadedCamera:
             **self._c.extra,
         }
 
-    def _publish(self, pixels: np.ndarray, capture_monotonic_s: float) -> None:
-        self._latest = Frame(pixels=pixels, capture_monotonic_s=capture_monotonic_s, seq=self._seq)
+    def _publish(self, pixels: np.ndarray, capture_monotonic_s: float, depth_mm: np.ndarray | None = None) -> None:
+        self._latest = Frame(pixels=pixels, capture_monotonic_s=capture_monotonic_s, seq=self._seq, depth_mm=depth_mm)
         self._seq += 1
         self._c.frames += 1
         self._c.last_frame_monotonic_s = capture_monotonic_s

@@ -30,6 +30,13 @@ from pathlib import Path
 import pytest
 from virtual_bench_support import VirtualBench, open_virtual_bench
 
+# Fakes of hardware SDKs LeRobot imports (tests/fixtures/sdk: pyrealsense2, with its dist-info),
+# first on the path for the whole run: LeRobot decides once, when lerobot.utils.import_utils is
+# first imported (by whichever test file comes first), whether an SDK is installed. With no device
+# plugged into the fake (the default) it is the SDK on a machine without that camera.
+FAKE_SDKS = Path(__file__).resolve().parent / "fixtures" / "sdk"
+sys.path.insert(0, str(FAKE_SDKS))
+
 KINDS = ("unit", "integration", "e2e")
 
 FILE_KINDS: dict[str, str] = {
@@ -154,6 +161,8 @@ FILE_KINDS: dict[str, str] = {
     "test_cameras_doctor.py": "integration",
     "test_cameras_lerobot.py": "integration",
     "test_cameras_recording.py": "e2e",
+    "test_cameras_realsense.py": "integration",
+    "test_cameras_depth_recording.py": "e2e",
 }
 
 

@@ -291,6 +291,16 @@ class FramesRefused(msgspec.Struct, kw_only=True):
     last: str = ""
 
 
+class DepthStats(msgspec.Struct, kw_only=True):
+    """A RealSense camera's depth stream (``use_depth``), recorded as ``<camera>_depth``."""
+
+    stream: str = ""
+    shape: list[int] = msgspec.field(default_factory=list)  # height, width, 1
+    unit: str = "mm"
+    frames: int = 0  # depth maps published with a colour frame
+    refused: int = 0  # colour frames dropped because their depth map was missing or of another shape
+
+
 class CameraStats(msgspec.Struct, kw_only=True):
     """A camera's capture counters (only ``error`` where they could not be read)."""
 
@@ -318,6 +328,7 @@ class CameraStats(msgspec.Struct, kw_only=True):
     gone_events: int = 0
     gone_for_s: float | None = None
     problems: list[str] = msgspec.field(default_factory=list)
+    depth: DepthStats | None = None  # a RealSense with use_depth: its depth stream
 
 
 class StagedTag(msgspec.Struct, kw_only=True):

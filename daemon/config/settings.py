@@ -151,6 +151,18 @@ class SocketConfig:
 
 
 @dataclass
+class DepthEncoderSettings:
+    """[recording.depth_encoder]: how depth streams are quantised, LeRobot's DepthEncoderConfig
+    fields under their names (metres; lerobot/configs/video.py). Unset: LeRobot's defaults. A
+    depth_max just past the workspace gives the near range finer steps."""
+
+    depth_min: float | None = None  # depth at the lowest 12-bit code
+    depth_max: float | None = None  # depth at the highest code; farther is stored as depth_max
+    shift: float | None = None  # offset before the logarithm (use_log)
+    use_log: bool | None = None  # logarithmic codes: finer near, coarser far
+
+
+@dataclass
 class RecordingConfig:
     enabled: bool = False
     dataset_root: str = "~/so101d/datasets"  # datasets live under <dataset_root>/<repo_id>
@@ -160,6 +172,7 @@ class RecordingConfig:
     on_shutdown: Literal["save", "discard"] = "save"  # the episode in progress at SIGTERM / stop
     stop_timeout_s: float = 120.0  # at stop, how long to wait for the writer to commit saved episodes
     min_free_mb: float = 500.0  # an episode starts only with this much free disk space for the dataset
+    depth_encoder: DepthEncoderSettings = field(default_factory=DepthEncoderSettings)
 
 
 @dataclass
@@ -182,7 +195,7 @@ class CameraConfig:
     color_mode: Literal["rgb", "bgr"] = "rgb"
     warmup_s: int = 1  # seconds LeRobot reads before the camera counts as open
     serial_number_or_name: str = ""  # intelrealsense: which camera
-    use_depth: bool = False  # intelrealsense: also open the depth stream (not recorded, see docs/cameras.md)
+    use_depth: bool = False  # intelrealsense: record the depth stream too, as <name>_depth (docs/cameras.md)
     server_address: str = ""  # zmq: the image server's host
     port: int = 5555  # zmq
     camera_name: str = "zmq_camera"  # zmq: the camera's name on that server
@@ -426,8 +439,22 @@ def validate(cfg: Config) -> Config:
             value = getattr(cam, name)
             if not ok(value):
                 raise ConfigError(f"cameras.{cam_name}.{name}: {value!r} {what}")
+        if cam.use_depth and cam.kind != "intelrealsense":
+            raise ConfigError(
+                f"cameras.{cam_name}.use_depth: only kind = 'intelrealsense' has a depth stream (this one is {cam.kind!r})"
+            )
+        base = cfg.cameras.get(cam_name.removesuffix("_depth"))
+        if cam_name.endswith("_depth") and base is not None and base.use_depth:
+            raise ConfigError(
+                f"cameras.{cam_name}: the name is taken by camera {cam_name.removesuffix('_depth')!r}'s depth stream"
+            )
         if cam.fourcc.upper() in _UPPERCASE_FOURCCS:
             cam.fourcc = cam.fourcc.upper()  # "mjpg" means MJPG: V4L2 would take it as another, unknown code
+    de = cfg.recording.depth_encoder
+    if de.depth_min is not None and de.depth_max is not None and de.depth_min >= de.depth_max:
+        raise ConfigError(
+            f"recording.depth_encoder.depth_min: {de.depth_min!r} must be below depth_max ({de.depth_max!r})"
+        )
     if cfg.control.reconnect_backoff_max_s < cfg.control.reconnect_backoff_min_s:
         raise ConfigError("control.reconnect_backoff_max_s: must be >= control.reconnect_backoff_min_s")
     if cfg.arms:
@@ -603,8 +630,14 @@ def dump_toml(cfg: Config) -> str:
         if cfg.arms and section in ("leader", "follower"):
             value = {k: v for k, v in value.items() if k != "port"}  # the pairs name the ports
         lines.append(f"[{section}]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in value.items())
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in value.items() if not isinstance(v, dict))
         lines.append("")
+        for name, table in value.items():  # a table inside the section: [recording.depth_encoder]
+            if isinstance(table, dict):
+                lines.append(f"[{section}.{name}]")
+                # None: not set (TOML has no null); the key is left out, which reads back as None
+                lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items() if v is not None)
+                lines.append("")
     return "\n".join(lines)
 
 

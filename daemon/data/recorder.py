@@ -40,6 +40,7 @@ from daemon.data.store import (
 from daemon.data.writer import store_config_dict
 from daemon.data.writer_entry import writer_entry
 from daemon.system.logs import RateLimitedLogger
+from drivers.camera_lerobot import LeRobotCamera
 from drivers.cameras import Camera, VirtualArmCamera
 
 log = logging.getLogger("so101d.recording")
@@ -92,6 +93,21 @@ def frame_refusal(expected_hw: tuple[int, int], pixels: Any) -> str:
     return f"got {tuple(shape) if shape is not None else type(pixels).__name__} {dtype}, the dataset feature is {want} uint8"
 
 
+def depth_refusal(expected_hw: tuple[int, int], depth_mm: np.ndarray | None) -> str:
+    """Why a depth map cannot go into the camera's depth feature (HxWx1 uint16 millimetres), or ""."""
+    want = (expected_hw[0], expected_hw[1], 1)
+    if depth_mm is None:
+        return f"no depth map with the frame, the depth feature is {want} uint16"
+    if depth_mm.shape == want and depth_mm.dtype == np.uint16:
+        return ""
+    return f"depth map {tuple(depth_mm.shape)} {depth_mm.dtype}, the depth feature is {want} uint16"
+
+
+def records_depth(cam: Camera) -> bool:
+    """A camera recorded with its depth map: LeRobot's RealSense with ``use_depth``."""
+    return isinstance(cam, LeRobotCamera) and cam.use_depth
+
+
 def save_extras_bytes(extras: dict[str, Any]) -> bytes:
     """The SAVE record's tag extras (origin, follower kind, notes) as JSON in the TASK_BYTES field.
 
@@ -138,6 +154,8 @@ class RecorderConfig:
     vcodec: str = "h264"
     preset: str = "ultrafast"
     crf: int = 23
+    # LeRobot's DepthEncoderConfig fields to set for depth streams ([recording.depth_encoder])
+    depth_encoder: dict[str, float | bool] = field(default_factory=dict)
     # Test hook: StoreConfig.fault for the writer; "feeder_raise" makes the feeder thread raise at
     # an episode's 11th frame, "feeder_raise_at_save" at a SAVE record (the health invariant under
     # a thread that dies).
@@ -158,11 +176,15 @@ class Recorder:
             raise ValueError(f"camera names must be unique, got {names}")
         self.cameras.sort(key=lambda c: c.name)  # dataset order (dataset_features sorts by name)
         self._virtual = [c for c in self.cameras if isinstance(c, VirtualArmCamera)]
+        # cameras whose frames carry a depth map, recorded as the stream "<name>_depth"
+        self._depth = [records_depth(c) for c in self.cameras]
         self.store_cfg = StoreConfig(
             root=cfg.root,
             repo_id=cfg.repo_id,
             fps=cfg.fps,
             cameras=[(c.name, c.height, c.width) for c in self.cameras],
+            depth_cameras=[c.name for c, d in zip(self.cameras, self._depth) if d],
+            depth_encoder=dict(cfg.depth_encoder),
             vcodec=cfg.vcodec,
             preset=cfg.preset,
             crf=cfg.crf,
@@ -297,7 +319,7 @@ class Recorder:
         sizes = [(c.name, c.height, c.width) for c in self.cameras]
         self.store_cfg.cameras = sizes
         self._expected_hw = [(h, w) for _, h, w in sizes]
-        self._ring = Ring.create(sizes, self.cfg.n_records, slots)
+        self._ring = Ring.create(sizes, self.cfg.n_records, slots, [c for c, d in enumerate(self._depth) if d])
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
         spec = self._ring.spec
@@ -315,6 +337,7 @@ class Recorder:
                     "n_records": spec.n_records,
                     "n_pixel_slots": spec.n_pixel_slots,
                     "cameras": [list(c) for c in spec.cameras],
+                    "depths": list(spec.depths),
                 },
                 child,
                 os.getpid(),
@@ -523,6 +546,8 @@ class Recorder:
         if frame is None:
             return None
         why = frame_refusal(self._expected_hw[c], frame.pixels)
+        if not why and self._depth[c]:
+            why = depth_refusal(self._expected_hw[c], frame.depth_mm)  # the pair or neither
         if not why:
             return frame
         name = self.cameras[c].name
@@ -953,6 +978,8 @@ class Recorder:
                     if fr is None or frame_refusal(self._expected_hw[c], fr.pixels):
                         continue  # refused at the edge already (on_cycle); never copied
                     np.copyto(ring.image_view(slot, c), fr.pixels)
+                    if self._depth[c] and fr.depth_mm is not None:  # admitted with its depth (_admit)
+                        np.copyto(ring.depth_view(slot, c), fr.depth_mm)
                     cap[c] = fr.capture_monotonic_s
                     seqs[c] = fr.seq
                 ring.publish_pixel_slot()

@@ -88,8 +88,9 @@ def cut_video(src: Path, from_s: float, to_s: float, dst: Path) -> int:
     return frames
 
 
-def _raw_video_stats(ep_row: dict[str, Any], key: str) -> dict[str, list] | None:
-    """meta/episodes' per-episode image stats back in the writer's form (0..255, per channel)."""
+def _raw_video_stats(ep_row: dict[str, Any], key: str, scale: float = 255.0) -> dict[str, list] | None:
+    """meta/episodes' per-episode image stats back in the writer's form (0..255, per channel; a
+    depth map's, ``scale`` 1, are in its unit already)."""
     prefix = f"stats/{key}/"
     stats = {k[len(prefix) :]: v for k, v in ep_row.items() if k.startswith(prefix)}
     if not stats:
@@ -97,7 +98,7 @@ def _raw_video_stats(ep_row: dict[str, Any], key: str) -> dict[str, list] | None
     out = {}
     for k, v in stats.items():
         arr = np.asarray(v, dtype=np.float64)
-        out[k] = arr.reshape(-1).tolist() if k == "count" else (arr.reshape(-1) * 255.0).tolist()
+        out[k] = arr.reshape(-1).tolist() if k == "count" else (arr.reshape(-1) * scale).tolist()
     return out
 
 
@@ -115,15 +116,20 @@ def pack(root: Path, repo_id: str = "local/so101d", log=print) -> dict[str, Any]
     if not info_path.exists():
         raise FileNotFoundError(f"{root} is not a LeRobot dataset (no meta/info.json)")
     info = json.loads(info_path.read_text())
+    videos = {k: f for k, f in info["features"].items() if f.get("dtype") == "video"}
+    is_depth = {k: bool((f.get("info") or {}).get("is_depth_map")) for k, f in videos.items()}
     cameras = [
         (k[len(IMAGE_KEY_PREFIX) :], int(f["shape"][0]), int(f["shape"][1]))
-        for k, f in info["features"].items()
-        if f.get("dtype") == "video"
+        for k, f in videos.items()
+        if not is_depth[k]
     ]
+    # a depth map is its camera's "<camera>_depth" stream (schema.depth_key)
+    depth_cameras = [k[len(IMAGE_KEY_PREFIX) :].removesuffix("_depth") for k in videos if is_depth[k]]
     cfg_kwargs = dict(
         repo_id=repo_id,
         fps=int(info["fps"]),
         cameras=cameras,
+        depth_cameras=depth_cameras,
         robot_type=info.get("robot_type") or "so101_follower",
         chunks_size=int(info["chunks_size"]),
         data_files_size_in_mb=info["data_files_size_in_mb"],
@@ -159,7 +165,7 @@ def pack(root: Path, repo_id: str = "local/so101d", log=print) -> dict[str, Any]
             if n != int(ep["length"]):
                 raise ValueError(f"episode {index}: {n} rows in {data_path.name}, {ep['length']} in meta/episodes")
             video_stats = {}
-            for name, _, _ in cameras:
+            for name, depth in store.cfg.video_streams():
                 key = IMAGE_KEY_PREFIX + name
                 src = root / info["video_path"].format(
                     video_key=key,
@@ -174,7 +180,7 @@ def pack(root: Path, repo_id: str = "local/so101d", log=print) -> dict[str, Any]
                 )
                 if got != n:
                     raise ValueError(f"episode {index}, {key}: {got} video frames for {n} rows")
-                full = load_episode_stats(root, ep, key)
+                full = load_episode_stats(root, ep, key, 1.0 if depth else 255.0)
                 video_stats[name] = full
             np.savez(
                 stage / "rows.npz",
@@ -213,7 +219,7 @@ def pack(root: Path, repo_id: str = "local/so101d", log=print) -> dict[str, Any]
         owner.release_ownership()
 
 
-def load_episode_stats(root: Path, ep: dict[str, Any], key: str) -> dict[str, list] | None:
+def load_episode_stats(root: Path, ep: dict[str, Any], key: str, scale: float = 255.0) -> dict[str, list] | None:
     """This episode's image stats for ``key`` from its meta/episodes file (load_episodes drops them)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -228,4 +234,4 @@ def load_episode_stats(root: Path, ep: dict[str, Any], key: str) -> dict[str, li
     cols = [c for c in pq.read_schema(path).names if c.startswith(f"stats/{key}/")] + ["episode_index"]
     t = pq.read_table(path, columns=cols)
     row = t.filter(pc.equal(t["episode_index"], int(ep["episode_index"]))).to_pylist()
-    return _raw_video_stats(row[0], key) if row else None
+    return _raw_video_stats(row[0], key, scale) if row else None

@@ -3,7 +3,8 @@
 Two single-producer / single-consumer rings, no locks:
 
 - a *record* ring of fixed-size structured records (frames and episode control, in order);
-- a *pixel* ring of slots, each holding one image per camera.
+- a *pixel* ring of slots, each holding one image per camera (HxWx3 uint8) and, for a camera
+  recorded with depth, its depth map (HxWx1 uint16 millimetres, same frame, same capture time).
 
 Producer and consumer each own one counter (``head`` for the producer, ``tail`` for the
 consumer) in a small shared int64 array; a counter is only ever written by its owner and only
@@ -15,7 +16,7 @@ video keeps one frame per table row and the frame is counted as missing, never s
 from __future__ import annotations
 
 import mmap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 
 import numpy as np
@@ -64,10 +65,26 @@ class RingSpec:
     n_records: int
     n_pixel_slots: int
     cameras: list[tuple[str, int, int]]  # (name, height, width), in dataset order
+    depths: list[int] = field(default_factory=list)  # indices of the cameras recorded with depth
+
+    def layout(self) -> tuple[list[int], list[int], int]:
+        """Byte offsets in a slot of each camera's image and each depth map, and the slot size.
+        Depth maps first and slots a multiple of 8 bytes: every uint16 view is aligned."""
+        off = 0
+        depth_offsets = []
+        for c in self.depths:
+            _, h, w = self.cameras[c]
+            depth_offsets.append(off)
+            off += h * w * 2
+        image_offsets = []
+        for _, h, w in self.cameras:
+            image_offsets.append(off)
+            off += h * w * 3
+        return image_offsets, depth_offsets, -(-off // 8) * 8
 
     @property
     def slot_bytes(self) -> int:
-        return sum(h * w * 3 for _, h, w in self.cameras)
+        return self.layout()[2]
 
 
 class Ring:
@@ -98,12 +115,8 @@ class Ring:
         if create:
             self.counters[:] = 0
         self._map_every_page(write=create)
-        # per camera: view into each slot
-        self._offsets: list[int] = []
-        off = 0
-        for _, h, w in spec.cameras:
-            self._offsets.append(off)
-            off += h * w * 3
+        # per camera (and per depth map): its place in each slot
+        self._offsets, self._depth_offsets, self._slot_bytes = spec.layout()
 
     def _map_every_page(self, write: bool) -> None:
         """Every page of both rings in this process's memory now, not as the head first reaches
@@ -124,10 +137,12 @@ class Ring:
         return self._shm_rec.size + self._shm_pix.size
 
     @classmethod
-    def create(cls, cameras: list[tuple[str, int, int]], n_records: int, n_pixel_slots: int) -> Ring:
+    def create(
+        cls, cameras: list[tuple[str, int, int]], n_records: int, n_pixel_slots: int, depths: list[int] | None = None
+    ) -> Ring:
         if len(cameras) > MAX_CAMERAS:
             raise ValueError(f"at most {MAX_CAMERAS} cameras can be recorded, got {len(cameras)}")
-        spec = RingSpec("", "", "", int(n_records), int(n_pixel_slots), list(cameras))
+        spec = RingSpec("", "", "", int(n_records), int(n_pixel_slots), list(cameras), sorted(depths or []))
         return cls(spec, create=True)
 
     @classmethod
@@ -136,8 +151,14 @@ class Ring:
 
     def image_view(self, slot: int, cam: int) -> np.ndarray:
         _, h, w = self.spec.cameras[cam]
-        start = slot * self.spec.slot_bytes + self._offsets[cam]
+        start = slot * self._slot_bytes + self._offsets[cam]
         return self._pix[start : start + h * w * 3].reshape(h, w, 3)
+
+    def depth_view(self, slot: int, cam: int) -> np.ndarray:
+        """Camera ``cam``'s depth map in ``slot`` (HxWx1 uint16); the camera must be in ``depths``."""
+        _, h, w = self.spec.cameras[cam]
+        start = slot * self._slot_bytes + self._depth_offsets[self.spec.depths.index(cam)]
+        return self._pix[start : start + h * w * 2].view(np.uint16).reshape(h, w, 1)
 
     # producer side ----------------------------------------------------------------------------
     def records_free(self) -> int:

@@ -12,6 +12,10 @@ Features:
 - ``teleop.action``      the leader's raw command (or the policy's raw output) before safety.
                          Identical to ``action`` whenever safety did not intervene.
 - ``observation.images.<camera>``  video, one per configured camera.
+- ``observation.images.<camera>_depth``  a RealSense camera's depth (``use_depth``): a video
+                     feature of shape (H, W, 1) flagged ``info.is_depth_map`` and ``depth_unit``
+                     "mm", 12-bit codes in HEVC as LeRobot 0.6.1 stores depth (DepthEncoderConfig);
+                     LeRobotDataset decodes it back to millimetres.
 
 - ``so101d.source``   who drove the arms at that frame: ``follower=leader``, ``follower=policy``
                      (``left=policy,right=leader`` on two arms); a per-frame string, like the
@@ -68,13 +72,33 @@ def camera_feature(height: int, width: int) -> dict[str, Any]:
     return {"dtype": "video", "shape": (height, width, 3), "names": ["height", "width", "channels"]}
 
 
+def depth_feature(height: int, width: int) -> dict[str, Any]:
+    """A depth map stored as LeRobot stores one (utils/feature_utils.hw_to_dataset_features: a
+    single-channel camera is flagged ``is_depth_map``); its writer adds ``depth_unit`` and the
+    quantiser's settings (``video.depth_min`` ...) to ``info`` with the first episode."""
+    return {
+        "dtype": "video",
+        "shape": (height, width, 1),
+        "names": ["height", "width", "channels"],
+        "info": {"is_depth_map": True},
+    }
+
+
+def depth_key(camera: str) -> str:
+    """The stream name of a camera's depth: LeRobot's robots name it ``<camera>_depth``."""
+    return f"{camera}_depth"
+
+
 def tag_feature() -> dict[str, Any]:
     """A per-frame string feature (LeRobot 0.6.1 stores it, skips it in stats and training)."""
     return {"dtype": "string", "shape": (1,), "names": None}
 
 
-def dataset_features(cameras: dict[str, tuple[int, int]]) -> dict[str, dict[str, Any]]:
-    """LeRobot feature dict for the given cameras ({name: (height, width)})."""
+def dataset_features(
+    cameras: dict[str, tuple[int, int]], depth_cameras: tuple[str, ...] | list[str] = ()
+) -> dict[str, dict[str, Any]]:
+    """LeRobot feature dict for the given cameras ({name: (height, width)}), with a depth feature
+    for each camera named in ``depth_cameras``."""
     features: dict[str, dict[str, Any]] = {
         STATE_KEY: joint_feature(),
         ACTION_KEY: joint_feature(),
@@ -84,6 +108,8 @@ def dataset_features(cameras: dict[str, tuple[int, int]]) -> dict[str, dict[str,
     }
     for name, (height, width) in sorted(cameras.items()):
         features[IMAGE_KEY_PREFIX + name] = camera_feature(height, width)
+        if name in depth_cameras:
+            features[IMAGE_KEY_PREFIX + depth_key(name)] = depth_feature(height, width)
     return features
 
 

@@ -114,6 +114,7 @@ from daemon.data.schema import (
     EpisodeTag,
     append_episode_tag,
     dataset_features,
+    depth_key,
     feature_differences,
     read_episode_tags,
     read_sidecar_tags,
@@ -203,6 +204,11 @@ class StoreConfig:
     repo_id: str = "local/so101d"
     fps: int = 30
     cameras: list[tuple[str, int, int]] = field(default_factory=list)  # (name, height, width)
+    # cameras recorded with their depth (a RealSense with use_depth): stream "<name>_depth", HxWx1
+    depth_cameras: list[str] = field(default_factory=list)
+    # LeRobot's DepthEncoderConfig fields to set (depth_min, depth_max, shift, use_log); the rest,
+    # and any not given, are LeRobot's defaults
+    depth_encoder: dict[str, float | bool] = field(default_factory=dict)
     robot_type: str = ROBOT_TYPE
     vcodec: str = "h264"  # libx264 through PyAV; AV1 cannot keep up on 2 cores
     preset: str = "ultrafast"
@@ -223,10 +229,43 @@ class StoreConfig:
         return Path(self.root).expanduser().resolve()
 
     def features(self) -> dict[str, dict[str, Any]]:
-        return dataset_features({name: (h, w) for name, h, w in self.cameras})
+        return dataset_features({name: (h, w) for name, h, w in self.cameras}, self.depth_cameras)
+
+    def video_streams(self) -> list[tuple[str, bool]]:
+        """Every video the episode stages, in feature order: (stream name, is a depth map)."""
+        out: list[tuple[str, bool]] = []
+        for name, _, _ in self.cameras:
+            out.append((name, False))
+            if name in self.depth_cameras:
+                out.append((depth_key(name), True))
+        return out
 
     def video_keys(self) -> list[str]:
-        return [IMAGE_KEY_PREFIX + name for name, _, _ in self.cameras]
+        return [IMAGE_KEY_PREFIX + name for name, _ in self.video_streams()]
+
+    def rgb_encoder(self) -> Any:
+        """LeRobot's encoder settings for the colour videos (what info.json records)."""
+        from lerobot.configs.video import RGBEncoderConfig
+
+        return RGBEncoderConfig(vcodec=self.vcodec, preset=self.preset, crf=self.crf, g=self.gop)
+
+    def depth_encoder_config(self) -> Any:
+        """LeRobot's DepthEncoderConfig for the depth videos: its defaults (HEVC, gray12le, lossless
+        x265, the log quantiser's range), with the fields [recording.depth_encoder] sets.
+
+        Two x265 parameters are added to LeRobot's own: ``bframes=0``, because the packed videos
+        are fragmented MP4s appended episode by episode (fmp4.py), which keep no edit list, so a
+        B-frame's reordering delay would shift every frame's time (LeRobot's decoder then misses
+        frame 0 by two periods); and ``log-level=error``, or x265 prints its settings to the
+        journal at every episode. Both are recorded in info.json's ``video.extra_options``."""
+        from lerobot.configs.video import DepthEncoderConfig
+
+        lerobot = DepthEncoderConfig()
+        extra = dict(lerobot.extra_options)
+        if lerobot.vcodec == "hevc":
+            params = [p for p in str(extra.get("x265-params", "")).split(":") if p]
+            extra["x265-params"] = ":".join([*params, "bframes=0", "log-level=error"])
+        return DepthEncoderConfig(extra_options=extra, **self.depth_encoder)
 
 
 def staging_dir(root: Path) -> Path:
@@ -656,15 +695,18 @@ class DatasetStore:
 
         # where each camera's video goes (dataset_writer._save_episode_video)
         video_plans = []
-        for name, _, _ in self.cfg.cameras:
+        for name, is_depth in self.cfg.video_streams():
             key = IMAGE_KEY_PREFIX + name
             plan = self._plan_video(state, key, stage / name / "video.mp4")
             video_plans.append(plan)
             ep_meta.update(plan.episode_meta(key))
             stats = meta["video_stats"].get(name)
-            if stats:  # dataset_writer.save_episode: per channel, scaled to [0, 1]
+            # dataset_writer.save_episode: per channel; colour scaled to [0, 1], a depth map's
+            # kept in its unit (millimetres: its depth_unit)
+            scale = 1.0 if is_depth else 255.0
+            if stats:
                 ep_stats[key] = {
-                    k: np.asarray(v) if k == "count" else np.squeeze(np.asarray(v).reshape(1, -1, 1, 1) / 255.0, axis=0)
+                    k: np.asarray(v) if k == "count" else np.squeeze(np.asarray(v).reshape(1, -1, 1, 1) / scale, axis=0)
                     for k, v in stats.items()
                 }
 
@@ -785,14 +827,20 @@ class DatasetStore:
 
     def _video_info(self, state: _State) -> None:
         """info.json's per-camera video info, probed from the first file (as LeRobot does)."""
-        from lerobot.configs.video import RGBEncoderConfig
+        from lerobot.configs.video import infer_depth_unit
         from lerobot.datasets.video_utils import get_video_info
 
-        enc = RGBEncoderConfig(vcodec=self.cfg.vcodec, preset=self.cfg.preset, crf=self.cfg.crf, g=self.cfg.gop)
-        for key in self.cfg.video_keys():
+        rgb, depth = self.cfg.rgb_encoder(), self.cfg.depth_encoder_config()
+        for name, is_depth in self.cfg.video_streams():
+            key = IMAGE_KEY_PREFIX + name
             path = self.root / VIDEO_PATH.format(video_key=key, chunk_index=0, file_index=0)
             existing = state.info["features"][key].get("info") or {}
-            state.info["features"][key]["info"] = {**existing, **get_video_info(path, video_encoder=enc)}
+            # a depth map: LeRobot's is_depth_map, the quantiser's settings (video.depth_min ...) and,
+            # as its add_frame records from the frames' dtype, the unit (uint16: "mm")
+            info = {**existing, **get_video_info(path, video_encoder=depth if is_depth else rgb)}
+            if is_depth:
+                info["depth_unit"] = infer_depth_unit(np.uint16)
+            state.info["features"][key]["info"] = info
 
     def _fault_point(self, episode_index: int) -> None:
         """Test hook: "<fault>" or "<fault>:<episode index>" (only that episode's commit)."""

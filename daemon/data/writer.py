@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from daemon.data.ring import KIND_DISCARD, KIND_FRAME, KIND_SAVE, KIND_START, Ring, RingSpec
+from daemon.data.schema import depth_key
 from daemon.data.store import (
     SAVING_FILE,
     STAGED_FILE,
@@ -69,13 +70,19 @@ def stats_sampled(frame_index: int) -> bool:
 
 
 class CameraEncoder(threading.Thread):
-    """Encodes one camera's frames of one episode into an MP4, computing LeRobot's image stats."""
+    """Encodes one camera's frames of one episode into an MP4, computing LeRobot's image stats.
 
-    def __init__(self, path: Path, fps: int, cfg: StoreConfig) -> None:
+    A depth stream (``depth``: HxWx1 uint16 millimetres) is encoded as LeRobot 0.6.1 encodes
+    depth: its DepthEncoderConfig (HEVC, gray12le, lossless x265) and its ``quantize_depth`` to
+    12-bit codes with that config's range; its stats stay in millimetres (LeRobot's streaming
+    encoder, datasets/video_utils._CameraEncoderThread, keeps a depth map's stats unscaled)."""
+
+    def __init__(self, path: Path, fps: int, cfg: StoreConfig, depth: bool = False) -> None:
         super().__init__(name=f"encode-{path.parent.name}", daemon=True)
         self.path = path
         self.fps = fps
         self.cfg = cfg
+        self.depth = depth
         self.q: queue.Queue[np.ndarray | None] = queue.Queue(maxsize=ENCODER_QUEUE_FRAMES)
         self.frames = 0
         self.sampled = 0
@@ -96,10 +103,10 @@ class CameraEncoder(threading.Thread):
 
     def run(self) -> None:
         import av
-        from lerobot.configs.video import RGBEncoderConfig
         from lerobot.datasets.compute_stats import RunningQuantileStats, auto_downsample_height_width
+        from lerobot.datasets.depth_utils import quantize_depth
 
-        enc = RGBEncoderConfig(vcodec=self.cfg.vcodec, preset=self.cfg.preset, crf=self.cfg.crf, g=self.cfg.gop)
+        enc = self.cfg.depth_encoder_config() if self.depth else self.cfg.rgb_encoder()
         container: Any = None
         stream: Any = None
         tracker = RunningQuantileStats()
@@ -117,7 +124,18 @@ class CameraEncoder(threading.Thread):
                     stream.pix_fmt = enc.pix_fmt
                     stream.height, stream.width = img.shape[:2]
                     stream.time_base = Fraction(1, self.fps)
-                frame = av.VideoFrame.from_ndarray(img, format="rgb24")
+                if self.depth:
+                    frame = quantize_depth(
+                        img,
+                        depth_min=enc.depth_min,
+                        depth_max=enc.depth_max,
+                        shift=enc.shift,
+                        use_log=enc.use_log,
+                        pix_fmt=enc.pix_fmt,
+                        video_backend="pyav",
+                    )
+                else:
+                    frame = av.VideoFrame.from_ndarray(img, format="rgb24")
                 frame.pts = self.frames
                 frame.time_base = Fraction(1, self.fps)
                 for packet in stream.encode(frame):
@@ -175,7 +193,13 @@ class EpisodeBuild:
         (self.dir / START_FILE).write_text(json.dumps({"uid": self.uid, "task": task, "episode": number}))
         self.cameras = [name for name, _, _ in store.cfg.cameras]
         self.encoders = [CameraEncoder(self.dir / name / "video.mp4", fps, store.cfg) for name in self.cameras]
-        for e in self.encoders:
+        # a camera recorded with depth: its depth stream's encoder, by camera index
+        self.depth_encoders = {
+            c: CameraEncoder(self.dir / depth_key(name) / "video.mp4", fps, store.cfg, depth=True)
+            for c, name in enumerate(self.cameras)
+            if name in store.cfg.depth_cameras
+        }
+        for e in self.all_encoders():
             e.start()
         self.rows: dict[str, list[np.ndarray]] = {"state": [], "action": [], "teleop": []}
         self.sources: list[str] = []  # per frame: who drove the arms (schema.SOURCE_KEY)
@@ -183,6 +207,7 @@ class EpisodeBuild:
         self.state_offset_s: list[float] = []
         self.cam_offset_s: list[list[float]] = []  # capture - grid, per camera (NaN: no image)
         self.last_img: list[np.ndarray | None] = [None] * len(self.cameras)
+        self.last_depth: dict[int, np.ndarray] = {}
         self.last_seq = [-1] * len(self.cameras)
         self.missing = 0
         self.late = 0
@@ -190,6 +215,17 @@ class EpisodeBuild:
         self.worst_skew_s = 0.0
         self.notes: list[str] = []
         self.t0: float | None = None
+
+    def all_encoders(self) -> list[CameraEncoder]:
+        """Every stream's encoder: the colour ones, then the depth ones."""
+        return [*self.encoders, *self.depth_encoders.values()]
+
+    def streams(self) -> list[tuple[str, CameraEncoder]]:
+        """(stream name, its encoder), colour then depth (a depth stream is "<camera>_depth")."""
+        return [
+            *zip(self.cameras, self.encoders),
+            *((depth_key(self.cameras[c]), e) for c, e in self.depth_encoders.items()),
+        ]
 
     def add(self, rec: np.ndarray, ring: Ring) -> None:
         slot = int(rec["pixel_slot"][0])
@@ -225,6 +261,13 @@ class EpisodeBuild:
                 self.last_seq[c] = seq
             offsets.append(cap - t_grid)
             enc.feed(img)
+            depth_enc = self.depth_encoders.get(c)
+            if depth_enc is not None:  # the same frame's depth map, or the previous one with its image
+                if slot >= 0 and not np.isnan(cap):
+                    self.last_depth[c] = ring.depth_view(slot, c).copy()
+                elif c not in self.last_depth:
+                    self.last_depth[c] = np.zeros((*img.shape[:2], 1), dtype=np.uint16)
+                depth_enc.feed(self.last_depth[c])
         if slot < 0 and self.encoders:
             self.no_pixels += 1
         if abs(state_s - t_grid) > period / 2:
@@ -247,10 +290,10 @@ class EpisodeBuild:
         """Flush the encoders and write the episode durably: every file it needs synced to the
         disk, then ``episode.json`` (the episode is complete once that name exists, synced with its
         folder). What a restart's repair commits from; returns its episode.json content."""
-        for e in self.encoders:
+        for e in self.all_encoders():
             e.finish()
         n = len(self.grid_s)
-        for e, name in zip(self.encoders, self.cameras):
+        for name, e in self.streams():
             if e.frames != n:
                 raise RuntimeError(f"camera {name}: {e.frames} video frames for {n} rows")
         np.savez(
@@ -267,9 +310,9 @@ class EpisodeBuild:
             camera_offset_s=np.asarray(self.cam_offset_s, np.float64).reshape(n, len(self.cameras)),
             camera_names=np.asarray(self.cameras, dtype=str),
         )
-        for path in [self.dir / "rows.npz", self.dir / "timing.npz"] + [e.path for e in self.encoders]:
+        for path in [self.dir / "rows.npz", self.dir / "timing.npz"] + [e.path for e in self.all_encoders()]:
             sync_file_data(path)
-        for name in self.cameras:
+        for name, _ in self.streams():
             fsync_dir(self.dir / name)
         if self.no_pixels:
             self.notes.append(f"writer fell behind: {self.no_pixels} frames repeat the previous image")
@@ -290,7 +333,7 @@ class EpisodeBuild:
             "episode": self.number,
             "frames": n,
             "tag": tag,
-            "video_stats": {name: e.stats for e, name in zip(self.encoders, self.cameras)},
+            "video_stats": {name: e.stats for name, e in self.streams()},
         }
         write_json_atomic(self.dir / "episode.json", meta)  # synced, with the episode's folder
         (self.dir / STAGED_FILE).touch()  # empty: its name is its content, the folder sync keeps it
@@ -299,7 +342,7 @@ class EpisodeBuild:
         return meta
 
     def cancel(self) -> None:
-        for e in self.encoders:
+        for e in self.all_encoders():
             e.cancel()
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -34,6 +34,14 @@ __all__ = ["attach_recorder", "build_cameras", "configured_size", "dataset_root"
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+def depth_encoder_fields(recording_cfg: RecordingConfig) -> dict[str, float | bool]:
+    """The [recording.depth_encoder] fields set, for LeRobot's DepthEncoderConfig (the store builds
+    it; a field not given keeps LeRobot's default)."""
+    de = recording_cfg.depth_encoder
+    given = {"depth_min": de.depth_min, "depth_max": de.depth_max, "shift": de.shift, "use_log": de.use_log}
+    return {k: v for k, v in given.items() if v is not None}
+
+
 def _verb(fn: Handler) -> Handler:
     def handler(req: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -110,6 +118,7 @@ def attach_recorder(
             default_task=rc.task,
             min_free_mb=rc.min_free_mb,
             follower_kind=str(follower_kind or follower_dataset_kind(follower)),
+            depth_encoder=depth_encoder_fields(rc),
         ),
         cameras,
     )

@@ -506,7 +506,8 @@ def camera_report(cameras_cfg: Mapping[str, CameraConfig], open_cameras: bool) -
                 WARN if st["problems"] else PASS,
                 f"{st['device']}: {st['format']}; configured {c.fps} fps, measured {st['fps_verified']} fps; "
                 f"dropped {st['frames_dropped']}; newest frame {age if age is not None else '?'} s old"
-                + (f"; {'; '.join(st['problems'])} (on_mismatch = warn)" if st["problems"] else ""),
+                + (f"; {'; '.join(st['problems'])} (on_mismatch = warn)" if st["problems"] else "")
+                + _depth_text(st["depth"]),
             )
         else:
             rep.add(
@@ -516,6 +517,14 @@ def camera_report(cameras_cfg: Mapping[str, CameraConfig], open_cameras: bool) -
                 "so101d find-cameras",
             )
     return rep
+
+
+def _depth_text(depth: dict[str, Any] | None) -> str:
+    """A RealSense's depth stream, as the camera check shows it ("" for a camera without depth)."""
+    if depth is None:
+        return ""
+    h, w, _ = depth["shape"]
+    return f"; depth {depth['stream']}: {w}x{h} uint16 {depth['unit']}, {depth['frames']} maps with their colour frames"
 
 
 def render_text(env: dict[str, str], reps: list[ArmReport], config: str | None = None) -> str:

@@ -331,6 +331,8 @@ def _cameras_line(st: StatusReply, cut: _Cut) -> Any | None:
         )
         if cam.device:
             line.append(f"  {cam.device}", style="dim")
+        if cam.depth is not None:
+            line.append(f"  + depth {cam.depth.stream} ({cam.depth.unit}, {cam.depth.frames} frames)")
         if cam.state == "gone" and cam.gone_for_s is not None:
             line.append(f"  gone for {cam.gone_for_s:.1f} s", style="bold red")
         if cam.error:

@@ -1,0 +1,132 @@
+"""The daemon on the virtual bench records an episode from a RealSense with depth (LeRobot's real
+RealSenseCamera on the fake ``pyrealsense2``, tests/fixtures/sdk): the episode loads in
+LeRobotDataset with ``observation.images.wrist_depth`` decoded back to millimetres within the
+error of LeRobot's 12-bit quantiser, info.json says what LeRobot needs to decode it, and its
+stats are in millimetres."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import numpy as np
+import pyrealsense2 as rs
+import pytest
+from realsense_support import plugged
+from recording_support import load_dataset, wait_until
+from rich.console import Console
+
+from daemon.api.client import ControlClient
+from daemon.apps.commands.status import render
+from daemon.config.settings import config_from_dict
+from daemon.service.daemon import Daemon
+from drivers.emulator import reference_calibration
+from drivers.feetech_arm import FeetechFollower, FeetechLeader
+
+pytestmark = pytest.mark.e2e
+
+W, H = 160, 120
+
+
+def quantiser_bound_mm(depth_mm: np.ndarray, info: dict) -> np.ndarray:
+    """The most a depth can move through LeRobot's quantiser, from its own settings in info.json:
+    half a 12-bit code (lerobot/datasets/depth_utils.quantize_depth: log codes of depth + shift
+    between depth_min and depth_max, DEPTH_QMAX steps), plus dequantize_depth's rounding to whole
+    millimetres."""
+    from lerobot.configs.video import DEPTH_QMAX
+
+    lo, hi, shift = info["video.depth_min"], info["video.depth_max"], info["video.shift"]
+    assert info["video.use_log"] is True
+    half_code = (math.log(hi + shift) - math.log(lo + shift)) / DEPTH_QMAX / 2
+    return (depth_mm / 1000.0 + shift) * math.expm1(half_code) * 1000.0 + 0.5 + 1e-3
+
+
+def test_a_realsense_with_depth_records_an_episode_that_lerobot_decodes_to_millimetres(virtual_bench):
+    bench = virtual_bench
+    data = bench.root / "datasets"
+    cfg = config_from_dict(
+        {
+            "leader": {"port": str(bench.leader_port)},
+            "follower": {"port": str(bench.follower_port)},
+            "calibration": {"root": str(bench.calibration_root)},
+            "socket": {"path": str(bench.socket_path)},
+            "control": {"rate_hz": 50.0},
+            "recording": {"enabled": True, "dataset_root": str(data), "repo_id": "local/depth", "stop_timeout_s": 60},
+            "cameras": {
+                "wrist": {
+                    "kind": "intelrealsense",
+                    "serial_number_or_name": "844212070777",
+                    "use_depth": True,
+                    "width": W,
+                    "height": H,
+                    "fps": 30,
+                }
+            },
+        }
+    )
+    refusals: list[str] = []
+    with plugged(rs.FakeDevice(serial="844212070777")):
+        daemon = Daemon(
+            cfg,
+            FeetechLeader(str(bench.leader_port), reference_calibration("leader")),
+            FeetechFollower(str(bench.follower_port), reference_calibration("follower")),
+        )
+        daemon.start()
+        try:
+            with ControlClient(bench.socket_path, timeout_s=10) as c:
+
+                def started() -> bool:
+                    r = c.call("episode.start", task="pick the cube")
+                    if r.get("error"):
+                        refusals.append(str(r["error"]))
+                        return False
+                    return True
+
+                assert wait_until(started, 90, 0.2), refusals[-3:]
+                assert wait_until(lambda: c.request("episode.status")["frames"] >= 45, 60)
+                st = c.request("status")
+                saved = c.request("episode.save")
+                assert "episode" in str(saved), saved
+        finally:
+            daemon.stop()
+    wrist = st["cameras"]["wrist"]
+    assert wrist["state"] == "streaming" and wrist["depth"]["stream"] == "wrist_depth", wrist
+    shown = io.StringIO()  # `so101d status`: the camera's line names its depth stream
+    Console(file=shown, width=240, color_system=None, force_terminal=False).print(render(st))
+    assert "+ depth wrist_depth (mm," in shown.getvalue(), shown.getvalue()
+
+    root = data / "local" / "depth"
+    info = json.loads((root / "meta" / "info.json").read_text())
+    feature = info["features"]["observation.images.wrist_depth"]
+    assert feature["dtype"] == "video" and feature["shape"] == [H, W, 1], feature
+    depth_info = feature["info"]
+    assert depth_info["is_depth_map"] is True and depth_info["depth_unit"] == "mm", depth_info
+    assert depth_info["video.codec"] == "hevc" and depth_info["video.pix_fmt"] == "gray12le", depth_info
+    assert info["features"]["observation.images.wrist"]["shape"] == [H, W, 3]
+
+    ds = load_dataset(root, "local/depth")
+    assert ds.num_episodes == 1 and "observation.images.wrist_depth" in ds.meta.depth_keys
+    truth = rs.ramp_depth_mm(0, H, W).astype(np.float64)
+    known = truth > 0
+    worst = 0.0
+    for i in (0, len(ds) // 2, len(ds) - 1):
+        item = ds[i]
+        assert tuple(item["observation.images.wrist"].shape) == (3, H, W)
+        depth = item["observation.images.wrist_depth"]
+        assert tuple(depth.shape) == (1, H, W), depth.shape
+        got = depth.numpy()[0].astype(np.float64)  # LeRobot's depth_output_unit: millimetres
+        err = np.abs(got - truth)[known]
+        bound = quantiser_bound_mm(truth, depth_info)[known]
+        assert (err <= bound).all(), f"frame {i}: error up to {err.max():.2f} mm, bound {bound[err.argmax()]:.2f}"
+        worst = max(worst, float(err.max()))
+        # no depth (0): LeRobot's dequantiser clamps to its depth_min
+        assert np.allclose(got[~known], depth_info["video.depth_min"] * 1000.0)
+    assert worst > 0.0  # lossy where the 12-bit codes are coarser than a millimetre: it was quantised
+    # stats in millimetres (a colour camera's are scaled to 0..1; a depth map's are not)
+    stats = json.loads((root / "meta" / "stats.json").read_text())
+    ds_stats = stats["observation.images.wrist_depth"]
+    assert np.asarray(ds_stats["max"]).item() == pytest.approx(truth.max(), abs=2)
+    assert np.asarray(ds_stats["min"]).item() == pytest.approx(0.0, abs=1)
+    assert 1000 < np.asarray(ds_stats["mean"]).item() < 2500
+    assert np.asarray(stats["observation.images.wrist"]["max"]).max() <= 1.0
