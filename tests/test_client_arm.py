@@ -484,7 +484,8 @@ def test_lerobots_smooth_handover_drives_the_leader_to_the_follower(daemon: Daem
 def test_the_daemon_bounds_the_leaders_speed_and_refuses_a_leader_an_arm_follows(daemon: Daemon) -> None:
     """A client's goal far away (a jump) moves the leader at the take-over's speed, not at once;
     while the follower follows the leader (teleop, no client holding the arm) the leader is not
-    driven at all, and a client that dies holding the leader leaves it limp."""
+    driven at all, the policy's take-over waits for the client to let it go, and a client that
+    dies holding the leader leaves it limp."""
     _operator_resumes(daemon)
     _ARMS["leader"].set_pose_units(POSE_A)
     with ControlClient(daemon.socket_path) as c:
@@ -497,6 +498,12 @@ def test_the_daemon_bounds_the_leaders_speed_and_refuses_a_leader_an_arm_follows
             with ControlClient(daemon.socket_path) as other:
                 with pytest.raises(CommandFailed, match=r"leader is held by test \(pid"):
                     other.request("leader.acquire", client="intruder")
+            assert all(_leader_torque())
+            # one driver of the leader's motors at a time: the policy's take-over is refused
+            c.request("hold")
+            with pytest.raises(CommandFailed, match=r"leader is driven by test \(pid"):
+                c.request("policy.takeover")
+            _operator_resumes(daemon)  # the follower stays lent: the leader is still not followed
             assert all(_leader_torque())
             far = POSE_A + np.array([60.0, 0.0, 0.0, 0.0, 0.0, 0.0])
             t0 = time.monotonic()
