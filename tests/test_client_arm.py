@@ -34,6 +34,7 @@ from daemon.service.daemon import Daemon
 from daemon.service.frame_shares import new_share
 from daemon.system.processes import start_ticks
 from drivers.emulator import BusEmulator, reference_calibration
+from drivers.emulator.arm import EmulatedArm
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 from drivers.frame_shm import FrameShareReader
 
@@ -41,6 +42,7 @@ POSE_A = np.array([0.0, -60.0, 60.0, 40.0, 0.0, 20.0])
 POSE_B = np.array([20.0, -45.0, 50.0, 30.0, 10.0, 45.0])
 TOL_DEG = 2.0
 _BUSES: dict[str, BusEmulator] = {}  # the module daemon's emulated buses, for the unplug story
+_ARMS: dict[str, EmulatedArm] = {}  # ... and its emulated arms (the leader's torque)
 
 
 def _action(pose: np.ndarray) -> dict[str, float]:
@@ -70,6 +72,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
     )
     d.start()
     _BUSES.update({role: bus for role, (_arm, bus) in zip(("leader", "follower"), parts)})
+    _ARMS.update({role: arm for role, (arm, _bus) in zip(("leader", "follower"), parts)})
     try:
         wait_for(lambda: d.loop.state.mode == "teleop", 60, "teleop")
         yield d
@@ -412,13 +415,22 @@ def test_a_killed_daemons_frame_shares_are_swept() -> None:
             child.wait(10)
 
 
-def test_lerobots_handover_with_the_so101d_teleop_slides_the_follower_to_the_leader(daemon: Daemon) -> None:
-    """The so101d teleoperator is not actuated (the daemon drives no leader): LeRobot's own check
-    says so, and the handover LeRobot then takes (follower_smooth_move_to, as lerobot-rollout's
-    episodic reset and dagger correction call it) brings the follower to the leader's pose through
-    the daemon's safety layer. Leader goals handed to send_feedback are refused, naming them."""
-    from lerobot.common.control_utils import follower_smooth_move_to, teleop_supports_feedback
+def _leader_torque() -> list[bool]:
+    return [servo.torque_enabled for servo in _ARMS["leader"].servos]
+
+
+def _leader_pose(c: ControlClient) -> np.ndarray:
+    return _pose(c.request_as(ArmObservation, "arm.observe").leader)
+
+
+def test_lerobots_smooth_handover_drives_the_leader_to_the_follower(daemon: Daemon) -> None:
+    """The so101d teleoperator is actuated, as LeRobot's so_leader: LeRobot's own check says so,
+    and LeRobot's own handover (teleop_smooth_move_to, as lerobot-rollout's dagger pause and
+    episodic reset call it) drives the emulated leader to the follower's pose through the daemon;
+    disable_torque leaves it limp there. Goals before enable_torque are refused."""
+    from lerobot.common.control_utils import teleop_smooth_move_to, teleop_supports_feedback
     from lerobot_robot_so101d import SO101D, SO101DConfig, SO101DTeleop, SO101DTeleopConfig
+    from lerobot_robot_so101d.daemon_link import DaemonRefused
 
     path = str(daemon.socket_path)
     teleop = SO101DTeleop(SO101DTeleopConfig(socket=path))
@@ -429,13 +441,12 @@ def test_lerobots_handover_with_the_so101d_teleop_slides_the_follower_to_the_lea
     robot.connect()  # lent while the last story's release holds it: still, until the operator's resume
     try:
         _operator_resumes(daemon)
-        assert not teleop_supports_feedback(teleop)
-        teleop.send_feedback({})  # nothing to send
+        assert teleop_supports_feedback(teleop)
         teleop.send_feedback({"rumble": 1.0})  # not a leader goal: ignored, as LeRobot's so_leader does
         leader = teleop.get_action()
-        with pytest.raises(ValueError, match=r"shoulder_pan\.pos.*slides the follower to the leader"):
+        with pytest.raises(DaemonRefused, match=r"torque is off: enable_torque\(\)"):
             teleop.send_feedback(leader)
-        goal = np.array([leader[f"{j}.pos"] for j in JOINT_NAMES])
+        assert not any(_leader_torque())
 
         def at(pose: np.ndarray) -> Callable[[], bool]:
             action = {f"{j}.pos": float(v) for j, v in zip(JOINT_NAMES, pose)}
@@ -449,12 +460,138 @@ def test_lerobots_handover_with_the_so101d_teleop_slides_the_follower_to_the_lea
 
         # LeRobot's policy left the follower away from the leader
         wait_for(at(POSE_B), 20, "the follower away from the leader")
+        assert np.allclose(_pose({k.removesuffix(".pos"): v for k, v in leader.items()}), POSE_A, atol=TOL_DEG)
         obs = robot.get_observation()
-        follower_smooth_move_to(robot, {k: v for k, v in obs.items() if k.endswith(".pos")}, leader, duration_s=0.5)
-        wait_for(at(goal), 20, "the follower at the leader's pose after LeRobot's handover")
+        follower = {k: v for k, v in obs.items() if k.endswith(".pos")}
+        teleop_smooth_move_to(teleop, follower, duration_s=1.0)  # LeRobot's: enable_torque, then goals
+        assert all(_leader_torque()), "the leader's torque is not on during LeRobot's handover"
+        target = np.array([follower[f"{j}.pos"] for j in JOINT_NAMES])
+
+        def leader_at_follower() -> bool:
+            now = teleop.get_action()
+            return bool(np.all(np.abs(np.array([now[f"{j}.pos"] for j in JOINT_NAMES]) - target) < TOL_DEG))
+
+        wait_for(leader_at_follower, 20, "the leader at the follower's pose after LeRobot's handover")
+        teleop.disable_torque()  # the operator takes it: limp where it is
+        wait_for(lambda: not any(_leader_torque()), 5, "the leader limp after disable_torque")
+        assert leader_at_follower()
     finally:
         robot.disconnect()
         teleop.disconnect()
+    assert not any(_leader_torque())
+
+
+def test_the_daemon_bounds_the_leaders_speed_and_refuses_a_leader_an_arm_follows(daemon: Daemon) -> None:
+    """A client's goal far away (a jump) moves the leader at the take-over's speed, not at once;
+    while the follower follows the leader (teleop, no client holding the arm) the leader is not
+    driven at all, the policy's take-over waits for the client to let it go, and a client that
+    dies holding the leader leaves it limp."""
+    _operator_resumes(daemon)
+    _ARMS["leader"].set_pose_units(POSE_A)
+    with ControlClient(daemon.socket_path) as c:
+        with pytest.raises(CommandFailed, match=r"follower follows the leader now \(teleop\)"):
+            c.request("leader.acquire", client="test")
+        assert not any(_leader_torque())
+        arm_lease = c.request_as(ArmLeaseReply, "arm.acquire", client="test", pid=os.getpid()).lease
+        try:
+            lease = c.request("leader.acquire", client="test", pid=os.getpid())["lease"]
+            with ControlClient(daemon.socket_path) as other:
+                with pytest.raises(CommandFailed, match=r"leader is held by test \(pid"):
+                    other.request("leader.acquire", client="intruder")
+            assert all(_leader_torque())
+            # one driver of the leader's motors at a time: the policy's take-over is refused
+            c.request("hold")
+            with pytest.raises(CommandFailed, match=r"leader is driven by test \(pid"):
+                c.request("policy.takeover")
+            _operator_resumes(daemon)  # the follower stays lent: the leader is still not followed
+            assert all(_leader_torque())
+            far = POSE_A + np.array([60.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+            t0 = time.monotonic()
+            reply = c.request("leader.goal", lease=lease, **_action(far))
+            assert np.allclose(_pose(reply["goal"]), far)
+            # a joint left out keeps its goal
+            c.request("leader.goal", lease=lease, shoulder_pan=float(far[0]))
+            wait_for(lambda: bool(np.all(np.abs(_leader_pose(c) - far) < TOL_DEG)), 20, "the leader at the goal")
+            took_s = time.monotonic() - t0
+            # 60 degrees at 45 deg/s: 1.33 s at the least (the servo lags its goal, never leads it)
+            assert took_s >= 0.9 * 60.0 / 45.0, f"the leader jumped: 60 degrees in {took_s:.2f} s"
+            c.request("leader.release", lease=lease)
+            assert not any(_leader_torque())
+            with pytest.raises(CommandFailed, match="not current"):
+                c.request("leader.goal", lease=lease, **_action(POSE_A))
+        finally:
+            c.request("arm.release", lease=arm_lease)
+    _operator_resumes(daemon)
+    with ControlClient(daemon.socket_path) as c:
+        arm_lease = c.request_as(ArmLeaseReply, "arm.acquire", client="test", pid=os.getpid()).lease
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys, time\n"
+                "from daemon.api.client import ControlClient\n"
+                "c = ControlClient(sys.argv[1]).connect()\n"
+                "c.request('leader.acquire', client='doomed')\n"
+                "print('held', flush=True)\n"
+                "time.sleep(600)\n",
+                str(daemon.socket_path),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            start_new_session=True,
+        )
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "held"
+            assert all(_leader_torque())
+            os.killpg(child.pid, signal.SIGKILL)  # the power-cut way: no release
+            child.wait(10)
+            wait_for(lambda: not any(_leader_torque()), 5, "the leader limp once its client is gone")
+        finally:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait(10)
+            c.request("arm.release", lease=arm_lease)
+    _ARMS["leader"].set_pose_units(POSE_A)
+
+
+def test_the_plugin_observes_through_the_pose_share(daemon: Daemon) -> None:
+    """get_observation reads the pose the loop measured at its newest cycle from shared memory
+    (no request), the same numbers arm.observe answers; a share gone stale is not read."""
+    from lerobot_robot_so101d import SO101D, SO101DConfig
+    from lerobot_robot_so101d.daemon_link import SHARE_STALE_MIN_S
+
+    from daemon.api.messages import ArmShareReply
+    from daemon.api.pose_share import PoseShareReader
+
+    with ControlClient(daemon.socket_path) as c:
+        share = c.request_as(ArmShareReply, "arm.share")
+        assert share.arms == ["follower"] and share.period_s == pytest.approx(0.01)
+        reader = PoseShareReader(share.path)
+        try:
+            first = reader.read()
+            assert first is not None
+            wait_for(lambda: (r := reader.read()) is not None and r.cycle > first.cycle + 5, 5, "newer cycles")
+            rec = reader.read()
+            assert rec is not None
+            obs = c.request_as(ArmObservation, "arm.observe")
+            arm = rec.arm(0)
+            assert arm is not None and np.allclose(arm, _pose(obs.follower), atol=0.5)
+            assert rec.leader is not None and np.allclose(rec.leader, _pose(obs.leader), atol=0.5)
+            assert time.monotonic() - rec.written_at_s < SHARE_STALE_MIN_S
+        finally:
+            reader.close()
+        # the same file for every client
+        assert c.request("arm.share")["path"] == share.path
+    robot = SO101D(SO101DConfig(socket=str(daemon.socket_path)))
+    robot.connect()
+    try:
+        requests = daemon.context.server.requests
+        for _ in range(20):
+            robot.get_observation()
+        assert daemon.context.server.requests == requests, "get_observation asked the socket"
+    finally:
+        robot.disconnect()
 
 
 def test_the_plugin_teleop_refuses_an_unplugged_leaders_last_reading(daemon: Daemon) -> None:

@@ -1,7 +1,8 @@
 """LeRobot's `lerobot-rollout --strategy.type=dagger`, unmodified, on the daemon's arms through the
-so101d plugin: a tiny ACT drives the follower, the operator pauses it, corrects with the leader,
-hands back to the policy and stops, all with the keys LeRobot's dagger documents (space, tab,
-Esc), typed into the terminal lerobot-rollout runs in. The dataset LeRobot wrote loads in
+so101d plugin: a tiny ACT drives the follower, the operator pauses it (LeRobot's smooth handover
+drives the leader to the follower through the daemon: the so101d teleoperator is actuated),
+corrects with the leader, hands back to the policy and stops, all with the keys LeRobot's dagger
+documents (space, tab, Esc), typed into the terminal lerobot-rollout runs in. The dataset LeRobot wrote loads in
 LeRobotDataset with its ``intervention`` column True exactly on the correction frames, and every
 goal the daemon wrote to the follower's servos kept to the safety layer's step limit.
 
@@ -191,6 +192,30 @@ def _rollout_args(sock: Path, checkpoint: Path, root: Path, *strategy: str) -> l
     ]
 
 
+def _leader_pose(sock: Path) -> np.ndarray:
+    with ControlClient(sock) as c:
+        leader = c.request("arm.observe")["leader"]
+    return np.array([leader[j] for j in JOINT_NAMES])
+
+
+def _handover_then_hand(running: Running, rollout: Rollout, at: int) -> tuple[int, np.ndarray]:
+    """After the pause: LeRobot's handover drives the leader to the follower (torque on, through
+    the daemon); after tab, torque off, and the operator's hand moves the leader to LEADER_POSE.
+    Returns the log offset and where the handover left the leader."""
+    sock, leader = running.sock, running.bench.leader
+    at = rollout.wait_log("Smooth handover: moving leader arm to follower position", 30, at)
+    assert wait_until(lambda: all(s.torque_enabled for s in leader.servos), 30), "the leader's torque never came on"
+    # the leader leaves the operator's pose for the follower's (the policy's last action)
+    assert wait_until(lambda: not at_leader(_leader_pose(sock)), 30), "the handover never moved the leader"
+    rollout.type(b"\t")  # correct: torque off, the operator takes the leader
+    at = rollout.wait_log("Phase transition: paused -> correcting", 30, at)
+    assert wait_until(lambda: not any(s.torque_enabled for s in leader.servos), 30), "the leader stayed stiff"
+    handover = _leader_pose(sock)
+    leader.set_pose_units(LEADER_POSE)  # by hand
+    _wait_command(sock, at_leader, "reached the leader")  # the follower follows the correction
+    return at, handover
+
+
 def _operator_starts(sock: Path) -> None:
     """The operator's `so101d teleop start`, the leader held at LEADER_POSE: the follower there."""
     with ControlClient(sock) as c:
@@ -217,12 +242,9 @@ def test_dagger_records_policy_frames_and_the_operators_correction(
         at = rollout.wait_log("DAgger continuous recording started")
         _wait_command(sock, lambda cmd: not at_leader(cmd), "left the leader's pose")  # the policy drives
         _wait_cycles(sock, 200)  # for two seconds
-        rollout.type(b" ")  # pause: the arm holds the policy's last action
+        rollout.type(b" ")  # pause: the arm holds the policy's last action, the leader comes to it
         at = rollout.wait_log("Phase transition: autonomous -> paused", 30, at)
-        rollout.type(b"\t")  # correct: the follower slides to the leader, then follows it
-        at = rollout.wait_log("Phase transition: paused -> correcting", 30, at)
-        at = rollout.wait_log("Smooth handover: sliding follower to teleop position", 30, at)
-        _wait_command(sock, at_leader, "reached the leader")  # the slide's end: the correction begins
+        at, handover = _handover_then_hand(running, rollout, at)
         _wait_cycles(sock, 200)  # two seconds of it
         rollout.type(b"\t")  # the correction ends
         at = rollout.wait_log("Phase transition: correcting -> paused", 30, at)
@@ -253,9 +275,13 @@ def test_dagger_records_policy_frames_and_the_operators_correction(
     first, last = changes[0] + 1, changes[1]  # the correction: frames first..last
     # two seconds of each (60 frames at 30 fps); loose: a loaded 2-core machine runs the loop slower
     assert first >= 5 and last - first + 1 >= 5 and len(flags) - last - 1 >= 5, (first, last, len(flags))
-    # a correction frame's action is the operator's leader; no policy frame's is
+    # a correction frame's action is the operator's leader (where the handover left it, then where
+    # the hand put it); no policy frame's is
     is_leader = np.all(np.abs(actions - LEADER_POSE) <= 1.5, axis=1)
-    assert np.array_equal(is_leader, flags), np.flatnonzero(is_leader != flags).tolist()
+    assert not is_leader[~flags].any(), np.flatnonzero(is_leader & ~flags).tolist()
+    handed = np.all(np.abs(actions - handover) <= 1.5, axis=1)
+    assert np.all(is_leader[flags] | handed[flags]), np.flatnonzero(flags & ~(is_leader | handed)).tolist()
+    assert is_leader[last] and is_leader[flags].sum() >= 5, (first, last)
 
     # every goal the daemon wrote during the rollout, write by write, kept to the safety layer's
     # step: within the step limit of the goal before it, or of where the servo was (an alignment
@@ -298,9 +324,7 @@ def test_dagger_by_default_records_only_the_correction_and_ends_after_the_episod
         _wait_command(sock, lambda cmd: not at_leader(cmd), "left the leader's pose")  # the policy drives
         rollout.type(b" ")
         at = rollout.wait_log("Phase transition: autonomous -> paused", 30, at)
-        rollout.type(b"\t")
-        at = rollout.wait_log("Phase transition: paused -> correcting", 30, at)
-        _wait_command(sock, at_leader, "reached the leader")
+        at, handover = _handover_then_hand(running, rollout, at)
         _wait_cycles(sock, 200)
         rollout.type(b"\t")  # the correction ends: saved as the one episode asked, and the session ends
         at = rollout.wait_log("Correction 1/1 saved", 60, at)
@@ -313,4 +337,6 @@ def test_dagger_by_default_records_only_the_correction_and_ends_after_the_episod
     flags = np.array([bool(np.asarray(ds[i]["intervention"]).reshape(-1)[0]) for i in range(len(ds))])
     actions = np.stack([np.asarray(ds[i]["action"]) for i in range(len(ds))])
     assert flags.all(), flags.astype(int).tolist()
-    assert np.all(np.abs(actions - LEADER_POSE) <= 1.5), actions
+    at_hand = np.all(np.abs(actions - LEADER_POSE) <= 1.5, axis=1)
+    at_handover = np.all(np.abs(actions - handover) <= 1.5, axis=1)
+    assert np.all(at_hand | at_handover) and at_hand[-1], actions

@@ -144,6 +144,37 @@ class ArmActionRequest(RequestBase, tag="arm.action"):
     gripper: Annotated[float, _JOINT_VALUE] | None = None
 
 
+class LeaderAcquireRequest(RequestBase, tag="leader.acquire"):
+    client: Annotated[str, _text(200, "who asks, in words (shown to a client refused)")] | None = None
+    pid: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                ge=1,
+                le=2**31,
+                description="the client's process id (the socket's peer, by the kernel's word, is taken instead)",
+            ),
+        ]
+        | None
+    ) = None
+
+
+class LeaderReleaseRequest(RequestBase, tag="leader.release"):
+    lease: Annotated[str, _text(64, "the lease leader.acquire gave")] | None = None
+
+
+class LeaderGoalRequest(RequestBase, tag="leader.goal"):
+    """A goal for the acquired leader, LeRobot's units; a joint left out keeps its goal."""
+
+    lease: Annotated[str, _text(64, "the lease leader.acquire gave")] | None = None
+    shoulder_pan: Annotated[float, _JOINT_VALUE] | None = None
+    shoulder_lift: Annotated[float, _JOINT_VALUE] | None = None
+    elbow_flex: Annotated[float, _JOINT_VALUE] | None = None
+    wrist_flex: Annotated[float, _JOINT_VALUE] | None = None
+    wrist_roll: Annotated[float, _JOINT_VALUE] | None = None
+    gripper: Annotated[float, _JOINT_VALUE] | None = None
+
+
 class CameraShareRequest(RequestBase, tag="camera.share"):
     camera: Annotated[str, _text(200, "the camera's name (camera.list)")] | None = None
 
@@ -719,6 +750,26 @@ class ArmObservation(Reply):
     frames: dict[str, int] = msgspec.field(default_factory=dict)  # shared camera -> newest frame's seq in it
 
 
+class ArmShareReply(Reply):
+    """arm.share: where the arms' poses at the newest cycle are, in shared memory
+    (daemon/api/pose_share.py): arm.observe's follower and leader without a request."""
+
+    path: str = ""
+    arms: list[str] = msgspec.field(default_factory=list)  # the share's arm order
+    period_s: float = 0.0  # the loop's period: the record is rewritten every cycle
+
+
+class LeaderDriveReply(Reply):
+    """leader.acquire / leader.goal / leader.release: the leader driven for this client."""
+
+    message: str = ""
+    lease: str | None = None  # acquire: pass it with every leader.goal and leader.release
+    phase: str = ""  # holding, moving (toward the goal, at the take-over's speed), released, failed
+    goal: dict[str, float] | None = None  # the goal it drives toward (within the calibrated range)
+    command: dict[str, float] | None = None  # the goal written last (on the way there)
+    leader: dict[str, float] | None = None  # the leader's newest reading
+
+
 class CameraShareReply(Reply):
     """camera.share: where the camera's newest frames are, in shared memory (drivers/frame_shm.py)."""
 
@@ -784,6 +835,10 @@ _SPECS: Final = (
     _spec("arm.action", ArmActionReply, "A joint target for the acquired arm, through safety.", ArmActionRequest),
     _spec("arm.observe", ArmObservation, "The arm's measured pose and the leader's, now.", ArmObserveRequest),
     _spec("arm.release", ArmLeaseReply, "Give the arm back: it holds where it is.", ArmLeaseRequest),
+    _spec("leader.acquire", LeaderDriveReply, "Torque the leader on for this client: it holds.", LeaderAcquireRequest),
+    _spec("leader.goal", LeaderDriveReply, "Move the acquired leader to a goal, at bounded speed.", LeaderGoalRequest),
+    _spec("leader.release", LeaderDriveReply, "Let the leader go: torque off.", LeaderReleaseRequest),
+    _spec("arm.share", ArmShareReply, "Share the arms' poses in memory, every cycle (same machine)."),
     _spec("camera.share", CameraShareReply, "Share a camera's frames in memory (same machine).", CameraShareRequest),
 )
 VERBS: Final[dict[str, VerbSpec]] = {s.verb: s for s in _SPECS}

@@ -78,6 +78,7 @@ Handler = Callable[[dict[str, Any]], dict[str, Any] | None]
 # says about its sender (a ``pid`` field) is the client's word, this is the kernel's.
 class _Serving(threading.local):
     peer_pid: int | None = None
+    inline: bool = False  # on the selector thread (a verb registered inline): it must not wait
 
 
 _serving = _Serving()
@@ -87,6 +88,17 @@ def request_peer_pid() -> int | None:
     """The pid of the process that sent the request this thread is serving (None outside a socket
     request, e.g. ``handle`` called in-process, or where the kernel did not say)."""
     return _serving.peer_pid
+
+
+def serving_inline() -> bool:
+    """True while this thread runs a verb on the selector thread (``register(inline=True)``): a
+    verb that finds it would have to wait raises ``RunOnWorker`` instead."""
+    return _serving.inline
+
+
+class RunOnWorker(Exception):
+    """Raised by an inline verb that finds it must wait (before it changed anything): the server
+    runs the same request again on a worker, where waiting holds up nobody else."""
 
 
 def _peer_pid(sock: socket.socket) -> int | None:
@@ -254,7 +266,9 @@ class ControlServer:
     def register(self, name: str, handler: Handler, *, inline: bool = False) -> None:
         """``inline``: the handler only reads snapshots or swaps a reference (microseconds, never
         waits, never calls the loop): it runs on the selector thread, which spares a request two
-        thread hand-offs (an outside client driving the arm sends two per control step)."""
+        thread hand-offs (an outside client driving the arm sends two per control step). A
+        handler that sometimes has to wait raises ``RunOnWorker`` then (``serving_inline()``
+        tells it where it runs), and that request runs on a worker."""
         if not name or not isinstance(name, str):
             raise ValueError("verb name must be a non-empty string")
         with self._lock:
@@ -673,8 +687,11 @@ class ControlServer:
             conn.outbuf += _encode(error or _error("malformed request"))
             return
         if req.cmd in self._inline:
-            conn.outbuf += self._reply_bytes(req, conn.peer_pid)
-            return
+            try:
+                conn.outbuf += self._reply_bytes(req, conn.peer_pid, inline=True)
+                return
+            except RunOnWorker:
+                pass  # it would wait: on a worker, as any other verb
         pool = self._operator_pool if req.cmd in OPERATOR_VERBS else self._pool
         if pool is None:  # stopping
             self._close(conn)
@@ -682,17 +699,22 @@ class ControlServer:
         conn.busy = True
         pool.submit(self._run_request, conn, req)
 
-    def _reply_bytes(self, req: Request, peer_pid: int | None) -> bytes:
-        """The verb run, its reply encoded (an encoding failure answered as an internal error)."""
+    def _reply_bytes(self, req: Request, peer_pid: int | None, inline: bool = False) -> bytes:
+        """The verb run, its reply encoded (an encoding failure answered as an internal error).
+        ``inline``: on the selector thread, where the verb may raise ``RunOnWorker``."""
         _serving.peer_pid = peer_pid
+        _serving.inline = inline
         try:
             return self.encode_reply(self._dispatch(req))
+        except RunOnWorker:
+            raise
         except BaseException as exc:
             self._count_error()
             _rl.error(f"encode.{req.cmd}", "reply of %r could not be sent: %r", req.cmd, exc)
             return _encode(_error(f"internal error in {req.cmd!r}: {type(exc).__name__}"))
         finally:
             _serving.peer_pid = None
+            _serving.inline = False
 
     def _run_request(self, conn: _Conn, req: Request) -> None:
         """On a worker: the verb, its reply encoded, handed back to the selector thread."""
@@ -756,6 +778,11 @@ class ControlServer:
             return _error(f"unknown command {cmd[:100]!r} (try 'help')")
         try:
             result = handler(req.as_dict()) or {}
+        except RunOnWorker:
+            if _serving.inline:
+                raise
+            self._count_error()  # only the selector thread may hand a verb on
+            return _error(f"internal error in {cmd!r}: it asked for a worker while on one")
         except RequestError as exc:
             self._count_error()
             return _error(str(exc), exc.field)

@@ -33,6 +33,7 @@ from daemon.service.context import DaemonContext, EpisodeRecorder, HasContext, c
 from drivers.cameras import VirtualArmCamera
 
 log = logging.getLogger("so101d.policy")
+_TAKEOVER = "the policy's take-over"  # its name in the leader's claim (daemon/policy/leader_drive.py)
 
 
 class PolicyError(RuntimeError):
@@ -266,15 +267,26 @@ class PolicyController:
             raise PolicyError("the leader is not connected")
         if loop.intent == "teleop":
             raise PolicyError("the follower already follows the leader (teleop); nothing to take over")
-        stopped = self._hold()  # also from a hold after `policy stop`: the leader still has to come over
+        claim = self.daemon.leader_claim
+        holder = claim.take(_TAKEOVER)  # one driver of the leader's motors at a time
+        if holder is not None:
+            raise PolicyError(f"the leader is driven by {holder} now: it must release it first")
+        try:
+            stopped = self._hold()  # also from a hold after `policy stop`: the leader still has to come over
+        except BaseException:
+            claim.give(_TAKEOVER)
+            raise
         t = Takeover(LeaderActuator(leader), config or TakeoverConfig())
         self.takeover_state = t
 
         def run() -> None:
-            while not t.finished:
-                pose = loop.measured
-                t.step(time.monotonic(), None if pose is None else np.array(pose, dtype=np.float64))
-                time.sleep(0.02)
+            try:
+                while not t.finished:
+                    pose = loop.measured
+                    t.step(time.monotonic(), None if pose is None else np.array(pose, dtype=np.float64))
+                    time.sleep(0.02)
+            finally:
+                claim.give(_TAKEOVER)
             if t.phase == "done":
                 try:
                     loop.call(lambda: loop.set_intent("teleop"), timeout_s=3.0)

@@ -22,38 +22,47 @@ aligns to at the safe speed; under a hold it stays held.
 
 The loop's period does not depend on what a client sends. The loop takes one target per cycle,
 so ``arm.action`` takes at most two actions per arm per period (the rest would only overwrite
-each other): an earlier one waits its turn on a socket worker (asleep, the GIL free), and its
-connection sends nothing more meanwhile (one request at a time). A client flooding actions
-(pipelined, as fast as it can) is so served at twice the loop's rate, instead of keeping a socket
-thread busy: a busy Python thread makes the loop thread wait up to the interpreter's switch
-interval for the GIL after each of its serial reads and writes, which stretched a 100 Hz cycle to
-~25 ms (bench/bench_plugin.py --flood). A client at up to twice the loop's rate (LeRobot's 30 fps)
-never waits.
+each other). An action on time is served on the socket's selector thread (``inline``: no thread
+hand-off, it reads the arm's state and swaps a reference), one that came early is handed to a
+worker, where it waits its turn (asleep, the GIL free), and its connection sends nothing more
+meanwhile (one request at a time). A client flooding actions (pipelined, as fast as it can) is
+so served at twice the loop's rate, instead of keeping a socket thread busy: a busy Python thread
+makes the loop thread wait up to the interpreter's switch interval for the GIL after each of its
+serial reads and writes, which stretched a 100 Hz cycle to ~25 ms (bench/bench_plugin.py
+--flood). A client at up to twice the loop's rate (LeRobot's 30 fps) never waits.
+
+``arm.share`` answers where the arms' poses at the newest cycle are in shared memory
+(daemon/api/pose_share.py, written by a cycle hook): the plugin's ``get_observation`` reads them
+there instead of asking ``arm.observe``, so a LeRobot step costs the daemon one request, not two.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from calibration.conventions import JOINT_NAMES
-from daemon.api.server import RequestError, request_peer_pid
+from daemon.api.pose_share import PoseShareWriter
+from daemon.api.server import RequestError, RunOnWorker, request_peer_pid, serving_inline
 from daemon.control.client_source import ClientSource
 from daemon.control.driven_arm import DrivenArm
 from daemon.control.loop import ControlLoop
 from daemon.control.safety import ControllerState, CycleInputs, update
+from daemon.data.shm_names import SHM_DIR, segment_name, sweep_stale
+from daemon.service.client_leader import attach_client_leader
 from daemon.service.context import DaemonContext
 from daemon.service.frame_shares import attach_frame_shares
+from daemon.service.leases import Lease
 from daemon.system.processes import start_ticks
+
+__all__ = ["ClientArms", "Lease", "attach_client_arms"]
 
 log = logging.getLogger("so101d.client_arm")
 
@@ -66,38 +75,10 @@ _LENDABLE_SOURCES = ("leader", SOURCE_NAME)  # an arm driven by these may be len
 _RESUME_HINT = "`so101d teleop start` hands it to this client"
 
 
-@dataclass(frozen=True)
-class Lease:
-    """Who holds an arm."""
-
-    arm: str
-    token: str
-    client: str
-    pid: int | None
-    since_s: float  # wall clock, for the refusal's words
-    pid_started: int | None = None  # the holder's start time (/proc): a reused pid is another process
-
-    def words(self) -> str:
-        who = f"{self.client} (pid {self.pid})" if self.pid is not None else self.client
-        return f"{who}, since {time.strftime('%H:%M:%S', time.localtime(self.since_s))}"
-
-    def alive(self) -> bool:
-        """False once the holder's process is gone (a client without a pid is taken at its word)."""
-        if self.pid is None:
-            return True
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # someone else's process: it exists
-            pass
-        return self.pid_started is None or start_ticks(self.pid) == self.pid_started
-
-
 def _joints(values: np.ndarray | None) -> dict[str, float] | None:
     if values is None:
         return None
-    return {name: float(v) for name, v in zip(JOINT_NAMES, values)}
+    return dict(zip(JOINT_NAMES, values.tolist()))
 
 
 class ClientArms:
@@ -120,6 +101,8 @@ class ClientArms:
         self._next_turn_s: dict[str, float] = {}  # arm -> when its next action may be taken (monotonic)
         self._lock = threading.Lock()
         self.actions_waited = 0  # actions that came faster than twice the loop's rate and waited their turn
+        self._poses: _PoseShareHook | None = None  # made at the first arm.share
+        self._share_lock = threading.Lock()  # not self._lock: making the share waits for a cycle
 
     # ---------------------------------------------------------------- helpers
     def _arm(self, name: str) -> DrivenArm:
@@ -223,20 +206,24 @@ class ClientArms:
             return f"{state.mode} ({state.reason})"
         return ""
 
-    def _take_turn(self, arm: str) -> None:
+    def _take_turn(self, arm: str) -> bool:
         """At most one action per arm every half period (twice the loop's rate: the loop takes one
         target per cycle, a faster one only overwrites its own): an earlier one sleeps here, on
-        this worker, until its turn. Time, not the loop's cycle count: a loop running late does
-        not hold a client at a slower pace back."""
+        a worker, until its turn; on the selector thread it is handed to a worker instead
+        (``RunOnWorker``, before its turn is counted). Time, not the loop's cycle count: a loop
+        running late does not hold a client at a slower pace back. True if it waited."""
         gap_s = self.loop.period_s * _TURN_PERIODS
         with self._lock:
             now = self._monotonic()
             turn = max(now, self._next_turn_s.get(arm, -math.inf))
+            if turn > now and serving_inline():
+                raise RunOnWorker
             self._next_turn_s[arm] = turn + gap_s
             if turn > now:
                 self.actions_waited += 1
         if turn > now:
             time.sleep(turn - now)
+        return turn > now
 
     def action(self, req: dict[str, Any]) -> dict[str, Any]:
         lease = self._lease_of(req.get("lease"))
@@ -244,8 +231,8 @@ class ClientArms:
         if missing:
             raise RequestError(f"arm.action needs every joint; missing {', '.join(missing)}", missing[0])
         arm = self._arm(lease.arm)
-        self._take_turn(lease.arm)
-        lease = self._lease_of(req.get("lease"))  # still current after the wait (not released meanwhile)
+        if self._take_turn(lease.arm):
+            lease = self._lease_of(req.get("lease"))  # still current after the wait (not released meanwhile)
         loop = self.loop
         st = arm.state
         held = self._operator_hold(arm)
@@ -286,6 +273,35 @@ class ClientArms:
         )
         return update(state, inputs, params).command
 
+    def share(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Where the arms' poses at the newest cycle are in shared memory (made at the first ask,
+        then written every cycle until the daemon stops)."""
+        with self._share_lock:
+            hook = self._poses
+            if hook is None:
+                sweep_stale()  # a killed daemon's shares, as the camera shares and recording rings
+                writer = PoseShareWriter(SHM_DIR / segment_name("poses"), len(self.loop.arms), self.loop.period_s)
+                hook = _PoseShareHook(self.loop, writer, list(self.loop.arms), self._monotonic)
+                try:
+                    if self.loop.is_running():  # added between two cycles, on the loop thread
+                        self.loop.call(lambda: self.loop.add_hook(hook), timeout_s=_CALL_TIMEOUT_S)
+                    else:
+                        self.loop.add_hook(hook)
+                except Exception as exc:
+                    writer.close()
+                    raise RequestError(f"the control loop did not take the pose share: {exc}") from None
+                self._poses = hook
+                log.info("arm poses shared at %s", writer.path)
+        return {"path": str(hook.writer.path), "arms": [a.name for a in hook.arms], "period_s": self.loop.period_s}
+
+    def close(self) -> None:
+        """After the loop stopped: the pose share's file goes."""
+        with self._share_lock:
+            hook, self._poses = self._poses, None
+        if hook is not None:
+            self.loop.remove_hook(hook)
+            hook.writer.close()
+
     def observe(self, req: dict[str, Any]) -> dict[str, Any]:
         name = req.get("arm") or "follower"
         arm = self._arm(name)
@@ -309,6 +325,23 @@ class ClientArms:
         }
 
 
+class _PoseShareHook:
+    """A cycle hook (on the loop thread, microseconds): every arm's measured pose and the
+    leader's reading into the pose share, as ``arm.observe`` would answer them now."""
+
+    def __init__(
+        self, loop: ControlLoop, writer: PoseShareWriter, arms: list[DrivenArm], monotonic: Callable[[], float]
+    ) -> None:
+        self.loop, self.writer, self.arms, self._monotonic = loop, writer, arms, monotonic
+
+    def on_cycle(
+        self, now_monotonic_s: float, state_units: np.ndarray, action_units: np.ndarray, teleop_action_units: np.ndarray
+    ) -> None:
+        loop = self.loop
+        poses = [(a.measured if a.link.connected else None, a.measured_at_s) for a in self.arms]
+        self.writer.write(loop.cycles, self._monotonic(), loop.leader_units, loop.leader_read_at_s, poses)
+
+
 def attach_client_arms(context: DaemonContext) -> ClientArms:
     """Register the arm.* verbs (and camera.share) on the daemon's socket, over one client source in its loop."""
     shares = attach_frame_shares(context)
@@ -316,9 +349,12 @@ def attach_client_arms(context: DaemonContext) -> ClientArms:
     reg = context.server.register
     reg("arm.acquire", arms.acquire)
     reg("arm.release", arms.release)
-    # an action may wait its turn (twice the loop's rate per arm, see the module docstring): on a
-    # worker, never on the selector thread that serves every other client
-    reg("arm.action", arms.action)
+    # an action on time is served on the selector thread; one that must wait its turn (twice the
+    # loop's rate per arm, see the module docstring) goes to a worker, never waiting there
+    reg("arm.action", arms.action, inline=True)
+    reg("arm.share", arms.share)
+    context.after_stop.append(arms.close)
+    attach_client_leader(context)  # the leader lent to be driven (LeRobot's smooth handover)
     # reads the arm's snapshot only: served on the socket's selector thread, without a worker hand-off
     reg("arm.observe", arms.observe, inline=True)
     return arms

@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from daemon.api.server import ControlServer
 from daemon.config.settings import Config
 from daemon.control.loop import ControlLoop
+from daemon.policy.leader_drive import LeaderClaim
 from daemon.service.cameras import DaemonCameras
 from drivers.arm_interface import FollowerArm, LeaderArm
 from drivers.cameras import Camera
@@ -68,6 +69,8 @@ class DaemonContext:
     data_lost: list[str] = field(default_factory=list)
     recorder: EpisodeRecorder | None = None  # set by daemon.service.attach_recording
     policy: PolicyHandle | None = None  # set by daemon.service.attach_policy
+    # who drives the leader's motors (the policy's take-over, a client's leader.acquire): one at a time
+    leader_claim: LeaderClaim = field(default_factory=LeaderClaim)
 
     @property
     def calibration_dir(self) -> Path | None:

@@ -8,14 +8,19 @@ another client, the operator's hold, a fault) is ``DaemonRefused`` carrying the 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import time
 from typing import Any
 
 from lerobot.utils.errors import DeviceNotConnectedError
 
 from calibration.conventions import JOINT_NAMES
 from daemon.api.client import CommandFailed, ControlClient, DaemonUnavailable, socket_path_from_args
+from daemon.api.pose_share import PoseShareReader, SharedPoses
+
+log = logging.getLogger(__name__)
 
 START_HINT = "start it with `so101d run` (or `sudo systemctl start so101d`), or pass --robot.socket=PATH"
 FEATURE_KEYS: tuple[str, ...] = tuple(f"{j}.pos" for j in JOINT_NAMES)  # so101_follower's keys, in order
@@ -63,6 +68,58 @@ class DaemonLink:
     def close(self) -> None:
         self._client.close()
         self.connected = False
+
+
+# the share's record is rewritten every cycle: one older than this many periods (and this many
+# seconds) is a loop that stopped writing it (the arm's pose not current, the daemon gone), and
+# the socket's arm.observe answers instead, with its reason
+SHARE_STALE_PERIODS = 5
+SHARE_STALE_MIN_S = 0.05
+
+
+class PoseShare:
+    """``arm.observe``'s follower and leader, read from the daemon's pose share (arm.share) when it
+    is fresh: a LeRobot step then costs the daemon one request (the action), not two. None where
+    the share has nothing current, and the caller asks the socket."""
+
+    def __init__(self, link: DaemonLink, arm: str) -> None:
+        self._reader: PoseShareReader | None = None
+        self._index = -1
+        try:
+            reply = link.request("arm.share")
+            names = [str(n) for n in reply["arms"]]
+            if arm in names:
+                self._reader = PoseShareReader(str(reply["path"]))
+                self._index = names.index(arm)
+        except (DaemonRefused, OSError, ValueError) as exc:
+            # another machine's /dev/shm (a container), an older daemon: the socket serves alone
+            log.info("the so101d daemon's pose share is not readable here (%s): asking the socket", exc)
+
+    def _fresh(self) -> SharedPoses | None:
+        rec = self._reader.read() if self._reader is not None else None
+        if rec is None or time.monotonic() - rec.written_at_s > max(
+            SHARE_STALE_MIN_S, SHARE_STALE_PERIODS * rec.period_s
+        ):
+            return None
+        return rec
+
+    def follower(self) -> dict[str, float] | None:
+        rec = self._fresh()
+        pose = rec.arm(self._index) if rec is not None else None
+        return None if pose is None else dict(zip(FEATURE_KEYS, pose))
+
+    def leader(self) -> tuple[dict[str, float], float] | None:
+        """The leader's reading and its age in ms."""
+        rec = self._fresh()
+        pose = rec.leader if rec is not None else None
+        if rec is None or pose is None:
+            return None
+        return dict(zip(FEATURE_KEYS, pose)), (time.monotonic() - rec.leader_read_at_s) * 1000.0
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
 
 def as_features(joints: dict[str, float] | None, what: str) -> dict[str, float]:

@@ -29,6 +29,7 @@ from lerobot_robot_so101d.daemon_link import (
     FEATURE_KEYS,
     DaemonLink,
     DaemonRefused,
+    PoseShare,
     as_features,
     camera_sizes,
     client_name,
@@ -55,6 +56,7 @@ class SO101D(Robot):
             camera_sizes(self._link, config.daemon_cameras) if config.daemon_cameras else {}
         )
         self._frames: dict[str, FrameShareReader] = {}
+        self._poses: PoseShare | None = None
 
     @cached_property
     def observation_features(self) -> dict[str, type | tuple[int, ...]]:
@@ -94,6 +96,7 @@ class SO101D(Robot):
         # and the arm would stay lent to a process that is gone until the next client asks
         atexit.register(self._release_at_exit)
         try:
+            self._poses = PoseShare(self._link, self.config.arm)
             for name in self.cameras:
                 share = self._link.request("camera.share", camera=name)
                 self._frames[name] = FrameShareReader(share["path"])
@@ -123,8 +126,15 @@ class SO101D(Robot):
 
     def get_observation(self) -> dict[str, Any]:
         self._check()
-        reply = self._link.request("arm.observe", arm=self.config.arm)
-        obs: dict[str, Any] = as_features(reply.get("follower"), f"{self.config.arm} pose")
+        # the pose the loop measured at its newest cycle, from shared memory (no request), else
+        # the socket's arm.observe (the share not current: the daemon says why)
+        shared = self._poses.follower() if self._poses is not None else None
+        obs: dict[str, Any]
+        if shared is not None:
+            obs = shared
+        else:
+            reply = self._link.request("arm.observe", arm=self.config.arm)
+            obs = as_features(reply.get("follower"), f"{self.config.arm} pose")
         for name, reader in self._frames.items():
             frame = reader.latest()
             if frame is None:
@@ -170,4 +180,7 @@ class SO101D(Robot):
             for reader in self._frames.values():
                 reader.close()
             self._frames.clear()
+            if self._poses is not None:
+                self._poses.close()
+                self._poses = None
             self._link.close()

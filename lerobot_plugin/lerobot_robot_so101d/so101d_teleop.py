@@ -1,21 +1,22 @@
 """Teleoperator ``so101d``: the leader arm the so101d daemon reads, as LeRobot's ``so101_leader``
 shows it (``<joint>.pos``, degrees, the gripper 0..100).
 
-Feedback: this teleoperator is not actuated. LeRobot's ``so_leader`` is (its ``send_feedback``
-writes ``Goal_Position`` to the leader's own bus, lerobot/teleoperators/so_leader/so_leader.py in
-LeRobot 0.6.1), but here the daemon owns the leader's bus and offers no verb that drives it, so
-``feedback_features`` is empty and there is no ``enable_torque``/``disable_torque``. LeRobot asks
-exactly that (``lerobot.common.control_utils.teleop_supports_feedback``) before its smooth
-handover, and then takes its handover for a leader that cannot be driven: lerobot-rollout's
-episodic reset and dagger correction slide the *follower* to the leader's pose
-(``follower_smooth_move_to``, through ``robot.send_action``: the daemon's safety layer), instead
-of driving the leader to the follower. ``send_feedback`` keeps to that declaration: what
-``so_leader`` would write (``<joint>.pos`` goals) is refused with the reason, instead of being
-dropped as if the leader had moved; anything else is ignored, as ``so_leader`` ignores it.
+Actuated, as ``so_leader`` is (lerobot/teleoperators/so_leader/so_leader.py in LeRobot 0.6.1:
+``feedback_features`` are its action features, ``enable_torque``/``disable_torque`` exist), so
+LeRobot's smooth handover (``lerobot.common.control_utils.teleop_smooth_move_to``: enable_torque,
+then ``send_feedback`` with goals interpolated from the leader's pose to the follower's) drives
+the leader to the follower, as lerobot-rollout's dagger pause and episodic reset ask. The daemon
+owns the leader's port, so the goals go through it (``leader.acquire`` / ``leader.goal`` /
+``leader.release``): it moves the leader at the take-over's bounded speed within the leader's
+calibrated range, and lets it go limp at ``disable_torque``, at ``disconnect``, when this process
+ends, or when an arm starts following the leader (the daemon refuses to drive a leader an arm
+follows: the follower must be lent to a client, e.g. robot ``so101d``, or held).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from functools import cached_property
 from typing import Any
 
@@ -23,8 +24,16 @@ from lerobot.teleoperators.teleoperator import Teleoperator
 from lerobot.utils.errors import DeviceAlreadyConnectedError, DeviceNotConnectedError
 
 from lerobot_robot_so101d.config_so101d import SO101DTeleopConfig
-from lerobot_robot_so101d.daemon_link import FEATURE_KEYS, DaemonLink, as_features
+from lerobot_robot_so101d.daemon_link import (
+    FEATURE_KEYS,
+    DaemonLink,
+    DaemonRefused,
+    PoseShare,
+    as_features,
+    client_name,
+)
 
+log = logging.getLogger(__name__)
 LEADER_MAX_AGE_MS = 500.0  # as the robot's camera frames: older than this is not the leader now
 
 
@@ -36,6 +45,8 @@ class SO101DTeleop(Teleoperator):
         super().__init__(config)
         self.config = config
         self._link = DaemonLink(config.socket, config.timeout_s)
+        self._lease: str | None = None  # the leader's, while its torque is on (enable_torque)
+        self._poses: PoseShare | None = None
 
     @cached_property
     def action_features(self) -> dict[str, type]:
@@ -43,7 +54,7 @@ class SO101DTeleop(Teleoperator):
 
     @cached_property
     def feedback_features(self) -> dict[str, type]:
-        return {}  # not actuated (module docstring): LeRobot's handover then moves the follower
+        return dict.fromkeys(FEATURE_KEYS, float)  # leader goals, as so_leader's
 
     @property
     def is_connected(self) -> bool:
@@ -63,13 +74,17 @@ class SO101DTeleop(Teleoperator):
         if self._link.connected:
             raise DeviceAlreadyConnectedError(f"{self} is already connected")
         self._link.connect()
+        self._poses = PoseShare(self._link, self.config.arm)
 
     def get_action(self) -> dict[str, float]:
         if not self._link.connected:
             raise DeviceNotConnectedError(f"{self} is not connected: call connect() first")
-        reply = self._link.request("arm.observe", arm=self.config.arm)
         # the daemon keeps its last leader reading when the leader stops answering (unplugged):
         # an old one is no action, or LeRobot would record a frozen leader as the operator's
+        shared = self._poses.leader() if self._poses is not None else None
+        if shared is not None and shared[1] <= LEADER_MAX_AGE_MS:
+            return shared[0]  # from shared memory: no request
+        reply = self._link.request("arm.observe", arm=self.config.arm)
         age_ms = reply.get("leader_age_ms")
         if age_ms is not None and age_ms > LEADER_MAX_AGE_MS:
             raise DeviceNotConnectedError(
@@ -78,21 +93,46 @@ class SO101DTeleop(Teleoperator):
             )
         return as_features(reply.get("leader"), "leader")
 
-    def send_feedback(self, feedback: dict[str, Any]) -> None:
-        """Nothing to send: ``feedback_features`` is empty (module docstring). Leader goals
-        (``<joint>.pos``) raise ``ValueError`` naming them; other keys are ignored, as LeRobot's
-        so_leader ignores them."""
+    def enable_torque(self) -> None:
+        """The leader's torque on, through the daemon (``leader.acquire``): it holds where it is."""
         if not self._link.connected:
             raise DeviceNotConnectedError(f"{self} is not connected: call connect() first")
-        goals = sorted(k for k in feedback if k.endswith(".pos"))
-        if goals:
-            raise ValueError(
-                f"{self}: the so101d daemon's leader cannot be driven ({', '.join(goals)} not sent): it is "
-                "moved by hand; feedback_features is empty, so LeRobot's handover slides the follower to "
-                "the leader instead"
-            )
+        if self._lease is None:
+            self._lease = str(self._link.request("leader.acquire", client=client_name(), pid=os.getpid())["lease"])
+
+    def disable_torque(self) -> None:
+        """The leader's torque off (``leader.release``): limp, the operator's hand takes it."""
+        if not self._link.connected:
+            raise DeviceNotConnectedError(f"{self} is not connected: call connect() first")
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            self._link.request("leader.release", lease=lease)
+
+    def send_feedback(self, feedback: dict[str, Any]) -> None:
+        """Leader goals (``<joint>.pos``, LeRobot units) to the daemon, which moves the leader
+        there at bounded speed; a joint left out keeps its goal, other keys are ignored (as
+        so_leader's). Torque must be on (``enable_torque``): a goal then moves the leader,
+        as LeRobot's handover does it; without it nothing would, and this raises."""
+        if not self._link.connected:
+            raise DeviceNotConnectedError(f"{self} is not connected: call connect() first")
+        goals = {k.removesuffix(".pos"): float(v) for k, v in feedback.items() if k in self.feedback_features}
+        if not goals:
+            return
+        if self._lease is None:
+            raise DaemonRefused(f"{self}: the leader's torque is off: enable_torque() before send_feedback()")
+        self._link.request("leader.goal", lease=self._lease, **goals)
 
     def disconnect(self) -> None:
         if not self._link.connected:
             raise DeviceNotConnectedError(f"{self} is not connected")
-        self._link.close()
+        try:
+            self.disable_torque()
+        except (DaemonRefused, DeviceNotConnectedError) as exc:
+            # disconnect runs in LeRobot's `finally`: the error that brought us here matters more
+            # (and a leader whose holder is gone goes limp by itself)
+            log.warning("%s: could not release the leader: %s", self, exc)
+        finally:
+            if self._poses is not None:
+                self._poses.close()
+                self._poses = None
+            self._link.close()
