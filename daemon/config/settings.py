@@ -11,9 +11,8 @@ Sections: [leader] [follower] [arms.left] [arms.right] [calibration] [control] [
 
 A bimanual configuration (two pairs, LeRobot's bi_so_leader / bi_so_follower) names each pair's
 ports in [arms.left] and [arms.right]; [leader] and [follower] then hold what both pairs share
-(ids as the pair's id, baud rate, gripper protection). It is parsed and checked here; the daemon
-refuses to start with one until it can drive two pairs (issue #25).
-"""
+(ids as the pair's id, baud rate, gripper protection). The daemon drives both pairs in one loop
+(daemon/service/daemon.py ``build_loop``)."""
 
 from __future__ import annotations
 
