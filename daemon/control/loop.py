@@ -424,6 +424,7 @@ class ControlLoop:
     def apply_config(self, cfg: Config) -> None:
         """Swap in a reloaded configuration (loop thread, between cycles): see Supervisor.apply_config."""
         self.cfg = cfg
+        self.hold_together = cfg.safety.fault_holds == "all"  # safety.* is live (daemon/config/reload.py)
         self.supervisor.apply_config(cfg)
 
     # ------------------------------------------------------------------ lifecycle
