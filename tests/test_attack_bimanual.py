@@ -33,3 +33,29 @@ def test_sighup_reload_of_fault_holds_reaches_the_loop(tmp_path: Path) -> None:
     assert not loop.hold_together, "fault_holds reloaded to 'faulted' but the loop still holds every arm together"
     loop.apply_config(cfg("all"))
     assert loop.hold_together
+
+
+def test_bus_worker_stop_says_when_its_call_is_still_on_the_bus() -> None:
+    """Shutdown stops an arm's bus worker, then makes its own bus calls (torque off or hold, close)
+    from the shutdown thread. If the worker's call is still in flight (a bus stuck past its
+    timeouts), those calls would share the port with it: stop must say so, so the shutdown can
+    leave that bus alone instead of writing over the stuck transaction."""
+    import threading
+
+    from daemon.control.bus_worker import BusWorker
+
+    release = threading.Event()
+    entered = threading.Event()
+
+    def stuck_call() -> None:
+        entered.set()
+        release.wait(30.0)
+
+    worker = BusWorker("right")
+    try:
+        assert worker.run(stuck_call)
+        assert entered.wait(5.0)
+        assert worker.stop() is False, "stop returned as if the bus were free while a call is still on it"
+    finally:
+        release.set()
+    assert worker.wait(5.0)
