@@ -62,8 +62,11 @@ class BusWorker:
             finally:
                 self._done.set()
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """End the thread; False when a call is still in flight after the wait (the bus is not
+        free: whoever stopped it must not make calls on that bus)."""
         self._done.wait(2.0)
         self._stop = True
         self._go.set()
         self._thread.join(timeout=2.0)
+        return not self._thread.is_alive()

@@ -174,16 +174,21 @@ class Supervisor:
             link.stop()
         for src in self.leaders.values():
             src.stop()
+        stuck: set[str] = set()
         for arm in self.arms:
             if arm.worker is not None:
-                arm.worker.stop()
+                if not arm.worker.stop():
+                    # its bus call never returned: a call from here would share the port with it
+                    log.error("%s: its bus call is still running; left as it is, not closed", arm.name)
+                    stuck.add(arm.name)
                 arm.worker = None  # the shutdown's own bus calls below run here
         torque_off = self.cfg.follower.torque_off_on_shutdown
         for arm in self.arms:
-            self._shutdown_arm(arm, torque_off)
+            if arm.name not in stuck:
+                self._shutdown_arm(arm, torque_off)
         # a leader never keeps torque
         closing: list[tuple[ArmLink[Any], bool]] = [(src.link, True) for src in self.leaders.values()]
-        closing += [(a.link, torque_off) for a in self.arms]
+        closing += [(a.link, torque_off) for a in self.arms if a.name not in stuck]
         for link, off in closing:
             try:
                 link.arm.close(torque_off=off)
