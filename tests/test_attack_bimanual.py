@@ -59,3 +59,54 @@ def test_bus_worker_stop_says_when_its_call_is_still_on_the_bus() -> None:
     finally:
         release.set()
     assert worker.wait(5.0)
+
+
+def test_a_stuck_right_bus_holds_the_left_arm(tmp_path: Path) -> None:
+    """The right follower's bus call hangs (its bus worker never returns): the right pose ages and
+    nothing is written to it. With safety.fault_holds = "all" the left arm must hold too, as the
+    loop's own comment promises, not keep tracking its leader while its partner is frozen."""
+    import threading
+
+    import numpy as np
+    from support import still_arm_on_pty, wait_for
+
+    pose_a = np.array([0.0, -60.0, 60.0, 40.0, 0.0, 20.0])
+    release = threading.Event()
+
+    class HangingFollower(FeetechFollower):
+        hang = False
+
+        def read_joints(self) -> np.ndarray:
+            if self.hang:
+                release.wait(60.0)
+            return super().read_joints()
+
+    emus = [still_arm_on_pty(tmp_path / n, r, pose_a) for n, r in (("ll", "leader"), ("lf", "follower"))]
+    emus += [still_arm_on_pty(tmp_path / n, r, pose_a) for n, r in (("rl", "leader"), ("rf", "follower"))]
+    cfg = config_from_dict(
+        {"socket": {"path": str(tmp_path / "c.sock")}, "control": {"start_mode": "teleop", "overlap_io": True}}
+    )
+    right = HangingFollower(str(tmp_path / "rf"), reference_calibration("follower"))
+    loop = ControlLoop(
+        FeetechLeader(str(tmp_path / "ll"), reference_calibration("leader")),
+        FeetechFollower(str(tmp_path / "lf"), reference_calibration("follower")),
+        cfg,
+        primary_name="left",
+        leader_name="left_leader",
+    )
+    loop.add_leader("right_leader", FeetechLeader(str(tmp_path / "rl"), reference_calibration("leader")))
+    loop.add_arm("right", right, source="right_leader")
+    try:
+        loop.start_links()
+        wait_for(lambda: all(link.connected for link in loop.links()), 20.0, "four arms connected")
+        loop.step(60)
+        assert loop.arms[0].state.mode == "teleop", loop.arms[0].state
+        right.hang = True
+        loop.step(5)  # each cycle waits up to a second for the stuck worker
+        modes = [(a.name, a.state.mode, a.state.reason) for a in loop.arms]
+        assert loop.arms[0].state.mode != "teleop", f"left kept tracking while right's bus is stuck: {modes}"
+    finally:
+        release.set()
+        loop.supervisor.shutdown()
+        for _arm, emu in emus:
+            emu.stop()
