@@ -265,16 +265,29 @@ class DrivenArm:
         return sel
 
     # ------------------------------------------------------------------ 3. update
-    def blocking(self) -> str:
+    def blocking(self, now: float) -> str:
         """Why this arm cannot take part in a task now ("" when it can): a fault latched or seen,
-        or its follower not connected. With ``safety.fault_holds = "all"`` the other arms hold."""
+        its follower not connected, or no current pose of it (a bus call stuck on its worker).
+        With ``safety.fault_holds = "all"`` the other arms hold."""
         fault = self.state.fault or self.fault_now or self.power_cycle_required
         if fault:
             return f"{self.name} fault: {fault}"
         if not self.link.connected:
             missing = f" ({', '.join(self.link.missing)} missing)" if self.link.missing else ""
             return f"{self.name} not connected{missing}"
+        if not self.pose_current(now):
+            return f"no current {self.name} pose"
         return ""
+
+    def pose_current(self, now: float) -> bool:
+        """A pose measured since the link's last (re)connect, and recently."""
+        link = self.link
+        return (
+            link.connected
+            and self.measured is not None
+            and self.measured_at_s >= link.since_s
+            and (now - self.measured_at_s) <= max(0.5, self.cfg.safety.leader_stale_s * 5)
+        )
 
     def update(self, now: float, intent: str, torque_wanted: bool, hold_reason: str = "") -> CycleOutput:
         """``hold_reason``: another arm of the task blocks it, so a tracking intent holds instead."""
@@ -287,12 +300,7 @@ class DrivenArm:
         link = self.link
         # a pose measured before the link's last (re)connect is not this arm's pose any more (the
         # connect thread may flip ``connected`` after this cycle's read was skipped)
-        self.ok = ok = (
-            link.connected
-            and self.measured is not None
-            and self.measured_at_s >= link.since_s
-            and (now - self.measured_at_s) <= max(0.5, self.cfg.safety.leader_stale_s * 5)
-        )
+        self.ok = ok = self.pose_current(now)
         params = self.params
         if params is None or not ok:
             # a fault seen just before the link went (a servo dropping off the bus) stays latched

@@ -463,7 +463,7 @@ class ControlLoop:
         self._read(now)
         t_u = _MONO()
         sources, intent, torque, arms = self.sources, self.intent, self.torque_wanted, self.arms
-        blocks = self._blocks() if len(arms) > 1 and self.hold_together else None
+        blocks = self._blocks(now) if len(arms) > 1 and self.hold_together else None
         outs = []
         for arm in arms:
             arm.select(now, sources, self._count_hook_error, self.worst_calls, _MONO)
@@ -474,9 +474,9 @@ class ControlLoop:
         self._call_hooks(now, outs)
         self.cycles += 1
 
-    def _blocks(self) -> list[tuple[DrivenArm, str]] | None:
+    def _blocks(self, now: float) -> list[tuple[DrivenArm, str]] | None:
         """The arms that block the task now (a fault, a lost follower) and why; None: none does."""
-        found = [(a, why) for a in self.arms if (why := a.blocking())]
+        found = [(a, why) for a in self.arms if (why := a.blocking(now))]
         return found or None
 
     def _count_hook_error(self) -> None:
