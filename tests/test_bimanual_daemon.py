@@ -232,3 +232,15 @@ def test_what_two_arms_cannot_do_yet_is_refused_with_the_reason(bench: EmulatorP
                 assert "two arms" in str(refused.value) or "recording is disabled" in str(refused.value), verb
     finally:
         daemon.stop()
+
+
+def test_the_right_arm_can_be_lent_to_a_client_and_goes_back_to_its_leader(rig) -> None:
+    """arm.acquire with arm "right" on a bimanual daemon: the right follower is driven by its own
+    leader ("right_leader"), which is teleop as "leader" is on a single-arm rig, so it may be lent;
+    on release it goes back to that leader, not to a leader the rig does not have."""
+    daemon, _frames = rig
+    wait_for(lambda: all(a["mode"] == "teleop" for a in _status(daemon)["arms"].values()), 20.0, "both arms tracking")
+    with ControlClient(daemon.socket_path) as c:
+        lease = c.request("arm.acquire", arm="right", client="attack")["lease"]
+        c.request("arm.release", lease=lease)
+    assert daemon.loop.assignments()["right"] == "right_leader"
