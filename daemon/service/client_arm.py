@@ -135,7 +135,9 @@ class ClientArms:
         # may be another process's (pid 1 lives for ever) or missing, and its lease never freed
         peer = request_peer_pid()
         pid = peer if peer is not None else req.get("pid")
-        if self.loop.intent == "policy" or arm.source_name not in _LENDABLE_SOURCES:
+        # its own leader is teleop's source ("leader"; "right_leader" for a bimanual pair's right arm)
+        lendable = (*_LENDABLE_SOURCES, arm.teleop_source)
+        if self.loop.intent == "policy" or arm.source_name not in lendable:
             driver = "a policy" if self.loop.intent == "policy" else repr(arm.source_name)
             raise RequestError(f"the arm {name!r} is driven by {driver} now: stop it first, then acquire", "arm")
         with self._lock:
@@ -180,7 +182,8 @@ class ClientArms:
         with self._lock:
             self._leases.pop(lease.arm, None)
         self.source.clear()
-        back = "leader" if "leader" in self.loop.sources else SOURCE_NAME
+        teleop = self._arm(lease.arm).teleop_source  # the arm's own leader (a bimanual pair's)
+        back = teleop if teleop in self.loop.sources else SOURCE_NAME
 
         def hand_back() -> None:
             self.loop.set_intent("hold")
