@@ -244,3 +244,24 @@ def test_the_right_arm_can_be_lent_to_a_client_and_goes_back_to_its_leader(rig) 
         lease = c.request("arm.acquire", arm="right", client="attack")["lease"]
         c.request("arm.release", lease=lease)
     assert daemon.loop.assignments()["right"] == "right_leader"
+
+
+def test_arm_observe_of_each_arm_shows_that_arms_own_leader(rig, bench: EmulatorProcess) -> None:
+    """arm.observe "right" answers the right leader's pose, not the primary (left) leader's."""
+    daemon, _frames = rig
+    wait_for(lambda: _both(daemon, "teleop"), 30, "both arms tracking")
+    bench.control({"cmd": "set_motion", "arm": "left_leader", "motion": "still"})
+    bench.control({"cmd": "set_motion", "arm": "right_leader", "motion": "still"})
+    bench.control({"cmd": "set_pose", "arm": "left_leader", "pose_units": [-30.0, -40.0, 40.0, 30.0, 0.0, 20.0]})
+    bench.control({"cmd": "set_pose", "arm": "right_leader", "pose_units": [30.0, -60.0, 60.0, 50.0, 10.0, 60.0]})
+
+    def observed(side: str) -> np.ndarray:
+        with ControlClient(daemon.socket_path) as c:
+            return np.array(list(c.request("arm.observe", arm=side)["leader"].values()))
+
+    for side in SIDES:
+        wait_for(
+            lambda side=side: np.max(np.abs(observed(side) - _pose(bench, f"{side}_leader"))) < 1.0,
+            10,
+            f"arm.observe {side} showing the {side} leader",
+        )

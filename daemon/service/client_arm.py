@@ -311,13 +311,15 @@ class ClientArms:
         now = self._monotonic()
         loop = self.loop
         held = self.holder(name)
-        leader_at = loop.leader_read_at_s
+        leader = loop.leaders.get(arm.teleop_source)  # this arm's own leader (a bimanual pair: its side's)
+        leader_units = leader.units if leader is not None else None
+        leader_at = leader.read_at_s if leader is not None else 0.0
         return {
             "arm": name,
             "follower": _joints(arm.measured if arm.link.connected else None),
             "follower_age_ms": (now - arm.measured_at_s) * 1000.0 if arm.measured is not None else None,
-            "leader": _joints(loop.leader_units),
-            "leader_age_ms": (now - leader_at) * 1000.0 if loop.leader_units is not None else None,
+            "leader": _joints(leader_units),
+            "leader_age_ms": (now - leader_at) * 1000.0 if leader_units is not None else None,
             "command": _joints(arm.command),
             "mode": arm.state.mode,
             "reason": arm.state.reason,
