@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
 
 from daemon.control.arm_link import ArmLink
+from daemon.control.bus_worker import BusWorker
 from daemon.control.timing_stats import RollingStats
 from daemon.system.logs import RateLimitedLogger
 from drivers.arm_interface import ArmError, LeaderArm, PortGoneError
@@ -27,46 +27,6 @@ log = logging.getLogger("so101d.loop")
 _rl = RateLimitedLogger(log, period_s=5.0, burst=3)
 _MONO = time.monotonic
 _LEADER_LOST_AFTER_S = 2.0  # read failures lasting this long hand the leader to the reconnect thread
-
-
-class LeaderWorker:
-    """Reads the leader on its own thread when triggered, so its bus time overlaps the follower's."""
-
-    def __init__(self, read: Callable[[], None], on_start: Callable[[], None] | None = None) -> None:
-        self._read = read
-        self._on_start = on_start
-        self._go = threading.Event()
-        self.done = threading.Event()
-        self.done.set()
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name="so101d-leader-read", daemon=True)
-        self._thread.start()
-
-    def trigger(self) -> bool:
-        """Start a read unless the previous one is still running; True if started."""
-        if not self.done.is_set():
-            return False
-        self.done.clear()
-        self._go.set()
-        return True
-
-    def _run(self) -> None:
-        if self._on_start is not None:
-            self._on_start()
-        while True:
-            self._go.wait()
-            self._go.clear()
-            if self._stop:
-                return
-            try:
-                self._read()
-            finally:
-                self.done.set()
-
-    def stop(self) -> None:
-        self._stop = True
-        self._go.set()
-        self._thread.join(timeout=2.0)
 
 
 class LeaderSource:
@@ -81,12 +41,12 @@ class LeaderSource:
         self.errors = 0
         self._seen_at_s = -math.inf  # read_at_s of the reading last handed to the leader hooks
         self._fail_since: float | None = None
-        self._worker: LeaderWorker | None = None
+        self._worker: BusWorker | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start_worker(self, on_start: Callable[[], None] | None = None) -> None:
         """Overlap the leader's reads with the follower's (``control.overlap_io``)."""
-        self._worker = LeaderWorker(self.read, on_start=on_start)
+        self._worker = BusWorker(self.link.name, on_start=on_start)
 
     @property
     def overlapped(self) -> bool:
@@ -103,7 +63,7 @@ class LeaderSource:
         if not self.link.connected:
             return False
         if self._worker is not None:
-            return self._worker.trigger()
+            return self._worker.run(self.read)
         self.read()
         return False
 
@@ -111,7 +71,7 @@ class LeaderSource:
         """Wait at most ``budget_s`` for the worker's read. A late read keeps running: its value
         arrives for a later cycle and meanwhile the last reading ages toward stale."""
         if self._worker is not None:
-            self._worker.done.wait(budget_s)
+            self._worker.wait(budget_s)
 
     def read(self) -> None:
         """One leader read (worker thread or loop thread). Never raises."""
