@@ -132,6 +132,21 @@ def test_a_client_drives_the_arm_through_safety_and_gives_it_back(daemon: Daemon
             c.request("arm.action", lease=lease, **_action(POSE_A))
 
 
+def _settled_follower(daemon: Daemon, op: ControlClient) -> np.ndarray:
+    """The follower's pose once two observations ten cycles apart agree (it has stopped moving)."""
+    last = [_pose(op.request_as(ArmObservation, "arm.observe").follower)]
+
+    def still() -> bool:
+        daemon.loop.wait_cycles(10)
+        now = _pose(op.request_as(ArmObservation, "arm.observe").follower)
+        moved = float(np.max(np.abs(now - last[0])))
+        last[0] = now
+        return moved < 0.1
+
+    wait_for(still, 10, "the held follower at rest")
+    return last[0]
+
+
 def test_a_client_acquiring_a_held_arm_gets_it_still_until_the_operator_resumes(daemon: Daemon) -> None:
     """The operator's hold is the operator's: LeRobot's connect() gets the arm, but it stays where
     it is and send_action raises naming the hold and the resume; after the operator's `so101d
@@ -143,7 +158,8 @@ def test_a_client_acquiring_a_held_arm_gets_it_still_until_the_operator_resumes(
     with ControlClient(path) as op:
         op.request("teleop.stop")
         wait_for(lambda: daemon.loop.state.mode == "hold", 5, "the operator's hold")
-        before = _pose(op.request_as(ArmObservation, "arm.observe").follower)
+        # the previous story may leave the follower still travelling to its last goal: let it arrive
+        before = _settled_follower(daemon, op)
         robot = SO101D(SO101DConfig(socket=str(path)))
         robot.connect()
         try:
