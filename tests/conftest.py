@@ -43,6 +43,7 @@ KINDS = ("unit", "integration", "e2e")
 FILE_KINDS: dict[str, str] = {
     # plain data, one module
     "test_calibration_file.py": "unit",
+    "test_calibration_bimanual.py": "e2e",
     "test_conventions.py": "unit",
     "test_daemon_config.py": "unit",
     "test_daemon_faults.py": "unit",
