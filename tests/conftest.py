@@ -72,7 +72,7 @@ FILE_KINDS: dict[str, str] = {
     "test_client_arm.py": "integration",
     "test_frame_shm.py": "unit",
     "test_lerobot_plugin.py": "e2e",
-    "test_lerobot_plugin_bimanual.py": "e2e",
+    "test_bimanual_clients.py": "e2e",
     "test_lerobot_robot_client.py": "e2e",
     "test_lerobot_rollout.py": "e2e",
     "test_reconnect_honesty.py": "integration",

@@ -1,5 +1,6 @@
-"""A LeRobot user on a bimanual rig: the so101d plugin with ``arm = "pair"`` is LeRobot's
-``bi_so_follower`` / ``bi_so_leader`` with the daemon's safety layer in between.
+"""The clients of a bimanual daemon: the operator's `so101d status`, and a LeRobot user with the
+so101d plugin, whose ``arm = "pair"`` is LeRobot's ``bi_so_follower`` / ``bi_so_leader`` with the
+daemon's safety layer in between.
 
 The virtual bimanual bench (`so101d emulate --bimanual`, a subprocess: four emulated arms) and the
 daemon in-process on the configuration docs/configuration.md shows ([arms.left] / [arms.right]).
@@ -10,10 +11,13 @@ daemon in-process on the configuration docs/configuration.md shows ([arms.left] 
   where it was); the leaders' actions sent as the robot's actions move each follower after its
   own leader; ``disconnect`` gives each arm back to its own leader, holding (as a single arm).
 - LeRobot's smooth handover (``teleop_smooth_move_to``) drives both leaders to their followers.
+- `so101d status` shows each arm: its mode and source, its two links, its joints.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +33,7 @@ from drivers.emulator.process import EmulatorProcess
 
 pytestmark = pytest.mark.e2e  # the bimanual emulator as a user runs it, LeRobot's classes on the daemon
 
+REPO = Path(__file__).resolve().parents[1]
 SIDES = ("left", "right")
 TOL_DEG = 2.5
 LEFT_POSE = [-30.0, -40.0, 40.0, 30.0, 0.0, 20.0]
@@ -235,3 +240,32 @@ def test_lerobots_smooth_handover_drives_both_leaders_to_their_followers(
         teleop.disconnect()
         for side, pose in zip(SIDES, (LEFT_POSE, RIGHT_POSE)):  # the next story's leaders
             bench.control({"cmd": "set_pose", "arm": f"{side}_leader", "pose_units": pose})
+
+
+def test_status_shows_each_arm_its_links_and_its_joints(daemon: Daemon) -> None:
+    from daemon.apps.commands.status import one_line
+
+    with ControlClient(daemon.socket_path) as c:
+        modes = {side: arm["mode"] for side, arm in c.request("status")["arms"].items()}
+    shown = subprocess.run(
+        [sys.executable, "-m", "daemon.apps.cli", "status", "--socket", str(daemon.socket_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    lines = shown.stdout.splitlines()
+    for side in SIDES:
+        # its own mode (a line per arm under the loop's)
+        assert any(line.split()[:2] == [side, modes[side]] for line in lines), shown.stdout
+        # its two serial links, by their ports
+        for role in ("leader", "follower"):
+            row = next(line for line in lines if line.startswith(f"{side} {role}"))
+            assert f"{side}_{role}" in row and " yes " in row, row
+        # its joint table starts with the arm's name
+        assert any(line.split()[:2] == [side, "shoulder_pan"] for line in lines), shown.stdout
+    with ControlClient(daemon.socket_path) as c:
+        line = one_line(c.request("status"))
+    for side in SIDES:
+        assert f"{side} {modes[side]}" in line and f"{side} max|leader-follower|" in line, line
