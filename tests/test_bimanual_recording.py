@@ -213,6 +213,20 @@ def test_two_episodes_of_both_arms_load_as_lerobots_bimanual_dataset(recorded, t
     assert all(t.follower_kind == "emulated" and t.frames >= FRAMES for t in tags.values()), tags
 
 
+def test_dataset_check_reports_each_arm(recorded) -> None:
+    """`so101d dataset check` on the bimanual dataset: each arm's gripper and feasibility on its own."""
+    from daemon.config.settings import Config
+    from daemon.data.check import check_dataset
+    from daemon.data.feasibility import arm_limits
+
+    root, _ = recorded
+    reports = check_dataset(root, limits=arm_limits(Config(), False, FPS))
+    assert [r.episode_index for r in reports] == [0, 1]
+    for r in reports:
+        assert {"left/gripper_range", "right/gripper_range"} <= set(r.metrics), r.metrics
+        assert set(r.metrics["feasibility"]) == set(SIDES), r.metrics
+
+
 def _dataset_files(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
 
