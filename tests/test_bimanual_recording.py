@@ -260,3 +260,43 @@ def test_a_bimanual_daemon_refuses_a_single_arm_dataset(bench: EmulatorProcess, 
     assert _dataset_files(root) == before
     assert not any(staging_dir(root).glob("ep-*"))
     assert json.loads((root / "meta" / "info.json").read_text())["total_episodes"] == 0
+
+
+def test_so101d_demo_bimanual_records_both_arms_and_says_how_to_load_them(tmp_path: Path) -> None:
+    """`so101d demo --bimanual`: the two-pair bench, both arms recorded like `so101d demo`."""
+    import subprocess
+    import sys
+
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    run_dir, out_path = tmp_path / "bench", tmp_path / "demo.out"
+    args = ["demo", "--bimanual", "--dir", str(run_dir), "--record", "2", "--episode-time", "1"]
+    with open(out_path, "w") as out, open(tmp_path / "demo.err", "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "daemon.apps.cli", *args, "--socket", str(tmp_path / "d.sock")],
+            stdout=out,
+            stderr=err,
+            env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        )
+    try:
+
+        def recorded() -> bool:
+            assert proc.poll() is None, (tmp_path / "demo.err").read_text()[-3000:]
+            return "episodes in the dataset" in out_path.read_text()
+
+        wait_for(recorded, 240, "the demo's episodes in the dataset")
+        proc.send_signal(2)  # SIGINT: Ctrl-C
+        assert proc.wait(timeout=120) == 0, (tmp_path / "demo.err").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = out_path.read_text()
+    ds_root = run_dir / "datasets" / "local" / "so101d-demo-bimanual"
+    assert "demo: 2 episodes in the dataset" in text and f"dataset: {ds_root}" in text, text[-2000:]
+    ds = LeRobotDataset("local/so101d-demo-bimanual", root=ds_root, video_backend="pyav")
+    assert ds.meta.total_episodes == 2 and ds.meta.robot_type == "bi_so_follower"
+    assert ds.features[STATE_KEY]["names"][0] == "left_shoulder_pan.pos" and len(ds.features[STATE_KEY]["names"]) == 12
+    cams = sorted(k.removeprefix("observation.images.") for k in ds.features if k.startswith("observation.images."))
+    assert cams == ["front", "left_wrist", "right_wrist"]
+    assert ds[0]["task"] == "demo: hand over"
