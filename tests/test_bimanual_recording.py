@@ -239,7 +239,7 @@ def test_a_single_arm_episode_is_never_appended_to_the_bimanual_dataset(recorded
         rec.open()
     why = str(refused.value)
     assert "the dataset is bimanual (bi_so_follower, 12 joints left_shoulder_pan.pos .. right_gripper.pos)" in why
-    assert "this daemon records single-arm (so101_follower, 6 joints shoulder_pan.pos .. gripper.pos)" in why
+    assert "the configuration records single-arm (so101_follower, 6 joints shoulder_pan.pos .. gripper.pos)" in why
     assert _dataset_files(root) == before
 
 
@@ -256,7 +256,7 @@ def test_a_bimanual_daemon_refuses_a_single_arm_dataset(bench: EmulatorProcess, 
         Daemon(cfg).start()
     why = str(refused.value)
     assert why.startswith("recording: ") and "single-arm (so101_follower, 6 joints" in why, why
-    assert "this daemon records bimanual (bi_so_follower, 12 joints" in why, why
+    assert "the configuration records bimanual (bi_so_follower, 12 joints" in why, why
     assert _dataset_files(root) == before
     assert not any(staging_dir(root).glob("ep-*"))
     assert json.loads((root / "meta" / "info.json").read_text())["total_episodes"] == 0

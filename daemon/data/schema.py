@@ -133,7 +133,9 @@ def arm_joint_names(arms: tuple[str, ...] | list[str] = ()) -> list[str]:
 
 def with_arms(features: dict[str, dict[str, Any]], arms: tuple[str, ...] | list[str]) -> dict[str, dict[str, Any]]:
     """``features`` (``dataset_features``) for a rig of ``arms`` ("left", "right"): the joint
-    vectors widened to every arm's joints, LeRobot's bimanual names; unchanged for one arm."""
+    vectors widened to every arm's joints, named and ordered as LeRobot 0.6.1's
+    lerobot/robots/bi_so_follower/bi_so_follower.py declares them (``BiSOFollower._motors_ft``:
+    ``left_shoulder_pan.pos`` .. ``left_gripper.pos``, then ``right_...``); unchanged for one arm."""
     if not arms:
         return features
     names = arm_joint_names(arms)
@@ -162,7 +164,7 @@ def layout_difference(
     if want == have or not have:
         return ""
     return (
-        f"the dataset is {layout_text(actual, actual_robot)}, this daemon records "
+        f"the dataset is {layout_text(actual, actual_robot)}, the configuration records "
         f"{layout_text(expected, expected_robot)}: an episode of one layout is never appended to a "
         "dataset of the other (record into another dataset: [recording] repo_id)"
     )
