@@ -227,6 +227,43 @@ def test_dataset_check_reports_each_arm(recorded) -> None:
         assert set(r.metrics["feasibility"]) == set(SIDES), r.metrics
 
 
+def test_an_arm_missing_for_some_cycles_repeats_its_newest_values_and_the_tag_says_so(tmp_path: Path) -> None:
+    """The loop leaves an arm whose pose is not current out of its CycleRecord (its follower lost
+    for a moment): the frame keeps both arms, that arm's newest values repeated, noted in the tag."""
+    from daemon.control.seams import ArmRecord, CycleRecord
+
+    root = tmp_path / "ds"
+    rec = Recorder(RecorderConfig(root=str(root), repo_id=REPO_ID, fps=FPS, arms=SIDES), [])
+    rec.open()
+    rec.wait_ready(120)
+    try:
+        rec.start_episode("right arm drops out")
+        t0 = 1000.0
+        for i in range(150):  # 1.5 s of a 100 Hz loop, on the loop's own clock
+            left = np.full(6, float(i))
+            right = np.full(6, -float(i))
+            arms = [ArmRecord("left", "left_leader", left, left, left)]
+            if not 50 <= i < 100:  # the right follower lost for half a second
+                arms.append(ArmRecord("right", "right_leader", right, right, right))
+            rec.on_record(CycleRecord(t0 + i / 100, tuple(arms)))
+        rec.save_episode(None)
+        assert rec.wait_saved(90), rec.status()
+    finally:
+        rec.close()
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    ds = LeRobotDataset(REPO_ID, root=root, video_backend="pyav")
+    state = np.stack([np.asarray(ds.hf_dataset[i][STATE_KEY]) for i in range(len(ds))])
+    t_s = np.arange(len(state)) / FPS
+    gap = (t_s >= 0.5 + 1 / FPS) & (t_s < 1.0)  # frames taken while the right arm was missing
+    assert gap.any() and np.all(state[gap, 6:] == -49.0), state[gap, 6:]  # its value at cycle 49, repeated
+    assert np.ptp(state[gap, 0]) > 10.0  # the left arm moves on meanwhile
+    sources = [ds.hf_dataset[i][SOURCE_KEY] for i in range(len(ds))]
+    assert {sources[i] for i in np.flatnonzero(gap)} == {"left=left_leader"}  # who drove: only the left
+    (tag,) = read_episode_tags(root).values()
+    assert any(n.startswith("right arm: pose not current from frame 15") for n in tag.notes), tag.notes
+
+
 def _dataset_files(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
 

@@ -527,13 +527,16 @@ class Recorder:
         # this cycle (its follower lost for a moment) repeats its newest values
         for a in record.arms:
             self._arm_last[a.arm] = (a.state_units, a.action_units, a.teleop_action_units)
+        for cam, side in self._virtual_sides:  # each virtual camera draws its own arm
+            if side in self._arm_last:
+                cam.set_state(np.array(self._arm_last[side][0], dtype=np.float64))
+        if self._phase != RECORDING or record.now_monotonic_s < self._next_grid_s:
+            return  # no frame due: nothing joined (on_cycle would drop it)
         parts = [self._arm_last.get(name) for name in self.cfg.arms]
         if any(p is None for p in parts):
             return  # an arm never seen yet: no frame until every arm has a pose (the grid catches up)
-        if len(record.arms) < len(self.cfg.arms) and self._phase == RECORDING:
+        if len(record.arms) < len(self.cfg.arms):
             self._note_stale_arms({a.arm for a in record.arms})
-        for cam, side in self._virtual_sides:  # each virtual camera draws its own arm
-            cam.set_state(np.array(self._arm_last[side][0], dtype=np.float64))
         self.on_cycle(
             record.now_monotonic_s,
             np.concatenate([p[0] for p in parts]),  # type: ignore[index]  # None ruled out above
