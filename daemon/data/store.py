@@ -104,6 +104,7 @@ from daemon.data.parquet_append import restore_tail as restore_parquet_tail
 from daemon.data.parquet_append import write_new as write_parquet
 from daemon.data.schema import (
     ACTION_KEY,
+    BIMANUAL_ROBOT_TYPE,
     EPISODE_TAGS_FILE,
     IMAGE_KEY_PREFIX,
     ROBOT_TYPE,
@@ -116,9 +117,11 @@ from daemon.data.schema import (
     dataset_features,
     depth_key,
     feature_differences,
+    layout_difference,
     read_episode_tags,
     read_sidecar_tags,
     tag_to_cell,
+    with_arms,
 )
 from daemon.data.tags import migrate_sidecar_tags
 
@@ -210,6 +213,9 @@ class StoreConfig:
     # and any not given, are LeRobot's defaults
     depth_encoder: dict[str, float | bool] = field(default_factory=dict)
     robot_type: str = ROBOT_TYPE
+    # the arms of a bimanual rig, LeRobot's order ("left", "right"): 12-wide joint vectors named
+    # as LeRobot's BiSOFollower names them, robot_type "bi_so_follower"; empty: one arm
+    arms: list[str] = field(default_factory=list)
     vcodec: str = "h264"  # libx264 through PyAV; AV1 cannot keep up on 2 cores
     preset: str = "ultrafast"
     crf: int = 23
@@ -224,12 +230,21 @@ class StoreConfig:
     # commit; "kill_in_commit" SIGKILLs the process at the same point; ":N" limits it to episode N.
     fault: str = ""
 
+    def __post_init__(self) -> None:
+        if self.arms and self.robot_type == ROBOT_TYPE:
+            self.robot_type = BIMANUAL_ROBOT_TYPE
+
     @property
     def root_path(self) -> Path:
         return Path(self.root).expanduser().resolve()
 
+    @property
+    def n_joints(self) -> int:
+        """The width of the joint vectors (6 per arm)."""
+        return len(self.features()[STATE_KEY]["names"])
+
     def features(self) -> dict[str, dict[str, Any]]:
-        return dataset_features({name: (h, w) for name, h, w in self.cameras}, self.depth_cameras)
+        return with_arms(dataset_features({name: (h, w) for name, h, w in self.cameras}, self.depth_cameras), self.arms)
 
     def video_streams(self) -> list[tuple[str, bool]]:
         """Every video the episode stages, in feature order: (stream name, is a depth map)."""
@@ -281,6 +296,10 @@ def config_differences(cfg: StoreConfig) -> list[str]:
         info = json.loads(info_path.read_text())
     except (OSError, ValueError) as exc:
         return [f"meta/info.json unreadable: {exc}"]
+    # another arm layout (one arm / two) is one refusal naming both, not a dozen feature lines
+    layout = layout_difference(cfg.features(), cfg.robot_type, info.get("features", {}), info.get("robot_type"))
+    if layout:
+        return [layout]
     diffs = feature_differences(cfg.features(), info.get("features", {}))
     if int(info.get("fps", -1)) != int(cfg.fps):
         diffs.append(f"fps {info.get('fps')!r} in the dataset, {cfg.fps!r} configured")

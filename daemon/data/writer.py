@@ -192,6 +192,7 @@ class EpisodeBuild:
         # not synced: it only names the episode should a restart find it unfinished
         (self.dir / START_FILE).write_text(json.dumps({"uid": self.uid, "task": task, "episode": number}))
         self.cameras = [name for name, _, _ in store.cfg.cameras]
+        self.n_joints = store.cfg.n_joints  # 6, or 12 for two arms
         self.encoders = [CameraEncoder(self.dir / name / "video.mp4", fps, store.cfg) for name in self.cameras]
         # a camera recorded with depth: its depth stream's encoder, by camera index
         self.depth_encoders = {
@@ -298,9 +299,9 @@ class EpisodeBuild:
                 raise RuntimeError(f"camera {name}: {e.frames} video frames for {n} rows")
         np.savez(
             self.dir / "rows.npz",
-            state=np.asarray(self.rows["state"], np.float32).reshape(n, 6),
-            action=np.asarray(self.rows["action"], np.float32).reshape(n, 6),
-            teleop=np.asarray(self.rows["teleop"], np.float32).reshape(n, 6),
+            state=np.asarray(self.rows["state"], np.float32).reshape(n, self.n_joints),
+            action=np.asarray(self.rows["action"], np.float32).reshape(n, self.n_joints),
+            teleop=np.asarray(self.rows["teleop"], np.float32).reshape(n, self.n_joints),
             source=np.asarray(self.sources, dtype=str).reshape(n),
         )
         np.savez(
