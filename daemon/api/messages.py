@@ -24,7 +24,7 @@ from typing import Annotated, Any, Final, cast
 
 import msgspec
 
-API_VERSION: Final = "1.2"
+API_VERSION: Final = "1.3"
 TEXT_MAX_CHARS: Final = 4096  # any text field (a path, a task, a camera name)
 TASK_MAX_CHARS: Final = 500
 MAX_FRAME_SEQ: Final = 2**53  # a frame counter: any real one is far below JSON's exact-integer limit
@@ -438,6 +438,15 @@ class TakeoverStatus(msgspec.Struct, kw_only=True):
     max_error: float | None = None
 
 
+class CorrectionStatus(msgspec.Struct, kw_only=True):
+    """The operator's correction in progress (``policy correct`` ... ``policy resume``)."""
+
+    number: int = 0  # 1 for the run's first
+    phase: str | None = None  # taking_over | operator | failed
+    error: str | None = None
+    operator_s: float | None = None  # how long the leader has driven in it
+
+
 class LatencyStats(msgspec.Struct, kw_only=True):
     """p50 / p99 (/ p99.9) / max over a window of ``n``, ms (the section is null before the first)."""
 
@@ -498,6 +507,9 @@ class PolicyStatus(msgspec.Struct, kw_only=True):
     driving: bool = False
     takeover: TakeoverStatus | None = None
     episode_open: bool = False
+    correction: CorrectionStatus | None = None  # null: the policy drives (or no run)
+    corrections: int = 0  # corrections of this run
+    corrections_mode: str | None = None  # [policy] corrections: in_episode | episodes
     checkpoint: str | None = None
     policy_type: str | None = None
     cameras: list[str] = msgspec.field(default_factory=list)
@@ -521,6 +533,7 @@ class PolicyStatus(msgspec.Struct, kw_only=True):
     actions_dropped_stale: int = 0
     chunks_rejected: int = 0
     chunks_expired: int = 0
+    chunks_discarded: int = 0  # asked for before a correction's resume: dropped, never played
     cameras_not_ready: int = 0
     worker_errors: int = 0
     last_error: str | None = None
@@ -650,14 +663,14 @@ class EpisodeReply(EpisodeOutcome, kw_only=True):
 
 
 class PolicyReply(Reply):
-    """policy.load / start / stop / takeover / unload: what came of it."""
+    """policy.load / start / stop / takeover / correct / resume / unload: what came of it."""
 
     message: str = ""
     state: str | None = None  # load: loading / ready / error
     error: str | None = None
     cameras: list[str] = msgspec.field(default_factory=list)  # load: the cameras the policy reads
     mode: str | None = None
-    phase: str | None = None  # takeover's first phase
+    phase: str | None = None  # takeover's (and correct's) first phase
     episode: EpisodeOutcome | int | None = None  # the evaluation episode (start: opened; stop: saved)
 
 
@@ -825,6 +838,8 @@ _SPECS: Final = (
     _spec("policy.start", PolicyReply, "Let the loaded policy drive the arm.", PolicyStartRequest),
     _spec("policy.stop", PolicyReply, "Stop the policy: hold.", PolicyStopRequest),
     _spec("policy.takeover", PolicyReply, "Hand the arm from the policy to the leader, aligned."),
+    _spec("policy.correct", PolicyReply, "The operator takes the arm inside the policy episode (leader aligned)."),
+    _spec("policy.resume", PolicyReply, "Back to the policy in the same episode, from the measured pose."),
     _spec("policy.unload", PolicyReply, "Unload the policy."),
     _spec("policy.status", PolicyStatusReply, "The policy's state and timing."),
     _spec(

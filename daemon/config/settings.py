@@ -221,6 +221,10 @@ class PolicyConfig:
     )
     max_obs_age_s: float = 1.0  # actions computed from an older observation are dropped
     record: bool = True  # with [recording] enabled, `policy start` records an evaluation episode
+    # `policy correct` ... `resume` with recording: "in_episode" keeps the operator's correction in
+    # the evaluation episode (its frames `intervention` = true); "episodes" records only the
+    # corrections, each its own episode (LeRobot's DAgger default, record_autonomous = false)
+    corrections: Literal["in_episode", "episodes"] = "in_episode"
     # local worker: threads for the forward pass; 0 = every core but one (left to the control
     # loop). Every core: its OpenMP threads then wait passively (policy/worker.py torch_threads)
     torch_threads: int = 0

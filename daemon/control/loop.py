@@ -393,19 +393,25 @@ class ControlLoop:
         self._wait_until(deadline)  # the next step() starts one period after this one's last cycle
 
     # ------------------------------------------------------------------ operator actions (loop thread)
-    def set_intent(self, intent: str) -> None:
+    def set_intent(self, intent: str, keep_sources: bool = False) -> None:
         """idle, hold, teleop or policy. Tracking intents clear a latched fault if it is gone.
         The arms driven by the leader or the policy follow the intent's source (the policy in
-        ``policy``, else the leader); an arm assigned another source keeps it."""
+        ``policy``, else the leader); an arm assigned another source keeps it.
+
+        ``keep_sources`` (a hold only): every arm keeps its source, so the cycle record goes on
+        naming the policy while a paused policy's arm holds (a correction's take-over: those
+        frames are not the operator's, daemon/data/interventions.py)."""
         if intent not in ("idle", "hold", "teleop", "policy"):
             raise ValueError(f"unknown mode {intent!r}")
+        if keep_sources and intent != "hold":
+            raise ValueError("keep_sources is for a hold")
         if intent == "policy" and self.policy_source is None:
             raise ValueError("no policy loaded")
         if intent in ("teleop", "policy"):
             self.torque_wanted = True
             self._recover_faults()
         for arm in self.arms:
-            if arm.source_name in (arm.teleop_source, "policy"):
+            if not keep_sources and arm.source_name in (arm.teleop_source, "policy"):
                 arm.source_name = "policy" if intent == "policy" else arm.teleop_source
         self.intent = intent
 

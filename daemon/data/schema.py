@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.conventions import FEATURE_NAMES
+from daemon.data.interventions import INTERVENTION_KEY
 
 ROBOT_TYPE = "so101_follower"
 DEFAULT_FPS = 30
@@ -179,6 +180,8 @@ def feature_differences(expected: dict[str, dict[str, Any]], actual: dict[str, d
     for key in sorted(set(expected) | set(actual)):
         if key in LEROBOT_AUTO_KEYS or (key in OPTIONAL_KEYS and key not in actual):
             continue
+        if key == INTERVENTION_KEY:  # decided when the dataset is created (daemon/data/interventions.py)
+            continue
         if key not in actual:
             diffs.append(f"feature {key!r} is configured but not in the dataset")
             continue
@@ -213,6 +216,10 @@ class EpisodeTag:
     # the number the operator was told at `episode start` (never reused, unlike episode_index,
     # which LeRobot keeps gap-free); None: recorded before these numbers were kept
     episode_number: int | None = None
+    # operator corrections inside a policy episode (``policy correct`` ... ``resume``): how many,
+    # and their total length in seconds (daemon/data/interventions.py)
+    interventions: int = 0
+    intervention_s: float = 0.0
 
     @property
     def uid(self) -> str:

@@ -83,6 +83,7 @@ from daemon.data.fmp4 import append as fmp4_append
 from daemon.data.fmp4 import fragment_episode, read_moov_key
 from daemon.data.fmp4 import truncate as fmp4_truncate
 from daemon.data.fmp4 import write_new as fmp4_write_new
+from daemon.data.interventions import INTERVENTION_KEY, intervention_feature, intervention_flags
 from daemon.data.packing import (
     DATA_PATH,
     EPISODES_PATH,
@@ -575,7 +576,8 @@ class DatasetStore:
         journal = _Journal(self.staging / MARKER, self.root, [stage.name for stage in stages])
         journal.begin(created=not existed)
         if not existed:
-            self._create()
+            # a dataset a policy episode creates gets LeRobot's DAgger column (interventions.py)
+            self._create(intervention=metas[0].get("tag", {}).get("origin") == "policy")
             self._state = None
         state = self._load_state()
         indices = []
@@ -612,14 +614,18 @@ class DatasetStore:
             for i, m in zip(indices, metas)
         ]
 
-    def _create(self) -> None:
-        """A new dataset: LeRobot's own info.json (no episodes yet), with our size targets."""
+    def _create(self, intervention: bool = False) -> None:
+        """A new dataset: LeRobot's own info.json (no episodes yet), with our size targets;
+        ``intervention``: with LeRobot's ``intervention`` feature (created by a policy episode)."""
         from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
 
+        features = self.cfg.features()
+        if intervention:
+            features[INTERVENTION_KEY] = intervention_feature()
         LeRobotDatasetMetadata.create(
             self.cfg.repo_id,
             fps=self.cfg.fps,
-            features=self.cfg.features(),
+            features=features,
             robot_type=self.cfg.robot_type,
             root=self.root,
             use_videos=True,
@@ -690,6 +696,8 @@ class DatasetStore:
         buf[TAG_KEY] = [tag_to_cell(tag)] * n
         if SOURCE_KEY in state.features:  # a dataset recorded before the column goes on without it
             buf[SOURCE_KEY] = sources
+        if INTERVENTION_KEY in state.features:  # the operator drove: from the same source record
+            buf[INTERVENTION_KEY] = intervention_flags(sources)
         ep_stats = _episode_stats(buf, state.features)
         table = _data_table(buf, state.hf_features)
 

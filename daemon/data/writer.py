@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from daemon.data.interventions import intervention_runs
 from daemon.data.ring import KIND_DISCARD, KIND_FRAME, KIND_SAVE, KIND_START, Ring, RingSpec
 from daemon.data.schema import depth_key
 from daemon.data.store import (
@@ -328,6 +329,8 @@ class EpisodeBuild:
             "notes": self.notes,
             "source": {},
         }
+        if origin == "policy":  # the operator's corrections inside it (from the per-frame source record)
+            tag["interventions"], tag["intervention_s"] = intervention_runs(self.sources, self.fps)
         meta = {
             "uid": self.uid,
             "task": self.task,

@@ -222,6 +222,12 @@ class PolicySource:
         self.remote = {k: _Samples() for k in ("round_trip", "send", "get", "decode")}
         # (request id, obs_time_s, received_s, actions in chunk, actions kept) of recent chunks
         self.chunk_log: deque[tuple[int, float, float, int, int]] = deque(maxlen=64)
+        # A correction (`policy correct`) pauses the policy: no target, no request; ``reset`` at
+        # resume forgets what was queued or asked for before it (chunks of requests up to
+        # ``_discard_through`` are dropped when they arrive, counted in ``chunks_discarded``).
+        self.paused = False
+        self._discard_through = 0
+        self.chunks_discarded = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -314,7 +320,11 @@ class PolicySource:
             self.state = "stopped"
 
     def reset(self) -> None:
-        """Episode start: forget queued actions and the policy's observation history."""
+        """Episode start (and a correction's resume): forget queued actions, the policy's
+        observation history, and every request already made (its chunk, arriving later, would
+        start from a pose the arm has left): the next chunk is computed from the pose measured
+        when the loop next asks."""
+        self._discard_through = self._req_id
         self._ready.clear()
         self.queue.clear()
         self._in_flight = None
@@ -328,7 +338,7 @@ class PolicySource:
             self._take_ready()
         if self._inbox:  # ready / errors / a closed pipe
             self._drain(now_s)
-        if self.state != "ready":
+        if self.state != "ready" or self.paused:
             return None
         if self._in_flight is not None and now_s - self._in_flight_since > self._timeout_s:
             self.timeouts += 1
@@ -344,6 +354,11 @@ class PolicySource:
         taken_s = time.monotonic()
         while self._ready:
             req, obs_time, actions, usable_s, split = self._ready.popleft()
+            if req <= self._discard_through:  # asked for before the last reset: never replayed
+                self.chunks_discarded += 1
+                if req == self._in_flight:
+                    self._in_flight = None
+                continue
             try:
                 kept = self.queue.add_chunk(obs_time, actions, usable_s)
             except ValueError as exc:
@@ -609,6 +624,7 @@ class PolicySource:
             "actions_dropped_stale": q.actions_dropped_stale,
             "chunks_rejected": q.chunks_rejected,
             "chunks_expired": q.chunks_expired,
+            "chunks_discarded": self.chunks_discarded,
             "cameras_not_ready": self.cameras_not_ready,
             "worker_errors": self.worker_errors,
             "last_error": self.last_error,

@@ -1,13 +1,26 @@
 """Wires local inference into the running Daemon: socket verbs, mode ``policy``, status, stop.
 
 ``attach_policy(daemon)`` registers ``policy.load`` / ``policy.start`` / ``policy.stop`` /
-``policy.unload`` / ``policy.status`` on the daemon-core's control server, adds ``policy`` to
-``status`` and stops the worker on shutdown. The loop side is ``daemon.loop.policy_source``
+``policy.takeover`` / ``policy.correct`` / ``policy.resume`` / ``policy.unload`` /
+``policy.status`` on the daemon-core's control server, adds ``policy`` to ``status`` and stops
+the worker on shutdown. The loop side is ``daemon.loop.policy_source``
 (a PolicySource): in mode ``policy`` the loop asks it for the target instead of the leader and
 the same safety layer (alignment, step limit, joint limits, stale hold) applies.
 
 Camera frames come from the same Camera objects the recorder uses (pass ``cameras``; by default
 the recorder's, when one is attached).
+
+Corrections (DAgger, as LeRobot 0.6.1's ``lerobot-rollout --strategy.type=dagger`` records it:
+lerobot/rollout/strategies/dagger.py): ``policy correct`` pauses the policy (the arm holds, still
+the policy's: ``ControlLoop.set_intent("hold", keep_sources=True)``), brings the leader to the
+follower's pose (takeover.py, as DAgger's ``teleop_smooth_move_to`` on AUTONOMOUS -> PAUSED) and
+lets it go: the leader drives, and the cycle record names it, so those frames are the dataset's
+``intervention`` frames (daemon/data/interventions.py). ``policy resume`` hands the arm back in
+the same episode: the policy's queue and every request made before are dropped
+(``PolicySource.reset``), its next chunk is computed from the pose measured then, and the safety
+layer aligns to it (a change of source always re-aligns). With ``[policy] corrections =
+"episodes"`` (DAgger's default ``record_autonomous = false``) the policy's own driving is not
+recorded; each correction is an episode of its own.
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,6 +39,7 @@ from daemon.api.server import RequestError
 from daemon.config.settings import PolicyConfig, keys_given
 from daemon.policy.action_queue import QueueConfig
 from daemon.policy.checkpoint import CheckpointError, admit_checkpoint_path
+from daemon.policy.leader_drive import DrivableLeader
 from daemon.policy.lerobot_server import ServerSpec
 from daemon.policy.runner import FrameSource, PolicyRunnerConfig, PolicySource
 from daemon.policy.takeover import LeaderActuator, Takeover, TakeoverConfig
@@ -38,6 +53,20 @@ _TAKEOVER = "the policy's take-over"  # its name in the leader's claim (daemon/p
 
 class PolicyError(RuntimeError):
     """A policy verb cannot be done now (message is the socket's error reply)."""
+
+
+@dataclass
+class Correction:
+    """One operator correction inside a policy run (``policy correct`` ... ``policy resume``).
+
+    phase: ``taking_over`` (the arm holds, the leader is moved to it), ``operator`` (the leader
+    drives), ``failed`` (the take-over failed: the arm holds; resume or stop)."""
+
+    number: int  # 1 for the run's first
+    takeover: Takeover
+    phase: str = "taking_over"
+    error: str = ""
+    operator_since_s: float | None = None  # monotonic; when the leader began to drive
 
 
 def _request_error(msg: str) -> Exception:
@@ -100,6 +129,13 @@ class PolicyController:
         self._lock = threading.Lock()
         self.takeover_state: Takeover | None = None
         self._takeover_thread: threading.Thread | None = None
+        # the correction in progress (None: the policy drives, or no run); its transitions under
+        # _corr_lock (the take-over's thread hands the arm to the leader, the verbs end it)
+        self.correction: Correction | None = None
+        self._corr_lock = threading.Lock()
+        self.corrections = 0  # corrections of this run (`policy start` to `stop`)
+        self.correction_s = 0.0  # the operator's time in them, seconds
+        self._task = ""
 
     # -- verbs -------------------------------------------------------------------------------
     def _camera_size(self, name: str, cfg: Any) -> tuple[int, int]:
@@ -133,6 +169,8 @@ class PolicyController:
         with self._lock:
             if self.source is not None and self.daemon.loop.intent == "policy":
                 raise PolicyError("a policy is driving the arm; `so101d policy stop` first")
+            if self.correction is not None:
+                raise PolicyError("a correction of the running policy is in progress; `so101d policy stop` first")
             configured = {n: self._camera_size(n, c) for n, c in self.daemon.cfg.cameras.items()}
             try:
                 src = PolicySource(
@@ -190,11 +228,17 @@ class PolicyController:
             # a second start would clear the queue under the running policy (a hold) and say
             # "aligning first" about an arm that is already following it
             raise PolicyError("the policy is already driving the follower (so101d policy stop first)")
+        if self.correction is not None:
+            raise PolicyError("a correction of the running policy is in progress (so101d policy resume, or stop)")
         src.reset()
+        src.paused = False
+        self.corrections, self.correction_s = 0, 0.0
         record = self.cfg.record if record is None else bool(record)
+        self._task = task or self.cfg.task or "policy evaluation"
         episode = None
-        if record and self.recorder is not None:
-            episode = self._start_episode(task or self.cfg.task or "policy evaluation")
+        # corrections-only: the policy's own driving is not recorded (each correction is an episode)
+        if record and self.recorder is not None and self.cfg.corrections != "episodes":
+            episode = self._start_episode(self._task)
         try:
             self.daemon.loop.call(lambda: self.daemon.loop.set_intent("policy"), timeout_s=3.0)
         except Exception as exc:
@@ -220,6 +264,9 @@ class PolicyController:
         leader, holding), and an answer of "stopped: holding" would say otherwise.
         An evaluation episode left open (the operator switched to teleop by hand) is still closed."""
         loop = self.daemon.loop
+        if self.correction is not None:  # the run ends in its correction: hold where the arm is
+            self._end_correction()
+            return self._hold(success, discard, from_any=True)
         if loop.intent != "policy":
             if self.episode_open:
                 saved = self._end_episode(discard=discard, success=success)
@@ -234,14 +281,17 @@ class PolicyController:
             )
         return self._hold(success, discard)
 
-    def _hold(self, success: bool | None = None, discard: bool = False) -> dict[str, Any]:
+    def _hold(self, success: bool | None = None, discard: bool = False, from_any: bool = False) -> dict[str, Any]:
+        """Close the episode, then hold (``from_any``: whatever the intent, a correction's teleop).
+        The episode first: a hold's frames name the leader's source (set_intent), and would
+        read as the operator's (``intervention``) at the end of every episode."""
         loop = self.daemon.loop
-        if loop.intent == "policy":
+        saved = self._end_episode(discard=discard, success=success) if self.episode_open else None
+        if loop.intent == "policy" or from_any:
             try:
                 loop.call(lambda: loop.set_intent("hold"), timeout_s=3.0)
             except Exception as exc:
                 raise PolicyError(f"cannot leave policy mode: {exc}") from None
-        saved = self._end_episode(discard=discard, success=success) if self.episode_open else None
         mode = self._mode()
         # say what the arm does now (a fault or a lost follower is not "holding")
         message = "policy stopped: holding" if mode == "hold" else f"policy stopped; follower mode {mode}"
@@ -265,6 +315,10 @@ class PolicyController:
             raise PolicyError(f"take-over already running ({state.phase if state is not None else '?'})")
         if loop.leader_link is not None and not loop.leader_link.connected:
             raise PolicyError("the leader is not connected")
+        if self.correction is not None:
+            raise PolicyError(
+                "a correction is in progress: the leader is the operator's (so101d policy resume, or stop)"
+            )
         if loop.intent == "teleop":
             raise PolicyError("the follower already follows the leader (teleop); nothing to take over")
         claim = self.daemon.leader_claim
@@ -301,11 +355,162 @@ class PolicyController:
             "phase": t.phase,
         }
 
+    # -- corrections (DAgger) -----------------------------------------------------------------------
+    def correct(self, config: TakeoverConfig | None = None) -> dict[str, Any]:
+        """The operator takes the arm inside the running policy episode: the policy pauses (the arm
+        holds), the leader is brought to the follower's pose and let go, then the leader drives."""
+        loop = self.daemon.loop
+        src = self.source
+        if src is None:
+            raise PolicyError("no policy loaded: nothing to correct (so101d policy load DIR, then policy start)")
+        corr = self.correction
+        if corr is not None:
+            raise PolicyError(
+                f"already correcting (correction {corr.number}: {corr.phase}); so101d policy resume hands the arm back"
+            )
+        if loop.intent != "policy":
+            raise PolicyError(
+                f"no policy is running: nothing to correct (mode {self._mode()}; so101d policy start first)"
+            )
+        if len(loop.arms) > 1:
+            raise PolicyError(f"corrections take one arm; this daemon drives {len(loop.arms)} (not supported yet)")
+        leader = self.daemon.leader
+        if leader is None:
+            raise PolicyError("no leader arm: nothing to correct with")
+        if not isinstance(leader, DrivableLeader):  # the take-over drives its motors
+            raise PolicyError("the leader's motors cannot be driven (a simulated leader): no take-over to correct with")
+        if loop.leader_link is not None and not loop.leader_link.connected:
+            raise PolicyError("the leader is not connected")
+        claim = self.daemon.leader_claim
+        holder = claim.take(_TAKEOVER)
+        if holder is not None:
+            raise PolicyError(f"the leader is driven by {holder} now: it must release it first")
+
+        def pause() -> None:  # loop thread, one cycle boundary: no request, the arm holds, still the policy's
+            src.paused = True
+            loop.set_intent("hold", keep_sources=True)
+
+        try:
+            loop.call(pause, timeout_s=3.0)
+        except Exception as exc:
+            claim.give(_TAKEOVER)
+            src.paused = False
+            raise PolicyError(f"cannot pause the policy: {exc}") from None
+        t = Takeover(LeaderActuator(leader), config or TakeoverConfig())
+        self.takeover_state = t
+        self.corrections += 1
+        corr = Correction(number=self.corrections, takeover=t)
+        with self._corr_lock:
+            self.correction = corr
+        thread = threading.Thread(target=self._run_correction, args=(corr,), name="so101d-correction", daemon=True)
+        self._takeover_thread = thread
+        thread.start()
+        return {
+            "message": f"correction {corr.number}: the arm holds while the leader moves to its pose, then the "
+            "leader drives (so101d policy resume hands it back to the policy)",
+            "phase": t.phase,
+            "mode": self._mode(),
+        }
+
+    def _run_correction(self, corr: Correction) -> None:
+        """The take-over, then the leader drives (its thread); a correction ended meanwhile
+        (`policy stop`) releases the leader and changes nothing else."""
+        loop = self.daemon.loop
+        t = corr.takeover
+        try:
+            while not t.finished and self.correction is corr:
+                pose = loop.measured
+                t.step(time.monotonic(), None if pose is None else np.array(pose, dtype=np.float64))
+                time.sleep(0.02)
+            if not t.finished:  # ended mid-way: the leader's torque off, for the hand
+                try:
+                    t.leader.set_torque(False)
+                except Exception as exc:
+                    log.error("correction %d: releasing the leader failed: %s", corr.number, exc)
+        finally:
+            self.daemon.leader_claim.give(_TAKEOVER)
+        with self._corr_lock:
+            if self.correction is not corr:
+                return
+            if t.phase != "done":
+                corr.phase, corr.error = "failed", t.error or t.phase
+                log.error("correction %d: the take-over failed (%s); the arm holds", corr.number, corr.error)
+                return
+            try:
+                loop.call(lambda: loop.set_intent("teleop"), timeout_s=3.0)
+            except Exception as exc:
+                corr.phase, corr.error = "failed", f"leader released, but it does not drive: {exc}"
+                return
+            corr.phase = "operator"
+            corr.operator_since_s = time.monotonic()
+            log.info("correction %d: the operator drives", corr.number)
+            if self.cfg.corrections == "episodes" and self.recorder is not None and not self.episode_open:
+                try:  # its own episode, from the first frame the leader drives (all interventions)
+                    self._start_episode(self._task)
+                except PolicyError as exc:
+                    corr.error = str(exc)
+                    log.error("correction %d: not recorded: %s", corr.number, exc)
+
+    def _end_correction(self) -> Correction | None:
+        """The correction is over (resume, stop, unload): its time counted, the policy unpaused,
+        a take-over still running stopped (its thread releases the leader)."""
+        with self._corr_lock:
+            corr, self.correction = self.correction, None
+        if corr is None:
+            return None
+        if corr.operator_since_s is not None:
+            self.correction_s += time.monotonic() - corr.operator_since_s
+        if self.source is not None:
+            self.source.paused = False
+        th = self._takeover_thread
+        if th is not None and th is not threading.current_thread():
+            th.join(3.0)
+        return corr
+
+    def resume(self) -> dict[str, Any]:
+        """Back to the policy in the same episode: nothing queued before the correction is played;
+        its first chunk is computed from the measured pose, and the arm aligns to it."""
+        loop = self.daemon.loop
+        src = self.source
+        if src is None:
+            raise PolicyError("no policy loaded: nothing to resume (so101d policy load DIR)")
+        corr = self.correction
+        if corr is None:
+            raise PolicyError("not in a correction: nothing to resume (so101d policy correct takes the arm first)")
+        if corr.phase == "taking_over":
+            raise PolicyError(
+                f"correction {corr.number}: the leader is still being brought to the arm "
+                f"({corr.takeover.phase}); resume once it drives (so101d policy status)"
+            )
+        if src.state != "ready":
+            raise PolicyError(f"policy not usable: {src.error or src.state} (so101d policy stop)")
+        saved = None
+        if self.cfg.corrections == "episodes" and self.episode_open:  # the correction's own episode
+            saved = self._end_episode(notes=[f"correction {corr.number} of a policy run ([policy] corrections)"])
+
+        def back() -> None:  # loop thread: forget the old queue and requests, then the policy drives
+            src.reset()
+            src.paused = False
+            loop.set_intent("policy")
+
+        try:
+            loop.call(back, timeout_s=3.0)
+        except Exception as exc:
+            raise PolicyError(f"cannot hand the arm back to the policy: {exc}") from None
+        self._end_correction()
+        return {
+            "message": f"correction {corr.number} over: the policy aligns from the measured pose, then drives",
+            "mode": self._mode(),
+            "episode": saved,
+        }
+
     def unload(self) -> dict[str, Any]:
         if self.source is None:
             raise PolicyError("no policy loaded; nothing to unload")
-        was_driving = self.daemon.loop.intent == "policy"
-        stopped = self._hold() if was_driving or self.episode_open else None
+        was_driving = self.daemon.loop.intent == "policy" or self.correction is not None
+        if self.correction is not None:
+            self._end_correction()
+        stopped = self._hold(from_any=True) if was_driving or self.episode_open else None
         with self._lock:
             src, self.source = self.source, None
             self.daemon.loop.policy_source = None
@@ -323,6 +528,19 @@ class PolicyController:
         t = self.takeover_state
         st["takeover"] = None if t is None else {"phase": t.phase, "error": t.error, "max_error": t.max_error}
         st["episode_open"] = self.episode_open
+        corr = self.correction
+        st["correction"] = (
+            None
+            if corr is None
+            else {
+                "number": corr.number,
+                "phase": corr.phase,
+                "error": corr.error or None,
+                "operator_s": None if corr.operator_since_s is None else time.monotonic() - corr.operator_since_s,
+            }
+        )
+        st["corrections"] = self.corrections
+        st["corrections_mode"] = self.cfg.corrections
         return st
 
     def close(self) -> None:
@@ -353,7 +571,7 @@ class PolicyController:
             where += f", {src.info.policy_type} {src.info.path}"
         return [where]
 
-    def _end_episode(self, discard: bool = False, success: bool | None = None) -> Any:
+    def _end_episode(self, discard: bool = False, success: bool | None = None, notes: list[str] | None = None) -> Any:
         rec = self.recorder
         self.episode_open = False
         if rec is None:
@@ -361,7 +579,7 @@ class PolicyController:
         try:
             if discard:
                 return rec.discard_episode()
-            return rec.save_episode(success, notes=self._episode_notes())
+            return rec.save_episode(success, notes=self._episode_notes() + list(notes or []))
         except Exception as exc:  # the episode may have been saved/discarded by hand
             return {"error": str(exc)}
 
@@ -402,6 +620,8 @@ def attach_policy(
     reg("policy.start", _verb(lambda req: ctl.start(_opt_bool(req, "record"), req.get("task"))))
     reg("policy.stop", _verb(lambda req: ctl.stop(_opt_bool(req, "success"), bool(req.get("discard", False)))))
     reg("policy.takeover", _verb(lambda req: ctl.takeover()))
+    reg("policy.correct", _verb(lambda req: ctl.correct()))
+    reg("policy.resume", _verb(lambda req: ctl.resume()))
     reg("policy.unload", _verb(lambda req: ctl.unload()))
     reg("policy.status", _verb(lambda req: ctl.status()))
     ctx.status_extras["policy"] = ctl.status

@@ -1,8 +1,11 @@
-"""`so101d policy load|start|stop|unload|status|check|serve`: local inference next to the servos.
+"""`so101d policy load|start|stop|correct|resume|unload|status|check|serve`: local inference next to the servos.
 
 load DIR      check the checkpoint against the daemon's configuration and start its worker
 start         the policy drives the follower (through the safety layer; evaluation episode recorded)
 stop          hold the pose (the evaluation episode is saved; --success/--failure/--discard)
+correct       the operator takes the arm inside the policy episode (leader brought to the follower
+              first); its frames are the dataset's `intervention` frames
+resume        back to the policy in the same episode, from the measured pose
 status        inference latency p50/p99, chunk age, queue depth, dropped stale actions
 check DIR     offline: does this checkpoint fit this configuration? (lists every mismatch)
 check --server HOST:PORT [PATH]
@@ -66,6 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="hand over to teleop without a jump: the leader is moved to the follower's pose, then released",
     )
+    add_socket_arguments(p)
+    p = sub.add_parser(
+        "correct",
+        help="take the arm inside the running policy episode: the leader is brought to the follower, then drives",
+    )
+    add_socket_arguments(p)
+    p = sub.add_parser("resume", help="hand the arm back to the policy after a correction (same episode)")
     add_socket_arguments(p)
     p = sub.add_parser("unload", help="stop the policy worker")
     add_socket_arguments(p)
@@ -243,6 +253,12 @@ def format_status(status: PolicyStatus | dict[str, Any]) -> str:
     if st.takeover is not None:
         t = st.takeover
         lines.append(f"take-over  {t.phase}" + (f"  error: {t.error}" if t.error else ""))
+    if st.correction is not None:
+        c = st.correction
+        since = f", operator {c.operator_s:.1f} s" if c.operator_s is not None else ""
+        lines.append(f"correction {c.number} {c.phase}{since}" + (f"  error: {c.error}" if c.error else ""))
+    elif st.corrections:
+        lines.append(f"corrections {st.corrections} this run ({st.corrections_mode})")
     if st.last_error:
         lines.append(f"last error {st.last_error}")
     return "\n".join(lines)
@@ -279,6 +295,8 @@ def run(args: argparse.Namespace) -> int:
         reply = _call(args, PolicyReply, "policy.takeover")
     elif action == "stop":
         reply = _call(args, PolicyReply, "policy.stop", success=args.success, discard=args.discard)
+    elif action in ("correct", "resume"):
+        reply = _call(args, PolicyReply, f"policy.{action}")
     else:
         reply = _call(args, PolicyReply, "policy.unload")
     if isinstance(reply, int):
