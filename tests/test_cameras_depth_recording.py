@@ -107,6 +107,10 @@ def test_a_realsense_with_depth_records_an_episode_that_lerobot_decodes_to_milli
     depth_info = feature["info"]
     assert depth_info["is_depth_map"] is True and depth_info["depth_unit"] == "mm", depth_info
     assert depth_info["video.codec"] == "hevc" and depth_info["video.pix_fmt"] == "gray12le", depth_info
+    # the x265 settings added to LeRobot's (daemon/data/store.depth_encoder_config), recorded
+    assert depth_info["video.preset"] == "ultrafast", depth_info
+    assert "lossless=1" in depth_info["video.extra_options"]["x265-params"], depth_info
+    assert "bframes=0" in depth_info["video.extra_options"]["x265-params"], depth_info
     assert info["features"]["observation.images.wrist"]["shape"] == [H, W, 3]
 
     ds = load_dataset(root, "local/depth")
