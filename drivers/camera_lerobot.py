@@ -270,6 +270,26 @@ class LeRobotCamera(ThreadedCamera):
             return None
         return frame, float(stamp), depth if self.use_depth else None
 
+    def _frozen_why(self, cam: Any) -> str:
+        """Why an open camera sends nothing. A RealSense that is no longer enumerated was
+        unplugged: LeRobot's read thread is still waiting in the SDK (10 s, then the SDK's own
+        reconnect, then its failures until it stops), so say so rather than "still open"."""
+        if self.kind == "intelrealsense":
+            from lerobot.cameras.realsense.camera_realsense import RealSenseCamera
+
+            serial = str(cam.serial_number)
+            try:
+                connected = {str(found["id"]) for found in RealSenseCamera.find_cameras()}
+            except Exception as exc:  # the SDK's enumeration failing says nothing about this camera
+                log.debug("camera %s: RealSense enumeration failed: %s", self.name, exc)
+                connected = {serial}
+            if serial not in connected:
+                return (
+                    f"no frame for {FROZEN_S:g} s: serial {serial} is not connected (unplugged?); "
+                    "it is picked up again when it is back"
+                )
+        return f"no frame for {FROZEN_S:g} s: it stopped sending, still open"
+
     @staticmethod
     def _reader_alive(cam: Any) -> bool:
         thread = cam.thread
@@ -385,7 +405,7 @@ class LeRobotCamera(ThreadedCamera):
                     self._went_away("its read thread stopped (unplugged, or the stream ended)")
                     return
                 if self.state == "streaming" and last is not None and time.monotonic() - last > FROZEN_S:
-                    self._went_away(f"no frame for {FROZEN_S:g} s: it stopped sending, still open", reopen=False)
+                    self._went_away(self._frozen_why(cam), reopen=False)
                 continue
             pixels, stamp, depth = got
             t = stamp + self._clock_offset_s

@@ -93,8 +93,8 @@ def test_without_use_depth_the_realsense_gives_colour_frames_only():
 def test_a_realsense_not_plugged_in_says_lerobots_reason_and_a_mode_it_lacks_is_refused():
     cam = realsense("999999999999")
     cam.start()
-    try:
-        wait_for(lambda: "open failed" in cam.stats()["error"], 20, "the open's failure")
+    try:  # the SDK waits RESOLVE_WAIT_S for the device to be plugged in before it fails
+        wait_for(lambda: "open failed" in cam.stats()["error"], rs.RESOLVE_WAIT_S + 20, "the open's failure")
         assert "Failed to open RealSenseCamera(999999999999)" in cam.stats()["error"]
         assert cam.state == "opening" and "still opening" in cam.refusal()
     finally:
@@ -180,3 +180,63 @@ def test_doctor_shows_the_depth_stream():
     (check,) = [c for c in rep.checks if c.name == "camera wrist"]
     assert check.status == PASS, check
     assert "realsense:333" in check.detail and "depth wrist_depth: 160x120 uint16 mm" in check.detail, check
+
+
+def pairs_match(cam: LeRobotCamera, n: int = 5) -> None:
+    """The next ``n`` published frames each carry the depth map of their own frameset."""
+    for _ in range(n):
+        f = cam.latest_frame()
+        assert f is not None and f.depth_mm is not None
+        assert depth_index_of(f.depth_mm) == frame_index_of(f.pixels), (f.seq, f.pixels[0, 0], f.depth_mm[-1, -1])
+        wait_for(lambda f=f: (cam.latest_frame() or f).seq > f.seq, 10, "a newer frame")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_unplugged_for_a_moment_the_realsense_is_gone_then_back_on_the_sdks_own_reconnect():
+    """Pulled and put back within LeRobot's 10 s frame wait: the SDK's pipeline reconnects on its
+    own (pipeline.cpp), LeRobot's read thread never stops; the camera is gone meanwhile (no frame,
+    and says the serial is not connected), then back, colour and depth still one frameset."""
+    dev = paired_device("844212070501")
+    with plugged(dev):
+        cam = realsense(dev.serial)
+        cam.start()
+        try:
+            streaming(cam)
+            rs.unplug(dev.serial)
+            wait_for(lambda: cam.state == "gone", 10, f"the camera marked gone ({cam.stats()})")
+            assert cam.latest_frame() is None  # its frames are missing from now, none is re-used
+            st = cam.stats()
+            assert st["gone_events"] == 1 and st["device"] == f"realsense:{dev.serial}", st
+            assert f"serial {dev.serial} is not connected" in st["error"], st["error"]
+            assert "is gone" in cam.refusal(), cam.refusal()
+            rs.plug(dev)  # a new enumeration of the same camera
+            wait_for(lambda: cam.state == "streaming" and cam.latest_frame() is not None, 30, f"back ({cam.stats()})")
+            pairs_match(cam)
+            st = cam.stats()
+        finally:
+            cam.stop()
+    assert [e.kind for e in cam.events] == ["gone", "back"], cam.events
+    assert st["error"] == "" and st["depth"]["refused"] == 0, st
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_unplugged_for_longer_lerobots_read_thread_stops_and_the_realsense_is_reopened_when_back():
+    """Pulled for longer than the SDK's reconnect waits: LeRobot's read thread gives up (the
+    pipeline stopped, its reads raise), the camera stays gone and is looked for by its serial;
+    plugged back, it is opened again and streams pairs."""
+    dev = paired_device("844212070502")
+    with plugged(dev):
+        cam = realsense(dev.serial)
+        cam.start()
+        try:
+            streaming(cam)
+            rs.unplug(dev.serial)
+            wait_for(lambda: cam.state == "gone", 10, f"the camera marked gone ({cam.stats()})")
+            wait_for(lambda: "read thread stopped" in cam.stats()["error"], 60, f"LeRobot gave up ({cam.stats()})")
+            assert cam.state == "gone" and cam.latest_frame() is None
+            rs.plug(dev)
+            wait_for(lambda: cam.state == "streaming" and cam.latest_frame() is not None, 60, f"back ({cam.stats()})")
+            pairs_match(cam)
+        finally:
+            cam.stop()
+    assert [e.kind for e in cam.events] == ["gone", "back"], cam.events

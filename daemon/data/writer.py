@@ -30,7 +30,7 @@ import uuid
 from dataclasses import asdict
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,6 +50,9 @@ from daemon.data.store import (
     sync_file_data,
     write_json_atomic,
 )
+
+if TYPE_CHECKING:
+    from lerobot.configs.video import VideoEncoderConfig
 
 log = logging.getLogger("so101d.recording.writer")
 
@@ -78,12 +81,16 @@ class CameraEncoder(threading.Thread):
     12-bit codes with that config's range; its stats stay in millimetres (LeRobot's streaming
     encoder, datasets/video_utils._CameraEncoderThread, keeps a depth map's stats unscaled)."""
 
-    def __init__(self, path: Path, fps: int, cfg: StoreConfig, depth: bool = False) -> None:
+    def __init__(
+        self, path: Path, fps: int, cfg: StoreConfig, depth: bool = False, encoder: VideoEncoderConfig | None = None
+    ) -> None:
         super().__init__(name=f"encode-{path.parent.name}", daemon=True)
         self.path = path
         self.fps = fps
         self.cfg = cfg
         self.depth = depth
+        # the store's encoder settings unless given (bench/bench_depth.py compares x265 settings)
+        self.encoder = encoder
         self.q: queue.Queue[np.ndarray | None] = queue.Queue(maxsize=ENCODER_QUEUE_FRAMES)
         self.frames = 0
         self.sampled = 0
@@ -107,7 +114,7 @@ class CameraEncoder(threading.Thread):
         from lerobot.datasets.compute_stats import RunningQuantileStats, auto_downsample_height_width
         from lerobot.datasets.depth_utils import quantize_depth
 
-        enc = self.cfg.depth_encoder_config() if self.depth else self.cfg.rgb_encoder()
+        enc = self.encoder or (self.cfg.depth_encoder_config() if self.depth else self.cfg.rgb_encoder())
         container: Any = None
         stream: Any = None
         tracker = RunningQuantileStats()
