@@ -264,6 +264,26 @@ def test_an_arm_missing_for_some_cycles_repeats_its_newest_values_and_the_tag_sa
     assert any(n.startswith("right arm: pose not current from frame 15") for n in tag.notes), tag.notes
 
 
+def test_a_staged_episode_of_the_other_layout_is_never_committed(tmp_path: Path) -> None:
+    """A bimanual daemon's staged episode (kept across a crash) found by a single-arm writer
+    before the dataset exists: the commit refuses it whole; no dataset is made from it."""
+    from daemon.data.store import DatasetStore, StoreConfig
+
+    root = tmp_path / "ds"
+    store = DatasetStore(StoreConfig(root=str(root), repo_id=REPO_ID))
+    stage = store.staging / "ep-00000000000000000001-bimanual"
+    stage.mkdir()
+    n = 3
+    rows = np.zeros((n, 12), np.float32)
+    np.savez(stage / "rows.npz", state=rows, action=rows, teleop=rows, source=np.asarray(["left=l,right=r"] * n))
+    (stage / "episode.json").write_text(
+        json.dumps({"uid": stage.name, "task": "t", "episode": 0, "frames": n, "tag": {}, "video_stats": {}})
+    )
+    with pytest.raises(ValueError, match=r"recorded with 12 joints a frame, the dataset records 6 \(one arm\)"):
+        store.commit(stage)
+    assert not (root / "meta" / "info.json").exists() and stage.exists()
+
+
 def _dataset_files(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
 

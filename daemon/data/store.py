@@ -182,6 +182,17 @@ def _staged_identity(d: Path) -> tuple[int | None, str]:
     return None, "?"
 
 
+def _staged_joints(stage: Path) -> int | None:
+    """The width of a staged episode's joint rows (6 per arm); None when unreadable (the commit
+    then fails on the file itself)."""
+    try:
+        with np.load(stage / "rows.npz", allow_pickle=False) as rows:
+            shape = rows["state"].shape
+    except (OSError, ValueError, KeyError):
+        return None
+    return int(shape[1]) if len(shape) == 2 else None
+
+
 def set_aside(stage: Path, reason: str) -> DroppedEpisode:
     """Moves a staged episode that cannot be committed out of the way (kept, not deleted)."""
     number, task = _staged_identity(stage)
@@ -580,6 +591,14 @@ class DatasetStore:
             if int(meta["frames"]) == 0:
                 shutil.rmtree(stage, ignore_errors=True)
                 raise ValueError(f"episode {stage.name} has no frames")
+            # a staged episode of the other arm layout (staged by a bimanual daemon, found by a
+            # single-arm one before the dataset existed): never half-written, set aside whole
+            joints = _staged_joints(stage)
+            if joints is not None and joints != self.cfg.n_joints:
+                raise ValueError(
+                    f"episode {stage.name} was recorded with {joints} joints a frame, the dataset records "
+                    f"{self.cfg.n_joints} ({'two arms' if self.cfg.arms else 'one arm'}): another arm layout"
+                )
         existed = (self.root / "meta" / "info.json").exists()
         if existed:
             self.check_compatible()
