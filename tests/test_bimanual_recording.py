@@ -214,17 +214,19 @@ def test_two_episodes_of_both_arms_load_as_lerobots_bimanual_dataset(recorded, t
 
 
 def test_dataset_check_reports_each_arm(recorded) -> None:
-    """`so101d dataset check` on the bimanual dataset: each arm's gripper and feasibility on its own."""
-    from daemon.config.settings import Config
-    from daemon.data.check import check_dataset
-    from daemon.data.feasibility import arm_limits
+    """`so101d dataset check --config` on the bimanual dataset: each arm's gripper, and each arm's
+    feasibility against its own follower's calibrated range (LeRobot's <id>_left / <id>_right)."""
+    from daemon.data.check import check_dataset, feasibility_limits
 
     root, _ = recorded
-    reports = check_dataset(root, limits=arm_limits(Config(), False, FPS))
+    limits = feasibility_limits(root.parents[2] / "so101d.toml", root)  # the rig's configuration
+    assert set(limits.per_arm) == set(SIDES) and all(lim.lower is not None for lim in limits.per_arm.values())
+    reports = check_dataset(root, limits=limits)
     assert [r.episode_index for r in reports] == [0, 1]
     for r in reports:
         assert {"left/gripper_range", "right/gripper_range"} <= set(r.metrics), r.metrics
         assert set(r.metrics["feasibility"]) == set(SIDES), r.metrics
+        assert not [why for why in r.reasons if "range:" in why], r.reasons  # the emulated arms stay in range
 
 
 def test_an_arm_missing_for_some_cycles_repeats_its_newest_values_and_the_tag_says_so(tmp_path: Path) -> None:

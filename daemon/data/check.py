@@ -281,7 +281,8 @@ def check_episode(
     elif limits is not None and action is not None and not bad:  # two arms: each against the arm's limits
         m["feasibility"] = {}
         for arm, cols_j in arms.items():
-            feas = check_feasibility(action[:, cols_j], None if state is None else state[:, cols_j], reader.fps, limits)
+            lim = limits.per_arm.get(arm, limits)  # the arm's own calibrated range, when configured
+            feas = check_feasibility(action[:, cols_j], None if state is None else state[:, cols_j], reader.fps, lim)
             m["feasibility"][arm] = feas.metrics
             why.extend(f"{arm} arm: {r}" for r in feas.reasons)
     med = extremes["median_frames"]
@@ -311,9 +312,9 @@ def check_dataset(
     else:
         extremes["min"] = extremes["max"] = np.zeros(len(reader.joint_names) or 1)
     if limits is not None:
-        limits = replace(
-            limits, jump_deg=th.jump_deg, gripper_push_pct=th.gripper_push_pct, gripper_push_s=th.gripper_push_s
-        )
+        given = {"jump_deg": th.jump_deg, "gripper_push_pct": th.gripper_push_pct, "gripper_push_s": th.gripper_push_s}
+        per_arm = {side: replace(lim, **given) for side, lim in limits.per_arm.items()}
+        limits = replace(limits, per_arm=per_arm, **given)
     return [
         check_episode(ep, cols, reader, th, extremes, tags.get(ep), limits)
         for ep, cols in per_ep
@@ -416,7 +417,13 @@ def run_check(args: argparse.Namespace) -> int:
     print(
         f"feasibility against: {limits.model.upper()} at {limits.supply_voltage_v:g} V "
         f"(rated {limits.rated_speed_deg_s:.0f} deg/s), step limit {limits.step_text}, "
-        + ("the follower's calibrated range" if limits.lower is not None else "no calibrated range (give --config)")
+        + (
+            "each arm's calibrated range"
+            if limits.per_arm and limits.lower is not None
+            else "the follower's calibrated range"
+            if limits.lower is not None
+            else "no calibrated range (give --config)"
+        )
     )
     if tagged is not None:
         print(f"tagged {len(tagged)} flagged episodes with their reasons" + (f": {tagged}" if tagged else ""))
