@@ -312,9 +312,14 @@ def check_dataset(
     else:
         extremes["min"] = extremes["max"] = np.zeros(len(reader.joint_names) or 1)
     if limits is not None:
-        given = {"jump_deg": th.jump_deg, "gripper_push_pct": th.gripper_push_pct, "gripper_push_s": th.gripper_push_s}
-        per_arm = {side: replace(lim, **given) for side, lim in limits.per_arm.items()}
-        limits = replace(limits, per_arm=per_arm, **given)
+
+        def with_thresholds(lim: ArmLimits) -> ArmLimits:
+            return replace(
+                lim, jump_deg=th.jump_deg, gripper_push_pct=th.gripper_push_pct, gripper_push_s=th.gripper_push_s
+            )
+
+        per_arm = {side: with_thresholds(lim) for side, lim in limits.per_arm.items()}
+        limits = replace(with_thresholds(limits), per_arm=per_arm)
     return [
         check_episode(ep, cols, reader, th, extremes, tags.get(ep), limits)
         for ep, cols in per_ep

@@ -656,7 +656,7 @@ class Recorder:
             self._task = task
             self._origin = origin
             self._notes = []
-            self._arms_noted_stale: set[str] = set()
+            self._arms_noted_stale = set()
             self._episode_refused = {}
             self._frame_index = 0
             self._t0 = None

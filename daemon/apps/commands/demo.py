@@ -286,8 +286,11 @@ class _DemoRecording:
 
         def body() -> None:
             try:
-                kw = {"task": task} if task else {}  # "": the pick-and-place demo's
-                self.saved = record_demo_episodes(daemon, episodes, episode_s, say=say, stop=self._stop.is_set, **kw)
+                self.saved = (
+                    record_demo_episodes(daemon, episodes, episode_s, say=say, stop=self._stop.is_set, task=task)
+                    if task
+                    else record_demo_episodes(daemon, episodes, episode_s, say=say, stop=self._stop.is_set)
+                )  # no task: the pick-and-place demo's
             except Exception as exc:
                 self.error = str(exc)
                 log.error("demo recording failed: %s", exc)
