@@ -504,10 +504,10 @@ class LeRobotCamera(ThreadedCamera):
             got = self._next_frame(cam)
             if got is None:
                 if not self._reader_alive(cam):
-                    last = read_errors().take(str(cam))
+                    read_error = read_errors().take(str(cam))
                     self._went_away(
                         "its read thread stopped (unplugged, or the stream ended)",
-                        detail=f"its last read error: {last}" if last else "",
+                        detail=f"its last read error: {read_error}" if read_error else "",
                     )
                     return
                 if self.state == "streaming" and last is not None and time.monotonic() - last > FROZEN_S:
