@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bimanual_support import write_bimanual_config
 from support import wait_for
 
 from calibration.conventions import JOINT_NAMES
@@ -55,34 +56,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]
 @pytest.fixture(scope="module")
 def daemon(bench: EmulatorProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d = tmp_path_factory.mktemp("bimanual-plugin-daemon")
-    links = bench.links
-    toml = d / "so101d.toml"
-    toml.write_text(
-        f"""
-[leader]
-id = "emulated_leader"
-
-[follower]
-id = "emulated_follower"
-
-[arms.left]
-leader_port = "{links["left_leader"]}"
-follower_port = "{links["left_follower"]}"
-
-[arms.right]
-leader_port = "{links["right_leader"]}"
-follower_port = "{links["right_follower"]}"
-
-[calibration]
-root = "{bench.directory / "calibration"}"
-
-[control]
-rate_hz = 50.0
-
-[socket]
-path = "{d / "control.sock"}"
-"""
-    )
+    toml = write_bimanual_config(bench, d, f'\n[socket]\npath = "{d / "control.sock"}"\n')
     daemon = Daemon(load_config(toml))
     daemon.start()
     try:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bimanual_support import write_bimanual_config
 from support import wait_for
 
 from calibration.conventions import GRIPPER_INDEX
@@ -49,35 +50,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]
 
 def write_config(bench: EmulatorProcess, directory: Path, extra: str = "") -> Path:
     """The rig's so101d.toml, as docs/configuration.md shows it."""
-    links = bench.links
-    text = f"""
-[leader]
-id = "emulated_leader"
-
-[follower]
-id = "emulated_follower"
-
-[arms.left]
-leader_port = "{links["left_leader"]}"
-follower_port = "{links["left_follower"]}"
-
-[arms.right]
-leader_port = "{links["right_leader"]}"
-follower_port = "{links["right_follower"]}"
-
-[calibration]
-root = "{bench.directory / "calibration"}"
-
-[control]
-rate_hz = 50.0
-
-[socket]
-path = "{directory / "control.sock"}"
-{extra}
-"""
-    path = directory / "so101d.toml"
-    path.write_text(text)
-    return path
+    return write_bimanual_config(bench, directory, f'\n[socket]\npath = "{directory / "control.sock"}"\n{extra}')
 
 
 class Frames:

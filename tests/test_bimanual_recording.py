@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bimanual_support import write_bimanual_config
 from support import wait_for
 
 from calibration.conventions import FEATURE_NAMES
@@ -65,28 +66,10 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]
 
 def write_config(bench: EmulatorProcess, directory: Path, dataset_root: Path) -> Path:
     """The rig's so101d.toml, as docs/configuration.md shows it, recording."""
-    links = bench.links
-    text = f"""
-[leader]
-id = "emulated_leader"
-
-[follower]
-id = "emulated_follower"
-
-[arms.left]
-leader_port = "{links["left_leader"]}"
-follower_port = "{links["left_follower"]}"
-
-[arms.right]
-leader_port = "{links["right_leader"]}"
-follower_port = "{links["right_follower"]}"
-
-[calibration]
-root = "{bench.directory / "calibration"}"
-
-[control]
-rate_hz = 50.0
-
+    return write_bimanual_config(
+        bench,
+        directory,
+        f"""
 [recording]
 enabled = true
 dataset_root = "{dataset_root}"
@@ -108,10 +91,8 @@ fps = {FPS}
 
 [socket]
 path = "{directory / "control.sock"}"
-"""
-    path = directory / "so101d.toml"
-    path.write_text(text)
-    return path
+""",
+    )
 
 
 def lerobot_bimanual_features(tmp: Path) -> tuple[dict[str, dict], str]:

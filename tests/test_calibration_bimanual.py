@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from bimanual_support import write_bimanual_config
 
 from drivers.emulator.process import EmulatorProcess
 
@@ -29,28 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmulatorProcess, Path]]:
     d = tmp_path_factory.mktemp("bimanual-calibrate")
     with EmulatorProcess(d, bimanual=True, calibration_out=d / "calibration") as bench:
-        links = bench.links
-        config = d / "so101d.toml"
-        config.write_text(
-            f"""
-[leader]
-id = "emulated_leader"
-
-[follower]
-id = "emulated_follower"
-
-[arms.left]
-leader_port = "{links["left_leader"]}"
-follower_port = "{links["left_follower"]}"
-
-[arms.right]
-leader_port = "{links["right_leader"]}"
-follower_port = "{links["right_follower"]}"
-
-[calibration]
-root = "{d / "calibration"}"
-"""
-        )
+        config = write_bimanual_config(bench, d, rate_hz=None)
         yield bench, config
 
 
