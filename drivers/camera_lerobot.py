@@ -175,6 +175,61 @@ def verify(configured: Mode, negotiated: Mode, measured_fps: float) -> Verificat
     return Verification(configured, negotiated, round(measured_fps, 2), tuple(problems), size_problem)
 
 
+class LeRobotReadErrors(logging.Handler):
+    """The last read error each LeRobot camera's read thread logged ("Error reading frame in
+    background thread for RealSenseCamera(123): <why>"), by the camera's name there. That thread
+    swallows its errors (and ends by raising after ten in a row): its log is the only place the
+    reason is said, so a camera whose read thread stopped can say why."""
+
+    PREFIX = "Error reading frame in background thread for "
+    LOGGERS = ("lerobot.cameras.realsense.camera_realsense", "lerobot.cameras.opencv.camera_opencv")
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self._last: dict[str, str] = {}
+        self._guard = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if not text.startswith(self.PREFIX):
+            return
+        who, _, why = text[len(self.PREFIX) :].partition(": ")
+        with self._guard:
+            self._last[who] = why
+
+    def take(self, who: str) -> str:
+        """The last read error of the LeRobot camera ``who`` (its ``str``), forgotten once taken."""
+        with self._guard:
+            return self._last.pop(who, "")
+
+    def forget(self, who: str) -> None:
+        with self._guard:
+            self._last.pop(who, None)
+
+
+_read_errors: LeRobotReadErrors | None = None
+
+
+def read_errors() -> LeRobotReadErrors:
+    """The one handler, on LeRobot's camera loggers from the first camera opened."""
+    global _read_errors
+    if _read_errors is None:
+        _read_errors = LeRobotReadErrors()
+        for name in LeRobotReadErrors.LOGGERS:
+            logging.getLogger(name).addHandler(_read_errors)
+    return _read_errors
+
+
+def depth_problem(depth: np.ndarray | None, height: int, width: int) -> str:
+    """Why a depth map from LeRobot's read thread is not the depth feature's (HxWx1 uint16 mm), or ""."""
+    want = (height, width, 1)
+    if depth is None:
+        return f"no depth map with the colour frame (the depth stream is {want} uint16 mm)"
+    if depth.shape == want and depth.dtype == np.uint16:
+        return ""
+    return f"the depth map from the camera is {tuple(depth.shape)} {depth.dtype}, the depth stream is {want} uint16 mm"
+
+
 @dataclass(frozen=True)
 class CameraEvent:
     """A camera going away or coming back, at ``monotonic_s``."""
@@ -198,6 +253,7 @@ class LeRobotCamera(ThreadedCamera):
         self.depth_stream = f"{config.name}_depth" if self.use_depth else ""
         self._depth_frames = 0
         self._depth_refused = 0
+        self._depth_problem = ""  # why the newest depth maps are refused ("" while they fit)
         lerobot_config(config)  # a bad option fails here, at build time, with LeRobot's message
         self._configured = Mode(self.width, self.height, self.fps, config.fourcc)
         self._lr: Any = None  # the LeRobot camera while open
@@ -270,6 +326,26 @@ class LeRobotCamera(ThreadedCamera):
             return None
         return frame, float(stamp), depth if self.use_depth else None
 
+    def _frozen_why(self, cam: Any) -> tuple[str, str]:
+        """Why an open camera sends nothing (short, for the tag; more for its error). A RealSense that is no longer enumerated was
+        unplugged: LeRobot's read thread is still waiting in the SDK (10 s, then the SDK's own
+        reconnect, then its failures until it stops), so say so rather than "still open"."""
+        if self.kind == "intelrealsense":
+            from lerobot.cameras.realsense.camera_realsense import RealSenseCamera
+
+            serial = str(cam.serial_number)
+            try:
+                connected = {str(found["id"]) for found in RealSenseCamera.find_cameras()}
+            except Exception as exc:  # the SDK's enumeration failing says nothing about this camera
+                log.debug("camera %s: RealSense enumeration failed: %s", self.name, exc)
+                connected = {serial}
+            if serial not in connected:
+                return (
+                    f"no frame for {FROZEN_S:g} s: serial {serial} is not connected (unplugged?)",
+                    "it is picked up again when it is back",
+                )
+        return f"no frame for {FROZEN_S:g} s: it stopped sending, still open", ""
+
     @staticmethod
     def _reader_alive(cam: Any) -> bool:
         thread = cam.thread
@@ -288,6 +364,10 @@ class LeRobotCamera(ThreadedCamera):
             try:
                 cam = self._connect()
             except Exception as exc:
+                mode = self._mode_not_offered(exc)
+                if mode:
+                    self._refuse_at_open(mode)
+                    continue
                 self._open_failed(str(exc))
                 continue
             finally:
@@ -309,6 +389,46 @@ class LeRobotCamera(ThreadedCamera):
                     return
                 self._refused_retry_s = min(2 * self._refused_retry_s, REFUSED_RETRY_MAX_S)
                 self.refused_looks += 1
+
+    def _mode_not_offered(self, exc: BaseException) -> str:
+        """For a RealSense that is plugged in but would not start in the configured mode (the
+        SDK's "Couldn't resolve requests" under LeRobot's "Failed to open"): the refusal, naming
+        the mode asked for and the camera's default one; "" for any other failure."""
+        if self.kind != "intelrealsense" or "Couldn't resolve requests" not in str(exc.__cause__ or ""):
+            return ""
+        from lerobot.cameras.realsense.camera_realsense import RealSenseCamera
+
+        want = self.config.serial_number_or_name
+        try:
+            found = [c for c in RealSenseCamera.find_cameras() if want in (str(c["id"]), str(c["name"]))]
+        except Exception:  # the SDK's enumeration failing: no more to say than its open did
+            return ""
+        if not found:
+            return ""
+        default = found[0].get("default_stream_profile") or {}
+        offers = (
+            f"; its default is {default['width']}x{default['height']} @ {default['fps']} fps"
+            if {"width", "height", "fps"} <= set(default)
+            else ""
+        )
+        streams = "colour and depth" if self.use_depth else "colour"
+        return (
+            f"camera {self.name}: the RealSense {found[0]['id']} is plugged in but does not stream "
+            f"{self.width}x{self.height} @ {self.fps:g} fps ({streams}; the SDK: {exc.__cause__}){offers}; "
+            "configure a mode it offers (`lerobot-find-cameras realsense`)"
+        )
+
+    def _refuse_at_open(self, why: str) -> None:
+        """Refused (recording may not start), said once, looked at again later and less often:
+        the same camera gives the same answer, but another may be plugged in with its serial."""
+        again = self.state == "refused" and self._c.error == why
+        self.state = "refused"
+        self._c.error = why
+        (log.info if again else log.error)("%s", why)
+        if self._stop.wait(self._refused_retry_s):
+            return
+        self._refused_retry_s = min(2 * self._refused_retry_s, REFUSED_RETRY_MAX_S)
+        self.refused_looks += 1
 
     def _open_failed(self, why: str) -> None:
         """Said once (logged, in ``error``), then tried again; a gone camera keeps saying it is gone."""
@@ -363,9 +483,11 @@ class LeRobotCamera(ThreadedCamera):
         return os.path.exists(dev)
 
     def _stream(self, cam: Any) -> None:
+        read_errors().forget(str(cam))  # an error from before this open is not this stream's
         negotiated = self._negotiated(cam)
         was_gone = self.state == "gone"
         rechecking = self.state == "refused"  # stays refused, with its reason, until it passes
+        self._depth_problem = ""  # judged again on this stream's depth maps
         if not rechecking:
             self._c.error = ""
         self._recent.clear()
@@ -382,10 +504,15 @@ class LeRobotCamera(ThreadedCamera):
             got = self._next_frame(cam)
             if got is None:
                 if not self._reader_alive(cam):
-                    self._went_away("its read thread stopped (unplugged, or the stream ended)")
+                    read_error = read_errors().take(str(cam))
+                    self._went_away(
+                        "its read thread stopped (unplugged, or the stream ended)",
+                        detail=f"its last read error: {read_error}" if read_error else "",
+                    )
                     return
                 if self.state == "streaming" and last is not None and time.monotonic() - last > FROZEN_S:
-                    self._went_away(f"no frame for {FROZEN_S:g} s: it stopped sending, still open", reopen=False)
+                    why, detail = self._frozen_why(cam)
+                    self._went_away(why, reopen=False, detail=detail)
                 continue
             pixels, stamp, depth = got
             t = stamp + self._clock_offset_s
@@ -413,9 +540,19 @@ class LeRobotCamera(ThreadedCamera):
             if pixels.shape[0] != self.height or pixels.shape[1] != self.width:
                 continue  # judged above: never published at a size the recorder did not ask for
             if self.use_depth:
-                if depth is None or depth.shape != (self.height, self.width, 1) or depth.dtype != np.uint16:
-                    self._depth_refused += 1  # the pair or nothing: a colour frame alone would record no depth
+                why = depth_problem(depth, self.height, self.width)
+                if why:  # the pair or nothing: a colour frame alone would record no depth
+                    self._depth_refused += 1
+                    self._latest = None  # its frames are missing from now, the last pair is not re-used
+                    if why != self._depth_problem:
+                        log.error("camera %s: %s; its frames are not published", self.name, why)
+                    self._depth_problem = why
+                    self._c.error = f"camera {self.name}: {why}; its frames are not published"
                     continue
+                if self._depth_problem:
+                    log.warning("camera %s: depth maps fit again (%s before)", self.name, self._depth_problem)
+                    self._depth_problem = ""
+                    self._c.error = ""
                 self._depth_frames += 1
             self._publish(pixels, t, depth)
 
@@ -450,17 +587,20 @@ class LeRobotCamera(ThreadedCamera):
             log.info("camera %s: %s (measured %.1f fps)", self.name, negotiated.text(), measured_fps)
         return True
 
-    def _went_away(self, why: str, reopen: bool = True) -> None:
+    def _went_away(self, why: str, reopen: bool = True, detail: str = "") -> None:
+        """``why`` is short (the episode's tag quotes it, in a few hundred bytes); ``detail`` goes
+        only to the camera's error (status) and the log."""
         now = time.monotonic()
         self._latest = None  # the recorder marks its frames missing, the console shows none
-        self._gone_why = why
-        self._c.error = f"gone: {why}"
+        said = f"{why}; {detail}" if detail else why
+        self._gone_why = said
+        self._c.error = f"gone: {said}"
         if self.state != "gone":  # frozen, then its read thread ended: still the one gap
             self._gone_since_s = now
             self._add_event(CameraEvent("gone", now, why))
         self.state = "gone"  # last: whoever sees the state sees its event and its reason
         then = f"reopening {self.device} when it is back" if reopen else "waiting for its next frame"
-        log.error("camera %s: gone (%s); %s", self.name, why, then)
+        log.error("camera %s: gone (%s); %s", self.name, said, then)
 
     def _add_event(self, event: CameraEvent) -> None:
         with self._events_lock:
@@ -473,6 +613,8 @@ class LeRobotCamera(ThreadedCamera):
     def refusal(self) -> str:
         """Why recording must not start with this camera, or "" when it may."""
         if self.state == "refused":
+            return self._c.error
+        if self._depth_problem:
             return self._c.error
         if self.state == "gone":
             return f"camera {self.name} ({self.device}) is gone: {self._c.error.removeprefix('gone: ')}"

@@ -18,6 +18,7 @@ collection stops naming it.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -42,6 +43,7 @@ KINDS = ("unit", "integration", "e2e")
 FILE_KINDS: dict[str, str] = {
     # plain data, one module
     "test_calibration_file.py": "unit",
+    "test_calibration_bimanual.py": "e2e",
     "test_conventions.py": "unit",
     "test_daemon_config.py": "unit",
     "test_daemon_faults.py": "unit",
@@ -70,6 +72,7 @@ FILE_KINDS: dict[str, str] = {
     "test_client_arm.py": "integration",
     "test_frame_shm.py": "unit",
     "test_lerobot_plugin.py": "e2e",
+    "test_bimanual_clients.py": "e2e",
     "test_lerobot_robot_client.py": "e2e",
     "test_lerobot_rollout.py": "e2e",
     "test_reconnect_honesty.py": "integration",
@@ -287,6 +290,7 @@ _E2E_SHOWN = 30  # a third of the suite is e2e: its slowest tests, not a page of
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _count_file_cost(report)
     if "e2e" not in report.keywords:
         return
     _E2E_SECONDS[report.nodeid] += report.duration
@@ -294,7 +298,70 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _E2E_OUTCOME[report.nodeid] = report.outcome
 
 
+# -- every file's cost, wall and CPU --------------------------------------------------------------
+# Where `make test`'s time goes, per test file: wall seconds (setup + call + teardown) and the CPU
+# seconds this test process and the children it waited for spent meanwhile. CPU over wall says
+# whether a file waits (a candidate for a parallel worker) or computes (cheapen it instead); the
+# suite's CPU over the machine's cores is the floor no worker count goes below.
+_FILE_WALL_S: dict[str, float] = defaultdict(float)
+_FILE_CPU_S: dict[str, float] = defaultdict(float)
+_FILES_SHOWN = 25
+_PHASE_CPU_START = pytest.StashKey[float]()
+
+
+def _cpu_s() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    item.stash[_PHASE_CPU_START] = _cpu_s()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    item.stash[_PHASE_CPU_START] = _cpu_s()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    item.stash[_PHASE_CPU_START] = _cpu_s()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report = yield
+    start = item.stash.get(_PHASE_CPU_START, None)
+    if start is not None:
+        report.user_properties.append(("cpu_s", _cpu_s() - start))  # travels to xdist's controller
+    return report
+
+
+def _count_file_cost(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_WALL_S[path] += report.duration
+    _FILE_CPU_S[path] += sum(float(v) for k, v in report.user_properties if k == "cpu_s")
+
+
+def _write_file_costs(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _FILE_WALL_S:
+        return
+    wall_s, cpu_s = sum(_FILE_WALL_S.values()), sum(_FILE_CPU_S.values())
+    shown = sorted(_FILE_WALL_S, key=lambda f: -_FILE_WALL_S[f])[:_FILES_SHOWN]
+    terminalreporter.section(
+        f"test files: {len(_FILE_WALL_S)}, {wall_s:.0f} s wall and {cpu_s:.0f} s CPU in all; the {len(shown)} costliest"
+    )
+    for path in shown:
+        wall, cpu = _FILE_WALL_S[path], _FILE_CPU_S[path]
+        terminalreporter.write_line(f"{wall:8.1f} s wall {cpu:8.1f} s CPU  {cpu / max(wall, 1e-9):4.2f}  {path}")
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    _write_file_costs(terminalreporter)
     if _TREE_CHANGES:
         terminalreporter.section("the tests changed the working tree: the run fails", red=True)
         for line in _TREE_CHANGES:

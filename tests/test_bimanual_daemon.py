@@ -11,7 +11,8 @@ calibration ids ``<id>_left`` / ``<id>_right`` from the bench's --calibration-ou
   and status names the left servo and port. Once it is back, ``teleop start`` resumes both arms
   by alignment: no command step larger than the safety limit on either arm, at any point.
 - With ``fault_holds = "faulted"`` the right arm keeps tracking while the left holds.
-- What is not built for two arms (recording, policies, replay) is refused with the reason.
+- What is not built for two arms (policies, replay) is refused with the reason (recording two
+  arms: tests/test_bimanual_recording.py).
 """
 
 from __future__ import annotations
@@ -218,8 +219,8 @@ def test_with_fault_holds_faulted_the_other_arm_keeps_tracking(rig, bench: Emula
 
 
 def test_what_two_arms_cannot_do_yet_is_refused_with_the_reason(bench: EmulatorProcess, tmp_path: Path) -> None:
-    cfg = load_config(write_config(bench, tmp_path, "[recording]\nenabled = true\n"))
-    with pytest.raises(StartupError, match=r"\[recording\] enabled with \[arms.left\]"):
+    cfg = load_config(write_config(bench, tmp_path, '[policy]\nenabled = true\npath = "/nowhere"\n'))
+    with pytest.raises(StartupError, match=r"\[policy\] enabled with \[arms.left\]"):
         Daemon(cfg)
     cfg = load_config(write_config(bench, tmp_path))
     daemon = Daemon(cfg)

@@ -6,12 +6,20 @@ capture time), and status and doctor show the depth stream."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
 import pyrealsense2 as rs
 import pytest
-from realsense_support import depth_index_of, frame_index_of, paired_device, plugged
+from realsense_support import (
+    colour_with_index,
+    depth_index_of,
+    depth_with_index,
+    frame_index_of,
+    paired_device,
+    plugged,
+)
 from support import wait_for
 
 from daemon.apps.commands.doctor import PASS, camera_report
@@ -93,8 +101,8 @@ def test_without_use_depth_the_realsense_gives_colour_frames_only():
 def test_a_realsense_not_plugged_in_says_lerobots_reason_and_a_mode_it_lacks_is_refused():
     cam = realsense("999999999999")
     cam.start()
-    try:
-        wait_for(lambda: "open failed" in cam.stats()["error"], 20, "the open's failure")
+    try:  # the SDK waits RESOLVE_WAIT_S for the device to be plugged in before it fails
+        wait_for(lambda: "open failed" in cam.stats()["error"], rs.RESOLVE_WAIT_S + 20, "the open's failure")
         assert "Failed to open RealSenseCamera(999999999999)" in cam.stats()["error"]
         assert cam.state == "opening" and "still opening" in cam.refusal()
     finally:
@@ -102,10 +110,13 @@ def test_a_realsense_not_plugged_in_says_lerobots_reason_and_a_mode_it_lacks_is_
     with plugged(paired_device("222")):
         odd = realsense("222", width=200, height=100)
         odd.start()
-        try:
-            wait_for(lambda: "open failed" in odd.stats()["error"], 20, "the open's failure")
+        try:  # plugged in, not in that mode: refused, naming the mode asked and the camera's default
+            wait_for(lambda: odd.state == "refused", 20, f"the open's refusal ({odd.stats()})")
+            why = odd.refusal()
         finally:
             odd.stop()
+    assert "the RealSense 222 is plugged in but does not stream 200x100 @ 30 fps (colour and depth" in why, why
+    assert "Couldn't resolve requests" in why and "its default is 640x480 @ 30 fps" in why, why
 
 
 def test_use_depth_belongs_to_the_realsense():
@@ -180,3 +191,120 @@ def test_doctor_shows_the_depth_stream():
     (check,) = [c for c in rep.checks if c.name == "camera wrist"]
     assert check.status == PASS, check
     assert "realsense:333" in check.detail and "depth wrist_depth: 160x120 uint16 mm" in check.detail, check
+
+
+def pairs_match(cam: LeRobotCamera, n: int = 5) -> None:
+    """The next ``n`` published frames each carry the depth map of their own frameset."""
+    for _ in range(n):
+        f = cam.latest_frame()
+        assert f is not None and f.depth_mm is not None
+        assert depth_index_of(f.depth_mm) == frame_index_of(f.pixels), (f.seq, f.pixels[0, 0], f.depth_mm[-1, -1])
+        wait_for(lambda f=f: (cam.latest_frame() or f).seq > f.seq, 10, "a newer frame")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_unplugged_for_a_moment_the_realsense_is_gone_then_back_on_the_sdks_own_reconnect():
+    """Pulled and put back within LeRobot's 10 s frame wait: the SDK's pipeline reconnects on its
+    own (pipeline.cpp), LeRobot's read thread never stops; the camera is gone meanwhile (no frame,
+    and says the serial is not connected), then back, colour and depth still one frameset."""
+    dev = paired_device("844212070501")
+    with plugged(dev):
+        cam = realsense(dev.serial)
+        cam.start()
+        try:
+            streaming(cam)
+            rs.unplug(dev.serial)
+            wait_for(lambda: cam.state == "gone", 10, f"the camera marked gone ({cam.stats()})")
+            assert cam.latest_frame() is None  # its frames are missing from now, none is re-used
+            st = cam.stats()
+            assert st["gone_events"] == 1 and st["device"] == f"realsense:{dev.serial}", st
+            assert f"serial {dev.serial} is not connected" in st["error"], st["error"]
+            assert "is gone" in cam.refusal(), cam.refusal()
+            rs.plug(dev)  # a new enumeration of the same camera
+            wait_for(lambda: cam.state == "streaming" and cam.latest_frame() is not None, 30, f"back ({cam.stats()})")
+            pairs_match(cam)
+            st = cam.stats()
+        finally:
+            cam.stop()
+    assert [e.kind for e in cam.events] == ["gone", "back"], cam.events
+    assert st["error"] == "" and st["depth"]["refused"] == 0, st
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_unplugged_for_longer_lerobots_read_thread_stops_and_the_realsense_is_reopened_when_back():
+    """Pulled for longer than the SDK's reconnect waits: LeRobot's read thread gives up (the
+    pipeline stopped, its reads raise), the camera stays gone and is looked for by its serial;
+    plugged back, it is opened again and streams pairs."""
+    dev = paired_device("844212070502")
+    with plugged(dev):
+        cam = realsense(dev.serial)
+        cam.start()
+        try:
+            streaming(cam)
+            rs.unplug(dev.serial)
+            wait_for(lambda: cam.state == "gone", 10, f"the camera marked gone ({cam.stats()})")
+            wait_for(lambda: "read thread stopped" in cam.stats()["error"], 60, f"LeRobot gave up ({cam.stats()})")
+            assert cam.state == "gone" and cam.latest_frame() is None
+            rs.plug(dev)
+            wait_for(lambda: cam.state == "streaming" and cam.latest_frame() is not None, 60, f"back ({cam.stats()})")
+            pairs_match(cam)
+        finally:
+            cam.stop()
+    assert [e.kind for e in cam.events] == ["gone", "back"], cam.events
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_depth_maps_of_another_dtype_are_refused_said_and_block_recording_until_they_fit():
+    """An SDK handing float32 depth (LeRobot passes it on): no colour frame is published without a
+    depth map that fits, the camera's error and its refusal say what came, and once the depth
+    fits again the pairs are published and the error is gone."""
+    bad = threading.Event()
+
+    def depth(index: int, height: int, width: int) -> np.ndarray:
+        d = depth_with_index(index, height, width)
+        return d.astype(np.float32) if bad.is_set() else d
+
+    dev = rs.FakeDevice(serial="844212070503", color=colour_with_index, depth=depth)
+    with plugged(dev):
+        cam = realsense(dev.serial)
+        cam.start()
+        try:
+            streaming(cam)
+            bad.set()
+            wait_for(lambda: "float32" in cam.stats()["error"], 10, f"the refusal said ({cam.stats()})")
+            assert cam.latest_frame() is None
+            st = cam.stats()
+            assert "(120, 160, 1) float32" in st["error"] and "(120, 160, 1) uint16 mm" in st["error"], st
+            assert st["depth"]["refused"] > 0 and "float32" in cam.refusal(), cam.refusal()
+            bad.clear()
+            wait_for(lambda: cam.latest_frame() is not None, 10, "pairs again")
+            pairs_match(cam, 3)
+            assert cam.stats()["error"] == "" and cam.refusal() == ""
+        finally:
+            cam.stop()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_depth_maps_of_another_size_stop_lerobots_read_thread_and_the_camera_says_why():
+    """Depth maps of another size than configured: LeRobot's read thread fails on each and stops;
+    the camera is gone with LeRobot's own reason (its last read error), not just "stopped"."""
+    bad = threading.Event()
+
+    def depth(index: int, height: int, width: int) -> np.ndarray:
+        d = depth_with_index(index, height, width)
+        return d[: height // 2, : width // 2] if bad.is_set() else d
+
+    dev = rs.FakeDevice(serial="844212070504", color=colour_with_index, depth=depth)
+    with plugged(dev):
+        cam = realsense(dev.serial)
+        cam.start()
+        try:
+            streaming(cam)
+            bad.set()
+            wait_for(lambda: cam.state == "gone", 20, f"gone ({cam.stats()})")
+            wait_for(lambda: "last read error" in cam.stats()["error"], 20, f"why ({cam.stats()})")
+            err = cam.stats()["error"]
+            assert "width=80 or height=60 do not match configured width=160 or height=120" in err, err
+            assert cam.latest_frame() is None and "is gone" in cam.refusal()
+        finally:
+            cam.stop()

@@ -593,7 +593,8 @@ def test_the_plugin_observes_through_the_pose_share(daemon: Daemon) -> None:
             obs = c.request_as(ArmObservation, "arm.observe")
             arm = rec.arm(0)
             assert arm is not None and np.allclose(arm, _pose(obs.follower), atol=0.5)
-            assert rec.leader is not None and np.allclose(rec.leader, _pose(obs.leader), atol=0.5)
+            leader = rec.leader(0)
+            assert leader is not None and np.allclose(leader, _pose(obs.leader), atol=0.5)
             assert time.monotonic() - rec.written_at_s < SHARE_STALE_MIN_S
         finally:
             reader.close()

@@ -145,6 +145,7 @@ class ArmActionRequest(RequestBase, tag="arm.action"):
 
 
 class LeaderAcquireRequest(RequestBase, tag="leader.acquire"):
+    arm: Annotated[str, _text(64, "the arm whose own leader to drive (default: the primary arm's)")] | None = None
     client: Annotated[str, _text(200, "who asks, in words (shown to a client refused)")] | None = None
     pid: (
         Annotated[

@@ -4,12 +4,13 @@
 the interpreter lock with the control loop); the LeRobot plugin's ``get_observation`` reads the
 same numbers here instead: the loop writes them at the end of every cycle (a cycle hook), a
 client maps the file and copies the newest record. Nothing is computed on the client's side: it
-is ``arm.observe``'s ``follower`` and ``leader``, as the loop measured them.
+is ``arm.observe``'s ``follower`` and ``leader``, as the loop measured them, for every arm (a
+bimanual pair's left and right, each with its own leader).
 
 Layout (native little-endian, one file): an int64 header ``[magic, arms, generation, cycle]``,
-then float64 words ``[written_at_s, period_s, leader_read_at_s, leader x 6]`` and per arm
-``[connected, measured_at_s, pose x 6]`` (times on CLOCK_MONOTONIC, the same clock in every
-process; NaN where there is no reading). ``generation`` is odd while the loop writes and even
+then float64 words ``[written_at_s, period_s]`` and per arm ``[connected, measured_at_s,
+pose x 6, leader_read_at_s, leader x 6]`` (the arm's own leader, the one its teleop follows; times
+on CLOCK_MONOTONIC, the same clock in every process; NaN where there is no reading). ``generation`` is odd while the loop writes and even
 once the record is whole: a reader keeps its copy only if the generation was the same even number
 before and after (a seqlock, as drivers/frame_shm.py).
 """
@@ -27,10 +28,11 @@ import numpy as np
 
 from calibration.conventions import NUM_JOINTS
 
-MAGIC = 0x53313031_504F5331  # "S101POS1"
+MAGIC = 0x53313031_504F5332  # "S101POS2": a leader per arm
 _HEADER_WORDS = 4
-_TOP_WORDS = 3 + NUM_JOINTS
-_ARM_WORDS = 2 + NUM_JOINTS
+_TOP_WORDS = 2
+_ARM_WORDS = 3 + 2 * NUM_JOINTS
+_LEADER_AT = 2 + NUM_JOINTS  # within an arm's words: leader_read_at_s, then the leader's pose
 _GEN = struct.Struct("<q")  # the header's generation (offset 16)
 _GEN_CYCLE = struct.Struct("<qq")  # generation, cycle (or magic, arms at offset 0)
 _MAX_ARMS = 64
@@ -57,26 +59,26 @@ class SharedPoses:
         return self.words[1]  # the loop's nominal period
 
     @property
-    def leader_read_at_s(self) -> float:
-        return self.words[2]
-
-    @property
-    def leader(self) -> tuple[float, ...] | None:
-        """LeRobot units, JOINT_NAMES order; None: no leader reading."""
-        pose = self.words[3:_TOP_WORDS]
-        return None if any(math.isnan(v) for v in pose) else pose
-
-    @property
     def arms(self) -> int:
         return (len(self.words) - _TOP_WORDS) // _ARM_WORDS
 
     def arm(self, index: int) -> tuple[float, ...] | None:
         """Arm ``index``'s measured pose (None: not connected, or not read yet)."""
         b = _TOP_WORDS + _ARM_WORDS * index
-        return self.words[b + 2 : b + _ARM_WORDS] if self.words[b] == 1.0 else None
+        return self.words[b + 2 : b + _LEADER_AT] if self.words[b] == 1.0 else None
 
     def measured_at_s(self, index: int) -> float:
         return self.words[_TOP_WORDS + _ARM_WORDS * index + 1]
+
+    def leader(self, index: int) -> tuple[float, ...] | None:
+        """Arm ``index``'s leader reading, LeRobot units, JOINT_NAMES order; None: no reading
+        (or the arm has no leader)."""
+        b = _TOP_WORDS + _ARM_WORDS * index + _LEADER_AT
+        pose = self.words[b + 1 : b + 1 + NUM_JOINTS]
+        return None if any(math.isnan(v) for v in pose) else pose
+
+    def leader_read_at_s(self, index: int) -> float:
+        return self.words[_TOP_WORDS + _ARM_WORDS * index + _LEADER_AT]
 
 
 def _open(path: Path, size: int, create: bool) -> mmap.mmap:
@@ -88,6 +90,16 @@ def _open(path: Path, size: int, create: bool) -> mmap.mmap:
         return mmap.mmap(fd, size)
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True)
+class ArmPoses:
+    """One arm's entry of a record, as the writer is given it."""
+
+    measured: np.ndarray | None  # None: not connected, or not read yet
+    measured_at_s: float
+    leader: np.ndarray | None  # the arm's own leader's newest reading (None: none)
+    leader_read_at_s: float
 
 
 class PoseShareWriter:
@@ -107,21 +119,20 @@ class PoseShareWriter:
         self,
         cycle: int,
         now_s: float,
-        leader: np.ndarray | None,
-        leader_read_at_s: float,
-        arms: list[tuple[np.ndarray | None, float]],
+        arms: list[ArmPoses],
     ) -> None:
-        """``arms``: (measured pose or None, measured at) per arm, in the share's arm order."""
+        """``arms``: per arm, in the share's arm order."""
         w, h = self._words, self._header
         h[2] += 1  # odd: being written
         w[0] = now_s
-        w[2] = leader_read_at_s
-        w[3:_TOP_WORDS] = math.nan if leader is None else leader
-        for i, (pose, at_s) in enumerate(arms[: self.arms]):
+        for i, arm in enumerate(arms[: self.arms]):
             base = _TOP_WORDS + _ARM_WORDS * i
-            w[base] = 0.0 if pose is None else 1.0
-            w[base + 1] = at_s
-            w[base + 2 : base + _ARM_WORDS] = math.nan if pose is None else pose
+            lead = base + _LEADER_AT
+            w[base] = 0.0 if arm.measured is None else 1.0
+            w[base + 1] = arm.measured_at_s
+            w[base + 2 : lead] = math.nan if arm.measured is None else arm.measured
+            w[lead] = arm.leader_read_at_s
+            w[lead + 1 : base + _ARM_WORDS] = math.nan if arm.leader is None else arm.leader
         h[3] = cycle
         h[2] += 1  # even: whole
 

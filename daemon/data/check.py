@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from calibration.conventions import FEATURE_NAMES
 from daemon.data.feasibility import ArmLimits, arm_limits, check_feasibility
 from daemon.data.schema import ACTION_KEY, STATE_KEY, TELEOP_ACTION_KEY
 from daemon.data.store import TIMING_DIR
@@ -74,6 +75,18 @@ class EpisodeReport:
     @property
     def clean(self) -> bool:
         return not self.reasons
+
+
+def arm_columns(names: list[str]) -> dict[str, list[int]]:
+    """A bimanual dataset's joint columns per arm, by LeRobot's ``left_`` / ``right_`` prefixes
+    (daemon/data/schema.py ``arm_joint_names``), each arm's in the SO follower's joint order; {}
+    for a single arm's names."""
+    out: dict[str, list[int]] = {}
+    for arm in ("left", "right"):
+        cols = [j for j, n in enumerate(names) if n.startswith(f"{arm}_")]
+        if cols:
+            out[arm] = cols
+    return out if len(out) == 2 and all(len(c) == len(FEATURE_NAMES) for c in out.values()) else {}
 
 
 def _column(table: Any, name: str) -> np.ndarray:
@@ -174,6 +187,9 @@ def check_episode(
     rep = EpisodeReport(ep, n, round(n / reader.fps, 3), reader.tasks.get(ep, ""))
     m, why = rep.metrics, rep.reasons
     names = reader.joint_names
+    arms = arm_columns(names)  # a bimanual dataset: each arm's columns; {} for one arm
+    grippers = {c[-1] for c in arms.values()}
+    arm_body = [j for j in range(len(names)) if j not in grippers]
 
     def joint(j: int) -> str:
         return names[j] if j < len(names) else f"joint {j}"
@@ -234,7 +250,7 @@ def check_episode(
             why.append(f"tracking error {p95:.1f} deg (95th percentile)")
         lo, hi = extremes["min"], extremes["max"]
         pinned = []
-        for j in range(state.shape[1] - 1):  # body joints (the gripper rests at its limit by design)
+        for j in arm_body if arms else range(state.shape[1] - 1):  # the gripper rests at its limit by design
             at_limit = (np.abs(state[:, j] - lo[j]) < th.pinned_deg) | (np.abs(state[:, j] - hi[j]) < th.pinned_deg)
             run_j, _ = _longest_run(at_limit)
             if hi[j] - lo[j] > th.pinned_deg * 4 and run_j / reader.fps > th.max_pinned_s:
@@ -247,16 +263,28 @@ def check_episode(
             m["gripper_range"] = round(g, 2)
             if g < th.min_gripper_range:
                 why.append(f"gripper never opened or closed (range {g:.1f})")
+        for arm, cols_j in arms.items():  # two arms: each one's gripper
+            g = float(np.ptp(state[:, cols_j[-1]]))
+            m[f"{arm}/gripper_range"] = round(g, 2)
+            if g < th.min_gripper_range:
+                why.append(f"{arm} gripper never opened or closed (range {g:.1f})")
         teleop = cols.get(TELEOP_ACTION_KEY)
         if teleop is not None:
             shaped = float((np.abs(teleop - action).max(axis=1) > th.shaped_deg).mean())
             m["shaped_frac"] = round(shaped, 4)
             if shaped > th.max_shaped_frac:
                 why.append(f"safety shaped the command in {shaped:.0%} of frames")
-    if limits is not None and action is not None and not bad:
+    if limits is not None and action is not None and not bad and not arms:
         feas = check_feasibility(action, state, reader.fps, limits)
         m["feasibility"] = feas.metrics
         why.extend(feas.reasons)
+    elif limits is not None and action is not None and not bad:  # two arms: each against the arm's limits
+        m["feasibility"] = {}
+        for arm, cols_j in arms.items():
+            lim = limits.per_arm.get(arm, limits)  # the arm's own calibrated range, when configured
+            feas = check_feasibility(action[:, cols_j], None if state is None else state[:, cols_j], reader.fps, lim)
+            m["feasibility"][arm] = feas.metrics
+            why.extend(f"{arm} arm: {r}" for r in feas.reasons)
     med = extremes["median_frames"]
     if med and (n < med / th.duration_factor or n > med * th.duration_factor):
         why.append(f"duration {n / reader.fps:.1f} s vs median {med / reader.fps:.1f} s")
@@ -284,9 +312,14 @@ def check_dataset(
     else:
         extremes["min"] = extremes["max"] = np.zeros(len(reader.joint_names) or 1)
     if limits is not None:
-        limits = replace(
-            limits, jump_deg=th.jump_deg, gripper_push_pct=th.gripper_push_pct, gripper_push_s=th.gripper_push_s
-        )
+
+        def with_thresholds(lim: ArmLimits) -> ArmLimits:
+            return replace(
+                lim, jump_deg=th.jump_deg, gripper_push_pct=th.gripper_push_pct, gripper_push_s=th.gripper_push_s
+            )
+
+        per_arm = {side: with_thresholds(lim) for side, lim in limits.per_arm.items()}
+        limits = replace(with_thresholds(limits), per_arm=per_arm)
     return [
         check_episode(ep, cols, reader, th, extremes, tags.get(ep), limits)
         for ep, cols in per_ep
@@ -389,7 +422,13 @@ def run_check(args: argparse.Namespace) -> int:
     print(
         f"feasibility against: {limits.model.upper()} at {limits.supply_voltage_v:g} V "
         f"(rated {limits.rated_speed_deg_s:.0f} deg/s), step limit {limits.step_text}, "
-        + ("the follower's calibrated range" if limits.lower is not None else "no calibrated range (give --config)")
+        + (
+            "each arm's calibrated range"
+            if limits.per_arm and limits.lower is not None
+            else "the follower's calibrated range"
+            if limits.lower is not None
+            else "no calibrated range (give --config)"
+        )
     )
     if tagged is not None:
         print(f"tagged {len(tagged)} flagged episodes with their reasons" + (f": {tagged}" if tagged else ""))

@@ -16,12 +16,12 @@ limit depends on its Acceleration register, not on a rated figure.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from calibration.conventions import FEATURE_NAMES, GRIPPER_INDEX
-from daemon.config.settings import Config
+from daemon.config.settings import ARM_SIDES, Config
 
 # Rated no-load speed of the servo, deg/s, by model and supply voltage. STS3215 figures as
 # collected in ../shared/reference/so101-facts.md section 1 from Feetech's data: 7.4 V about
@@ -60,6 +60,9 @@ class ArmLimits:
     jump_deg: float = 30.0
     gripper_push_pct: float = 20.0
     gripper_push_s: float = 0.5
+    # a bimanual rig's arms, each with its own calibrated range ("left", "right"); these fields
+    # are then the left arm's
+    per_arm: dict[str, ArmLimits] = field(default_factory=dict)
 
 
 @dataclass
@@ -151,10 +154,19 @@ def _check_positions(a: np.ndarray, lim: ArmLimits, names: list[str], out: Feasi
         out.reasons.append(f"gripper: command outside 0..100 at frames {_frames(runs)}")
 
 
-def arm_limits(cfg: Config, with_calibration: bool, fps: float) -> ArmLimits:
+def arm_limits(cfg: Config, with_calibration: bool, fps: float, follower_id: str = "") -> ArmLimits:
     """The limits of the configured follower: rated speed (model, supply voltage), the daemon's
     step limit at its rate, and (``with_calibration``) its calibrated range. ValueError names
-    the key or the missing calibration file."""
+    the key or the missing calibration file. ``follower_id``: that arm's calibration (a bimanual
+    pair's ``arms.<side>.follower_id``) instead of [follower] id; a bimanual configuration
+    without one gives each arm's limits in ``per_arm``."""
+    if cfg.bimanual and not follower_id:
+        sides = {
+            side: arm_limits(cfg, with_calibration, fps, cfg.arms[side].follower_id)
+            for side in ARM_SIDES
+            if side in cfg.arms
+        }
+        return replace(next(iter(sides.values())), per_arm=sides)
     from calibration.calibration_file import CalibrationError, load_calibration
     from calibration.conventions import unit_limits
 
@@ -169,7 +181,7 @@ def arm_limits(cfg: Config, with_calibration: bool, fps: float) -> ArmLimits:
     lower = upper = None
     if with_calibration:
         try:
-            cal = load_calibration("follower", cfg.follower.id, cfg.calibration_root())
+            cal = load_calibration("follower", follower_id or cfg.follower.id, cfg.calibration_root())
         except CalibrationError as exc:
             raise ValueError(str(exc)) from None
         lower, upper = unit_limits(cal)

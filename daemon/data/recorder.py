@@ -161,6 +161,9 @@ class RecorderConfig:
     # a thread that dies).
     fault: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # A bimanual rig's arms, in the loop's names and LeRobot's order ("left", "right"): each frame
+    # records both arms side by side (schema.with_arms); empty: the primary arm alone.
+    arms: tuple[str, ...] = ()
 
 
 class Recorder:
@@ -189,7 +192,17 @@ class Recorder:
             preset=cfg.preset,
             crf=cfg.crf,
             fault=cfg.fault,
+            arms=list(cfg.arms),
         )
+        # per arm (bimanual): its newest (state, command, raw target), for a cycle it is missing from
+        self._arm_last: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._arms_noted_stale: set[str] = set()  # arms the episode's tag already says repeated
+        # the arm a virtual camera draws: a per-arm camera's, by LeRobot's name prefix
+        # ("right_wrist": the right arm), else the primary arm (a top-level camera)
+        self._virtual_sides = [
+            (cam, next((a for a in cfg.arms if cam.name.startswith(f"{a}_")), cfg.arms[0] if cfg.arms else ""))
+            for cam in self._virtual
+        ]
         self._lock = threading.Lock()
         self._q: collections.deque[tuple] = collections.deque()
         self._wake = threading.Event()
@@ -319,7 +332,13 @@ class Recorder:
         sizes = [(c.name, c.height, c.width) for c in self.cameras]
         self.store_cfg.cameras = sizes
         self._expected_hw = [(h, w) for _, h, w in sizes]
-        self._ring = Ring.create(sizes, self.cfg.n_records, slots, [c for c, d in enumerate(self._depth) if d])
+        self._ring = Ring.create(
+            sizes,
+            self.cfg.n_records,
+            slots,
+            [c for c, d in enumerate(self._depth) if d],
+            n_joints=self.store_cfg.n_joints,
+        )
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
         spec = self._ring.spec
@@ -338,6 +357,7 @@ class Recorder:
                     "n_pixel_slots": spec.n_pixel_slots,
                     "cameras": [list(c) for c in spec.cameras],
                     "depths": list(spec.depths),
+                    "n_joints": spec.n_joints,
                 },
                 child,
                 os.getpid(),
@@ -500,7 +520,41 @@ class Recorder:
         state, command and raw target, and who drove every arm (the ``so101d.source`` column)."""
         arm = record.arms[0]
         source = record.sources_text() if self._phase == RECORDING else ""  # a join of a few words
-        self.on_cycle(record.now_monotonic_s, arm.state_units, arm.action_units, arm.teleop_action_units, source)
+        if not self.cfg.arms:
+            self.on_cycle(record.now_monotonic_s, arm.state_units, arm.action_units, arm.teleop_action_units, source)
+            return
+        # two arms: both side by side, in the configured order; an arm whose pose is not current
+        # this cycle (its follower lost for a moment) repeats its newest values
+        for a in record.arms:
+            self._arm_last[a.arm] = (a.state_units, a.action_units, a.teleop_action_units)
+        for cam, side in self._virtual_sides:  # each virtual camera draws its own arm
+            if side in self._arm_last:
+                cam.set_state(np.array(self._arm_last[side][0], dtype=np.float64))
+        if self._phase != RECORDING or record.now_monotonic_s < self._next_grid_s:
+            return  # no frame due: nothing joined (on_cycle would drop it)
+        parts = [self._arm_last.get(name) for name in self.cfg.arms]
+        if any(p is None for p in parts):
+            return  # an arm never seen yet: no frame until every arm has a pose (the grid catches up)
+        if len(record.arms) < len(self.cfg.arms):
+            self._note_stale_arms({a.arm for a in record.arms})
+        self.on_cycle(
+            record.now_monotonic_s,
+            np.concatenate([p[0] for p in parts]),  # type: ignore[index]  # None ruled out above
+            np.concatenate([p[1] for p in parts]),  # type: ignore[index]
+            np.concatenate([p[2] for p in parts]),  # type: ignore[index]
+            source,
+            draw_virtual=False,
+        )
+
+    def _note_stale_arms(self, present: set[str]) -> None:
+        """Once per arm and episode: the tag says from which frame an arm's values repeated."""
+        with self._lock:
+            for name in self.cfg.arms:
+                if name not in present and name not in self._arms_noted_stale and self._phase == RECORDING:
+                    self._arms_noted_stale.add(name)
+                    self._notes.append(
+                        f"{name} arm: pose not current from frame {self._frame_index}: its newest values repeat"
+                    )
 
     def on_cycle(
         self,
@@ -509,10 +563,12 @@ class Recorder:
         action_units: np.ndarray,
         teleop_action_units: np.ndarray | None,
         source: str = "",
+        draw_virtual: bool = True,
     ) -> None:
         """One control cycle's sample (``on_record`` passes the loop's; tests and benchmarks call
-        it directly). Never blocks: at most a few vector copies and a deque append."""
-        if self._virtual:
+        it directly). Never blocks: at most a few vector copies and a deque append.
+        ``draw_virtual``: the virtual cameras draw this state (one arm's)."""
+        if self._virtual and draw_virtual:
             snapshot = np.array(state_units, dtype=np.float64)
             for cam in self._virtual:
                 cam.set_state(snapshot)
@@ -600,6 +656,7 @@ class Recorder:
             self._task = task
             self._origin = origin
             self._notes = []
+            self._arms_noted_stale = set()
             self._episode_refused = {}
             self._frame_index = 0
             self._t0 = None

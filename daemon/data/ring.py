@@ -31,25 +31,32 @@ KIND_START = 2
 KIND_SAVE = 3
 KIND_DISCARD = 4
 
-RECORD_DTYPE = np.dtype(
-    [
-        ("kind", np.int32),
-        ("episode_seq", np.int32),
-        ("frame_index", np.int32),  # START: the episode's number (dataset index) as announced
-        ("pixel_slot", np.int32),
-        ("success", np.int32),  # SAVE: 1 success, 0 failure, -1 not judged
-        ("grid_s", np.float64),  # frame time on the fps grid, seconds since the episode start
-        ("taken_s", np.float64),  # monotonic time the recorder took the frame
-        ("state_s", np.float64),  # monotonic time of the state sample (the loop cycle)
-        ("state", np.float32, (6,)),
-        ("action", np.float32, (6,)),
-        ("teleop", np.float32, (6,)),
-        ("cam_capture_s", np.float64, (MAX_CAMERAS,)),  # NaN: no image yet
-        ("cam_seq", np.int64, (MAX_CAMERAS,)),
-        ("source", "S64"),  # FRAME: who drove the arms (schema.SOURCE_KEY), ASCII
-        ("task", f"S{TASK_BYTES}"),  # START: the task text; SAVE: the tag extras as JSON (or empty)
-    ]
-)
+
+def record_dtype(n_joints: int = 6) -> np.dtype:
+    """One record's layout; ``n_joints``: the width of the joint vectors (6 per arm: 12 on a
+    bimanual rig)."""
+    return np.dtype(
+        [
+            ("kind", np.int32),
+            ("episode_seq", np.int32),
+            ("frame_index", np.int32),  # START: the episode's number (dataset index) as announced
+            ("pixel_slot", np.int32),
+            ("success", np.int32),  # SAVE: 1 success, 0 failure, -1 not judged
+            ("grid_s", np.float64),  # frame time on the fps grid, seconds since the episode start
+            ("taken_s", np.float64),  # monotonic time the recorder took the frame
+            ("state_s", np.float64),  # monotonic time of the state sample (the loop cycle)
+            ("state", np.float32, (n_joints,)),
+            ("action", np.float32, (n_joints,)),
+            ("teleop", np.float32, (n_joints,)),
+            ("cam_capture_s", np.float64, (MAX_CAMERAS,)),  # NaN: no image yet
+            ("cam_seq", np.int64, (MAX_CAMERAS,)),
+            ("source", "S64"),  # FRAME: who drove the arms (schema.SOURCE_KEY), ASCII
+            ("task", f"S{TASK_BYTES}"),  # START: the task text; SAVE: the tag extras as JSON (or empty)
+        ]
+    )
+
+
+RECORD_DTYPE = record_dtype(6)  # one arm's
 
 # counters: 0 head, 1 tail, 2 pixel head, 3 pixel tail, 4 records lost (record ring full)
 N_COUNTERS = 8
@@ -66,6 +73,11 @@ class RingSpec:
     n_pixel_slots: int
     cameras: list[tuple[str, int, int]]  # (name, height, width), in dataset order
     depths: list[int] = field(default_factory=list)  # indices of the cameras recorded with depth
+    n_joints: int = 6  # the joint vectors' width: 6 per arm
+
+    @property
+    def dtype(self) -> np.dtype:
+        return record_dtype(self.n_joints)
 
     def layout(self) -> tuple[list[int], list[int], int]:
         """Byte offsets in a slot of each camera's image and each depth map, and the slot size.
@@ -96,7 +108,7 @@ class Ring:
         pix_bytes = max(1, spec.slot_bytes * spec.n_pixel_slots)
         if create:
             sweep_stale()  # a killed process group's segments (the resource tracker died with it)
-            rec_bytes = RECORD_DTYPE.itemsize * spec.n_records
+            rec_bytes = spec.dtype.itemsize * spec.n_records
             self._shm_rec = shared_memory.SharedMemory(segment_name("records"), create=True, size=rec_bytes)
             self._shm_pix = shared_memory.SharedMemory(segment_name("pixels"), create=True, size=pix_bytes)
             self._shm_cnt = shared_memory.SharedMemory(segment_name("counters"), create=True, size=8 * N_COUNTERS)
@@ -109,7 +121,7 @@ class Ring:
             self._shm_rec = shared_memory.SharedMemory(name=spec.records_name)
             self._shm_pix = shared_memory.SharedMemory(name=spec.pixels_name)
             self._shm_cnt = shared_memory.SharedMemory(name=spec.counters_name)
-        self.records: np.ndarray = np.ndarray((spec.n_records,), dtype=RECORD_DTYPE, buffer=self._shm_rec.buf)
+        self.records: np.ndarray = np.ndarray((spec.n_records,), dtype=spec.dtype, buffer=self._shm_rec.buf)
         self.counters: np.ndarray = np.ndarray((N_COUNTERS,), dtype=np.int64, buffer=self._shm_cnt.buf)
         self._pix: np.ndarray = np.ndarray((pix_bytes,), dtype=np.uint8, buffer=self._shm_pix.buf)
         if create:
@@ -138,11 +150,18 @@ class Ring:
 
     @classmethod
     def create(
-        cls, cameras: list[tuple[str, int, int]], n_records: int, n_pixel_slots: int, depths: list[int] | None = None
+        cls,
+        cameras: list[tuple[str, int, int]],
+        n_records: int,
+        n_pixel_slots: int,
+        depths: list[int] | None = None,
+        n_joints: int = 6,
     ) -> Ring:
         if len(cameras) > MAX_CAMERAS:
             raise ValueError(f"at most {MAX_CAMERAS} cameras can be recorded, got {len(cameras)}")
-        spec = RingSpec("", "", "", int(n_records), int(n_pixel_slots), list(cameras), sorted(depths or []))
+        spec = RingSpec(
+            "", "", "", int(n_records), int(n_pixel_slots), list(cameras), sorted(depths or []), int(n_joints)
+        )
         return cls(spec, create=True)
 
     @classmethod

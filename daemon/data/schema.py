@@ -114,6 +114,63 @@ def dataset_features(
     return features
 
 
+# -------------------------------------------------------------------------------------------------
+# Two arms (a bimanual rig): one dataset, both arms' joints in one 12-wide vector
+# -------------------------------------------------------------------------------------------------
+# LeRobot 0.6.1's bimanual follower, lerobot/robots/bi_so_follower/bi_so_follower.py
+# (``BiSOFollower._motors_ft``): the left arm's motor features prefixed "left_", then the right
+# arm's prefixed "right_", each in the SO follower's motor order; per-arm cameras prefixed by
+# their side, top-level cameras unprefixed (``_cameras_ft``). Same units per arm as one arm.
+BIMANUAL_ROBOT_TYPE = "bi_so_follower"
+JOINT_KEYS = (STATE_KEY, ACTION_KEY, TELEOP_ACTION_KEY)  # the joint vectors a layout shapes
+
+
+def arm_joint_names(arms: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """The joint vector's names: one arm's (``arms`` empty), or each side's prefixed, in order."""
+    if not arms:
+        return list(FEATURE_NAMES)
+    return [f"{arm}_{name}" for arm in arms for name in FEATURE_NAMES]
+
+
+def with_arms(features: dict[str, dict[str, Any]], arms: tuple[str, ...] | list[str]) -> dict[str, dict[str, Any]]:
+    """``features`` (``dataset_features``) for a rig of ``arms`` ("left", "right"): the joint
+    vectors widened to every arm's joints, named and ordered as LeRobot 0.6.1's
+    lerobot/robots/bi_so_follower/bi_so_follower.py declares them (``BiSOFollower._motors_ft``:
+    ``left_shoulder_pan.pos`` .. ``left_gripper.pos``, then ``right_...``); unchanged for one arm."""
+    if not arms:
+        return features
+    names = arm_joint_names(arms)
+    wide = {"dtype": "float32", "shape": (len(names),), "names": names}
+    return {k: (dict(wide, names=list(names)) if k in JOINT_KEYS else v) for k, v in features.items()}
+
+
+def layout_text(features: dict[str, dict[str, Any]], robot_type: str | None) -> str:
+    """A dataset's arm layout in words, from its ``observation.state`` names and robot type:
+    "single-arm (so101_follower, 6 joints shoulder_pan.pos .. gripper.pos)"."""
+    names = list((features.get(STATE_KEY) or {}).get("names") or [])
+    arms = "bimanual" if any(n.startswith(("left_", "right_")) for n in names) else "single-arm"
+    span = f" {names[0]} .. {names[-1]}" if names else ""
+    return f"{arms} ({robot_type or 'no robot_type'}, {len(names)} joints{span})"
+
+
+def layout_difference(
+    expected: dict[str, dict[str, Any]],
+    expected_robot: str,
+    actual: dict[str, dict[str, Any]],
+    actual_robot: str | None,
+) -> str:
+    """ "" when a dataset's arm layout is the configured one, else the refusal naming both."""
+    want = list((expected.get(STATE_KEY) or {}).get("names") or [])
+    have = list((actual.get(STATE_KEY) or {}).get("names") or [])
+    if want == have or not have:
+        return ""
+    return (
+        f"the dataset is {layout_text(actual, actual_robot)}, the configuration records "
+        f"{layout_text(expected, expected_robot)}: an episode of one layout is never appended to a "
+        "dataset of the other (record into another dataset: [recording] repo_id)"
+    )
+
+
 def feature_differences(expected: dict[str, dict[str, Any]], actual: dict[str, dict[str, Any]]) -> list[str]:
     """Readable list of differences between the configured features (``expected``) and a
     dataset's (``actual``); LeRobot's auto-added keys are ignored, and so is a missing tag

@@ -105,6 +105,7 @@ from daemon.data.parquet_append import restore_tail as restore_parquet_tail
 from daemon.data.parquet_append import write_new as write_parquet
 from daemon.data.schema import (
     ACTION_KEY,
+    BIMANUAL_ROBOT_TYPE,
     EPISODE_TAGS_FILE,
     IMAGE_KEY_PREFIX,
     ROBOT_TYPE,
@@ -117,9 +118,11 @@ from daemon.data.schema import (
     dataset_features,
     depth_key,
     feature_differences,
+    layout_difference,
     read_episode_tags,
     read_sidecar_tags,
     tag_to_cell,
+    with_arms,
 )
 from daemon.data.tags import migrate_sidecar_tags
 
@@ -142,6 +145,9 @@ SET_ASIDE_PREFIX = "unfinished-"  # a staged episode that cannot be committed, k
 SET_ASIDE_REASON = "reason.txt"
 # errno values where the disk, not the episode, is at fault: the episode stays staged and is
 # committed once the disk takes it (space freed); any other failure sets the episode aside
+# x265's preset for the lossless depth videos (depth_encoder_config): the fastest; lossless, so
+# the preset changes only the time and the size, never the codes that come back
+DEPTH_X265_PRESET = "ultrafast"
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 
@@ -174,6 +180,17 @@ def _staged_identity(d: Path) -> tuple[int | None, str]:
         number = data.get("episode")
         return (int(number) if isinstance(number, int) else None), str(data.get("task", "?"))
     return None, "?"
+
+
+def _staged_joints(stage: Path) -> int | None:
+    """The width of a staged episode's joint rows (6 per arm); None when unreadable (the commit
+    then fails on the file itself)."""
+    try:
+        with np.load(stage / "rows.npz", allow_pickle=False) as rows:
+            shape = rows["state"].shape
+    except (OSError, ValueError, KeyError):
+        return None
+    return int(shape[1]) if len(shape) == 2 else None
 
 
 def set_aside(stage: Path, reason: str) -> DroppedEpisode:
@@ -211,6 +228,9 @@ class StoreConfig:
     # and any not given, are LeRobot's defaults
     depth_encoder: dict[str, float | bool] = field(default_factory=dict)
     robot_type: str = ROBOT_TYPE
+    # the arms of a bimanual rig, LeRobot's order ("left", "right"): 12-wide joint vectors named
+    # as LeRobot's BiSOFollower names them, robot_type "bi_so_follower"; empty: one arm
+    arms: list[str] = field(default_factory=list)
     vcodec: str = "h264"  # libx264 through PyAV; AV1 cannot keep up on 2 cores
     preset: str = "ultrafast"
     crf: int = 23
@@ -225,12 +245,21 @@ class StoreConfig:
     # commit; "kill_in_commit" SIGKILLs the process at the same point; ":N" limits it to episode N.
     fault: str = ""
 
+    def __post_init__(self) -> None:
+        if self.arms and self.robot_type == ROBOT_TYPE:
+            self.robot_type = BIMANUAL_ROBOT_TYPE
+
     @property
     def root_path(self) -> Path:
         return Path(self.root).expanduser().resolve()
 
+    @property
+    def n_joints(self) -> int:
+        """The width of the joint vectors (6 per arm)."""
+        return len(self.features()[STATE_KEY]["names"])
+
     def features(self) -> dict[str, dict[str, Any]]:
-        return dataset_features({name: (h, w) for name, h, w in self.cameras}, self.depth_cameras)
+        return with_arms(dataset_features({name: (h, w) for name, h, w in self.cameras}, self.depth_cameras), self.arms)
 
     def video_streams(self) -> list[tuple[str, bool]]:
         """Every video the episode stages, in feature order: (stream name, is a depth map)."""
@@ -258,15 +287,22 @@ class StoreConfig:
         are fragmented MP4s appended episode by episode (fmp4.py), which keep no edit list, so a
         B-frame's reordering delay would shift every frame's time (LeRobot's decoder then misses
         frame 0 by two periods); and ``log-level=error``, or x265 prints its settings to the
-        journal at every episode. Both are recorded in info.json's ``video.extra_options``."""
+        journal at every episode. Both are recorded in info.json's ``video.extra_options``.
+
+        And the x265 preset ``ultrafast`` (DEPTH_X265_PRESET, recorded as ``video.preset``):
+        lossless either way (the same 12-bit codes come back), about a third of x265's default
+        preset's time per frame for some 3% more bytes (bench/bench_depth.py), which is what lets
+        a 640x480 depth stream keep up at 30 fps on a 2-core machine."""
         from lerobot.configs.video import DepthEncoderConfig
 
         lerobot = DepthEncoderConfig()
         extra = dict(lerobot.extra_options)
+        preset = lerobot.preset
         if lerobot.vcodec == "hevc":
             params = [p for p in str(extra.get("x265-params", "")).split(":") if p]
             extra["x265-params"] = ":".join([*params, "bframes=0", "log-level=error"])
-        return DepthEncoderConfig(extra_options=extra, **self.depth_encoder)
+            preset = DEPTH_X265_PRESET
+        return DepthEncoderConfig(extra_options=extra, preset=preset, **self.depth_encoder)
 
 
 def staging_dir(root: Path) -> Path:
@@ -282,6 +318,10 @@ def config_differences(cfg: StoreConfig) -> list[str]:
         info = json.loads(info_path.read_text())
     except (OSError, ValueError) as exc:
         return [f"meta/info.json unreadable: {exc}"]
+    # another arm layout (one arm / two) is one refusal naming both, not a dozen feature lines
+    layout = layout_difference(cfg.features(), cfg.robot_type, info.get("features", {}), info.get("robot_type"))
+    if layout:
+        return [layout]
     diffs = feature_differences(cfg.features(), info.get("features", {}))
     if int(info.get("fps", -1)) != int(cfg.fps):
         diffs.append(f"fps {info.get('fps')!r} in the dataset, {cfg.fps!r} configured")
@@ -551,6 +591,14 @@ class DatasetStore:
             if int(meta["frames"]) == 0:
                 shutil.rmtree(stage, ignore_errors=True)
                 raise ValueError(f"episode {stage.name} has no frames")
+            # a staged episode of the other arm layout (staged by a bimanual daemon, found by a
+            # single-arm one before the dataset existed): never half-written, set aside whole
+            joints = _staged_joints(stage)
+            if joints is not None and joints != self.cfg.n_joints:
+                raise ValueError(
+                    f"episode {stage.name} was recorded with {joints} joints a frame, the dataset records "
+                    f"{self.cfg.n_joints} ({'two arms' if self.cfg.arms else 'one arm'}): another arm layout"
+                )
         existed = (self.root / "meta" / "info.json").exists()
         if existed:
             self.check_compatible()

@@ -30,7 +30,7 @@ import uuid
 from dataclasses import asdict
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,6 +50,9 @@ from daemon.data.store import (
     sync_file_data,
     write_json_atomic,
 )
+
+if TYPE_CHECKING:
+    from lerobot.configs.video import VideoEncoderConfig
 
 log = logging.getLogger("so101d.recording.writer")
 
@@ -78,12 +81,16 @@ class CameraEncoder(threading.Thread):
     12-bit codes with that config's range; its stats stay in millimetres (LeRobot's streaming
     encoder, datasets/video_utils._CameraEncoderThread, keeps a depth map's stats unscaled)."""
 
-    def __init__(self, path: Path, fps: int, cfg: StoreConfig, depth: bool = False) -> None:
+    def __init__(
+        self, path: Path, fps: int, cfg: StoreConfig, depth: bool = False, encoder: VideoEncoderConfig | None = None
+    ) -> None:
         super().__init__(name=f"encode-{path.parent.name}", daemon=True)
         self.path = path
         self.fps = fps
         self.cfg = cfg
         self.depth = depth
+        # the store's encoder settings unless given (bench/bench_depth.py compares x265 settings)
+        self.encoder = encoder
         self.q: queue.Queue[np.ndarray | None] = queue.Queue(maxsize=ENCODER_QUEUE_FRAMES)
         self.frames = 0
         self.sampled = 0
@@ -107,7 +114,7 @@ class CameraEncoder(threading.Thread):
         from lerobot.datasets.compute_stats import RunningQuantileStats, auto_downsample_height_width
         from lerobot.datasets.depth_utils import quantize_depth
 
-        enc = self.cfg.depth_encoder_config() if self.depth else self.cfg.rgb_encoder()
+        enc = self.encoder or (self.cfg.depth_encoder_config() if self.depth else self.cfg.rgb_encoder())
         container: Any = None
         stream: Any = None
         tracker = RunningQuantileStats()
@@ -193,6 +200,7 @@ class EpisodeBuild:
         # not synced: it only names the episode should a restart find it unfinished
         (self.dir / START_FILE).write_text(json.dumps({"uid": self.uid, "task": task, "episode": number}))
         self.cameras = [name for name, _, _ in store.cfg.cameras]
+        self.n_joints = store.cfg.n_joints  # 6, or 12 for two arms
         self.encoders = [CameraEncoder(self.dir / name / "video.mp4", fps, store.cfg) for name in self.cameras]
         # a camera recorded with depth: its depth stream's encoder, by camera index
         self.depth_encoders = {
@@ -299,9 +307,9 @@ class EpisodeBuild:
                 raise RuntimeError(f"camera {name}: {e.frames} video frames for {n} rows")
         np.savez(
             self.dir / "rows.npz",
-            state=np.asarray(self.rows["state"], np.float32).reshape(n, 6),
-            action=np.asarray(self.rows["action"], np.float32).reshape(n, 6),
-            teleop=np.asarray(self.rows["teleop"], np.float32).reshape(n, 6),
+            state=np.asarray(self.rows["state"], np.float32).reshape(n, self.n_joints),
+            action=np.asarray(self.rows["action"], np.float32).reshape(n, self.n_joints),
+            teleop=np.asarray(self.rows["teleop"], np.float32).reshape(n, self.n_joints),
             source=np.asarray(self.sources, dtype=str).reshape(n),
         )
         np.savez(

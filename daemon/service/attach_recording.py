@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from daemon.api.server import RequestError
-from daemon.config.settings import RecordingConfig
+from daemon.config.settings import ARM_SIDES, RecordingConfig
 from daemon.data.recorder import Recorder, RecorderConfig, RecordingError
 from daemon.service.cameras import CameraEpisodeHook, build_cameras, configured_size, sim_camera_factory
 from daemon.service.context import DaemonContext, HasContext, context_of
@@ -119,6 +119,8 @@ def attach_recorder(
             min_free_mb=rc.min_free_mb,
             follower_kind=str(follower_kind or follower_dataset_kind(follower)),
             depth_encoder=depth_encoder_fields(rc),
+            # a bimanual rig records both arms, LeRobot's BiSOFollower layout (daemon/data/schema.py)
+            arms=tuple(ARM_SIDES) if ctx.cfg.bimanual else (),
         ),
         cameras,
     )

@@ -49,14 +49,14 @@ from typing import Any
 import numpy as np
 
 from calibration.conventions import JOINT_NAMES
-from daemon.api.pose_share import PoseShareWriter
+from daemon.api.pose_share import ArmPoses, PoseShareWriter
 from daemon.api.server import RequestError, RunOnWorker, request_peer_pid, serving_inline
 from daemon.control.client_source import ClientSource
 from daemon.control.driven_arm import DrivenArm
 from daemon.control.loop import ControlLoop
 from daemon.control.safety import ControllerState, CycleInputs, update
 from daemon.data.shm_names import SHM_DIR, segment_name, sweep_stale
-from daemon.service.client_leader import attach_client_leader
+from daemon.service.client_leader import attach_client_leaders
 from daemon.service.context import DaemonContext
 from daemon.service.frame_shares import attach_frame_shares
 from daemon.service.leases import Lease
@@ -71,8 +71,14 @@ _REFUSING_MODES = ("fault", "disconnected", "idle")
 _OPERATOR_HOLDS = ("hold", "idle")  # the operator's intents under which a lent arm stays still
 _CALL_TIMEOUT_S = 3.0
 _TURN_PERIODS = 0.5  # an arm takes an action at most every half period (twice the loop's rate)
-_LENDABLE_SOURCES = ("leader", SOURCE_NAME)  # an arm driven by these may be lent (policy, replay: not)
+_LENDABLE_SOURCES = ("leader",)  # an arm driven by these may be lent (policy, replay: not), or by its own
 _RESUME_HINT = "`so101d teleop start` hands it to this client"
+
+
+def client_source_name(arm: DrivenArm) -> str:
+    """The loop's name of ``arm``'s client source: "client", or "left_client" for the arm whose own
+    leader is "left_leader" (a bimanual pair's)."""
+    return f"{arm.teleop_source.removesuffix('leader')}{SOURCE_NAME}"
 
 
 def _joints(values: np.ndarray | None) -> dict[str, float] | None:
@@ -95,8 +101,14 @@ class ClientArms:
         self.newest_frames = newest_frames  # shared camera -> newest frame's seq (FrameShares.newest)
         self.stale_s = stale_s
         self._monotonic = monotonic
-        self.source = ClientSource(stale_s, monotonic)
-        loop.add_source(SOURCE_NAME, self.source, self.source.last)
+        # a source per arm: each arm follows its own client's actions (a bimanual pair's left and
+        # right differ), named as its leader is ("client"; "left_client" beside "left_leader")
+        self.sources: dict[str, ClientSource] = {}
+        self.source_names: dict[str, str] = {}
+        for arm in loop.arms:
+            source, source_name = ClientSource(stale_s, monotonic), client_source_name(arm)
+            loop.add_source(source_name, source, source.last)
+            self.sources[arm.name], self.source_names[arm.name] = source, source_name
         self._leases: dict[str, Lease] = {}
         self._next_turn_s: dict[str, float] = {}  # arm -> when its next action may be taken (monotonic)
         self._lock = threading.Lock()
@@ -136,7 +148,7 @@ class ClientArms:
         peer = request_peer_pid()
         pid = peer if peer is not None else req.get("pid")
         # its own leader is teleop's source ("leader"; "right_leader" for a bimanual pair's right arm)
-        lendable = (*_LENDABLE_SOURCES, arm.teleop_source)
+        lendable = (*_LENDABLE_SOURCES, arm.teleop_source, self.source_names[name])
         if self.loop.intent == "policy" or arm.source_name not in lendable:
             driver = "a policy" if self.loop.intent == "policy" else repr(arm.source_name)
             raise RequestError(f"the arm {name!r} is driven by {driver} now: stop it first, then acquire", "arm")
@@ -149,10 +161,10 @@ class ClientArms:
             started = start_ticks(pid) if pid is not None else None
             lease = Lease(name, secrets.token_hex(16), client, pid, time.time(), started)
             self._leases[name] = lease
-        self.source.clear()  # an old holder's last action must not drive the new one's arm
+        self.sources[name].clear()  # an old holder's last action must not drive the new one's arm
         try:
             # only the source changes; the operator's intent (a hold, torque off) stays theirs
-            self.loop.assign(name, SOURCE_NAME).result(timeout=_CALL_TIMEOUT_S)
+            self.loop.assign(name, self.source_names[name]).result(timeout=_CALL_TIMEOUT_S)
             # and one whole cycle runs on the client's source, with no target yet, before the lease
             # is given: the arm leaves the leader's tracking for a hold, so the first action starts an
             # alignment at the safe speed. An action taken in the very cycle the source changed would
@@ -181,9 +193,9 @@ class ClientArms:
         lease = self._lease_of(req.get("lease"))
         with self._lock:
             self._leases.pop(lease.arm, None)
-        self.source.clear()
+        self.sources[lease.arm].clear()
         teleop = self._arm(lease.arm).teleop_source  # the arm's own leader (a bimanual pair's)
-        back = teleop if teleop in self.loop.sources else SOURCE_NAME
+        back = teleop if teleop in self.loop.sources else self.source_names[lease.arm]
 
         def hand_back() -> None:
             self.loop.set_intent("hold")
@@ -241,15 +253,16 @@ class ClientArms:
         held = self._operator_hold(arm)
         if held:
             raise RequestError(f"the daemon is not taking actions: {held}")
-        if arm.source_name != SOURCE_NAME:
+        source_name = self.source_names[arm.name]
+        if arm.source_name != source_name:
             raise RequestError(f"the arm is driven by {arm.source_name} now (the operator took it back)")
         target = np.array([req[j] for j in JOINT_NAMES], dtype=np.float64)
         # predicted from the state read above, before the target is offered: a cycle running in
         # between still follows the previous target, so the loop's first step towards this one
         # starts where the prediction did (offered first, a worker that lost the CPU for a few
         # cycles answered a step the arm had already taken)
-        commanded = self._commanded(arm, st, target)
-        self.source.offer(target)
+        commanded = self._commanded(arm, st, target, source_name)
+        self.sources[arm.name].offer(target)
         return {
             "commanded": _joints(commanded),
             "mode": st.mode,
@@ -257,7 +270,9 @@ class ClientArms:
             "cycle": loop.cycles,
         }
 
-    def _commanded(self, arm: DrivenArm, state: ControllerState, target: np.ndarray) -> np.ndarray | None:
+    def _commanded(
+        self, arm: DrivenArm, state: ControllerState, target: np.ndarray, source_name: str
+    ) -> np.ndarray | None:
         """The safety layer's command for ``target`` from the arm's state at its last cycle: the
         same pure function the loop runs next (alignment, step and joint limits)."""
         params, measured = arm.params, arm.measured
@@ -271,7 +286,7 @@ class ClientArms:
             target=target,
             target_age_s=0.0,
             fault_now=arm.fault_now,
-            target_name=SOURCE_NAME,
+            target_name=source_name,
             dt_s=self.loop.period_s,
         )
         return update(state, inputs, params).command
@@ -342,9 +357,19 @@ class _PoseShareHook:
     def on_cycle(
         self, now_monotonic_s: float, state_units: np.ndarray, action_units: np.ndarray, teleop_action_units: np.ndarray
     ) -> None:
-        loop = self.loop
-        poses = [(a.measured if a.link.connected else None, a.measured_at_s) for a in self.arms]
-        self.writer.write(loop.cycles, self._monotonic(), loop.leader_units, loop.leader_read_at_s, poses)
+        leaders = self.loop.leaders
+        poses = []
+        for arm in self.arms:
+            leader = leaders.get(arm.teleop_source)  # the arm's own leader (a bimanual pair: its side's)
+            poses.append(
+                ArmPoses(
+                    arm.measured if arm.link.connected else None,
+                    arm.measured_at_s,
+                    leader.units if leader is not None else None,
+                    leader.read_at_s if leader is not None else -math.inf,
+                )
+            )
+        self.writer.write(self.loop.cycles, self._monotonic(), poses)
 
 
 def attach_client_arms(context: DaemonContext) -> ClientArms:
@@ -359,7 +384,7 @@ def attach_client_arms(context: DaemonContext) -> ClientArms:
     reg("arm.action", arms.action, inline=True)
     reg("arm.share", arms.share)
     context.after_stop.append(arms.close)
-    attach_client_leader(context)  # the leader lent to be driven (LeRobot's smooth handover)
+    attach_client_leaders(context)  # the leaders lent to be driven (LeRobot's smooth handover)
     # reads the arm's snapshot only: served on the socket's selector thread, without a worker hand-off
     reg("arm.observe", arms.observe, inline=True)
     return arms

@@ -12,6 +12,10 @@ another client holds it, and when there is no leader or it is not connected. The
 limp again (torque off) at ``leader.release``, when the holder's process is gone (the kernel's
 word, as for ``arm.acquire``), when an arm starts following the leader (the operator's
 ``so101d teleop start`` with the leader's source), or when the leader stops answering.
+
+A bimanual daemon has a leader per arm (LeRobot's BiSOLeader is actuated arm by arm too):
+``leader.acquire`` names the arm whose leader it wants (default: the primary arm's), and each
+leader has its own lease; ``leader.goal`` / ``leader.release`` find the leader by the lease.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 
 from calibration.conventions import JOINT_NAMES
 from daemon.api.server import RequestError, request_peer_pid
+from daemon.control.leader_source import LeaderSource
 from daemon.control.loop import ControlLoop
 from daemon.policy.leader_drive import DrivableLeader, LeaderClaim, LeaderDrive, LeaderDriveConfig
 from daemon.service.context import DaemonContext
@@ -50,10 +55,15 @@ class ClientLeader:
         leader: DrivableLeader | None,
         claim: LeaderClaim,
         config: LeaderDriveConfig | None = None,
+        *,
+        source: LeaderSource | None = None,
+        source_name: str = "leader",
     ) -> None:
         self.loop = loop
         self.leader = leader
         self.claim = claim
+        self.source_name = source_name  # the loop's name of this leader's source
+        self._source = source if source is not None else loop.leaders.get(source_name)
         self.config = config or LeaderDriveConfig()
         self._lock = threading.Lock()
         self._lease: Lease | None = None
@@ -63,7 +73,7 @@ class ClientLeader:
         """Which arm follows the leader now ("" when none does)."""
         if self.loop.intent != "teleop":
             return ""
-        return next((a.name for a in self.loop.arms if a.source_name == "leader"), "")
+        return next((a.name for a in self.loop.arms if a.source_name == self.source_name), "")
 
     def _keep(self, lease: Lease) -> str:
         """Why the client's drive must end now ("" while it may go on); on the drive's thread."""
@@ -72,16 +82,20 @@ class ClientLeader:
         followed = self._followed()
         if followed:
             return f"{followed} follows the leader now (teleop): the leader is the operator's hand again"
-        link = self.loop.leader_link
+        link = self._source.link if self._source is not None else None
         if link is not None and not link.connected:
             return "the leader is not connected"
         return ""
+
+    def holds(self, token: str | None) -> bool:
+        with self._lock:
+            return token is not None and self._lease is not None and self._lease.token == token
 
     def acquire(self, req: dict[str, Any]) -> dict[str, Any]:
         leader = self.leader
         if leader is None:
             raise RequestError("this daemon has no leader arm that can be driven (a simulated leader cannot)")
-        link = self.loop.leader_link
+        link = self._source.link if self._source is not None else None
         if link is not None and not link.connected:
             raise RequestError("the leader is not connected (see `so101d status`)")
         followed = self._followed()
@@ -149,12 +163,11 @@ class ClientLeader:
             goal = drive.goal(given)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
-        loop = self.loop
         return {
             "message": "",
             "goal": _joints(goal),
             "command": _joints(drive.command),
-            "leader": _joints(loop.leader_units),
+            "leader": _joints(self._source.units if self._source is not None else None),
             "phase": drive.phase,
         }
 
@@ -176,10 +189,63 @@ class ClientLeader:
             drive.join(_STOP_WITHIN_S)
 
 
-def attach_client_leader(context: DaemonContext) -> ClientLeader:
-    """Register the leader.* verbs on the daemon's socket."""
-    leader = context.leader if isinstance(context.leader, DrivableLeader) else None
-    ctl = ClientLeader(context.loop, leader, context.leader_claim)
+class ClientLeaders:
+    """The leader.* verbs over every leader of the loop: ``leader.acquire`` picks one by the arm
+    that follows it (``arm``; default the primary arm), the other two by their lease."""
+
+    def __init__(self, loop: ControlLoop, by_arm: dict[str, ClientLeader]) -> None:
+        self.loop = loop
+        self.by_arm = by_arm
+
+    def _of_arm(self, req: dict[str, Any]) -> ClientLeader:
+        name = req.get("arm") or self.loop.primary.name
+        ctl = self.by_arm.get(name)
+        if ctl is None:
+            known = ", ".join(self.by_arm) or "none"
+            raise RequestError(f"no arm {name!r} with a leader here (arms with a leader: {known})", "arm")
+        return ctl
+
+    def _of_lease(self, req: dict[str, Any]) -> ClientLeader:
+        token = req.get("lease")
+        held = next((c for c in self.by_arm.values() if c.holds(token)), None)
+        # no holder: the primary's answers why (no lease given, not current, let go)
+        return held if held is not None else next(iter(self.by_arm.values()))
+
+    def acquire(self, req: dict[str, Any]) -> dict[str, Any]:
+        return self._of_arm(req).acquire(req)
+
+    def goal(self, req: dict[str, Any]) -> dict[str, Any]:
+        return self._of_lease(req).goal(req)
+
+    def release(self, req: dict[str, Any]) -> dict[str, Any]:
+        return self._of_lease(req).release(req)
+
+    def close(self) -> None:
+        for ctl in self.by_arm.values():
+            ctl.close()
+
+
+def attach_client_leaders(context: DaemonContext) -> ClientLeaders:
+    """Register the leader.* verbs on the daemon's socket: one ClientLeader per arm that follows a
+    leader of its own (the primary's shares its claim with the policy's take-over)."""
+    loop = context.loop
+    by_arm: dict[str, ClientLeader] = {}
+    for arm in loop.arms:
+        source = loop.leaders.get(arm.teleop_source)
+        if source is None:
+            continue
+        primary = arm is loop.primary
+        driver = context.leader if primary else source.link.arm
+        by_arm[arm.name] = ClientLeader(
+            loop,
+            driver if isinstance(driver, DrivableLeader) else None,
+            context.leader_claim if primary else LeaderClaim(),
+            source=source,
+            source_name=arm.teleop_source,
+        )
+    if not by_arm:  # no leader at all: acquire says so
+        by_arm[loop.primary.name] = ClientLeader(loop, None, context.leader_claim)
+    ctl = ClientLeaders(loop, by_arm)
     reg = context.server.register
     reg("leader.acquire", ctl.acquire)
     reg("leader.goal", ctl.goal, inline=True)  # swaps the drive's goal: microseconds, never waits

@@ -56,14 +56,12 @@ class StartupError(RuntimeError):
 # What a bimanual daemon does not do yet, refused before any port opens rather than done for one
 # arm of the two (the verbs are answered with BIMANUAL_NOT_YET, see _attach_optional).
 BIMANUAL_NOT_YET = (
-    "not built for two arms yet: a bimanual daemon teleoperates both pairs; recording, policies, "
+    "not built for two arms yet: a bimanual daemon teleoperates and records both pairs; policies, "
     "replay and the LeIsaac remote leader run on a single pair for now"
 )
 
 
 def _refuse_unbuilt_bimanual(cfg: Config) -> None:
-    if cfg.recording.enabled:
-        raise StartupError(f"[recording] enabled with [arms.left] / [arms.right]: recording is {BIMANUAL_NOT_YET}")
     if cfg.policy.enabled:
         raise StartupError(f"[policy] enabled with [arms.left] / [arms.right]: a policy is {BIMANUAL_NOT_YET}")
     if cfg.leisaac_remote_leader.enabled:

@@ -13,7 +13,8 @@ from lerobot.teleoperators.config import TeleoperatorConfig
 class SO101DConfig(RobotConfig):
     # the daemon's control socket (default: the one `so101d status` finds)
     socket: str | None = None
-    # which of the daemon's arms this robot is ("follower" on a single-arm bench)
+    # which of the daemon's arms this robot is: "follower" on a single-arm bench; on a bimanual one
+    # "left" or "right" (one arm, so101_follower's keys), or "pair" (both, bi_so_follower's keys)
     arm: str = "follower"
     # the daemon's cameras to observe, by their names in its configuration ([cameras.NAME]);
     # their frames come through shared memory, so the daemon must run on this machine
@@ -28,6 +29,7 @@ class SO101DConfig(RobotConfig):
 class SO101DTeleopConfig(TeleoperatorConfig):
     # the daemon's control socket (default: the one `so101d status` finds)
     socket: str | None = None
-    # the follower arm whose leader this is (the daemon's arm name)
+    # the follower arm whose leader this is (the daemon's arm name), or "pair": a bimanual
+    # daemon's two leaders, with bi_so_leader's keys
     arm: str = "follower"
     timeout_s: float = 2.0

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from lerobot.utils.errors import DeviceNotConnectedError
@@ -23,7 +24,6 @@ from daemon.api.pose_share import PoseShareReader, SharedPoses
 log = logging.getLogger(__name__)
 
 START_HINT = "start it with `so101d run` (or `sudo systemctl start so101d`), or pass --robot.socket=PATH"
-FEATURE_KEYS: tuple[str, ...] = tuple(f"{j}.pos" for j in JOINT_NAMES)  # so101_follower's keys, in order
 
 
 class DaemonRefused(RuntimeError):
@@ -82,20 +82,21 @@ class PoseShare:
     is fresh: a LeRobot step then costs the daemon one request (the action), not two. None where
     the share has nothing current, and the caller asks the socket."""
 
-    def __init__(self, link: DaemonLink, arm: str) -> None:
+    def __init__(self, link: DaemonLink, arms: tuple[str, ...]) -> None:
         self._reader: PoseShareReader | None = None
-        self._index = -1
+        self._index: dict[str, int] = {}
         try:
             reply = link.request("arm.share")
             names = [str(n) for n in reply["arms"]]
-            if arm in names:
+            if all(a in names for a in arms):
                 self._reader = PoseShareReader(str(reply["path"]))
-                self._index = names.index(arm)
+                self._index = {a: names.index(a) for a in arms}
         except (DaemonRefused, OSError, ValueError) as exc:
             # another machine's /dev/shm (a container), an older daemon: the socket serves alone
             log.info("the so101d daemon's pose share is not readable here (%s): asking the socket", exc)
 
-    def _fresh(self) -> SharedPoses | None:
+    def fresh(self) -> SharedPoses | None:
+        """The newest record, if the loop wrote it lately (one read serves every arm of a step)."""
         rec = self._reader.read() if self._reader is not None else None
         if rec is None or time.monotonic() - rec.written_at_s > max(
             SHARE_STALE_MIN_S, SHARE_STALE_PERIODS * rec.period_s
@@ -103,18 +104,16 @@ class PoseShare:
             return None
         return rec
 
-    def follower(self) -> dict[str, float] | None:
-        rec = self._fresh()
-        pose = rec.arm(self._index) if rec is not None else None
-        return None if pose is None else dict(zip(FEATURE_KEYS, pose))
+    def follower(self, rec: SharedPoses | None, arm: str) -> tuple[float, ...] | None:
+        return rec.arm(self._index[arm]) if rec is not None and arm in self._index else None
 
-    def leader(self) -> tuple[dict[str, float], float] | None:
-        """The leader's reading and its age in ms."""
-        rec = self._fresh()
-        pose = rec.leader if rec is not None else None
-        if rec is None or pose is None:
+    def leader(self, rec: SharedPoses | None, arm: str) -> tuple[tuple[float, ...], float] | None:
+        """The arm's own leader's reading and its age in ms."""
+        if rec is None or arm not in self._index:
             return None
-        return dict(zip(FEATURE_KEYS, pose)), (time.monotonic() - rec.leader_read_at_s) * 1000.0
+        i = self._index[arm]
+        pose = rec.leader(i)
+        return None if pose is None else (pose, (time.monotonic() - rec.leader_read_at_s(i)) * 1000.0)
 
     def close(self) -> None:
         if self._reader is not None:
@@ -122,11 +121,46 @@ class PoseShare:
             self._reader = None
 
 
-def as_features(joints: dict[str, float] | None, what: str) -> dict[str, float]:
-    """The daemon's joint dict -> LeRobot's ``<joint>.pos`` keys; a missing reading raises."""
+@dataclass(frozen=True)
+class ArmKeys:
+    """One of the daemon's arms as a LeRobot device shows it: its name in the daemon and the prefix
+    of its keys (``left_`` / ``right_`` for a pair, as LeRobot's bi_so_follower and bi_so_leader
+    prefix them; nothing for a single arm, as so101_follower)."""
+
+    arm: str
+    prefix: str
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(f"{self.prefix}{j}.pos" for j in JOINT_NAMES)
+
+    def features(self, values: tuple[float, ...] | list[float]) -> dict[str, float]:
+        return dict(zip(self.keys, values))
+
+    def joints(self, action: dict[str, Any], who: str, all_keys: tuple[str, ...]) -> dict[str, float]:
+        """This arm's ``<joint>: value`` from a LeRobot action (its prefixed keys)."""
+        try:
+            return {j: float(action[f"{self.prefix}{j}.pos"]) for j in JOINT_NAMES}
+        except KeyError as exc:
+            raise ValueError(f"{who}: the action lacks {exc.args[0]} (it needs {', '.join(all_keys)})") from None
+
+
+# `arm = "pair"`: the daemon's bimanual arms, left first (LeRobot's order and prefixes:
+# lerobot/robots/bi_so_follower/bi_so_follower.py, lerobot/teleoperators/bi_so_leader/bi_so_leader.py)
+PAIR = "pair"
+PAIR_ARMS: tuple[ArmKeys, ...] = (ArmKeys("left", "left_"), ArmKeys("right", "right_"))
+
+
+def arms_of(arm: str) -> tuple[ArmKeys, ...]:
+    """The configured ``arm`` option as the daemon arms it names."""
+    return PAIR_ARMS if arm == PAIR else (ArmKeys(arm, ""),)
+
+
+def as_features(joints: dict[str, float] | None, what: str, prefix: str = "") -> dict[str, float]:
+    """The daemon's joint dict -> LeRobot's ``<prefix><joint>.pos`` keys; a missing reading raises."""
     if joints is None:
         raise DeviceNotConnectedError(f"the so101d daemon has no {what} reading (see `so101d status`)")
-    return {f"{j}.pos": float(joints[j]) for j in JOINT_NAMES}
+    return {f"{prefix}{j}.pos": float(joints[j]) for j in JOINT_NAMES}
 
 
 def camera_sizes(link: DaemonLink, names: list[str]) -> dict[str, tuple[int, int]]:

@@ -1,8 +1,12 @@
-"""Robot ``so101d``: an arm of the so101d daemon, as LeRobot's ``so101_follower`` shows it.
+"""Robot ``so101d``: an arm of the so101d daemon, as LeRobot's ``so101_follower`` shows it, or
+(``arm = "pair"``) a bimanual daemon's two arms, as LeRobot's ``bi_so_follower`` shows them.
 
 The features are so101_follower's (``<joint>.pos``: body joints in degrees, the gripper 0..100),
 so a dataset recorded through the daemon has the same columns, and its robot_type is
-``so_follower``, the type LeRobot records for that arm (the arm behind the daemon is one).
+``so_follower``, the type LeRobot records for that arm (the arm behind the daemon is one). A pair's
+are bi_so_follower's (lerobot/robots/bi_so_follower/bi_so_follower.py in LeRobot 0.6.1: the left
+arm's keys prefixed ``left_``, then the right's ``right_``; robot_type ``bi_so_follower``), and
+``connect`` takes both arms or neither.
 ``connect`` takes the arm from the daemon (``arm.acquire``: it now follows this client's
 actions, through the daemon's safety layer); ``send_action`` returns what that layer commands,
 and raises ``DaemonRefused`` with the daemon's reason while the operator holds the arm (or it is
@@ -22,14 +26,14 @@ from typing import Any
 from lerobot.robots.robot import Robot
 from lerobot.utils.errors import DeviceAlreadyConnectedError, DeviceNotConnectedError
 
-from calibration.conventions import JOINT_NAMES
 from drivers.frame_shm import FrameShareReader
 from lerobot_robot_so101d.config_so101d import SO101DConfig
 from lerobot_robot_so101d.daemon_link import (
-    FEATURE_KEYS,
+    PAIR,
     DaemonLink,
     DaemonRefused,
     PoseShare,
+    arms_of,
     as_features,
     camera_sizes,
     client_name,
@@ -46,10 +50,14 @@ class SO101D(Robot):
     name = "so_follower"  # LeRobot's robot_type for the SO-100/101 follower (dataset metadata)
 
     def __init__(self, config: SO101DConfig) -> None:
+        if config.arm == PAIR:
+            self.name = "bi_so_follower"  # LeRobot's robot_type for a bimanual SO pair
         super().__init__(config)
         self.config = config
+        self._arms = arms_of(config.arm)
+        self._keys = tuple(k for a in self._arms for k in a.keys)
         self._link = DaemonLink(config.socket, config.timeout_s)
-        self._lease: str | None = None
+        self._leases: dict[str, str] = {}  # arm -> its lease, while connected
         # LeRobot reads len(robot.cameras) and the features before connect: the sizes come from
         # the daemon's camera.list now (the daemon must be running to record its cameras)
         self.cameras: dict[str, tuple[int, int]] = (
@@ -61,15 +69,15 @@ class SO101D(Robot):
     @cached_property
     def observation_features(self) -> dict[str, type | tuple[int, ...]]:
         cams = {name: (h, w, 3) for name, (h, w) in self.cameras.items()}
-        return {**dict.fromkeys(FEATURE_KEYS, float), **cams}
+        return {**dict.fromkeys(self._keys, float), **cams}
 
     @cached_property
     def action_features(self) -> dict[str, type]:
-        return dict.fromkeys(FEATURE_KEYS, float)
+        return dict.fromkeys(self._keys, float)
 
     @property
     def is_connected(self) -> bool:
-        return self._lease is not None
+        return bool(self._leases)
 
     @property
     def is_calibrated(self) -> bool:
@@ -82,21 +90,25 @@ class SO101D(Robot):
         """Nothing to do here: the daemon configures the servos it drives."""
 
     def connect(self, calibrate: bool = True) -> None:
-        if self._lease is not None:
+        if self._leases:
             raise DeviceAlreadyConnectedError(f"{self} is already connected")
         self._link.connect()
-        try:
-            reply = self._link.request("arm.acquire", arm=self.config.arm, client=client_name(), pid=os.getpid())
-        except DaemonRefused as exc:
-            self._link.close()
-            raise DeviceNotConnectedError(str(exc)) from None
-        self._lease = str(reply["lease"])
+        messages = []
+        for arm in self._arms:
+            try:
+                reply = self._link.request("arm.acquire", arm=arm.arm, client=client_name(), pid=os.getpid())
+            except DaemonRefused as exc:
+                self._give_back()  # a pair is both arms or neither
+                self._link.close()
+                raise DeviceNotConnectedError(str(exc)) from None
+            self._leases[arm.arm] = str(reply["lease"])
+            messages.append(str(reply.get("message") or ""))
         # a LeRobot tool may end without disconnect(): robot_client returns when its policy
         # server is not there (robot_client.py async_client: start() False, no client.stop()),
         # and the arm would stay lent to a process that is gone until the next client asks
         atexit.register(self._release_at_exit)
         try:
-            self._poses = PoseShare(self._link, self.config.arm)
+            self._poses = PoseShare(self._link, tuple(a.arm for a in self._arms))
             for name in self.cameras:
                 share = self._link.request("camera.share", camera=name)
                 self._frames[name] = FrameShareReader(share["path"])
@@ -105,7 +117,7 @@ class SO101D(Robot):
             self.disconnect()
             raise
         # e.g. that the operator holds the arm: lent, but still until their `so101d teleop start`
-        log.info("%s: the daemon at %s: %s", self, self._link.path, reply.get("message"))
+        log.info("%s: the daemon at %s: %s", self, self._link.path, "; ".join(messages))
 
     def _wait_first_frames(self, timeout_s: float = 5.0) -> None:
         end = time.monotonic() + timeout_s
@@ -119,22 +131,24 @@ class SO101D(Robot):
             if waiting:
                 time.sleep(0.01)
 
-    def _check(self) -> str:
-        if self._lease is None:
+    def _check(self) -> dict[str, str]:
+        if not self._leases:
             raise DeviceNotConnectedError(f"{self} is not connected: call connect() first")
-        return self._lease
+        return self._leases
 
     def get_observation(self) -> dict[str, Any]:
         self._check()
-        # the pose the loop measured at its newest cycle, from shared memory (no request), else
+        # the poses the loop measured at its newest cycle, from shared memory (no request), else
         # the socket's arm.observe (the share not current: the daemon says why)
-        shared = self._poses.follower() if self._poses is not None else None
-        obs: dict[str, Any]
-        if shared is not None:
-            obs = shared
-        else:
-            reply = self._link.request("arm.observe", arm=self.config.arm)
-            obs = as_features(reply.get("follower"), f"{self.config.arm} pose")
+        rec = self._poses.fresh() if self._poses is not None else None
+        obs: dict[str, Any] = {}
+        for arm in self._arms:
+            shared = self._poses.follower(rec, arm.arm) if self._poses is not None else None
+            if shared is not None:
+                obs.update(arm.features(shared))
+            else:
+                reply = self._link.request("arm.observe", arm=arm.arm)
+                obs.update(as_features(reply.get("follower"), f"{arm.arm} pose", arm.prefix))
         for name, reader in self._frames.items():
             frame = reader.latest()
             if frame is None:
@@ -150,32 +164,40 @@ class SO101D(Robot):
         return obs
 
     def send_action(self, action: dict[str, Any]) -> dict[str, Any]:
-        lease = self._check()
-        try:
-            goal = {j: float(action[f"{j}.pos"]) for j in JOINT_NAMES}
-        except KeyError as exc:
-            raise ValueError(f"{self}: the action lacks {exc.args[0]} (it needs {', '.join(FEATURE_KEYS)})") from None
-        reply = self._link.request("arm.action", lease=lease, **goal)
-        commanded = reply.get("commanded")
-        if commanded is None:
-            raise DaemonRefused(f"the so101d daemon commands nothing now: {reply.get('mode')} ({reply.get('reason')})")
-        return as_features(commanded, "commanded")
+        leases = self._check()
+        # every arm's goal checked before any is sent: a malformed pair action moves neither arm
+        goals = [(arm, arm.joints(action, str(self), self._keys)) for arm in self._arms]
+        sent: dict[str, Any] = {}
+        for arm, goal in goals:
+            reply = self._link.request("arm.action", lease=leases[arm.arm], **goal)
+            commanded = reply.get("commanded")
+            if commanded is None:
+                raise DaemonRefused(
+                    f"the so101d daemon commands nothing to {arm.arm} now: {reply.get('mode')} ({reply.get('reason')})"
+                )
+            sent.update(as_features(commanded, "commanded", arm.prefix))
+        return sent
 
     def _release_at_exit(self) -> None:
-        if self._lease is not None:
+        if self._leases:
             log.info("%s: exiting still connected: giving the arm back", self)
             self.disconnect()
 
+    def _give_back(self) -> None:
+        leases, self._leases = self._leases, {}
+        for arm, lease in leases.items():
+            try:
+                if self._link.connected:
+                    self._link.request("arm.release", lease=lease)
+            except (DaemonRefused, DeviceNotConnectedError) as exc:
+                # disconnect runs in LeRobot's `finally`: the error that brought us here matters more
+                log.warning("%s: could not give %s back: %s", self, arm, exc)
+
     def disconnect(self) -> None:
-        lease = self._check()
-        self._lease = None
+        self._check()
         atexit.unregister(self._release_at_exit)
         try:
-            if self._link.connected:
-                self._link.request("arm.release", lease=lease)
-        except (DaemonRefused, DeviceNotConnectedError) as exc:
-            # disconnect runs in LeRobot's `finally`: the error that brought us here matters more
-            log.warning("%s: could not give the arm back: %s", self, exc)
+            self._give_back()
         finally:
             for reader in self._frames.values():
                 reader.close()

@@ -11,6 +11,10 @@ owns the leader's port, so the goals go through it (``leader.acquire`` / ``leade
 calibrated range, and lets it go limp at ``disable_torque``, at ``disconnect``, when this process
 ends, or when an arm starts following the leader (the daemon refuses to drive a leader an arm
 follows: the follower must be lent to a client, e.g. robot ``so101d``, or held).
+
+With ``arm = "pair"`` it is a bimanual daemon's two leaders, as LeRobot's ``bi_so_leader`` shows
+them (lerobot/teleoperators/bi_so_leader/bi_so_leader.py: ``left_``/``right_`` keys, left first;
+torque and feedback per arm, split by the prefix).
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ from typing import Any
 from lerobot.teleoperators.teleoperator import Teleoperator
 from lerobot.utils.errors import DeviceAlreadyConnectedError, DeviceNotConnectedError
 
+from calibration.conventions import JOINT_NAMES
+from daemon.api.pose_share import SharedPoses
 from lerobot_robot_so101d.config_so101d import SO101DTeleopConfig
 from lerobot_robot_so101d.daemon_link import (
-    FEATURE_KEYS,
+    ArmKeys,
     DaemonLink,
     DaemonRefused,
     PoseShare,
+    arms_of,
     as_features,
     client_name,
 )
@@ -44,17 +51,19 @@ class SO101DTeleop(Teleoperator):
     def __init__(self, config: SO101DTeleopConfig) -> None:
         super().__init__(config)
         self.config = config
+        self._arms = arms_of(config.arm)
+        self._keys = tuple(k for a in self._arms for k in a.keys)
         self._link = DaemonLink(config.socket, config.timeout_s)
-        self._lease: str | None = None  # the leader's, while its torque is on (enable_torque)
+        self._leases: dict[str, str] = {}  # arm -> its leader's lease, while its torque is on (enable_torque)
         self._poses: PoseShare | None = None
 
     @cached_property
     def action_features(self) -> dict[str, type]:
-        return dict.fromkeys(FEATURE_KEYS, float)
+        return dict.fromkeys(self._keys, float)
 
     @cached_property
     def feedback_features(self) -> dict[str, type]:
-        return dict.fromkeys(FEATURE_KEYS, float)  # leader goals, as so_leader's
+        return dict.fromkeys(self._keys, float)  # leader goals, as so_leader's (bi_so_leader's)
 
     @property
     def is_connected(self) -> bool:
@@ -74,38 +83,47 @@ class SO101DTeleop(Teleoperator):
         if self._link.connected:
             raise DeviceAlreadyConnectedError(f"{self} is already connected")
         self._link.connect()
-        self._poses = PoseShare(self._link, self.config.arm)
+        self._poses = PoseShare(self._link, tuple(a.arm for a in self._arms))
 
     def get_action(self) -> dict[str, float]:
         if not self._link.connected:
             raise DeviceNotConnectedError(f"{self} is not connected: call connect() first")
+        rec = self._poses.fresh() if self._poses is not None else None
+        action: dict[str, float] = {}
+        for arm in self._arms:
+            action.update(self._leader_action(arm, rec))
+        return action
+
+    def _leader_action(self, arm: ArmKeys, rec: SharedPoses | None) -> dict[str, float]:
         # the daemon keeps its last leader reading when the leader stops answering (unplugged):
         # an old one is no action, or LeRobot would record a frozen leader as the operator's
-        shared = self._poses.leader() if self._poses is not None else None
+        shared = self._poses.leader(rec, arm.arm) if self._poses is not None else None
         if shared is not None and shared[1] <= LEADER_MAX_AGE_MS:
-            return shared[0]  # from shared memory: no request
-        reply = self._link.request("arm.observe", arm=self.config.arm)
+            return arm.features(shared[0])  # from shared memory: no request
+        reply = self._link.request("arm.observe", arm=arm.arm)
         age_ms = reply.get("leader_age_ms")
         if age_ms is not None and age_ms > LEADER_MAX_AGE_MS:
             raise DeviceNotConnectedError(
-                f"the so101d daemon's leader reading is {age_ms:.0f} ms old (max {LEADER_MAX_AGE_MS:.0f} ms): "
-                "is the leader unplugged? see `so101d status`"
+                f"the so101d daemon's {arm.arm} leader reading is {age_ms:.0f} ms old "
+                f"(max {LEADER_MAX_AGE_MS:.0f} ms): is the leader unplugged? see `so101d status`"
             )
-        return as_features(reply.get("leader"), "leader")
+        return as_features(reply.get("leader"), f"{arm.arm} leader", arm.prefix)
 
     def enable_torque(self) -> None:
-        """The leader's torque on, through the daemon (``leader.acquire``): it holds where it is."""
+        """The leaders' torque on, through the daemon (``leader.acquire``): they hold where they are."""
         if not self._link.connected:
             raise DeviceNotConnectedError(f"{self} is not connected: call connect() first")
-        if self._lease is None:
-            self._lease = str(self._link.request("leader.acquire", client=client_name(), pid=os.getpid())["lease"])
+        for arm in self._arms:
+            if arm.arm not in self._leases:
+                reply = self._link.request("leader.acquire", arm=arm.arm, client=client_name(), pid=os.getpid())
+                self._leases[arm.arm] = str(reply["lease"])
 
     def disable_torque(self) -> None:
-        """The leader's torque off (``leader.release``): limp, the operator's hand takes it."""
+        """The leaders' torque off (``leader.release``): limp, the operator's hands take them."""
         if not self._link.connected:
             raise DeviceNotConnectedError(f"{self} is not connected: call connect() first")
-        lease, self._lease = self._lease, None
-        if lease is not None:
+        leases, self._leases = self._leases, {}
+        for lease in leases.values():
             self._link.request("leader.release", lease=lease)
 
     def send_feedback(self, feedback: dict[str, Any]) -> None:
@@ -115,12 +133,16 @@ class SO101DTeleop(Teleoperator):
         as LeRobot's handover does it; without it nothing would, and this raises."""
         if not self._link.connected:
             raise DeviceNotConnectedError(f"{self} is not connected: call connect() first")
-        goals = {k.removesuffix(".pos"): float(v) for k, v in feedback.items() if k in self.feedback_features}
-        if not goals:
-            return
-        if self._lease is None:
-            raise DaemonRefused(f"{self}: the leader's torque is off: enable_torque() before send_feedback()")
-        self._link.request("leader.goal", lease=self._lease, **goals)
+        for arm in self._arms:
+            goals = {j: float(feedback[k]) for j, k in zip(JOINT_NAMES, arm.keys, strict=True) if k in feedback}
+            if not goals:
+                continue
+            lease = self._leases.get(arm.arm)
+            if lease is None:
+                raise DaemonRefused(
+                    f"{self}: the {arm.arm} leader's torque is off: enable_torque() before send_feedback()"
+                )
+            self._link.request("leader.goal", lease=lease, **goals)
 
     def disconnect(self) -> None:
         if not self._link.connected:

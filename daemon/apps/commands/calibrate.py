@@ -8,6 +8,12 @@ reads it, so `lerobot-teleoperate` and the daemon both use it without asking aga
 `--verify` only compares an existing calibration file with what the servos hold (no prompts, no
 writes): exit 0 when they agree, 1 with one line per difference otherwise.
 
+On a bimanual rig, `--arm left|right --config FILE` calibrates that side's leader or follower:
+its port and calibration id come from the configuration's [arms.SIDE] (LeRobot's bimanual ids,
+``<id>_left`` / ``<id>_right``, in the single-arm folders, as lerobot/robots/bi_so_follower and
+lerobot/teleoperators/bi_so_leader read them), so LeRobot's own bimanual classes and the daemon use
+the same files.
+
 Until the calibration is saved the servos are changed (factory offsets, limits 0..4095, torque
 off, EEPROM unlocked). An attempt that ends any other way (rejected, 'q' or end of input, Ctrl-C,
 a bus error, a bug) puts every servo back as it was before, read back and checked.
@@ -25,6 +31,7 @@ import select
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -38,6 +45,7 @@ from calibration.calibration_file import (
 )
 from calibration.conventions import JOINT_NAMES, MAX_TICK
 from daemon.apps.calibration_procedure import FULL_TURN_JOINTS, CalibrationRestoreError, CalibrationSession
+from daemon.config.settings import ARM_SIDES, ArmPairConfig, ConfigError, load_config
 from drivers.arm_interface import ArmError, PortGoneError
 from drivers.calibration_io import ServoBus, verify_against_servos
 
@@ -58,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--port", help="serial port (default: /dev/so101-<role> if present, else the only USB serial adapter found)"
     )
     parser.add_argument("--id", dest="arm_id", help="calibration id, the JSON file's name (default: the role)")
+    parser.add_argument(
+        "--arm",
+        choices=ARM_SIDES,
+        help="a bimanual rig's side: the port, id and calibration root come from --config's [arms.SIDE]",
+    )
+    parser.add_argument("--config", metavar="FILE", help="the daemon's TOML configuration (with --arm)")
     parser.add_argument(
         "--calibration-dir",
         type=Path,
@@ -89,11 +103,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = sys.stdout
-    arm_id = args.arm_id or args.role
     try:
+        side = _side_of_pair(args) if args.arm else None
+        arm_id = args.arm_id or (side.arm_id if side else args.role)
         target = _target_path(args, arm_id)
-        port = args.port or _guess_port(args.role)
-    except CalibrationError as exc:
+        port = args.port or (side.port if side else _guess_port(args.role))
+    except (CalibrationError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_REJECTED
 
@@ -371,6 +386,35 @@ class _LiveTable:
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PairSide:
+    """One arm of a bimanual pair, as the configuration names it."""
+
+    port: str
+    arm_id: str
+
+
+def _side_of_pair(args: argparse.Namespace) -> PairSide:
+    """``--arm SIDE``: the port and id of that side's arm from ``--config`` (and its calibration
+    root, unless one is given)."""
+    if not args.config:
+        raise CalibrationError(f"--arm {args.arm} needs the rig's configuration: add --config FILE")
+    cfg = load_config(args.config)
+    if not cfg.bimanual:
+        raise CalibrationError(
+            f"--arm {args.arm}: {args.config} has no [arms.left] / [arms.right] (a single pair: leave --arm out)"
+        )
+    pair = cfg.arms[args.arm]
+    if args.calibration_root is None and args.calibration_dir is None:
+        args.calibration_root = cfg.calibration_root()  # the daemon's own ([calibration] root)
+    role = args.role
+    return PairSide(pair.follower_port if role == "follower" else pair.leader_port, _pair_id(pair, role))
+
+
+def _pair_id(pair: ArmPairConfig, role: str) -> str:
+    return pair.follower_id if role == "follower" else pair.leader_id
+
+
 def _target_path(args: argparse.Namespace, arm_id: str) -> Path:
     if args.calibration_dir is not None and args.calibration_root is not None:
         raise CalibrationError("give --calibration-dir or --calibration-root, not both")

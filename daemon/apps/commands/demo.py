@@ -10,6 +10,12 @@ terminal until Ctrl-C (or ``--duration`` seconds).
 Meanwhile it records ``--record N`` short demo episodes (default 3; 0 = no recording) with two
 virtual cameras into a dataset that outlives the demo (~/so101d/demo-datasets, or <--dir>/datasets),
 then prints where it is and the exact command that loads it (again when the demo exits).
+
+``--bimanual``: the same on the two-pair bench (`so101d emulate --bimanual`: four emulated arms,
+the leaders running the handover), the daemon on [arms.left] / [arms.right]; the demo episodes
+record both arms (LeRobot's bi_so_follower layout) with a top-level camera and one camera per arm
+(``left_wrist``, ``right_wrist``, as LeRobot names a per-arm camera), into their own dataset
+(``local/so101d-demo-bimanual``: a single-arm demo dataset is never appended to).
 """
 
 from __future__ import annotations
@@ -60,7 +66,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--episode-time", type=float, default=5.0, metavar="S", help="length of a demo episode (default 5 s)"
     )
+    parser.add_argument(
+        "--bimanual",
+        action="store_true",
+        help="two pairs (so101d emulate --bimanual, the handover): the daemon drives and records both arms",
+    )
     add_rerun_argument(parser)
+
+
+BIMANUAL_REPO_ID = "local/so101d-demo-bimanual"  # never the single-arm demo's dataset: another layout
+BIMANUAL_TASK = "demo: hand over"
+# the bimanual demo's cameras, named as LeRobot's BiSOFollower names them: a top-level camera
+# unprefixed, a per-arm camera prefixed by its side (each virtual camera draws its own arm)
+BIMANUAL_CAMERAS = ("front", "left_wrist", "right_wrist")
+
+
+def bimanual_bench_data(data: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The bench configuration made two pairs on ``so101d emulate --bimanual``'s links in
+    ``run_dir``: [arms.left] / [arms.right], no [leader] / [follower] port, its own dataset."""
+    for section in ("leader", "follower"):
+        data.setdefault(section, {}).pop("port", None)
+    data["arms"] = {
+        side: {"leader_port": str(run_dir / f"{side}_leader"), "follower_port": str(run_dir / f"{side}_follower")}
+        for side in ("left", "right")
+    }
+    # four buses in one cycle: the bench's 100 Hz asks more than a laptop shared with four
+    # emulated arms and three encoders gives (a servo read timing out holds both arms); 50 Hz is
+    # still above the 30 fps recorded
+    control = data.setdefault("control", {})
+    if control.get("rate_hz", 100.0) == 100.0:
+        control["rate_hz"] = 50.0
+    rec = data.setdefault("recording", {})
+    if rec.get("repo_id", "local/so101d-demo") == "local/so101d-demo":
+        rec["repo_id"] = BIMANUAL_REPO_ID
+    if rec.get("task", "demo: pick and place") == "demo: pick and place":
+        rec["task"] = BIMANUAL_TASK
+    cams = data.get("cameras") or {}
+    if set(cams) == {"front", "wrist"}:  # the single-arm bench's: one per arm instead of "wrist"
+        wrist = cams["wrist"]
+        data["cameras"] = {"front": cams["front"], **{name: dict(wrist) for name in BIMANUAL_CAMERAS[1:]}}
+    return data
 
 
 def bench_config_data(base_file: str | None) -> dict[str, Any]:
@@ -76,10 +121,13 @@ def prepare_bench(
     socket_path: str | None = None,
     dataset_root: str | Path | None = None,
     record: bool = True,
+    bimanual: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """Bench calibration root + configuration for arms linked at run_dir/leader and run_dir/follower.
 
-    ``dataset_root`` replaces [recording] dataset_root; ``record=False`` turns recording off."""
+    ``dataset_root`` replaces [recording] dataset_root; ``record=False`` turns recording off.
+    ``bimanual``: two pairs linked at run_dir/left_leader ... run_dir/right_follower; their
+    calibrations are the emulator's own (``--calibration-out``: the right arm's horns differ)."""
     from calibration.calibration_file import save_calibration
     from daemon.config.settings import config_from_dict, dump_toml
     from drivers.emulator import reference_calibration
@@ -94,10 +142,13 @@ def prepare_bench(
         data.setdefault("recording", {})["dataset_root"] = str(dataset_root)
     if not record:
         data.setdefault("recording", {})["enabled"] = False
+    if bimanual:
+        data = bimanual_bench_data(data, run_dir)
     cfg = config_from_dict(data)
     root = Path(cfg.calibration.root)
-    save_calibration(reference_calibration("leader"), "leader", cfg.leader.id, root)
-    save_calibration(reference_calibration("follower"), "follower", cfg.follower.id, root)
+    if not bimanual:
+        save_calibration(reference_calibration("leader"), "leader", cfg.leader.id, root)
+        save_calibration(reference_calibration("follower"), "follower", cfg.follower.id, root)
     (run_dir / "so101d.toml").write_text(dump_toml(cfg))
     return cfg, data
 
@@ -130,18 +181,25 @@ def run(args: argparse.Namespace) -> int:
         try:
             # the dataset must outlive the run dir when that is temporary: then the config's root
             ds_root = run_dir / "datasets" if (not temp and not args.config) else None
-            cfg, _ = prepare_bench(run_dir, args.config, args.socket, dataset_root=ds_root, record=args.record > 0)
+            cfg, _ = prepare_bench(
+                run_dir, args.config, args.socket, dataset_root=ds_root, record=args.record > 0, bimanual=args.bimanual
+            )
         except (ConfigError, OSError, tomllib.TOMLDecodeError) as exc:
             print(f"so101d demo: bad bench configuration: {exc}", file=sys.stderr)
             return 2
-        emu = EmulatorProcess(run_dir, wire_time=not args.no_wire_time, leader_motion="demo")
+        emu = EmulatorProcess(
+            run_dir,
+            wire_time=not args.no_wire_time,
+            leader_motion="demo",  # under --bimanual: each side's handover
+            bimanual=args.bimanual,
+            # two pairs: the emulator writes each arm's calibration (LeRobot's <id>_left / <id>_right)
+            calibration_out=cfg.calibration.root if args.bimanual else None,
+            extra_args=["--leader-id", cfg.leader.id, "--follower-id", cfg.follower.id] if args.bimanual else None,
+        )
         emu.start()
+        ports = [str(p) for p in emu.links.values()]
         log.info(
-            "virtual bench: emulator pid %s, ports %s and %s, config %s",
-            emu.pid,
-            cfg.leader.port,
-            cfg.follower.port,
-            run_dir / "so101d.toml",
+            "virtual bench: emulator pid %s, ports %s, config %s", emu.pid, ", ".join(ports), run_dir / "so101d.toml"
         )
         try:
             daemon = Daemon(cfg, rerun=args.rerun)
@@ -157,7 +215,14 @@ def run(args: argparse.Namespace) -> int:
         # at a terminal: the live table; into a pipe or file: one status line a second; quiet: neither
         live = not args.quiet and sys.stdout.isatty()
         demo = (
-            _DemoRecording(daemon, args.record, args.episode_time, live, args.quiet)
+            _DemoRecording(
+                daemon,
+                args.record,
+                args.episode_time,
+                live,
+                args.quiet,
+                task=cfg.recording.task if args.bimanual else "",
+            )
             if cfg.recording.enabled and args.record > 0
             else None
         )
@@ -207,7 +272,9 @@ class _DemoRecording:
     """``record_demo_episodes`` on a thread beside the live status; stopped (the episode in
     progress discarded) before the recorder closes."""
 
-    def __init__(self, daemon: Any, episodes: int, episode_s: float, live: bool, quiet: bool = False) -> None:
+    def __init__(
+        self, daemon: Any, episodes: int, episode_s: float, live: bool, quiet: bool = False, task: str = ""
+    ) -> None:
         from daemon.data.demo_session import record_demo_episodes
 
         self._stop = threading.Event()
@@ -219,7 +286,11 @@ class _DemoRecording:
 
         def body() -> None:
             try:
-                self.saved = record_demo_episodes(daemon, episodes, episode_s, say=say, stop=self._stop.is_set)
+                self.saved = (
+                    record_demo_episodes(daemon, episodes, episode_s, say=say, stop=self._stop.is_set, task=task)
+                    if task
+                    else record_demo_episodes(daemon, episodes, episode_s, say=say, stop=self._stop.is_set)
+                )  # no task: the pick-and-place demo's
             except Exception as exc:
                 self.error = str(exc)
                 log.error("demo recording failed: %s", exc)

@@ -31,6 +31,7 @@ from daemon.api.client import (
     socket_path_from_args,
 )
 from daemon.api.messages import (
+    JointsStatus,
     LatencyStats,
     LinkStatus,
     ServoStatus,
@@ -85,8 +86,41 @@ def _stage(st: StatusReply, name: str) -> StageTiming:
     return st.timing_ms.get(name) or StageTiming()
 
 
+def _bimanual(st: StatusReply) -> bool:
+    """Several driven arms (a bimanual pair): each arm's links and joints are shown as its own."""
+    return len(st.arms) > 1
+
+
 def _arms(st: StatusReply) -> list[tuple[str, LinkStatus]]:
+    """Every serial link, named for the operator: "leader", "follower"; on a bimanual pair
+    "left leader", "left follower", "right leader", "right follower"."""
+    if _bimanual(st):
+        return [
+            (f"{name} {role}", link)
+            for name, arm in st.arms.items()
+            for role, link in (("leader", arm.leader), ("follower", arm.follower))
+            if link is not None
+        ]
     return [(name, a) for name, a in (("leader", st.leader), ("follower", st.follower)) if a is not None]
+
+
+def _joint_rows(table: Any, joints: JointsStatus, servos: dict[str, ServoStatus], arm: str | None = None) -> None:
+    """One row per joint; with ``arm`` (a bimanual pair's) a first column naming it on its first row."""
+    leader, command, follower = joints.leader or {}, joints.command or {}, joints.follower or {}
+    for i, n in enumerate(list(follower or leader or servos)):
+        h = servos.get(n) or ServoStatus()
+        lead = [] if arm is None else [arm if i == 0 else ""]
+        table.add_row(
+            *lead,
+            n,
+            _fmt(leader.get(n), ".1f"),
+            _fmt(command.get(n), ".1f"),
+            _fmt(follower.get(n), ".1f"),
+            _fmt(h.temperature_c, ".0f"),
+            _fmt(h.voltage_v, ".1f"),
+            _fmt(h.load_pct, ".0f"),
+            "-" if h.status is None else f"0x{h.status:02x}",
+        )
 
 
 def render(status: StatusReply | dict[str, Any], full: bool = False) -> Any:
@@ -101,7 +135,7 @@ def render(status: StatusReply | dict[str, Any], full: bool = False) -> Any:
     from rich.text import Text
 
     mode = st.mode
-    colour = {
+    colour_of = {
         "teleop": "green",
         "policy": "green",
         "aligning": "yellow",
@@ -109,11 +143,17 @@ def render(status: StatusReply | dict[str, Any], full: bool = False) -> Any:
         "idle": "cyan",
         "fault": "bold red",
         "disconnected": "red",
-    }.get(mode, "white")
+    }
+    colour = colour_of.get(mode, "white")
     head = Text()
     head.append("mode ", style="dim")
     head.append(f"{mode:<12}", style=colour)
     head.append(f" {_reason(st)}\n")
+    if _bimanual(st):  # each arm's own safety state and source
+        for name, arm in st.arms.items():
+            head.append(f"  {name:<6} ", style="dim")
+            head.append(f"{arm.mode:<12}", style=colour_of.get(arm.mode, "white"))
+            head.append(f" {arm.reason or arm.source}\n")
     jitter, cycle = _stage(st, "jitter"), _stage(st, "cycle")
     head.append(
         f"loop {_fmt(st.rate_hz, '.1f')}/{_fmt(st.rate_hz_target, '.0f')} Hz  "
@@ -165,23 +205,16 @@ def render(status: StatusReply | dict[str, Any], full: bool = False) -> Any:
         )
 
     joints = Table(box=None, pad_edge=False, show_edge=False)
-    for col in ("joint", "leader", "command", "follower", "temp C", "volt V", "load %", "status"):
+    columns = ("joint", "leader", "command", "follower", "temp C", "volt V", "load %", "status")
+    if _bimanual(st):
+        joints.add_column("arm", justify="left")
+    for col in columns:
         joints.add_column(col, justify="right" if col != "joint" else "left")
-    j = st.joints
-    servos = st.servos or {}
-    leader, command, follower = j.leader or {}, j.command or {}, j.follower or {}
-    for n in list(follower or leader or servos):
-        h = servos.get(n) or ServoStatus()
-        joints.add_row(
-            n,
-            _fmt(leader.get(n), ".1f"),
-            _fmt(command.get(n), ".1f"),
-            _fmt(follower.get(n), ".1f"),
-            _fmt(h.temperature_c, ".0f"),
-            _fmt(h.voltage_v, ".1f"),
-            _fmt(h.load_pct, ".0f"),
-            "-" if h.status is None else f"0x{h.status:02x}",
-        )
+    if _bimanual(st):
+        for name, arm in st.arms.items():
+            _joint_rows(joints, arm.joints or JointsStatus(), arm.servos or {}, arm=name)
+    else:
+        _joint_rows(joints, st.joints, st.servos or {})
     parts: list[Any] = [head, Text("")]
     if extra:
         parts += [Text("\n").join(extra), Text("")]
@@ -382,9 +415,15 @@ def one_line(status: StatusReply | dict[str, Any]) -> str:
         f" jitter p99 {_fmt(_stage(st, 'jitter').p99, '.3f')} ms"
         f" cycle p50 {_fmt(_stage(st, 'cycle').p50, '.3f')} ms overruns {st.overruns}"
     )
-    leader, follower = st.joints.leader, st.joints.follower
-    if leader and follower:
-        parts.append(f"max|leader-follower| {max(abs(leader[k] - follower[k]) for k in leader):.1f}")
+    if _bimanual(st):
+        for name, arm in st.arms.items():
+            parts.append(f"{name} {arm.mode} ({arm.source}{': ' + arm.reason if arm.reason else ''})")
+    each = [(f"{n} ", a.joints) for n, a in st.arms.items() if a.joints] if _bimanual(st) else [("", st.joints)]
+    for name, joints in each:
+        leader, follower = joints.leader, joints.follower
+        if leader and follower:
+            gap = max(abs(leader[k] - follower[k]) for k in leader)
+            parts.append(f"{name}max|leader-follower| {gap:.1f}")
     if st.fault:
         parts.append(f"FAULT: {st.fault}")
     parts += [f"WARNING: {w}" for w in _warnings(st)]
