@@ -95,6 +95,24 @@ def test_policy_cli_against_so101d_run(ckpt: Path) -> None:
                 r = cli("policy", "status", *s)
                 assert r.returncode == 0, r.stderr
                 assert "(driving the follower)" in r.stdout and "latency    p50" in r.stdout and "queue " in r.stdout
+                # a correction inside the episode: out of turn refused, then correct ... resume
+                r = cli("policy", "resume", *s)
+                assert r.returncode == 1 and "not in a correction" in r.stderr, r.stderr
+                r = cli("policy", "correct", *s)
+                assert r.returncode == 0 and r.stdout.startswith("correction 1:"), (r.stdout, r.stderr)
+                wait_status(
+                    sock,
+                    lambda st: (st["policy"].get("correction") or {}).get("phase") == "operator",
+                    timeout_s=60,
+                    proc=proc,
+                )
+                r = cli("policy", "correct", *s)
+                assert r.returncode == 1 and "already correcting" in r.stderr, r.stderr
+                r = cli("policy", "status", *s)
+                assert r.returncode == 0 and "correction 1 operator" in r.stdout, r.stdout
+                r = cli("policy", "resume", *s)
+                assert r.returncode == 0 and "correction 1 over" in r.stdout, (r.stdout, r.stderr)
+                wait_status(sock, lambda st: st["mode"] == "policy", timeout_s=60, proc=proc)
                 r = cli("policy", "stop", "--success", *s)
                 assert r.returncode == 0 and "holding" in r.stdout, r.stderr
                 st = wait_status(
@@ -118,3 +136,4 @@ def test_policy_cli_against_so101d_run(ckpt: Path) -> None:
 
         if "origin" in inspect.signature(Recorder.start_episode).parameters:
             assert tags[0].origin == "policy"
+        assert tags[0].interventions == 1 and tags[0].intervention_s > 0, tags[0]

@@ -239,14 +239,20 @@ def test_corrections_only_saves_each_correction_as_an_episode(virtual_bench: Vir
                 r = c.request("policy.resume")
                 assert r["episode"] is not None, r  # the correction saved
                 wait_for(lambda: loop.state.mode == "policy", 30, "policy mode after the resume")
-            c.request("policy.stop")
+            # a run may end inside a correction: `policy stop` saves it and holds
+            correct_and_drive(c, ctl, daemon, commands, 10)
+            wait_for(lambda: ctl.episode_open, 10, "the third correction's episode")
+            r = c.request("policy.stop")
+            assert r["episode"] is not None and r["mode"] == "hold", r
+            assert ctl.correction is None and not any(bool(s.torque_enabled) for s in virtual_bench.leader.servos)
+            refused(c, "policy.resume", "not in a correction")
             assert recorder.wait_saved(90)
     finally:
         daemon.stop()
     check_steps(commands)
     ds_root = root / "datasets" / "eval" / "dagger"
     ds = LeRobotDataset("eval/dagger", root=ds_root)
-    assert ds.num_episodes == 2
+    assert ds.num_episodes == 3
     cols = ds.hf_dataset.with_format(None)
     assert all(bool(v) for v in cols[INTERVENTION_KEY])  # every frame the operator's
     assert set(cols["so101d.source"]) == {"follower=leader"}

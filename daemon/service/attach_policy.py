@@ -43,6 +43,7 @@ from daemon.policy.leader_drive import DrivableLeader
 from daemon.policy.lerobot_server import ServerSpec
 from daemon.policy.runner import FrameSource, PolicyRunnerConfig, PolicySource
 from daemon.policy.takeover import LeaderActuator, Takeover, TakeoverConfig
+from daemon.service.attach_recording import SimEpisodes
 from daemon.service.attach_replay import SOURCE_NAME as REPLAY_SOURCE
 from daemon.service.context import DaemonContext, EpisodeRecorder, HasContext, context_of
 from drivers.cameras import VirtualArmCamera
@@ -230,21 +231,35 @@ class PolicyController:
             raise PolicyError("the policy is already driving the follower (so101d policy stop first)")
         if self.correction is not None:
             raise PolicyError("a correction of the running policy is in progress (so101d policy resume, or stop)")
+        loop = self.daemon.loop
         src.reset()
-        src.paused = False
         self.corrections, self.correction_s = 0, 0.0
         record = self.cfg.record if record is None else bool(record)
         self._task = task or self.cfg.task or "policy evaluation"
-        episode = None
-        # corrections-only: the policy's own driving is not recorded (each correction is an episode)
-        if record and self.recorder is not None and self.cfg.corrections != "episodes":
-            episode = self._start_episode(self._task)
+        before = loop.intent
+        # The arm is the (paused: holding) policy's before the episode starts, so its first frame
+        # is already the policy's: one recorded while the leader still drove would read as the
+        # operator's (``intervention``). It drives once the episode has started (a sim's reset
+        # done).
+        src.paused = True
         try:
-            self.daemon.loop.call(lambda: self.daemon.loop.set_intent("policy"), timeout_s=3.0)
+            loop.call(lambda: loop.set_intent("policy"), timeout_s=3.0)
         except Exception as exc:
-            if episode is not None:
-                self._end_episode(discard=True)
+            src.paused = False
             raise PolicyError(f"cannot switch to policy mode: {exc}") from None
+        episode = None
+        try:
+            # corrections-only: the policy's own driving is not recorded (each correction is an episode)
+            if record and self.recorder is not None and self.cfg.corrections != "episodes":
+                episode = self._start_episode(self._task)
+        except PolicyError:
+            try:  # not started: the arm goes back to what it did
+                loop.call(lambda: loop.set_intent(before), timeout_s=3.0)
+            except Exception as exc:
+                log.error("policy start: the episode did not start, and mode %s not restored: %s", before, exc)
+            raise
+        finally:
+            src.paused = False
         mode = self._mode()
         return {"message": self._start_message(mode), "episode": episode, "mode": mode}
 
@@ -374,6 +389,15 @@ class PolicyController:
             )
         if len(loop.arms) > 1:
             raise PolicyError(f"corrections take one arm; this daemon drives {len(loop.arms)} (not supported yet)")
+        if (
+            self.cfg.corrections == "episodes"
+            and self.recorder is not None
+            and isinstance(self.daemon.follower, SimEpisodes)
+        ):
+            # each correction's episode would start the simulator's own episode: a scene reset mid-run
+            raise PolicyError(
+                'corrections as episodes of their own would reset the simulated scene at each one; use [policy] corrections = "in_episode"'
+            )
         leader = self.daemon.leader
         if leader is None:
             raise PolicyError("no leader arm: nothing to correct with")
@@ -507,10 +531,9 @@ class PolicyController:
     def unload(self) -> dict[str, Any]:
         if self.source is None:
             raise PolicyError("no policy loaded; nothing to unload")
-        was_driving = self.daemon.loop.intent == "policy" or self.correction is not None
-        if self.correction is not None:
-            self._end_correction()
-        stopped = self._hold(from_any=True) if was_driving or self.episode_open else None
+        correcting = self._end_correction() is not None  # the run ends in its correction: hold there
+        was_driving = self.daemon.loop.intent == "policy" or correcting
+        stopped = self._hold(from_any=correcting) if was_driving or self.episode_open else None
         with self._lock:
             src, self.source = self.source, None
             self.daemon.loop.policy_source = None
