@@ -1,0 +1,147 @@
+"""Attacks on a bimanual daemon's clients, from the outside, as users would make them.
+
+The virtual bimanual bench (`so101d emulate --bimanual`, a subprocess: four emulated arms, the
+leaders still) and the daemon in-process on the configuration docs/configuration.md shows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from support import wait_for
+
+from daemon.api.client import ControlClient
+from daemon.config.settings import load_config
+from daemon.service.daemon import Daemon
+from drivers.emulator.process import EmulatorProcess
+
+pytestmark = pytest.mark.e2e  # the bimanual emulator as a user runs it, the daemon on its four ports
+
+SIDES = ("left", "right")
+LEFT_POSE = [-30.0, -40.0, 40.0, 30.0, 0.0, 20.0]
+RIGHT_POSE = [30.0, -60.0, 60.0, 50.0, 10.0, 60.0]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]:
+    d = tmp_path_factory.mktemp("attack-bi")
+    with EmulatorProcess(d, bimanual=True, calibration_out=d / "calibration") as ep:
+        for side, pose in zip(SIDES, (LEFT_POSE, RIGHT_POSE)):
+            ep.control({"cmd": "set_motion", "arm": f"{side}_leader", "motion": "still"})
+            ep.control({"cmd": "set_pose", "arm": f"{side}_leader", "pose_units": pose})
+        yield ep
+
+
+@pytest.fixture(scope="module")
+def daemon(bench: EmulatorProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = tmp_path_factory.mktemp("attack-bi-daemon")
+    links = bench.links
+    toml = d / "so101d.toml"
+    toml.write_text(
+        f"""
+[leader]
+id = "emulated_leader"
+
+[follower]
+id = "emulated_follower"
+
+[arms.left]
+leader_port = "{links["left_leader"]}"
+follower_port = "{links["left_follower"]}"
+
+[arms.right]
+leader_port = "{links["right_leader"]}"
+follower_port = "{links["right_follower"]}"
+
+[calibration]
+root = "{bench.directory / "calibration"}"
+
+[control]
+rate_hz = 50.0
+
+[socket]
+path = "{d / "control.sock"}"
+"""
+    )
+    daemon = Daemon(load_config(toml))
+    daemon.start()
+    try:
+        wait_for(lambda: all(a.state.mode == "teleop" for a in daemon.loop.arms), 30, "both arms tracking")
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+def _follower(bench: EmulatorProcess, side: str) -> np.ndarray:
+    return np.array(bench.control({"cmd": "snapshot", "arm": f"{side}_follower"})["pose_units"])
+
+
+def _back_to_teleop(daemon: Daemon) -> None:
+    with ControlClient(daemon.socket_path) as op:
+        op.request("teleop.start")
+    wait_for(lambda: all(a.state.mode == "teleop" for a in daemon.loop.arms), 20, "both arms tracking again")
+
+
+def test_a_pair_action_with_nan_on_the_right_moves_neither_arm(daemon: Daemon, bench: EmulatorProcess) -> None:
+    """A policy's NaN on one side of a pair action: the plugin says so and neither arm moves (the
+    left's goal was sent before the right's was refused, so the left moved alone)."""
+    from lerobot_robot_so101d import SO101D, SO101DConfig
+
+    robot = SO101D(SO101DConfig(socket=str(daemon.socket_path), arm="pair"))
+    robot.connect()
+    try:
+        with ControlClient(daemon.socket_path) as op:
+            op.request("teleop.start")
+        obs = robot.get_observation()
+        robot.send_action({k: obs[k] for k in robot.action_features})  # both hold where they are
+        before = {s: _follower(bench, s) for s in SIDES}
+        action = {k: obs[k] for k in robot.action_features}
+        action["left_shoulder_pan.pos"] += 15.0
+        action["right_elbow_flex.pos"] = math.nan
+        with pytest.raises(Exception) as refused:
+            robot.send_action(action)
+        # what a moving left arm would have done by now (the safe speed is many degrees a second)
+        for _ in range(25):
+            robot.get_observation()
+            daemon.loop.call(lambda: None, timeout_s=2.0)
+        for s in SIDES:
+            moved = float(np.max(np.abs(_follower(bench, s) - before[s])))
+            assert moved < 1.0, f"the {s} arm moved {moved:.1f} degrees on a pair action with NaN on the right"
+        # said by the plugin, before anything was sent, naming the joint
+        assert refused.type is ValueError and "right_elbow_flex.pos" in str(refused.value), refused.value
+    finally:
+        robot.disconnect()
+        _back_to_teleop(daemon)
+
+
+def test_pair_feedback_with_nan_on_the_right_moves_neither_leader(daemon: Daemon, bench: EmulatorProcess) -> None:
+    """LeRobot's handover feedback to a pair of leaders with a NaN on the right: neither leader is
+    sent a goal (the left's went out before the right was refused)."""
+    from lerobot_robot_so101d import SO101D, SO101DConfig, SO101DTeleop, SO101DTeleopConfig
+
+    robot = SO101D(SO101DConfig(socket=str(daemon.socket_path), arm="pair"))
+    teleop = SO101DTeleop(SO101DTeleopConfig(socket=str(daemon.socket_path), arm="pair"))
+    teleop.connect()
+    robot.connect()  # the followers lent first: driving a leader must not move its follower
+    try:
+        teleop.enable_torque()
+        start = teleop.get_action()
+        feedback = dict(start)
+        feedback["left_shoulder_pan.pos"] += 15.0
+        feedback["right_gripper.pos"] = math.nan
+        with pytest.raises(ValueError, match="right_gripper.pos"):
+            teleop.send_feedback(feedback)
+        for _ in range(25):
+            daemon.loop.call(lambda: None, timeout_s=2.0)
+        left = np.array(bench.control({"cmd": "snapshot", "arm": "left_leader"})["pose_units"])
+        assert abs(left[0] - LEFT_POSE[0]) < 1.0, f"the left leader moved to {left[0]:.1f} on a feedback with NaN"
+        teleop.disable_torque()
+    finally:
+        robot.disconnect()
+        teleop.disconnect()
+        for side, pose in zip(SIDES, (LEFT_POSE, RIGHT_POSE)):
+            bench.control({"cmd": "set_pose", "arm": f"{side}_leader", "pose_units": pose})
+    _back_to_teleop(daemon)
