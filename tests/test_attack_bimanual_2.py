@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from support import wait_for
 
-from daemon.api.client import ControlClient
+from calibration.conventions import JOINT_NAMES
+from daemon.api.client import CommandFailed, ControlClient
 from daemon.config.settings import load_config
 from daemon.service.daemon import Daemon
 from drivers.emulator.process import EmulatorProcess
@@ -115,6 +116,33 @@ def test_a_pair_action_with_nan_on_the_right_moves_neither_arm(daemon: Daemon, b
     finally:
         robot.disconnect()
         _back_to_teleop(daemon)
+
+
+def test_one_arm_released_leaves_the_other_clients_arm_following_it(daemon: Daemon, bench: EmulatorProcess) -> None:
+    """Two tools, one arm each (`--robot.arm=left`, `--robot.arm=right`): the left one's
+    disconnect must not stop the right one's arm (a release held the whole loop)."""
+    with ControlClient(daemon.socket_path) as a, ControlClient(daemon.socket_path) as b:
+        left = a.request("arm.acquire", arm="left", client="tool A")["lease"]
+        right = b.request("arm.acquire", arm="right", client="tool B")["lease"]
+        a.request("teleop.start")
+        here = _follower(bench, "right")
+        goal = dict(zip(JOINT_NAMES, here.tolist()))
+        b.request("arm.action", lease=right, **goal)
+        a.request("arm.release", lease=left)
+        goal["shoulder_pan"] += 10.0
+        try:
+            reply = b.request("arm.action", lease=right, **goal)
+        except CommandFailed as exc:
+            pytest.fail(f"tool A's release of the left arm stopped tool B's right arm: {exc}")
+        assert reply["commanded"] is not None
+
+        def there() -> bool:
+            b.request("arm.action", lease=right, **goal)
+            return abs(_follower(bench, "right")[0] - goal["shoulder_pan"]) < 2.5
+
+        wait_for(there, 10, "the right arm at tool B's goal")
+        b.request("arm.release", lease=right)
+    _back_to_teleop(daemon)
 
 
 def test_pair_feedback_with_nan_on_the_right_moves_neither_leader(daemon: Daemon, bench: EmulatorProcess) -> None:

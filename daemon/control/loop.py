@@ -410,6 +410,8 @@ class ControlLoop:
         if intent in ("teleop", "policy"):
             self.torque_wanted = True
             self._recover_faults()
+            for arm in self.arms:
+                arm.released_hold = ""  # the operator's resume moves an arm a client released, too
         for arm in self.arms:
             if not keep_sources and arm.source_name in (arm.teleop_source, "policy"):
                 arm.source_name = "policy" if intent == "policy" else arm.teleop_source
@@ -474,6 +476,7 @@ class ControlLoop:
         for arm in arms:
             arm.select(now, sources, self._count_hook_error, self.worst_calls, _MONO)
             why = "" if blocks is None else next((r for a, r in blocks if a is not arm), "")
+            why = why or arm.released_hold
             outs.append(arm.update(now, intent, torque, why))
         self.stats.update.add(_MONO() - t_u)
         self._write(outs)
