@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,6 +63,13 @@ root = "{bench.directory / "calibration"}"
 
 [control]
 rate_hz = 50.0
+
+[recording]
+enabled = true
+dataset_root = "{d / "datasets"}"
+repo_id = "local/attack-bi"
+fps = 30
+task = "hand over"
 
 [socket]
 path = "{d / "control.sock"}"
@@ -172,4 +180,91 @@ def test_pair_feedback_with_nan_on_the_right_moves_neither_leader(daemon: Daemon
         teleop.disconnect()
         for side, pose in zip(SIDES, (LEFT_POSE, RIGHT_POSE)):
             bench.control({"cmd": "set_pose", "arm": f"{side}_leader", "pose_units": pose})
+    _back_to_teleop(daemon)
+
+
+def test_a_pair_client_killed_holding_both_arms_leaves_both_held_then_free(
+    daemon: Daemon, bench: EmulatorProcess, tmp_path: Path
+) -> None:
+    """kill -9 of a LeRobot process driving the pair: both arms hold within the stale bound (no
+    target any more), and the next pair connect takes both (the dead holder's leases freed)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from lerobot_robot_so101d import SO101D, SO101DConfig
+
+    ready = tmp_path / "ready"
+    child = f"""
+import pathlib, time
+from lerobot_robot_so101d import SO101D, SO101DConfig
+robot = SO101D(SO101DConfig(socket={str(daemon.socket_path)!r}, arm="pair"))
+robot.connect()
+obs = robot.get_observation()
+action = {{k: obs[k] for k in robot.action_features}}
+pathlib.Path({str(ready)!r}).write_text("x")
+while True:
+    robot.send_action(action)
+    time.sleep(1 / 30)
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.Popen([sys.executable, "-c", child], env=env)
+    try:
+        wait_for(ready.exists, 60, "the pair client driving both arms")
+        with ControlClient(daemon.socket_path) as op:
+            op.request("teleop.start")
+        wait_for(lambda: all(a.state.mode == "teleop" for a in daemon.loop.arms), 10, "both arms following the client")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        killed_at = time.monotonic()
+        stale_s = daemon.cfg.safety.leader_stale_s
+        wait_for(lambda: all(a.state.mode == "hold" for a in daemon.loop.arms), 10, "both arms holding")
+        took_s = time.monotonic() - killed_at
+        assert took_s < stale_s + 0.5, f"the arms held {took_s:.2f} s after the kill (stale bound {stale_s} s)"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    robot = SO101D(SO101DConfig(socket=str(daemon.socket_path), arm="pair"))
+    robot.connect()  # the dead process's leases are freed to the next client
+    try:
+        assert daemon.loop.assignments() == {"left": "left_client", "right": "right_client"}
+    finally:
+        robot.disconnect()
+    _back_to_teleop(daemon)
+
+
+def test_the_left_follower_unplugged_mid_episode_is_named_in_the_tag_not_filled_later(
+    daemon: Daemon, bench: EmulatorProcess
+) -> None:
+    """The left (primary) follower unplugged for a while mid-episode: as for the right arm, its
+    newest values repeat and the tag says from which frame. The loop made no record at all while
+    the primary arm was lost, so the recorder later filled the gap's frames, as late frames, with
+    the values read after the follower came back, and the tag named nothing."""
+    from daemon.data.schema import read_episode_tags
+
+    rec = daemon.recorder
+    assert rec is not None
+    wait_for(lambda: rec.phase == "idle", 120, "the recorder ready")
+    _back_to_teleop(daemon)
+    with ControlClient(daemon.socket_path) as c:
+        c.request("episode.start")
+        wait_for(lambda: rec.frames_recorded >= 15, 30, "15 frames")
+        bench.control({"cmd": "unplug", "arm": "left_follower"})
+        left = next(a for a in daemon.loop.arms if a.name == "left")
+        wait_for(lambda: not left.link.connected, 10, "the left follower gone")
+        gone_at = daemon.loop.cycles
+        wait_for(lambda: daemon.loop.cycles >= gone_at + 40, 10, "0.8 s of cycles without the left follower")
+        bench.control({"cmd": "replug", "arm": "left_follower"})
+        wait_for(lambda: left.link.connected, 30, "the left follower back")
+        at = rec.frames_recorded
+        wait_for(lambda: rec.frames_recorded >= at + 15, 30, "15 frames more")
+        c.request("episode.save", success=True)
+    assert rec.wait_saved(90), rec.status()
+    wait_for(lambda: rec.status()["episodes_in_dataset"] >= 1, 60, "the episode committed")
+    tag = list(read_episode_tags(Path(rec.status()["dataset"])).values())[-1]
+    assert any(n.startswith("left arm: pose not current from frame") for n in tag.notes), tag.notes
+    assert tag.late_frames < 10, f"{tag.late_frames} late frames: the gap filled after the follower came back"
     _back_to_teleop(daemon)
