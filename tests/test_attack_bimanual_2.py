@@ -288,3 +288,30 @@ def test_after_the_pair_robot_disconnects_the_leaders_can_still_be_driven(daemon
     finally:
         teleop.disconnect()
     _back_to_teleop(daemon)
+
+
+def test_an_action_for_the_left_arm_held_while_the_right_follower_is_gone_is_refused(
+    daemon: Daemon, bench: EmulatorProcess
+) -> None:
+    """`--robot.arm=left` on a bimanual rig, the right follower unplugged: the loop holds the left
+    arm too (fault_holds = "all"), so its actions are refused with why, not answered with a
+    command the loop never sends (and the arm stays where it is)."""
+    with ControlClient(daemon.socket_path) as c:
+        lease = c.request("arm.acquire", arm="left", client="tool A")["lease"]
+        c.request("teleop.start")
+        here = _follower(bench, "left")
+        goal = dict(zip(JOINT_NAMES, here.tolist()))
+        c.request("arm.action", lease=lease, **goal)
+        bench.control({"cmd": "unplug", "arm": "right_follower"})
+        right = next(a for a in daemon.loop.arms if a.name == "right")
+        try:
+            wait_for(lambda: not right.link.connected, 10, "the right follower gone")
+            goal["shoulder_pan"] += 10.0
+            with pytest.raises(CommandFailed, match="right not connected"):
+                c.request("arm.action", lease=lease, **goal)
+            assert abs(_follower(bench, "left")[0] - here[0]) < 1.0
+        finally:
+            bench.control({"cmd": "replug", "arm": "right_follower"})
+        wait_for(lambda: right.link.connected, 30, "the right follower back")
+        c.request("arm.release", lease=lease)
+    _back_to_teleop(daemon)

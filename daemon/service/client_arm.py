@@ -228,6 +228,13 @@ class ClientArms:
             return f"the operator's {intent} ({state.mode}: {state.reason}); {_RESUME_HINT}"
         if arm.released_hold:
             return f"held since {arm.released_hold} ({state.mode}); {_RESUME_HINT}"
+        if len(self.loop.arms) > 1 and self.loop.hold_together:
+            # the loop holds every arm while another one cannot take part (safety.fault_holds =
+            # "all"): an action answered with a command then would be one the loop never sends
+            now = self._monotonic()
+            why = next((w for other in self.loop.arms if other is not arm and (w := other.blocking(now))), "")
+            if why:
+                return f'held while {why} (safety.fault_holds = "all"); it follows again once that arm is back'
         if state.mode in _REFUSING_MODES:
             return f"{state.mode} ({state.reason})"
         return ""
