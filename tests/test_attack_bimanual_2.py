@@ -315,3 +315,27 @@ def test_an_action_for_the_left_arm_held_while_the_right_follower_is_gone_is_ref
         wait_for(lambda: right.link.connected, 30, "the right follower back")
         c.request("arm.release", lease=lease)
     _back_to_teleop(daemon)
+
+
+@pytest.mark.unit
+def test_calibrate_with_a_config_but_no_arm_is_refused_not_ignored(tmp_path: Path) -> None:
+    """`so101d calibrate follower --config rig.toml` (the side forgotten): the configuration was
+    ignored and the port guessed (/dev/so101-follower, or the only adapter: maybe the other side's
+    arm), its file saved under the single-arm id. Refused, naming --arm, before any port opens."""
+    import subprocess
+    import sys
+
+    rig = tmp_path / "so101d.toml"
+    rig.write_text(
+        '[arms.left]\nleader_port = "/tmp/nope-ll"\nfollower_port = "/tmp/nope-lf"\n'
+        '[arms.right]\nleader_port = "/tmp/nope-rl"\nfollower_port = "/tmp/nope-rf"\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "daemon.apps.cli", "calibrate", "follower", "--config", str(rig), "--verify"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--arm left or --arm right" in done.stderr, done.stderr
