@@ -339,3 +339,27 @@ def test_calibrate_with_a_config_but_no_arm_is_refused_not_ignored(tmp_path: Pat
     )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--arm left or --arm right" in done.stderr, done.stderr
+
+
+def test_the_pair_teleop_refuses_an_unplugged_left_leaders_last_reading(daemon: Daemon, bench: EmulatorProcess) -> None:
+    """The left leader unplugged: the pair's get_action raises naming the left leader, rather than
+    handing LeRobot its frozen last reading beside the right's live one."""
+    from lerobot.utils.errors import DeviceNotConnectedError
+    from lerobot_robot_so101d import SO101DTeleop, SO101DTeleopConfig
+
+    teleop = SO101DTeleop(SO101DTeleopConfig(socket=str(daemon.socket_path), arm="pair"))
+    teleop.connect()
+    try:
+        teleop.get_action()
+        bench.control({"cmd": "unplug", "arm": "left_leader"})
+        try:
+            left = daemon.loop.leaders["left_leader"]
+            wait_for(lambda: not left.link.connected, 10, "the left leader gone")
+            with pytest.raises(DeviceNotConnectedError, match="left leader"):
+                wait_for(lambda: teleop.get_action() is None, 5, "a refusal")
+        finally:
+            bench.control({"cmd": "replug", "arm": "left_leader"})
+        wait_for(lambda: left.link.connected, 30, "the left leader back")
+    finally:
+        teleop.disconnect()
+    _back_to_teleop(daemon)
