@@ -73,6 +73,7 @@ FILE_KINDS: dict[str, str] = {
     "test_frame_shm.py": "unit",
     "test_lerobot_plugin.py": "e2e",
     "test_bimanual_clients.py": "e2e",
+    "test_attack_bimanual_2.py": "e2e",
     "test_lerobot_robot_client.py": "e2e",
     "test_lerobot_rollout.py": "e2e",
     "test_reconnect_honesty.py": "integration",

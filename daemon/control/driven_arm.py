@@ -141,6 +141,9 @@ class DrivenArm:
         self.power_cycle_required = ""
         self.scene_resets_seen = -1  # the arm's scene-reset count at the last read (-1: none yet)
         self.realign_pending = False  # a scene reset moved the arm: re-align next update
+        # why this arm alone holds under a tracking intent (a client released it on a rig of several
+        # arms: the others go on), until the operator's resume (ControlLoop.set_intent); "" if not
+        self.released_hold = ""
         self.reconfigure = False
         self.ok = False  # this cycle's pose is the connected arm's and recent (update -> hooks)
         self.selection = _NO_SELECTION

@@ -59,7 +59,7 @@ from daemon.control.driven_arm import DrivenArm, SourceEntry
 from daemon.control.faults import fault_text
 from daemon.control.leader_source import LeaderSource
 from daemon.control.safety import ControllerState, CycleOutput, SafetyParams
-from daemon.control.seams import CycleHook, CycleRecord, LeaderHook, RecordHook, TargetSource, Watchdog
+from daemon.control.seams import ArmRecord, CycleHook, CycleRecord, LeaderHook, RecordHook, TargetSource, Watchdog
 from daemon.control.snapshot import (
     BUS_COUNTER_KEYS,
     SAFETY_CONFIG_KEYS,
@@ -410,6 +410,8 @@ class ControlLoop:
         if intent in ("teleop", "policy"):
             self.torque_wanted = True
             self._recover_faults()
+            for arm in self.arms:
+                arm.released_hold = ""  # the operator's resume moves an arm a client released, too
         for arm in self.arms:
             if not keep_sources and arm.source_name in (arm.teleop_source, "policy"):
                 arm.source_name = "policy" if intent == "policy" else arm.teleop_source
@@ -474,6 +476,7 @@ class ControlLoop:
         for arm in arms:
             arm.select(now, sources, self._count_hook_error, self.worst_calls, _MONO)
             why = "" if blocks is None else next((r for a, r in blocks if a is not arm), "")
+            why = why or arm.released_hold
             outs.append(arm.update(now, intent, torque, why))
         self.stats.update.add(_MONO() - t_u)
         self._write(outs)
@@ -553,22 +556,31 @@ class ControlLoop:
         if not (self._hooks or self._record_hooks):
             return
         first = self.primary.record(outs[0])
-        if first is None:  # the primary arm's pose is not current: nothing to record or feed
-            return
+        others: tuple[ArmRecord, ...] = ()
+        if self._record_hooks:
+            others = tuple(r for r in (a.record(o) for a, o in zip(self.arms[1:], outs[1:])) if r is not None)
+        if first is None and not others:
+            return  # no arm's pose is current (a single arm's: its follower lost): nothing to record or feed
         t_h = t0 = _MONO()
         worst = self.worst_calls
-        for hook, name in zip(self._hooks, self._hook_names):
-            try:
-                hook.on_cycle(now, first.state_units, first.action_units, first.teleop_action_units)
-            except Exception as exc:
-                self.hook_errors += 1
-                _rl.error("hook.cycle", "cycle hook failed: %r", exc)
-            t1 = _MONO()
-            worst.note(name, t1 - t0)
-            t0 = t1
+        # the primary arm's pose not current (its follower lost): the cycle hooks, fed its state,
+        # have nothing; the recorder still gets the other arms (a bimanual one repeats the primary's
+        # newest values and its tag says so, as for any other arm lost, instead of a gap it later
+        # filled with the values read after the follower came back)
+        if first is not None:
+            for hook, name in zip(self._hooks, self._hook_names):
+                try:
+                    hook.on_cycle(now, first.state_units, first.action_units, first.teleop_action_units)
+                except Exception as exc:
+                    self.hook_errors += 1
+                    _rl.error("hook.cycle", "cycle hook failed: %r", exc)
+                t1 = _MONO()
+                worst.note(name, t1 - t0)
+                t0 = t1
         if self._record_hooks:
-            arms = (first,) + tuple(r for r in (a.record(o) for a, o in zip(self.arms[1:], outs[1:])) if r is not None)
-            record = CycleRecord(now, arms)
+            record = CycleRecord(
+                now, ((first,) if first is not None else ()) + others, primary_current=first is not None
+            )
             t0 = _MONO()
             for rhook, name in zip(self._record_hooks, self._record_hook_names):
                 try:

@@ -50,10 +50,12 @@ class ArmRecord:
 @dataclass(frozen=True)
 class CycleRecord:
     """What a ``RecordHook`` gets each cycle: every arm whose pose is current, in the loop's arm
-    order (the first is the primary arm, the one a single-arm dataset records)."""
+    order (the first is the primary arm, the one a single-arm dataset records, when its pose is
+    current: on a loop of several arms a record may lack it)."""
 
     now_monotonic_s: float
     arms: tuple[ArmRecord, ...]
+    primary_current: bool = True  # False: the primary arm is not among ``arms`` this cycle
 
     def sources_text(self) -> str:
         """Who drove what, as one short string: ``follower=leader`` (``left=policy,right=leader``)."""
@@ -62,8 +64,8 @@ class CycleRecord:
 
 @runtime_checkable
 class RecordHook(Protocol):
-    """Called every cycle in which the primary arm's pose is current, with the whole record (the
-    recorder). An object that is a RecordHook gets only this call, not ``on_cycle``."""
+    """Called every cycle in which the primary arm's pose is current (on a loop of several arms:
+    any arm's), with the whole record (the recorder). An object that is a RecordHook gets only this call, not ``on_cycle``."""
 
     def on_record(self, record: CycleRecord) -> None: ...
 

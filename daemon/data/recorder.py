@@ -521,6 +521,8 @@ class Recorder:
         arm = record.arms[0]
         source = record.sources_text() if self._phase == RECORDING else ""  # a join of a few words
         if not self.cfg.arms:
+            if not record.primary_current:
+                return  # the arm this dataset records is not current: a gap, as on a single-arm loop
             self.on_cycle(record.now_monotonic_s, arm.state_units, arm.action_units, arm.teleop_action_units, source)
             return
         # two arms: both side by side, in the configured order; an arm whose pose is not current

@@ -4,7 +4,9 @@ and arm.release (declared in daemon/api/messages.py), over a ``ClientSource`` pe
 This is how LeRobot's own tools drive the daemon's arms (the so101d plugin, lerobot_plugin/):
 acquiring gives the client a lease and assigns the arm to its source (``loop.assign``), so the
 cycle follows the client's actions through the same safety layer as the leader's; releasing
-hands the arm back to the leader's source with the intent ``hold``, so it stays where it is.
+hands the arm back to the leader's source with the intent ``hold``, so it stays where it is (on a
+rig of several arms that arm alone holds, ``DrivenArm.released_hold``: the others go on following
+their own leader or client, until the operator's resume).
 
 One client at a time per arm: a second is refused, naming the holder. A holder whose process is
 gone (killed, crashed: it never released) loses the lease to the next client that asks; a holder
@@ -197,8 +199,15 @@ class ClientArms:
         teleop = self._arm(lease.arm).teleop_source  # the arm's own leader (a bimanual pair's)
         back = teleop if teleop in self.loop.sources else self.source_names[lease.arm]
 
+        released = self._arm(lease.arm)
+
         def hand_back() -> None:
-            self.loop.set_intent("hold")
+            if len(self.loop.arms) > 1:
+                # this arm holds, alone: a release must not stop the other arm (its own client's,
+                # or its leader's), as a hold of the whole loop did
+                released.released_hold = f"{lease.arm} released by {lease.words()}"
+            else:
+                self.loop.set_intent("hold")
 
         try:
             self.loop.assign(lease.arm, back).result(timeout=_CALL_TIMEOUT_S)
@@ -217,6 +226,15 @@ class ClientArms:
             return f"torque is off ({state.mode}); the operator's `so101d torque on` then {_RESUME_HINT}"
         if intent in _OPERATOR_HOLDS:
             return f"the operator's {intent} ({state.mode}: {state.reason}); {_RESUME_HINT}"
+        if arm.released_hold:
+            return f"held since {arm.released_hold} ({state.mode}); {_RESUME_HINT}"
+        if len(self.loop.arms) > 1 and self.loop.hold_together:
+            # the loop holds every arm while another one cannot take part (safety.fault_holds =
+            # "all"): an action answered with a command then would be one the loop never sends
+            now = self._monotonic()
+            why = next((w for other in self.loop.arms if other is not arm and (w := other.blocking(now))), "")
+            if why:
+                return f'held while {why} (safety.fault_holds = "all"); it follows again once that arm is back'
         if state.mode in _REFUSING_MODES:
             return f"{state.mode} ({state.reason})"
         return ""

@@ -70,10 +70,11 @@ class ClientLeader:
         self._drive: LeaderDrive | None = None
 
     def _followed(self) -> str:
-        """Which arm follows the leader now ("" when none does)."""
+        """Which arm follows the leader now ("" when none does). An arm a client released holds,
+        on its leader's source, until the operator's resume (``DrivenArm.released_hold``): it follows nothing."""
         if self.loop.intent != "teleop":
             return ""
-        return next((a.name for a in self.loop.arms if a.source_name == self.source_name), "")
+        return next((a.name for a in self.loop.arms if a.source_name == self.source_name and not a.released_hold), "")
 
     def _keep(self, lease: Lease) -> str:
         """Why the client's drive must end now ("" while it may go on); on the drive's thread."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 import time
@@ -138,11 +139,17 @@ class ArmKeys:
         return dict(zip(self.keys, values))
 
     def joints(self, action: dict[str, Any], who: str, all_keys: tuple[str, ...]) -> dict[str, float]:
-        """This arm's ``<joint>: value`` from a LeRobot action (its prefixed keys)."""
+        """This arm's ``<joint>: value`` from a LeRobot action (its prefixed keys). A value that is
+        not a finite number (a policy's NaN) raises here, before any arm of a pair is sent its goal:
+        the daemon would refuse it, but only after the other arm had taken its own."""
         try:
-            return {j: float(action[f"{self.prefix}{j}.pos"]) for j in JOINT_NAMES}
+            goal = {j: float(action[f"{self.prefix}{j}.pos"]) for j in JOINT_NAMES}
         except KeyError as exc:
             raise ValueError(f"{who}: the action lacks {exc.args[0]} (it needs {', '.join(all_keys)})") from None
+        bad = [f"{self.prefix}{j}.pos" for j, v in goal.items() if not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"{who}: the action's {', '.join(bad)} is not a finite number: no arm was sent it")
+        return goal
 
 
 # `arm = "pair"`: the daemon's bimanual arms, left first (LeRobot's order and prefixes:

@@ -20,6 +20,7 @@ torque and feedback per arm, split by the prefix).
 from __future__ import annotations
 
 import logging
+import math
 import os
 from functools import cached_property
 from typing import Any
@@ -133,15 +134,25 @@ class SO101DTeleop(Teleoperator):
         as LeRobot's handover does it; without it nothing would, and this raises."""
         if not self._link.connected:
             raise DeviceNotConnectedError(f"{self} is not connected: call connect() first")
+        # every leader's goals checked before any is sent: a pair's feedback with a NaN (or a leader
+        # whose torque is off) on one side moves neither leader
+        sends: list[tuple[str, dict[str, float]]] = []
         for arm in self._arms:
             goals = {j: float(feedback[k]) for j, k in zip(JOINT_NAMES, arm.keys, strict=True) if k in feedback}
             if not goals:
                 continue
+            bad = [f"{arm.prefix}{j}.pos" for j, v in goals.items() if not math.isfinite(v)]
+            if bad:
+                raise ValueError(
+                    f"{self}: the feedback's {', '.join(bad)} is not a finite number: no leader was sent it"
+                )
             lease = self._leases.get(arm.arm)
             if lease is None:
                 raise DaemonRefused(
                     f"{self}: the {arm.arm} leader's torque is off: enable_torque() before send_feedback()"
                 )
+            sends.append((lease, goals))
+        for lease, goals in sends:
             self._link.request("leader.goal", lease=lease, **goals)
 
     def disconnect(self) -> None:

@@ -104,6 +104,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     try:
+        if args.config and not args.arm:
+            # read only with --arm: ignored, the port would be guessed (/dev/so101-<role>, the only
+            # adapter), maybe another arm's, and its file saved under the single-arm id
+            raise CalibrationError(
+                f"--config is read with --arm: name the side (--arm {' or --arm '.join(ARM_SIDES)}); "
+                "a single pair: leave --config out and give --port"
+            )
         side = _side_of_pair(args) if args.arm else None
         arm_id = args.arm_id or (side.arm_id if side else args.role)
         target = _target_path(args, arm_id)
