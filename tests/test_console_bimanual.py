@@ -189,6 +189,9 @@ def test_each_arm_has_its_view_its_servos_and_its_moving_plots(rig: BimanualBenc
     for side in SIDES:
         assert _redrawn(page, f"plot-{side}-shoulder_lift", plots0[side]), f"the {side} plot was not redrawn"
         assert _canvas_spread(page, f"plot-{side}-shoulder_lift") > 1.0, f"the {side} plot is blank"
+    # replay is not built for two arms: the page says so as what keeps Replay off, not as an error
+    wait_js(page, "return document.getElementById('replay-block').textContent.includes('two arms')", what="replay off")
+    assert "error" not in str(page.find_element("id", "message").get_attribute("class")), _text(page, "message")
     # what the page reads at 20 Hz is declared: the reply decoded into LiveStatus loses nothing
     with ControlClient(rig.sock) as c:
         raw = c.request("status.live")

@@ -33,6 +33,7 @@ function connect() {
     pending.clear();
     for (const id of quiet) replyHandlers.delete(id);
     quiet.clear();
+    ownErrors.clear();
     replay.asked = false; replay.asking = false; // the next status asks again
     setTimeout(connect, retryMs);
     retryMs = Math.min(retryMs * 2, 4000);
@@ -91,12 +92,15 @@ const replyHandlers = new Map(); // id -> fn(reply)
 function sendThen(cmd, args, btn, fn) { const id = send(cmd, args, btn); if (id && fn) replyHandlers.set(id, fn); return id; }
 
 // A question the page asks by itself (replay.status while a replay runs): no button, and its
-// answer goes to its handler, not to the message line (an error still does).
+// answer goes to its handler, not to the message line (an error still does, unless ownError:
+// its handler shows it where it belongs).
 const quiet = new Set();
-function ask(cmd, fn) {
+const ownErrors = new Set();
+function ask(cmd, fn, ownError = false) {
   if (!ws || ws.readyState !== WebSocket.OPEN) return null;
   const id = `q${Date.now()}-${nextId++}`;
   quiet.add(id);
+  if (ownError) ownErrors.add(id);
   replyHandlers.set(id, fn);
   ws.send(JSON.stringify({ t: "verb", id, cmd, args: {} }));
   return id;
@@ -105,7 +109,11 @@ function ask(cmd, fn) {
 function onReply(m) {
   const fn = replyHandlers.get(m.id);
   replyHandlers.delete(m.id);
-  if (quiet.delete(m.id)) { if (!m.ok) say(`${m.cmd || "request"}: ${m.error || "failed"}`, true); if (fn) fn(m); return; }
+  if (quiet.delete(m.id)) {
+    if (!ownErrors.delete(m.id) && !m.ok) say(`${m.cmd || "request"}: ${m.error || "failed"}`, true);
+    if (fn) fn(m);
+    return;
+  }
   if (m.ok) say(m.message || `${m.cmd}: ok` + (m.episode !== undefined ? ` (episode ${m.episode})` : ""), false);
   else say(`${m.cmd || "request"}: ${m.error || "failed"}`, true);
   if (fn) fn(m);
@@ -536,7 +544,7 @@ async function loadEpisodes() {
 const REPLAY_POLL_MS = 250;
 const replay = (C.replay = {
   reply: null, seenRunning: false, polling: false, asking: false, asked: false, block: "", listRoot: null, listCount: 0,
-  refreshAfter: false, error: null, errorIndex: null, reports: 0, reportKey: "",
+  refreshAfter: false, error: null, errorIndex: null, reports: 0, reportKey: "", refused: "",
 });
 
 function startReplay(index, speed, btn) {
@@ -582,13 +590,22 @@ function pollReplay() {
 /** What keeps Replay off now (the daemon refuses these too, saying so), "" when nothing does.
  * @param {StatusReply} st */
 function replayFromStatus(st) {
-  if (!replay.asked) { replay.asked = !!ask("replay.status", (r) => { if (r.ok) onReplayReply(r); }); } // the last report
   /** @type {Object<string, ArmStatus>} */
   const arms = st.arms || {};
+  // a daemon driving several arms refuses replay, saying why: said as what keeps Replay off, not
+  // as an error of a question the operator did not ask
+  const several = Object.keys(arms).length > 1;
+  if (!replay.asked) {
+    replay.asked = !!ask("replay.status", (r) => { // the last report
+      if (r.ok) { replay.refused = ""; onReplayReply(r); }
+      else if (several) { replay.refused = r.error || "refused"; applyReplayBlock(); }
+    }, several);
+  }
   const sources = Object.keys(arms).map((k) => arms[k].source);
   if (sources.includes("replay") && !replay.polling) replay.polling = true; // started elsewhere (so101d replay)
   const other = sources.find((x) => x && !["leader", "replay", "policy"].includes(x));
-  replay.block = replay.polling ? "a replay is running"
+  replay.block = replay.refused ? replay.refused
+    : replay.polling ? "a replay is running"
     : st.recording && st.recording.phase === "recording" ? "an episode is being recorded"
     : st.intent === "policy" || sources.includes("policy") || (st.policy && st.policy.driving) ? "a policy drives the follower"
     : other ? `the follower is driven by ${other}` : "";
