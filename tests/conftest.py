@@ -133,6 +133,7 @@ FILE_KINDS: dict[str, str] = {
     "test_console_access.py": "e2e",
     "test_console_attacks.py": "e2e",
     "test_console_browser.py": "e2e",
+    "test_console_bimanual.py": "e2e",
     "test_daemon_hold_paths.py": "e2e",
     "test_daemon_process.py": "e2e",
     "test_dataset_benches.py": "e2e",

@@ -600,14 +600,27 @@ class LiveJoints(msgspec.Struct, kw_only=True, array_like=False):
     follower: list[float] | None = None
 
 
+class LiveArm(msgspec.Struct, kw_only=True):
+    """One driven arm of a rig with several: its own mode, the source driving it, and its joints
+    (the leader's: the leader that drives it in teleop)."""
+
+    mode: str = "?"
+    reason: str = ""
+    source: str = ""
+    joints: LiveJoints = msgspec.field(default_factory=LiveJoints)
+
+
 class LiveStatus(Reply):
-    """``status.live``: the few fields that change every cycle (a 20 Hz plot reads them)."""
+    """``status.live``: the few fields that change every cycle (a 20 Hz plot reads them).
+    ``arms``: each arm's, by name, only when the daemon drives more than one (a single-arm rig's
+    reply stays as small as before: ``joints`` is that arm's)."""
 
     mode: str = "?"
     reason: str = ""
     fault: str = ""
     cycles: int = 0
     joints: LiveJoints = msgspec.field(default_factory=LiveJoints)
+    arms: dict[str, LiveArm] | None = None
 
 
 class CameraInfo(msgspec.Struct, kw_only=True):

@@ -13,7 +13,9 @@ its declaration before these handlers see it.
   not delivered a frame yet.
 
 - ``status.live`` -> ``{"mode", "reason", "fault", "cycles", "joints": {"leader", "command",
-  "follower"}}``: the few fields that change every cycle, for a 20 Hz plot. ``status`` computes
+  "follower"}}``: the few fields that change every cycle, for a 20 Hz plot; on a daemon driving
+  more than one arm also ``"arms": {NAME: {"mode", "reason", "source", "joints"}}`` (a single-arm
+  reply carries nothing more than before). ``status`` computes
   percentiles over every stage's window (about a millisecond of the interpreter's time); asked 20
   times a second it would compete with the loop for the GIL. This one reads references.
 
@@ -36,9 +38,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from daemon.api.messages import CameraPreviewRequest
 from daemon.api.server import ControlServer, RequestError
+from daemon.control.driven_arm import DrivenArm
 from daemon.control.loop import ControlLoop
 from daemon.service.context import DaemonContext
 from drivers.cameras import Camera
@@ -88,6 +92,27 @@ def encode_preview(pixels_rgb: Any, max_width: int, max_height: int, quality: in
     return buf.tobytes(), w, h
 
 
+def _live_joints(
+    leader: np.ndarray | None, command: np.ndarray | None, follower: np.ndarray | None
+) -> dict[str, list[float] | None]:
+    return {
+        "leader": None if leader is None else [round(float(x), 3) for x in leader],
+        "command": None if command is None else [round(float(x), 3) for x in command],
+        "follower": None if follower is None else [round(float(x), 3) for x in follower],
+    }
+
+
+def _live_arm(loop: ControlLoop, arm: DrivenArm) -> dict[str, Any]:
+    st = arm.state
+    leader = loop.leaders.get(arm.teleop_source)  # as status: the leader that drives it in teleop
+    return {
+        "mode": st.mode,
+        "reason": st.reason,
+        "source": arm.source_name,
+        "joints": _live_joints(None if leader is None else leader.units, arm.command, arm.measured),
+    }
+
+
 class ConsoleApi:
     """The verbs above, bound to one daemon."""
 
@@ -105,14 +130,17 @@ class ConsoleApi:
     def status_live(self, req: dict[str, Any]) -> dict[str, Any]:
         loop = daemon_loop(self.context)
         st = loop.state  # the loop replaces these objects each cycle, never changes them in place
-        joints = {"leader": loop.leader_units, "command": loop.command, "follower": loop.measured}
-        return {
+        reply: dict[str, Any] = {
             "mode": st.mode,
             "reason": st.reason,
             "fault": st.fault,
             "cycles": loop.cycles,
-            "joints": {k: None if v is None else [round(float(x), 3) for x in v] for k, v in joints.items()},
+            "joints": _live_joints(loop.leader_units, loop.command, loop.measured),
         }
+        arms = tuple(loop.arms)  # an arm added on a running loop joins the list between cycles
+        if len(arms) > 1:  # a single-arm reply stays as it was: its joints above are that arm's
+            reply["arms"] = {arm.name: _live_arm(loop, arm) for arm in arms}
+        return reply
 
     def _camera(self, name: Any) -> Any:
         cams = daemon_cameras(self.context)

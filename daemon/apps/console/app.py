@@ -5,8 +5,9 @@ Websocket messages, console -> page (text frames are JSON):
 - ``{"t": "status", "status": {...}}`` at 5 Hz: the daemon's ``status`` reply as the API declares
   it (``StatusReply``, daemon/api/messages.py; a field the schema does not declare never reaches the
   page);
-- ``{"t": "live", "live": {"mode", "reason", "fault", "cycles", "joints"}}`` at 20 Hz
-  (``status.live``: what the plots and the mode badge need);
+- ``{"t": "live", "live": {"mode", "reason", "fault", "cycles", "joints", "arms"}}`` at 20 Hz
+  (``status.live``: what the plots and the mode badge need; ``arms``, each arm's mode, source and
+  joints, only from a daemon driving more than one);
 - ``{"t": "link", "link": {"connected", "error", "restarts", ...}}`` when the daemon goes or comes;
 - ``{"t": "reply", "id": ID, "ok": bool, "error"?: str, ...}`` for each verb the page sent;
 - binary frames: camera previews, ``u32 header length (big-endian) | header JSON | JPEG``.

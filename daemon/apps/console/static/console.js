@@ -10,6 +10,7 @@ const $ = (id) => document.getElementById(id);
 const C = (window.so101dConsole = {
   statusCount: 0, liveCount: 0, previewFrames: {}, replies: 0, connected: false, link: null, lastStatus: null,
   samples: [], // {t, leader[], command[], follower[]} newest last
+  arms: {}, // a rig of several arms: arm name -> {samples} (as above), one view per arm
   session: { active: false, phase: "idle", deadline: 0, task: "" },
 });
 
@@ -32,6 +33,7 @@ function connect() {
     pending.clear();
     for (const id of quiet) replyHandlers.delete(id);
     quiet.clear();
+    ownErrors.clear();
     replay.asked = false; replay.asking = false; // the next status asks again
     setTimeout(connect, retryMs);
     retryMs = Math.min(retryMs * 2, 4000);
@@ -90,12 +92,15 @@ const replyHandlers = new Map(); // id -> fn(reply)
 function sendThen(cmd, args, btn, fn) { const id = send(cmd, args, btn); if (id && fn) replyHandlers.set(id, fn); return id; }
 
 // A question the page asks by itself (replay.status while a replay runs): no button, and its
-// answer goes to its handler, not to the message line (an error still does).
+// answer goes to its handler, not to the message line (an error still does, unless ownError:
+// its handler shows it where it belongs).
 const quiet = new Set();
-function ask(cmd, fn) {
+const ownErrors = new Set();
+function ask(cmd, fn, ownError = false) {
   if (!ws || ws.readyState !== WebSocket.OPEN) return null;
   const id = `q${Date.now()}-${nextId++}`;
   quiet.add(id);
+  if (ownError) ownErrors.add(id);
   replyHandlers.set(id, fn);
   ws.send(JSON.stringify({ t: "verb", id, cmd, args: {} }));
   return id;
@@ -104,7 +109,11 @@ function ask(cmd, fn) {
 function onReply(m) {
   const fn = replyHandlers.get(m.id);
   replyHandlers.delete(m.id);
-  if (quiet.delete(m.id)) { if (!m.ok) say(`${m.cmd || "request"}: ${m.error || "failed"}`, true); if (fn) fn(m); return; }
+  if (quiet.delete(m.id)) {
+    if (!ownErrors.delete(m.id) && !m.ok) say(`${m.cmd || "request"}: ${m.error || "failed"}`, true);
+    if (fn) fn(m);
+    return;
+  }
   if (m.ok) say(m.message || `${m.cmd}: ok` + (m.episode !== undefined ? ` (episode ${m.episode})` : ""), false);
   else say(`${m.cmd || "request"}: ${m.error || "failed"}`, true);
   if (fn) fn(m);
@@ -135,8 +144,28 @@ function showMode(mode, reason) {
 function onLive(lv) {
   showMode(lv.mode, lv.reason);
   const now = performance.now() / 1000;
-  C.samples.push({ t: now, leader: lv.joints.leader, command: lv.joints.command, follower: lv.joints.follower });
-  while (C.samples.length && C.samples[0].t < now - PLOT_WINDOW_S) C.samples.shift();
+  pushSample(C.samples, now, lv.joints);
+  if (lv.arms) onLiveArms(lv.arms, now); // present only when the daemon drives more than one arm
+}
+
+/** @param {LiveJoints} lj */
+function pushSample(samples, now, lj) {
+  samples.push({ t: now, leader: lj.leader, command: lj.command, follower: lj.follower });
+  while (samples.length && samples[0].t < now - PLOT_WINDOW_S) samples.shift();
+}
+
+// each arm's mode, source and joints, into its own view
+/** @param {Object<string, LiveArm>} liveArms */
+function onLiveArms(liveArms, now) {
+  const names = Object.keys(liveArms);
+  ensureArmViews(names);
+  for (const name of names) {
+    /** @type {LiveArm} */
+    const la = liveArms[name];
+    const view = armViews[name];
+    pushSample(C.arms[name].samples, now, la.joints);
+    showArmMode(view, la.mode, la.reason, la.source);
+  }
 }
 
 /** @param {StatusReply} st */
@@ -160,6 +189,7 @@ function onStatus(st) {
     .filter((k) => t[k]).map((k) => `<span class="k">${k}</span> ${fmt(t[k].p50, 2)}/${fmt(t[k].p99, 2)} ms`).join(" · ");
   showSafety(st);
   showServos(st);
+  showArms(st);
   showRecording(st.recording);
   showCameraProblems(st.cameras);
   showPolicy(st.policy);
@@ -194,8 +224,12 @@ function showSafety(st) {
 
 /** @param {StatusReply} st */
 function showServos(st) {
-  const body = $("servos").tBodies[0];
-  const servos = st.servos || {};
+  $("servos").tBodies[0].innerHTML = servoRows(st.servos || {}, st.missing_servos || [], "");
+}
+
+/** A servo table's rows: one per servo that answers, then one per servo that does not; each
+ * named `${prefix}${joint}` (a rig of several arms: LeRobot's left_shoulder_pan ...). */
+function servoRows(servos, missing, prefix) {
   const rows = JOINTS.filter((j) => servos[j]).map((j) => {
     /** @type {ServoStatus} */
     const servo = servos[j];
@@ -203,11 +237,66 @@ function showServos(st) {
     const volt = servo.voltage_v !== null && (servo.voltage_v < 6.0 || servo.voltage_v > 8.4) ? "bad" : servo.voltage_v < 6.5 ? "warn" : "";
     const load = Math.abs(servo.load_pct) >= 90 ? "bad" : Math.abs(servo.load_pct) >= 60 ? "warn" : "";
     const status = servo.status ? "bad" : "";
-    return `<tr><td>${j}</td><td class="${temp}">${fmt(servo.temperature_c, 0)}</td><td class="${volt}">${fmt(servo.voltage_v, 1)}</td>` +
+    return `<tr><td>${esc(prefix + j)}</td><td class="${temp}">${fmt(servo.temperature_c, 0)}</td><td class="${volt}">${fmt(servo.voltage_v, 1)}</td>` +
       `<td class="${load}">${fmt(servo.load_pct, 0)}</td><td class="${status}">${servo.status ? "0x" + servo.status.toString(16) : "ok"}</td></tr>`;
   });
-  for (const j of st.missing_servos || []) rows.push(`<tr><td>${esc(j)}</td><td class="bad" colspan="4">not answering</td></tr>`);
-  body.innerHTML = rows.join("");
+  for (const j of missing) rows.push(`<tr><td>${esc(prefix + j)}</td><td class="bad" colspan="4">not answering</td></tr>`);
+  return rows.join("");
+}
+
+// ------------------------------------------------------------------ a rig of several arms
+// One view per arm (its mode and source, its servo table, its joint plots, captioned with
+// LeRobot's bimanual names: left_shoulder_pan ...) in place of the single arm's table and plots.
+// A single-arm daemon's status has one arm and its status.live no arms: none of this shows.
+const armViews = {}; // arm name -> {mode, reason, source, servos, plots: {joint: canvas}}
+
+function ensureArmViews(names) {
+  if (names.length < 2 || names.every((n) => armViews[n])) return;
+  const box = $("arms");
+  for (const name of names) {
+    if (armViews[name]) continue;
+    const sec = document.createElement("div");
+    sec.className = "arm";
+    sec.id = `arm-${name}`;
+    sec.innerHTML = `<h3>arm ${esc(name)} <span id="arm-${esc(name)}-mode" class="mode">…</span> ` +
+      `<span id="arm-${esc(name)}-reason" class="reason"></span> <span class="k">source</span> <span id="arm-${esc(name)}-source">–</span></h3>` +
+      `<table id="servos-${esc(name)}" class="servos"><thead><tr><th>servo</th><th>°C</th><th>V</th><th>load %</th><th>status</th></tr></thead><tbody></tbody></table>` +
+      `<div id="plots-${esc(name)}" class="plots"></div>`;
+    box.appendChild(sec);
+    const view = { mode: sec.querySelector(".mode"), reason: sec.querySelector(".reason"), source: sec.querySelector(`[id$="-source"]`),
+      servos: sec.querySelector("table"), plots: {} };
+    const plotBox = sec.querySelector(".plots");
+    for (const j of JOINTS) view.plots[j] = addPlot(plotBox, `plot-${name}-${j}`, `${name}_${j}`);
+    armViews[name] = view;
+    C.arms[name] = { samples: [] };
+  }
+  $("servos").hidden = true; // the primary arm's, shown again in its own view
+  $("plots").hidden = true;
+  box.hidden = false;
+}
+
+function showArmMode(view, mode, reason, source) {
+  view.mode.textContent = mode;
+  view.mode.className = "mode " + mode;
+  view.reason.textContent = reason || "";
+  view.source.textContent = source || "–";
+}
+
+/** Each arm's mode, source, servos and missing servos (5 Hz; status.live brings mode and joints at 20 Hz).
+ * @param {StatusReply} st */
+function showArms(st) {
+  /** @type {Object<string, ArmStatus>} */
+  const arms = st.arms || {};
+  const names = Object.keys(arms);
+  ensureArmViews(names);
+  if (names.length < 2) return;
+  for (const name of names) {
+    /** @type {ArmStatus} */
+    const armSt = arms[name];
+    const view = armViews[name];
+    showArmMode(view, armSt.mode, armSt.reason, armSt.source);
+    view.servos.tBodies[0].innerHTML = servoRows(armSt.servos || {}, armSt.missing_servos || [], `${name}_`);
+  }
 }
 
 function esc(s) { return String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]); }
@@ -216,16 +305,19 @@ function esc(s) { return String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<
 const plotCanvases = {};
 function makePlots() {
   const box = $("plots");
-  for (const j of JOINTS) {
-    const fig = document.createElement("figure");
-    fig.innerHTML = `<figcaption>${j}</figcaption>`;
-    const cv = document.createElement("canvas");
-    cv.id = `plot-${j}`;
-    cv.width = 300; cv.height = 110;
-    fig.appendChild(cv);
-    box.appendChild(fig);
-    plotCanvases[j] = cv;
-  }
+  for (const j of JOINTS) plotCanvases[j] = addPlot(box, `plot-${j}`, j);
+}
+
+function addPlot(box, id, caption) {
+  const fig = document.createElement("figure");
+  const cap = document.createElement("figcaption");
+  cap.textContent = caption;
+  const cv = document.createElement("canvas");
+  cv.id = id;
+  cv.width = 300; cv.height = 110;
+  fig.append(cap, cv);
+  box.appendChild(fig);
+  return cv;
 }
 
 function drawSeries(ctx, w, h, xs, ys, lo, hi, color) {
@@ -244,10 +336,14 @@ function drawSeries(ctx, w, h, xs, ys, lo, hi, color) {
 
 function drawPlots() {
   const now = performance.now() / 1000;
-  const s = C.samples;
+  if (!$("plots").hidden) drawPlotSet(plotCanvases, C.samples, now);
+  for (const name of Object.keys(armViews)) drawPlotSet(armViews[name].plots, C.arms[name].samples, now);
+}
+
+function drawPlotSet(canvases, s, now) {
   const xs = s.map((p) => 1 - (now - p.t) / PLOT_WINDOW_S);
   JOINTS.forEach((name, k) => {
-    const cv = plotCanvases[name];
+    const cv = canvases[name];
     const ctx = cv.getContext("2d");
     ctx.clearRect(0, 0, cv.width, cv.height);
     let lo = Infinity, hi = -Infinity;
@@ -448,7 +544,7 @@ async function loadEpisodes() {
 const REPLAY_POLL_MS = 250;
 const replay = (C.replay = {
   reply: null, seenRunning: false, polling: false, asking: false, asked: false, block: "", listRoot: null, listCount: 0,
-  refreshAfter: false, error: null, errorIndex: null, reports: 0, reportKey: "",
+  refreshAfter: false, error: null, errorIndex: null, reports: 0, reportKey: "", refused: "",
 });
 
 function startReplay(index, speed, btn) {
@@ -494,13 +590,22 @@ function pollReplay() {
 /** What keeps Replay off now (the daemon refuses these too, saying so), "" when nothing does.
  * @param {StatusReply} st */
 function replayFromStatus(st) {
-  if (!replay.asked) { replay.asked = !!ask("replay.status", (r) => { if (r.ok) onReplayReply(r); }); } // the last report
   /** @type {Object<string, ArmStatus>} */
   const arms = st.arms || {};
+  // a daemon driving several arms refuses replay, saying why: said as what keeps Replay off, not
+  // as an error of a question the operator did not ask
+  const several = Object.keys(arms).length > 1;
+  if (!replay.asked) {
+    replay.asked = !!ask("replay.status", (r) => { // the last report
+      if (r.ok) { replay.refused = ""; onReplayReply(r); }
+      else if (several) { replay.refused = r.error || "refused"; applyReplayBlock(); }
+    }, several);
+  }
   const sources = Object.keys(arms).map((k) => arms[k].source);
   if (sources.includes("replay") && !replay.polling) replay.polling = true; // started elsewhere (so101d replay)
   const other = sources.find((x) => x && !["leader", "replay", "policy"].includes(x));
-  replay.block = replay.polling ? "a replay is running"
+  replay.block = replay.refused ? replay.refused
+    : replay.polling ? "a replay is running"
     : st.recording && st.recording.phase === "recording" ? "an episode is being recorded"
     : st.intent === "policy" || sources.includes("policy") || (st.policy && st.policy.driving) ? "a policy drives the follower"
     : other ? `the follower is driven by ${other}` : "";
