@@ -585,6 +585,8 @@ def test_the_plugin_observes_through_the_pose_share(daemon: Daemon) -> None:
         assert share.arms == ["follower"] and share.period_s == pytest.approx(0.01)
         reader = PoseShareReader(share.path)
         try:
+            # the share is written from the loop's next cycle on (under load, after the reply)
+            wait_for(lambda: reader.read() is not None, 5, "the share's first record")
             first = reader.read()
             assert first is not None
             wait_for(lambda: (r := reader.read()) is not None and r.cycle > first.cycle + 5, 5, "newer cycles")
