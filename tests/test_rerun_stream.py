@@ -328,3 +328,72 @@ def test_kill_9_of_the_demo_takes_its_rerun_streamer_with_it(tmp_path: Path) -> 
         if demo.poll() is None:
             demo.kill()
             demo.wait()
+
+
+@pytest.mark.e2e
+def test_a_bimanual_daemon_streams_each_arms_joints_under_lerobots_bimanual_names(tmp_path: Path) -> None:
+    """`so101d run` on the virtual bimanual bench, `so101d rerun` beside it: every joint of both
+    arms arrives as observation.left_<joint>.pos ... observation.right_<joint>.pos (LeRobot's
+    bi_so_follower keys), each arm moving after its own leader."""
+    import numpy as np
+    from bimanual_support import write_bimanual_config
+
+    sides = ("left", "right")
+    entities = [
+        f"/{joint_entity(prefix, f'{s}_{j}')}" for _, prefix in JOINT_SERIES for s in sides for j in JOINT_NAMES
+    ]
+    sock = tmp_path / "control.sock"
+    port = free_port()
+    with EmulatorProcess(tmp_path / "rig", bimanual=True, calibration_out=tmp_path / "rig" / "calibration") as rig:
+        rig.control({"cmd": "set_motion", "arm": "left_leader", "motion": "handover-left"})
+        rig.control({"cmd": "set_motion", "arm": "right_leader", "motion": "handover-right"})
+        config = write_bimanual_config(rig, tmp_path, f'\n[socket]\npath = "{sock}"\n')
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "daemon.apps.cli", "run", "--config", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+        )
+        sink = Sink(port, tmp_path / "bimanual.rrd")
+        streamer = None
+        try:
+            wait_status(
+                sock, lambda s: all(a["mode"] == "teleop" for a in s["arms"].values()), timeout_s=90, proc=daemon
+            )
+            streamer = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "daemon.apps.cli",
+                    "rerun",
+                    "--connect",
+                    f"127.0.0.1:{port}",
+                    "--socket",
+                    str(sock),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                env=_env(),
+            )
+            last: dict[str, list[dict[str, Any]]] = {}
+
+            def complete() -> bool:
+                nonlocal last
+                try:
+                    last = read_rrd(sink.rrd) if sink.rrd.exists() else {}
+                except Exception:  # a message half written: read again
+                    return False
+                return all(len(rows(last, e, "Scalars:scalars")) >= 30 for e in entities)
+
+            assert poll_until(complete, 90, period_s=0.5), f"incomplete: { {k: len(v) for k, v in last.items()} }"
+            pans = {
+                s: [v[0] for v in rows(last, f"/observation.{s}_shoulder_pan.pos", "Scalars:scalars")] for s in sides
+            }
+            assert not np.allclose(pans["left"][-10:], pans["right"][-10:], atol=1.0), pans
+            assert not rows(last, "/observation.shoulder_pan.pos", "Scalars:scalars")  # no unprefixed arm
+        finally:
+            for proc in (streamer, daemon):
+                if proc is not None and proc.poll() is None:
+                    proc.terminate()
+                    proc.wait(60)
+            sink.stop()

@@ -12,6 +12,8 @@ What the viewer gets (the names LeRobot's ``--display_data`` uses, so a LeRobot 
 - ``teleop.action.<joint>.pos``: the leader's target before safety (the dataset's teleop.action);
 - ``observation.<camera>``: each configured camera as a JPEG (``rr.EncodedImage``);
 - ``so101d.mode``: the mode and its reason, when it changes (hold, fault, policy...).
+On a bimanual daemon each arm's joints carry LeRobot's bimanual prefix, as its bi_so_follower /
+bi_so_leader keys do: ``observation.left_<joint>.pos`` ... ``observation.right_<joint>.pos``.
 Everything is stamped on the ``daemon_cycle`` timeline (the control loop's cycle counter at the
 newest ``status.live``; a frame gets the cycle it was fetched at) as well as Rerun's ``log_time``. A blueprint puts one plot per joint (its three series together, as on
 the console) beside the camera views.
@@ -130,6 +132,8 @@ class RerunStreamer:
         self.after_seq: dict[str, int | None] = {}
         self.mode: tuple[str, str] | None = None
         self.joint_rows = 0  # joint samples sent (the daemon's replies that carried joints)
+        # the joints' key prefixes: "" for one arm; "left_", "right_" for a bimanual pair's
+        self.arm_prefixes: list[str] = [""]
         self.images = 0
 
     # ------------------------------------------------------------------ the viewer
@@ -214,6 +218,9 @@ class RerunStreamer:
     def _start_cameras(self) -> None:
         reply = self.client.call_as(CameraList, "camera.list")
         self.cameras = [] if isinstance(reply, ErrorReply) else [c.name for c in reply.cameras]
+        live = self.client.call_as(LiveStatus, "status.live")  # which arms: the plots' names
+        arms = None if isinstance(live, ErrorReply) else live.arms
+        self.arm_prefixes = [f"{name}_" for name in arms] if arms else [""]
         self.after_seq = dict.fromkeys(self.cameras)
         self.rec.send_blueprint(self._blueprint(self.cameras))
 
@@ -221,10 +228,11 @@ class RerunStreamer:
         rrb = self.rr.blueprint
         plots = [
             rrb.TimeSeriesView(
-                name=joint,
+                name=f"{arm}{joint}",
                 origin="/",
-                contents=[f"+ /{joint_entity(prefix, joint)}" for _, prefix in JOINT_SERIES],
+                contents=[f"+ /{joint_entity(prefix, arm + joint)}" for _, prefix in JOINT_SERIES],
             )
+            for arm in self.arm_prefixes
             for joint in JOINT_NAMES
         ]
         images = [rrb.Spatial2DView(name=c, origin=f"/{camera_entity(c)}") for c in cameras]
@@ -240,14 +248,15 @@ class RerunStreamer:
             level = rr.TextLogLevel.WARN if mode[0] == "fault" else rr.TextLogLevel.INFO
             rec.log(MODE_ENTITY, rr.TextLog(f"{mode[0]}: {mode[1]}" if mode[1] else mode[0], level=level))
             self.mode = mode
-        j = reply.joints
+        each = [(f"{name}_", arm.joints) for name, arm in reply.arms.items()] if reply.arms else [("", reply.joints)]
         logged = False
-        for values, (_, prefix) in zip((j.leader, j.command, j.follower), JOINT_SERIES):
-            if not values:  # None before the arm is read (or no leader: a policy drives)
-                continue
-            for joint, value in zip(JOINT_NAMES, values):
-                rec.log(joint_entity(prefix, joint), rr.Scalars(float(value)))
-            logged = True
+        for arm, j in each:
+            for values, (_, prefix) in zip((j.leader, j.command, j.follower), JOINT_SERIES):
+                if not values:  # None before the arm is read (or no leader: a policy drives)
+                    continue
+                for joint, value in zip(JOINT_NAMES, values):
+                    rec.log(joint_entity(prefix, arm + joint), rr.Scalars(float(value)))
+                logged = True
         self.joint_rows += logged
 
     def _log_preview(self, camera: str) -> None:
