@@ -521,7 +521,9 @@ class LeRobotCamera(ThreadedCamera):
                 self._add_event(CameraEvent("back", t))
                 self.state = "streaming"
                 log.warning("camera %s: sending again after %.1f s", self.name, t - self._gone_since_s)
-            if last is not None and negotiated.fps > 0 and self.state == "streaming":
+            # counted from the first frame, through its check too (doctor reads them as that ends); a
+            # refused camera looked at again counts once it passes (its frames are not published before)
+            if last is not None and negotiated.fps > 0 and not (verifying and rechecking):
                 gap_periods = (t - last) * negotiated.fps
                 if gap_periods > 1.5:
                     self._dropped += round(gap_periods) - 1
