@@ -24,6 +24,7 @@ OpenCV's ``set`` answers False) is opened as it is at once and judged the same w
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -291,6 +292,18 @@ class LeRobotCamera(ThreadedCamera):
             return cam
         except RuntimeError as exc:  # LeRobot: "failed to set fps=30 (actual_fps=15.0)" and the like
             log.info("camera %s: %s; opening it as it is to see what it gives", self.name, exc)
+        if self.kind == "opencv":
+            # The size and FOURCC asked, the rate left to the camera: opened with nothing asked,
+            # OpenCV's V4L2 backend sets its own 640x480 and first format (cap_v4l.cpp), so a camera
+            # that only missed the rate would be judged (and refused, even with "warn") by a size
+            # and format it was never asked for. Its rate is then what it negotiated.
+            sized = dataclasses.replace(lerobot_config(self.config), fps=None)
+            try:
+                cam = make_cameras_from_configs({self.name: sized})[self.name]
+                cam.connect()
+                return cam
+            except RuntimeError as exc:  # the size not taken either: as it is, judged by what it gives
+                log.info("camera %s: %s; opening it as it is", self.name, exc)
         cam = make_cameras_from_configs({self.name: lerobot_config(self.config, request=False)})[self.name]
         cam.connect()
         return cam

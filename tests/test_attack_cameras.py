@@ -8,13 +8,19 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import ClassVar
 
+import numpy as np
 import pytest
 from cameras_support import PipeCamera
+from support import wait_for
 
 from daemon.apps.commands.doctor import camera_report
 from daemon.config.settings import ConfigError, config_from_dict
+from drivers.camera_lerobot import LeRobotCamera
+from drivers.cameras import CameraConfig
 
 SO101D = [sys.executable, "-m", "daemon.apps.cli"]
 
@@ -99,3 +105,101 @@ def test_doctor_counts_the_frames_a_camera_drops(tmp_path, monkeypatch):
     assert m is not None, front.detail
     # about 15 over the second it was timed (every other frame of 30 fps); any is enough to say so
     assert int(m.group(1)) >= 5, front.detail
+
+
+class V4L2Capture:
+    """A UVC webcam as OpenCV's V4L2 backend shows it (modules/videoio/src/cap_v4l.cpp): opened,
+    it is set to the backend's defaults, 640x480 at 30 fps in the first format of the backend's
+    list the camera offers (YUYV before MJPG); ``set`` of a size or format the camera offers
+    takes it, ``set`` of a rate takes the nearest the current mode offers (the driver's answer to
+    VIDIOC_S_PARM); ``read`` gives BGR frames at that rate."""
+
+    MODES: ClassVar[
+        dict[tuple[str, int, int], tuple[float, ...]]
+    ] = {  # (fourcc, width, height): rates; a USB 2 webcam: 720p uncompressed only at 10 fps
+        ("YUYV", 640, 480): (30.0,),
+        ("YUYV", 1280, 720): (10.0,),
+        ("MJPG", 640, 480): (30.0,),
+        ("MJPG", 1280, 720): (30.0,),
+    }
+
+    def __init__(self, *_args: object) -> None:
+        self.fourcc, self.width, self.height = "YUYV", 640, 480
+        self.fps = 30.0
+        self._next_s = 0.0
+
+    def isOpened(self) -> bool:  # OpenCV's name
+        return True
+
+    def release(self) -> None:
+        pass
+
+    def get(self, prop: int) -> float:
+        import cv2
+
+        return {
+            cv2.CAP_PROP_FRAME_WIDTH: float(self.width),
+            cv2.CAP_PROP_FRAME_HEIGHT: float(self.height),
+            cv2.CAP_PROP_FPS: self.fps,
+            cv2.CAP_PROP_FOURCC: float(cv2.VideoWriter_fourcc(*self.fourcc)),
+        }.get(prop, 0.0)
+
+    def set(self, prop: int, value: float) -> bool:
+        import cv2
+
+        if prop == cv2.CAP_PROP_FOURCC:
+            code = int(value)
+            fourcc = "".join(chr((code >> (8 * i)) & 0xFF) for i in range(4))
+            if (fourcc, self.width, self.height) in self.MODES:
+                self.fourcc = fourcc
+            return True
+        if prop == cv2.CAP_PROP_FRAME_WIDTH:
+            # OpenCV sets width then height, each a VIDIOC_S_FMT; a size the format offers is taken
+            fits = [w for (f, w, _h) in self.MODES if f == self.fourcc and w == int(value)]
+            self.width = fits[0] if fits else self.width
+            return True
+        if prop == cv2.CAP_PROP_FRAME_HEIGHT:
+            if (self.fourcc, self.width, int(value)) in self.MODES:
+                self.height = int(value)
+            self.fps = min(self.MODES[(self.fourcc, self.width, self.height)], key=lambda r: abs(r - self.fps))
+            return True
+        if prop == cv2.CAP_PROP_FPS:
+            self.fps = min(self.MODES[(self.fourcc, self.width, self.height)], key=lambda r: abs(r - value))
+            return True
+        return False
+
+    def read(self) -> tuple[bool, np.ndarray]:
+        now = time.monotonic()
+        self._next_s = max(self._next_s + 1.0 / self.fps, now)
+        time.sleep(max(0.0, self._next_s - now))
+        return True, np.full((self.height, self.width, 3), 90, np.uint8)
+
+
+@pytest.mark.parametrize("on_mismatch", ["refuse", "warn"])
+def test_a_webcam_that_only_misses_the_rate_is_judged_by_its_rate_not_by_opencvs_default_mode(monkeypatch, on_mismatch):
+    # 1280x720 MJPG asked at 60 fps; the camera gives that size and format at 30. LeRobot's strict
+    # open fails on the rate; the camera was then reopened with nothing asked, where OpenCV's V4L2
+    # backend sets 640x480 YUYV: refused "configured 1280x720, the camera gives 640x480;
+    # configured FOURCC MJPG, the camera gives YUYV", even with on_mismatch = "warn" (a size
+    # problem always refuses), for a camera that gives the configured size and format.
+    import cv2
+
+    monkeypatch.setattr(cv2, "VideoCapture", V4L2Capture)
+    cfg = dict(device="/dev/null", width=1280, height=720, fps=60.0, fourcc="MJPG", on_mismatch=on_mismatch)
+    cam = LeRobotCamera(CameraConfig("front", **cfg))  # /dev/null: a character device, as /dev/video0
+    cam.start()
+    try:
+        wait_for(lambda: cam.state not in ("opening", "verifying"), 30, f"camera settled ({cam.stats()})")
+        st = cam.stats()
+    finally:
+        cam.stop()
+    v = cam.verification
+    assert v is not None and not v.size_problem, v
+    assert (v.negotiated.width, v.negotiated.height, v.negotiated.fourcc) == (1280, 720, "MJPG"), v
+    assert "configured 60 fps, the camera negotiated 30 fps" in v.problems, v.problems
+    if on_mismatch == "refuse":
+        assert cam.state == "refused" and "the camera negotiated 30 fps" in cam.refusal(), cam.refusal()
+        assert "1280x720" not in cam.refusal() and "FOURCC" not in cam.refusal(), cam.refusal()
+    else:  # recorded at the camera's rate, the tag says so
+        assert cam.state == "streaming", st
+        assert "configured 60 fps, the camera negotiated 30 fps" in cam.mismatch_note(), cam.mismatch_note()
