@@ -17,8 +17,9 @@ and read on their own thread. Around one of them this adds what the daemon needs
   the colour frame's capture time.
 
 A device that does not take the configured mode makes LeRobot's strict open fail ("failed to set
-fps=30"); it is then opened as it is and judged by what it delivers, so the answer names the
-configured and the delivered values. A source that takes no settings at all (a video file, a pipe:
+fps=30"); an OpenCV camera is then opened with the size and FOURCC asked and the rate left to it,
+and failing that (or another kind) as it is, and judged by what it delivers, so the answer names
+the configured and the delivered values. A source that takes no settings at all (a video file, a pipe:
 OpenCV's ``set`` answers False) is opened as it is at once and judged the same way.
 """
 

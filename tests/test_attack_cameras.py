@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import numpy as np
 import pytest
@@ -19,6 +19,8 @@ from support import wait_for
 
 from daemon.apps.commands.doctor import camera_report
 from daemon.config.settings import ConfigError, config_from_dict
+from daemon.data.recorder import Recorder
+from daemon.service.cameras import CameraEpisodeHook
 from drivers.camera_lerobot import LeRobotCamera
 from drivers.cameras import CameraConfig
 
@@ -203,3 +205,29 @@ def test_a_webcam_that_only_misses_the_rate_is_judged_by_its_rate_not_by_opencvs
     else:  # recorded at the camera's rate, the tag says so
         assert cam.state == "streaming", st
         assert "configured 60 fps, the camera negotiated 30 fps" in cam.mismatch_note(), cam.mismatch_note()
+
+
+def test_the_tag_keeps_a_mismatch_the_episode_began_with_after_a_replug_that_fits(tmp_path, monkeypatch):
+    # on_mismatch = "warn": the episode starts on a camera giving 15 of 30 fps; it is unplugged
+    # and a camera that fits comes back on its path. The tag's mismatch note was read from the
+    # camera's verification at the end only (now clean): the episode's first part, recorded at
+    # 15 fps, was tagged as if nothing differed.
+    monkeypatch.setenv("OPENCV_FFMPEG_CAPTURE_OPTIONS", "probesize;65536|analyzeduration;0")
+    path = tmp_path / "usb-cam-video-index0"
+    src = PipeCamera(path, header_fps=15, rate_fps=15).plug()
+    cam = LeRobotCamera(CameraConfig("front", device=str(path), width=320, height=240, fps=30, on_mismatch="warn"))
+    hook = CameraEpisodeHook([cam])
+    cam.start()
+    try:
+        wait_for(lambda: cam.state == "streaming", 30, f"streaming at 15 fps ({cam.stats()})")
+        hook.episode_starting(cast(Recorder, None))  # the hook asks nothing of the recorder
+        src.unplug()
+        wait_for(lambda: cam.state == "gone", 30, "gone")
+        src = PipeCamera(path, header_fps=30, rate_fps=30).plug()
+        wait_for(lambda: cam.state == "streaming" and not cam.verification.problems, 30, f"back ({cam.stats()})")
+        _, notes = hook.episode_ending(cast(Recorder, None), saved=True)
+    finally:
+        cam.stop()
+        src.unplug()
+    assert any("configured 30 fps" in n and "15 fps" in n and "warn" in n for n in notes), notes
+    assert any(n.startswith("camera front: gone at") for n in notes), notes
