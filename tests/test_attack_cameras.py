@@ -231,3 +231,35 @@ def test_the_tag_keeps_a_mismatch_the_episode_began_with_after_a_replug_that_fit
         src.unplug()
     assert any("configured 30 fps" in n and "15 fps" in n and "warn" in n for n in notes), notes
     assert any(n.startswith("camera front: gone at") for n in notes), notes
+
+
+def test_doctor_checks_a_zmq_camera_too(tmp_path):
+    # A ZMQ image server's camera is one of the daemon's cameras (its frames are recorded as any
+    # other's), but doctor left it out: with only it configured there was no [cameras] part at
+    # all, and an image server that is not running went unsaid until `episode start` refused.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing serves here
+    cfg = config_from_dict(
+        {
+            "cameras": {
+                "front": {
+                    "kind": "zmq",
+                    "server_address": "127.0.0.1",
+                    "port": port,
+                    "camera_name": "front",
+                    "timeout_ms": 200,
+                    "width": 160,
+                    "height": 120,
+                }
+            }
+        }
+    )
+    rep = camera_report(cfg.cameras, open_cameras=True)
+    assert rep is not None
+    checks = {c.name: c for c in rep.checks}
+    assert "usb bandwidth" not in checks  # over the network: no USB bus to share
+    front = checks["camera front"]
+    assert front.status == "FAIL" and f"127.0.0.1:{port}" in front.detail, front
