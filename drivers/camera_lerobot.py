@@ -283,6 +283,13 @@ class LeRobotCamera(ThreadedCamera):
         settings at all is opened as it is (then judged by what it gives)."""
         from lerobot.cameras.utils import make_cameras_from_configs
 
+        if self.kind == "zmq":
+            # No warm-up inside LeRobot's connect: with no image server there, its failed warm-up
+            # closes the socket its read thread is still receiving on, and libzmq aborts the whole
+            # process ("Assertion failed: pfd.revents & POLLIN"). The frames are waited for here.
+            cam = make_cameras_from_configs({self.name: lerobot_config(self.config)})[self.name]
+            cam.connect(warmup=False)
+            return cam
         if not self._takes_settings():
             cam = make_cameras_from_configs({self.name: lerobot_config(self.config, request=False)})[self.name]
             cam.connect()
@@ -360,6 +367,15 @@ class LeRobotCamera(ThreadedCamera):
                 )
         return f"no frame for {FROZEN_S:g} s: it stopped sending, still open", ""
 
+    def _stop_zmq_reader(self, cam: Any) -> None:
+        """A ZMQ camera's read thread stopped before LeRobot's disconnect closes its socket: that
+        waits 2 s for the thread, which can sit in a receive for ``timeout_ms`` (5 s by default),
+        and a socket closed under a receive aborts the process (libzmq's assertion)."""
+        if self.kind != "zmq" or cam.thread is None or cam.stop_event is None:
+            return
+        cam.stop_event.set()
+        cam.thread.join(timeout=self.config.timeout_ms / 1000.0 + 1.0)
+
     @staticmethod
     def _reader_alive(cam: Any) -> bool:
         thread = cam.thread
@@ -394,6 +410,7 @@ class LeRobotCamera(ThreadedCamera):
                 self._lr = None
                 self._latest = None
                 try:
+                    self._stop_zmq_reader(cam)
                     cam.disconnect()
                 except Exception as exc:  # already half gone: nothing more to release
                     log.debug("camera %s: disconnect: %s", self.name, exc)

@@ -4,10 +4,12 @@ tests/cameras_support.py) where a camera has to deliver."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import ClassVar, cast
@@ -15,14 +17,20 @@ from typing import ClassVar, cast
 import numpy as np
 import pytest
 from cameras_support import PipeCamera
+from recording_support import load_dataset, wait_until
 from support import wait_for
+from test_cameras_recording import bench, camera_stats  # noqa: F401 (bench: the fixture)
 
+from daemon.api.client import ControlClient
 from daemon.apps.commands.doctor import camera_report
 from daemon.config.settings import ConfigError, config_from_dict
-from daemon.data.recorder import Recorder
+from daemon.data.recorder import Recorder, RecorderConfig
 from daemon.service.cameras import CameraEpisodeHook
+from daemon.service.daemon import Daemon
 from drivers.camera_lerobot import LeRobotCamera
-from drivers.cameras import CameraConfig
+from drivers.cameras import CameraConfig, VirtualArmCamera
+from drivers.emulator import reference_calibration
+from drivers.feetech_arm import FeetechFollower, FeetechLeader
 
 SO101D = [sys.executable, "-m", "daemon.apps.cli"]
 
@@ -263,3 +271,138 @@ def test_doctor_checks_a_zmq_camera_too(tmp_path):
     assert "usb bandwidth" not in checks  # over the network: no USB bus to share
     front = checks["camera front"]
     assert front.status == "FAIL" and f"127.0.0.1:{port}" in front.detail, front
+
+
+@pytest.mark.e2e
+def test_unplugged_during_episode_save_the_saved_episode_loads_and_the_next_waits_for_it(bench):
+    # The camera pulled the moment `episode save` is sent: the answered-saved episode must load
+    # with its video, the daemon goes on, the next episode is refused naming the camera until it
+    # is back, then records; both load in LeRobot.
+    root, src = bench
+    data = root / "datasets"
+    cfg = config_from_dict(
+        {
+            "leader": {"port": str(root / "leader")},
+            "follower": {"port": str(root / "follower")},
+            "calibration": {"root": str(root / "calibration")},
+            "socket": {"path": str(root / "c.sock")},
+            "control": {"rate_hz": 50.0},
+            "recording": {"enabled": True, "dataset_root": str(data), "repo_id": "local/cam", "stop_timeout_s": 60},
+            "cameras": {"front": {"kind": "opencv", "device": str(src.path), "width": 160, "height": 120}},
+        }
+    )
+    daemon = Daemon(
+        cfg,
+        FeetechLeader(str(root / "leader"), reference_calibration("leader")),
+        FeetechFollower(str(root / "follower"), reference_calibration("follower")),
+    )
+    daemon.start()
+    try:
+        with ControlClient(root / "c.sock", timeout_s=30) as c:
+
+            def started() -> bool:
+                return not c.call("episode.start", task="pick the cube").get("error")
+
+            assert wait_until(started, 90, 0.2)
+            assert wait_until(lambda: c.request("episode.status")["frames"] >= 30, 60)
+            pull = threading.Thread(target=src.unplug)
+            pull.start()
+            saved = c.request("episode.save")
+            pull.join()
+            assert "episode" in str(saved), saved
+            assert wait_until(lambda: camera_stats(c)["state"] == "gone", 30), camera_stats(c)
+            refused = c.call("episode.start", task="pick the cube")
+            assert "camera front" in str(refused.get("error", "")) and "gone" in str(refused["error"]), refused
+            assert c.request("status")["mode"] in ("teleop", "aligning")
+            src.replug()
+            assert wait_until(started, 90, 0.2)
+            assert wait_until(lambda: c.request("episode.status")["frames"] >= 20, 60)
+            assert "episode" in str(c.request("episode.save"))
+    finally:
+        daemon.stop()
+    ds = load_dataset(data / "local" / "cam", "local/cam")
+    assert ds.num_episodes == 2
+    assert tuple(ds[0]["observation.images.front"].shape) == (3, 120, 160)
+    assert tuple(ds[len(ds) - 1]["observation.images.front"].shape) == (3, 120, 160)
+
+
+@pytest.mark.e2e
+def test_every_answered_save_from_a_real_camera_survives_a_power_cut(tmp_path, monkeypatch):
+    # The recorder's power-cut test records a virtual camera; here LeRobot's OpenCV camera on a
+    # pipe feeds it (its read thread, our capture thread and the writer all killed at once).
+    monkeypatch.setenv("OPENCV_FFMPEG_CAPTURE_OPTIONS", "probesize;65536|analyzeduration;0")
+    root = tmp_path / "ds"
+    src = PipeCamera(tmp_path / "usb-cam-video-index0", width=160, height=120).plug()
+    answers = []
+    try:
+        for delay_ms in (0, 5, 20):
+            proc = subprocess.run(
+                [sys.executable, str(Path(__file__).resolve().parent / "attack_cameras_child.py")]
+                + [str(root), str(src.path), str(delay_ms)],
+                capture_output=True,
+                text=True,
+                timeout=240,
+                env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parents[1])),
+                start_new_session=True,
+            )
+            assert proc.returncode == -9, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+            saved = next(line for line in proc.stdout.splitlines() if line.startswith("SAVED "))
+            answers.append(json.loads(saved[len("SAVED ") :]))
+    finally:
+        src.unplug()
+    # the restart (the same camera's name and size, drawn: no device needed) repairs what was staged
+    rec = Recorder(RecorderConfig(root=str(root)), [VirtualArmCamera(CameraConfig("front", width=160, height=120))])
+    rec.open()
+    rec.wait_ready(120)
+    try:
+        assert rec.wait_saved(90)
+    finally:
+        rec.close()
+    assert any(a.get("durable") for a in answers), answers  # not a test of nothing
+    ds = load_dataset(root)
+    for a in answers:
+        if a.get("durable") is False:
+            continue  # the answer said it was not on the disk yet
+        e = int(a["episode"])
+        assert e < ds.num_episodes, (a, ds.num_episodes)
+        meta = ds.meta.episodes[e]
+        assert list(meta["tasks"]) == [a["task"]] and int(meta["length"]) == int(a["frames"]), (meta, a)
+        for i in range(int(meta["dataset_from_index"]), int(meta["dataset_to_index"])):
+            assert tuple(ds[i]["observation.images.front"].shape) == (3, 120, 160)
+
+
+ZMQ_CHILD = """
+import sys, time
+from drivers.camera_lerobot import LeRobotCamera
+from drivers.cameras import CameraConfig
+cam = LeRobotCamera(CameraConfig("front", kind="zmq", server_address="127.0.0.1", port=int(sys.argv[1]),
+                                 camera_name="front", timeout_ms=200, width=160, height=120))
+cam.start()
+deadline = time.monotonic() + 30
+while cam.state != "gone" and time.monotonic() < deadline:  # its read thread gave up: a look done
+    time.sleep(0.05)
+print("STATE", cam.state, flush=True)
+cam.stop()
+print("ALIVE", cam.refusal(), flush=True)
+"""
+
+
+def test_a_zmq_camera_whose_image_server_is_not_there_does_not_abort_the_process(tmp_path):
+    # LeRobot's ZMQ camera, its warm-up failing (no image server at the address), closes its socket
+    # while its read thread still receives on it: libzmq's assertion aborted the whole process (the
+    # daemon, its control loop with it) as soon as such a camera was opened.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing serves here
+    r = subprocess.run(
+        [sys.executable, "-c", ZMQ_CHILD, str(port)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])),
+    )
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-1500:])
+    assert "STATE gone" in r.stdout and "ALIVE" in r.stdout, r.stdout
+    assert f"zmq:tcp://127.0.0.1:{port}/front" in r.stdout, r.stdout  # the refusal names the camera
