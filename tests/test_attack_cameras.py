@@ -406,3 +406,60 @@ def test_a_zmq_camera_whose_image_server_is_not_there_does_not_abort_the_process
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-1500:])
     assert "STATE gone" in r.stdout and "ALIVE" in r.stdout, r.stdout
     assert f"zmq:tcp://127.0.0.1:{port}/front" in r.stdout, r.stdout  # the refusal names the camera
+
+
+def test_a_zmq_camera_streams_from_an_image_server_and_is_back_when_the_server_is(tmp_path):
+    # The other side of the fix above (LeRobot's warm-up left out of its ZMQ connect): a camera on
+    # an image server streams, is gone when the server stops, and streams again when it is back.
+    # The server publishes as LeRobot's ZMQCamera reads (camera_zmq.py): JSON {"images": {name:
+    # base64 JPEG}}, on a PUB socket, at 30 fps.
+    import base64
+
+    import cv2
+    import zmq
+
+    ctx = zmq.Context()
+    jpeg = base64.b64encode(cv2.imencode(".jpg", np.full((120, 160, 3), 80, np.uint8))[1].tobytes()).decode()
+    message = json.dumps({"images": {"front": jpeg}})
+    serving = threading.Event()
+    stop = threading.Event()
+    port_box: list[int] = []
+
+    def serve() -> None:
+        pub = ctx.socket(zmq.PUB)
+        if port_box:  # the server back on its port
+            pub.bind(f"tcp://127.0.0.1:{port_box[0]}")
+        else:
+            port_box.append(pub.bind_to_random_port("tcp://127.0.0.1"))
+        serving.set()
+        next_s = time.monotonic()
+        while not stop.is_set():
+            pub.send_string(message)
+            next_s += 1 / 30
+            stop.wait(max(0.0, next_s - time.monotonic()))
+        pub.close(linger=0)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    serving.wait(10)
+    cfg = dict(server_address="127.0.0.1", port=port_box[0], camera_name="front", timeout_ms=200)
+    cam = LeRobotCamera(CameraConfig("front", kind="zmq", width=160, height=120, fps=30, **cfg))
+    cam.start()
+    try:
+        wait_for(lambda: cam.state == "streaming", 30, f"streaming ({cam.stats()})")
+        stop.set()
+        server.join(5)
+        wait_for(lambda: cam.state == "gone", 30, f"gone ({cam.stats()})")
+        stop.clear()
+        serving.clear()
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+        wait_for(lambda: cam.state == "streaming", 60, f"back ({cam.stats()})")
+        frame = cam.latest_frame()
+    finally:
+        cam.stop()
+        stop.set()
+        server.join(5)
+        ctx.term()
+    assert frame is not None and frame.pixels.shape == (120, 160, 3)
+    assert [e.kind for e in cam.events] == ["gone", "back"], cam.events
