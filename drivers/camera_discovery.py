@@ -168,12 +168,15 @@ def find_video_nodes(dev_root: Path = Path("/dev"), sys_root: Path = Path("/sys"
         for link in sorted(by_id_dir.iterdir()):
             try:
                 by_node.setdefault(str(link.resolve()), str(link))
-            except OSError:
+            except (OSError, RuntimeError):  # RuntimeError: a symlink loop (pathlib's, before 3.13)
                 continue
     found = []
     nodes = sorted(dev_root.glob("video*"), key=lambda p: (len(p.name), p.name))
     for node in nodes:
-        real = str(node.resolve())
+        try:
+            real = str(node.resolve())
+        except (OSError, RuntimeError):  # a link loop: no node; its stat below says so
+            real = str(node)
         by_id = by_node.get(real, "")
         name = _sys_name(sys_root, node) or (Path(by_id).name if by_id else node.name)
         cam = FoundCamera(device=by_id or str(node), video_node=str(node), name=name, by_id=by_id)

@@ -17,13 +17,15 @@ and read on their own thread. Around one of them this adds what the daemon needs
   the colour frame's capture time.
 
 A device that does not take the configured mode makes LeRobot's strict open fail ("failed to set
-fps=30"); it is then opened as it is and judged by what it delivers, so the answer names the
-configured and the delivered values. A source that takes no settings at all (a video file, a pipe:
+fps=30"); an OpenCV camera is then opened with the size and FOURCC asked and the rate left to it,
+and failing that (or another kind) as it is, and judged by what it delivers, so the answer names
+the configured and the delivered values. A source that takes no settings at all (a video file, a pipe:
 OpenCV's ``set`` answers False) is opened as it is at once and judged the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -281,6 +283,13 @@ class LeRobotCamera(ThreadedCamera):
         settings at all is opened as it is (then judged by what it gives)."""
         from lerobot.cameras.utils import make_cameras_from_configs
 
+        if self.kind == "zmq":
+            # No warm-up inside LeRobot's connect: with no image server there, its failed warm-up
+            # closes the socket its read thread is still receiving on, and libzmq aborts the whole
+            # process ("Assertion failed: pfd.revents & POLLIN"). The frames are waited for here.
+            cam = make_cameras_from_configs({self.name: lerobot_config(self.config)})[self.name]
+            cam.connect(warmup=False)
+            return cam
         if not self._takes_settings():
             cam = make_cameras_from_configs({self.name: lerobot_config(self.config, request=False)})[self.name]
             cam.connect()
@@ -291,6 +300,18 @@ class LeRobotCamera(ThreadedCamera):
             return cam
         except RuntimeError as exc:  # LeRobot: "failed to set fps=30 (actual_fps=15.0)" and the like
             log.info("camera %s: %s; opening it as it is to see what it gives", self.name, exc)
+        if self.kind == "opencv":
+            # The size and FOURCC asked, the rate left to the camera: opened with nothing asked,
+            # OpenCV's V4L2 backend sets its own 640x480 and first format (cap_v4l.cpp), so a camera
+            # that only missed the rate would be judged (and refused, even with "warn") by a size
+            # and format it was never asked for. Its rate is then what it negotiated.
+            sized = dataclasses.replace(lerobot_config(self.config), fps=None)
+            try:
+                cam = make_cameras_from_configs({self.name: sized})[self.name]
+                cam.connect()
+                return cam
+            except RuntimeError as exc:  # the size not taken either: as it is, judged by what it gives
+                log.info("camera %s: %s; opening it as it is", self.name, exc)
         cam = make_cameras_from_configs({self.name: lerobot_config(self.config, request=False)})[self.name]
         cam.connect()
         return cam
@@ -346,6 +367,15 @@ class LeRobotCamera(ThreadedCamera):
                 )
         return f"no frame for {FROZEN_S:g} s: it stopped sending, still open", ""
 
+    def _stop_zmq_reader(self, cam: Any) -> None:
+        """A ZMQ camera's read thread stopped before LeRobot's disconnect closes its socket: that
+        waits 2 s for the thread, which can sit in a receive for ``timeout_ms`` (5 s by default),
+        and a socket closed under a receive aborts the process (libzmq's assertion)."""
+        if self.kind != "zmq" or cam.thread is None or cam.stop_event is None:
+            return
+        cam.stop_event.set()
+        cam.thread.join(timeout=self.config.timeout_ms / 1000.0 + 1.0)
+
     @staticmethod
     def _reader_alive(cam: Any) -> bool:
         thread = cam.thread
@@ -380,6 +410,7 @@ class LeRobotCamera(ThreadedCamera):
                 self._lr = None
                 self._latest = None
                 try:
+                    self._stop_zmq_reader(cam)
                     cam.disconnect()
                 except Exception as exc:  # already half gone: nothing more to release
                     log.debug("camera %s: disconnect: %s", self.name, exc)
@@ -521,7 +552,9 @@ class LeRobotCamera(ThreadedCamera):
                 self._add_event(CameraEvent("back", t))
                 self.state = "streaming"
                 log.warning("camera %s: sending again after %.1f s", self.name, t - self._gone_since_s)
-            if last is not None and negotiated.fps > 0 and self.state == "streaming":
+            # counted from the first frame, through its check too (doctor reads them as that ends); a
+            # refused camera looked at again counts once it passes (its frames are not published before)
+            if last is not None and negotiated.fps > 0 and not (verifying and rechecking):
                 gap_periods = (t - last) * negotiated.fps
                 if gap_periods > 1.5:
                     self._dropped += round(gap_periods) - 1

@@ -169,6 +169,7 @@ FILE_KINDS: dict[str, str] = {
     "test_cameras_recording.py": "e2e",
     "test_cameras_realsense.py": "integration",
     "test_cameras_depth_recording.py": "e2e",
+    "test_attack_cameras.py": "integration",
 }
 
 

@@ -428,6 +428,31 @@ def parse_host_port(text: str, *, min_port: int = 1) -> tuple[str, int]:
     return host, int(port)
 
 
+def _camera_device(cam: CameraConfig) -> str:
+    """What a camera opens, the same text for the same device ("" for virtual, sim and ZMQ ones): a
+    by-id link and the /dev/videoN it points at, an OpenCV index N and /dev/videoN (V4L2's)."""
+    if cam.kind == "opencv" and str(cam.device) != "virtual":
+        dev = f"/dev/video{cam.device}" if str(cam.device).isdigit() else str(cam.device)
+        return os.path.realpath(dev)
+    if cam.kind == "intelrealsense" and cam.serial_number_or_name:
+        return f"realsense {cam.serial_number_or_name}"
+    return ""  # virtual and sim cameras draw their own; a ZMQ image server serves many readers
+
+
+def _one_camera_per_device(cameras: dict[str, CameraConfig]) -> None:
+    """Two tables on one device never both stream (a V4L2 node's second open is busy, a pipe's two
+    readers split its frames): said at load, naming both, not as two cameras forever opening."""
+    seen: dict[str, str] = {}
+    for name in sorted(cameras):
+        dev = _camera_device(cameras[name])
+        if dev and dev in seen:
+            raise ConfigError(
+                f"cameras.{name}: camera {seen[dev]!r} opens the same device ({dev}); one camera per device"
+            )
+        if dev:
+            seen[dev] = name
+
+
 def validate(cfg: Config) -> Config:
     """Range checks that types cannot express; raises ConfigError naming the key."""
     for key, ok, what in _CHECKS:
@@ -453,6 +478,7 @@ def validate(cfg: Config) -> Config:
             )
         if cam.fourcc.upper() in _UPPERCASE_FOURCCS:
             cam.fourcc = cam.fourcc.upper()  # "mjpg" means MJPG: V4L2 would take it as another, unknown code
+    _one_camera_per_device(cfg.cameras)
     de = cfg.recording.depth_encoder
     if de.depth_min is not None and de.depth_max is not None and de.depth_min >= de.depth_max:
         raise ConfigError(

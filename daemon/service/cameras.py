@@ -158,15 +158,20 @@ class CameraEpisodeHook:
     def __init__(self, cameras: list[Camera]) -> None:
         self.cameras = [c for c in cameras if isinstance(c, LeRobotCamera)]
         self._started_s = 0.0
+        # what the cameras recorded at when the episode began: a replug that fits by the end
+        # does not make the frames before it recorded as configured
+        self._started_notes: list[str] = []
 
     def episode_starting(self, recorder: Recorder) -> None:
         refusals = [r for r in (c.refusal() for c in self.cameras) if r]
         if refusals:
             raise RecordingError("episode not started: " + "; ".join(refusals))
         self._started_s = time.monotonic()
+        self._started_notes = [n for n in (c.mismatch_note() for c in self.cameras) if n]
 
     def episode_ending(self, recorder: Recorder, saved: bool) -> tuple[bool | None, list[str]]:
-        notes = [n for n in (c.mismatch_note() for c in self.cameras) if n]
+        now = [n for n in (c.mismatch_note() for c in self.cameras) if n]
+        notes = list(dict.fromkeys([*self._started_notes, *now]))
         for cam in self.cameras:
             notes.extend(_gap_notes(cam, self._started_s))
         return None, notes

@@ -481,7 +481,7 @@ def camera_report(cameras_cfg: Mapping[str, CameraConfig], open_cameras: bool) -
     from drivers.camera_bandwidth import Stream, advice, estimate
     from drivers.camera_lerobot import LeRobotCamera
 
-    real = {n: c for n, c in sorted(cameras_cfg.items()) if c.kind in ("opencv", "intelrealsense")}
+    real = {n: c for n, c in sorted(cameras_cfg.items()) if c.kind in ("opencv", "intelrealsense", "zmq")}
     if not real:
         return None
     rep = ArmReport("cameras", ", ".join(real))
