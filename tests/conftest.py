@@ -143,6 +143,7 @@ FILE_KINDS: dict[str, str] = {
     "test_emulator_parent.py": "e2e",
     "test_first_run_story.py": "e2e",
     "test_hdf5_bridge.py": "e2e",
+    "test_hdf5_bimanual.py": "e2e",
     "test_new_kit_or_cut_chain.py": "e2e",
     "test_policy_cli.py": "e2e",
     "test_policy_server.py": "e2e",

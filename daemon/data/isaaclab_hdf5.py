@@ -8,6 +8,15 @@ want LeRobot. This module does both directions with h5py alone (no simulator):
   recordings (``daemon.data.schema``): LeRobot units through ``calibration.conventions``
   (LeIsaac's limit table), resampled onto the dataset's fps grid so timestamps tell the truth
   (LeIsaac's own converter writes 60 Hz steps into a dataset that claims 30 fps).
+- bi-arm: LeIsaac's bi-arm tasks (``tasks/template/bi_arm_env_cfg.py``: articulations ``left_arm``
+  and ``right_arm``, cameras ``left_wrist``, ``right_wrist``, ``top``) record
+  ``obs/left_joint_pos`` and ``obs/right_joint_pos`` (6 each) and 12-wide ``actions``, the left
+  arm's six joints then the right arm's (``devices/action_process.py``: the bi-so101leader action
+  terms left_arm, left_gripper, right_arm, right_gripper; ``utils/constant.py``
+  ``BI_ARM_JOINT_NAMES``). Such a demo becomes an episode of the bimanual layout
+  (``daemon.data.schema.with_arms``, LeRobot's BiSOFollower names), each arm converted on its
+  own exactly as one arm is (``bi_arm_env_cfg.build_lerobot_frame`` converts ``[:, :6]`` and
+  ``[:, 6:]`` separately too).
 - export: seed demos for Mimic's annotate step must carry the scene state (``initial_state`` of
   every articulation and rigid object) that a LeRobot dataset does not keep. Episodes imported from
   such demos are exported by copying their source demo; every other episode is refused with the
@@ -38,13 +47,28 @@ from typing import Any, Protocol
 import h5py
 import numpy as np
 
-from calibration.conventions import NUM_JOINTS, sim_rad_to_units
-from daemon.data.schema import DEFAULT_FPS, read_episode_tags
+from calibration.conventions import NUM_JOINTS, sim_rad_to_units, units_to_sim_rad
+from daemon.data.schema import (
+    BIMANUAL_ROBOT_TYPE,
+    DEFAULT_FPS,
+    ROBOT_TYPE,
+    dataset_arms,
+    dataset_features,
+    layout_difference,
+    layout_text,
+    read_episode_tags,
+    with_arms,
+)
 
 log = logging.getLogger("so101d.hdf5")
 
 DEFAULT_STEP_HZ = 60.0  # LeIsaac: sim step 1/60 s, decimation 1
 CAMERA_NAMES = ("front", "wrist")
+# LeIsaac's bi-arm template (tasks/template/bi_arm_env_cfg.py, BiArmTaskSceneCfg /
+# BiArmObservationsCfg): the arms' scene names, in the order its actions hold them, and its cameras
+# (named as LeRobot's BiSOFollower names a per-arm "wrist" camera and a top-level "top" one).
+BI_ARM_SIDES = ("left", "right")
+BI_ARM_CAMERA_NAMES = ("left_wrist", "right_wrist", "top")
 # LeIsaac's converter (scripts/convert/isaaclab2lerobot.py, add_episode): demos with fewer than
 # 10 recorded steps are dropped and the first 5 steps of every demo are skipped (the arm settling
 # after the reset). Our defaults match it; both are overridable and reported.
@@ -76,6 +100,11 @@ class DemoInfo:
     empty: bool = False  # initial_state only / num_samples = 0 (LeIsaac's recorder after a reset)
     action_key: str = "actions"  # JOINT_TARGET_KEY when the file's actions are Mimic's IK actions
     damaged: str = ""  # why its rows do not add up (torn by a crash or a full disk): skipped, named
+    arms: tuple[str, ...] = ()  # BI_ARM_SIDES for a bi-arm demo, () for one arm
+
+    @property
+    def n_joints(self) -> int:
+        return NUM_JOINTS * max(1, len(self.arms))
 
     def where(self, key: str = "") -> str:
         return f"{self.path}: {self.name}" + (f"/{key}" if key else "")
@@ -152,6 +181,38 @@ def _success_attr(g: h5py.Group) -> bool | None:
     return bool(np.asarray(g.attrs["success"]).item()) if "success" in g.attrs else None
 
 
+def joint_pos_keys(arms: tuple[str, ...]) -> tuple[str, ...]:
+    """Where a demo's measured joints are: ``obs/joint_pos`` (one arm; LeIsaac's single-arm
+    templates), or one ``obs/<side>_joint_pos`` per arm (bi_arm_env_cfg.py's PolicyCfg)."""
+    return tuple(f"obs/{side}_joint_pos" for side in arms) if arms else ("obs/joint_pos",)
+
+
+def _demo_arms(g: h5py.Group, where: str) -> tuple[str, ...]:
+    """BI_ARM_SIDES when the demo holds any arm's ``obs/<side>_joint_pos``, () otherwise; a bi-arm
+    demo lacking one arm's joints is refused naming the missing key (its actions would then
+    hold joints no state matches)."""
+    obs = g.get("obs")
+    if not isinstance(obs, h5py.Group):
+        return ()
+    present = [side for side in BI_ARM_SIDES if f"{side}_joint_pos" in obs]
+    if not present:
+        return ()
+    for side in BI_ARM_SIDES:
+        if side not in present:
+            raise HDF5FormatError(
+                f"{where}: missing key 'obs/{side}_joint_pos' (a bi-arm demo: it has "
+                + ", ".join(f"'obs/{p}_joint_pos'" for p in present)
+                + f"; LeIsaac's bi-arm tasks record both arms, {', '.join(BI_ARM_SIDES)})"
+            )
+    return BI_ARM_SIDES
+
+
+def layout_name(arms: tuple[str, ...]) -> str:
+    """An arm layout in the words the store's refusals use (``schema.layout_text``)."""
+    robot = BIMANUAL_ROBOT_TYPE if arms else ROBOT_TYPE
+    return layout_text(with_arms(dataset_features({}), arms), robot)
+
+
 def scan_file(path: Path, step_hz: float | None = None, generated: bool | None = None) -> list[DemoInfo]:
     """List the demos of one file (structure and attributes only; no bulk reads).
 
@@ -180,7 +241,8 @@ def scan_file(path: Path, step_hz: float | None = None, generated: bool | None =
                 # at the last reset even when no step followed (num_samples = 0): an empty demo.
                 demos.append(DemoInfo(path, name, 0, _success_attr(g), hz, {}, is_generated, empty=True))
                 continue
-            for key in ("actions", "obs/joint_pos"):
+            arms = _demo_arms(g, info_where)
+            for key in ("actions", *joint_pos_keys(arms)):
                 if key not in g:
                     raise HDF5FormatError(f"{info_where}: missing key '{key}'")
             n = int(g["actions"].shape[0]) if g["actions"].ndim >= 1 else 0
@@ -193,12 +255,13 @@ def scan_file(path: Path, step_hz: float | None = None, generated: bool | None =
                     why = (
                         f"attribute num_samples={declared} but 'actions' has {n} rows (torn by a crash or a full disk?)"
                     )
-                    demos.append(DemoInfo(path, name, n, success, hz, {}, is_generated, damaged=why))
+                    demos.append(DemoInfo(path, name, n, success, hz, {}, is_generated, damaged=why, arms=arms))
                     continue
-            action_key = _action_key(g, info_where, path)
+            # Mimic's IK actions exist for one arm only (LeIsaac has no bi-arm Mimic task)
+            action_key = _action_key(g, info_where, path) if not arms else "actions"
             cameras: dict[str, tuple[int, int]] = {}
             obs = g["obs"]
-            for cam in CAMERA_NAMES:
+            for cam in BI_ARM_CAMERA_NAMES if arms else CAMERA_NAMES:
                 if cam in obs:
                     ds = obs[cam]
                     if ds.ndim != 4 or ds.shape[-1] != 3:
@@ -206,7 +269,7 @@ def scan_file(path: Path, step_hz: float | None = None, generated: bool | None =
                             f"{info_where}: key 'obs/{cam}' has shape {ds.shape}, expected (N, H, W, 3)"
                         )
                     cameras[cam] = (int(ds.shape[1]), int(ds.shape[2]))
-            demos.append(DemoInfo(path, name, n, success, hz, cameras, is_generated, action_key=action_key))
+            demos.append(DemoInfo(path, name, n, success, hz, cameras, is_generated, action_key=action_key, arms=arms))
         return demos
 
 
@@ -252,7 +315,8 @@ def validate_demo(f: h5py.File, info: DemoInfo, chunk_frames: int = DEFAULT_CHUN
     """Read every chunk of every dataset the import needs; raise HDF5FormatError on any problem."""
     g = f["data"][info.name]
     n = info.num_samples
-    keys: list[tuple[str, tuple[int, ...]]] = [(info.action_key, (NUM_JOINTS,)), ("obs/joint_pos", (NUM_JOINTS,))]
+    keys: list[tuple[str, tuple[int, ...]]] = [(info.action_key, (info.n_joints,))]
+    keys += [(key, (NUM_JOINTS,)) for key in joint_pos_keys(info.arms)]
     keys += [(f"obs/{cam}", (h, w, 3)) for cam, (h, w) in info.cameras.items()]
     for key, row_shape in keys:
         ds = g[key]
@@ -297,7 +361,13 @@ def repo_id_for(root: Path) -> str:
     return f"local/{Path(root).name}"
 
 
-def open_store(root: Path, cameras: dict[str, tuple[int, int]], fps: int, repo_id: str | None = None):
+def open_store(
+    root: Path,
+    cameras: dict[str, tuple[int, int]],
+    fps: int,
+    repo_id: str | None = None,
+    arms: tuple[str, ...] = (),
+):
     """The recording store of the dataset at ``root``, refusing a schema mismatch up front.
 
     Imports go through the same store as the daemon's recordings: the same h264 encoder and image
@@ -312,7 +382,22 @@ def open_store(root: Path, cameras: dict[str, tuple[int, int]], fps: int, repo_i
         repo_id=repo_id or repo_id_for(root),
         fps=fps,
         cameras=[(name, h, w) for name, (h, w) in sorted(cameras.items())],
+        arms=list(arms),
     )
+    # the store's own layout check (what refuses a daemon of the other layout), in an import's words
+    info_path = Path(root) / "meta" / "info.json"
+    if info_path.exists():
+        info = json.loads(info_path.read_text())
+        layout = layout_difference(
+            cfg.features(),
+            cfg.robot_type,
+            info.get("features", {}),
+            info.get("robot_type"),
+            ours="the demos are",
+            instead="import them into another --dataset",
+        )
+        if layout:
+            raise HDF5FormatError(f"dataset {root}: {layout}")
     diffs = config_differences(cfg)
     if diffs:
         raise HDF5FormatError(f"dataset {root} does not match the demos' schema:\n  " + "\n  ".join(diffs))
@@ -389,6 +474,19 @@ def select_demos(
     return sel
 
 
+def rad_to_units(rad: np.ndarray) -> np.ndarray:
+    """(N, 6 * arms) LeIsaac radians -> LeRobot units, each arm's six on their own through the
+    single-arm conversion (every LeIsaac arm is the same SO101_FOLLOWER_CFG, one limit table)."""
+    r = np.asarray(rad, dtype=np.float64)
+    return sim_rad_to_units(r.reshape(len(r), -1, NUM_JOINTS)).reshape(r.shape)
+
+
+def units_to_rad(units: np.ndarray) -> np.ndarray:
+    """Inverse of ``rad_to_units``."""
+    u = np.asarray(units, dtype=np.float64)
+    return units_to_sim_rad(u.reshape(len(u), -1, NUM_JOINTS)).reshape(u.shape)
+
+
 def _frames_of(
     f: h5py.File, info: DemoInfo, rows: np.ndarray, chunk_frames: int
 ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
@@ -397,11 +495,11 @@ def _frames_of(
     for start in range(0, len(rows), chunk_frames):
         sel = rows[start : start + chunk_frames]
         lo, hi = int(sel[0]), int(sel[-1]) + 1  # a contiguous slab: h5py reads it in one go
-        joint = g["obs/joint_pos"][lo:hi][sel - lo]
+        joint = np.concatenate([g[key][lo:hi][sel - lo] for key in joint_pos_keys(info.arms)], axis=1)
         act = g[info.action_key][lo:hi][sel - lo]
         images = {cam: g[f"obs/{cam}"][lo:hi][sel - lo] for cam in info.cameras}
-        state_units = sim_rad_to_units(joint.astype(np.float64)).astype(np.float32)
-        action_units = sim_rad_to_units(act.astype(np.float64)).astype(np.float32)
+        state_units = rad_to_units(joint).astype(np.float32)
+        action_units = rad_to_units(act).astype(np.float32)
         for i in range(len(sel)):
             yield state_units[i], action_units[i], {cam: images[cam][i] for cam in info.cameras}
 
@@ -430,8 +528,8 @@ def _stage_demo(store, d: DemoInfo, rows: np.ndarray, fps: int, task: str, chunk
         for e in encoders.values():
             e.finish()
         n = len(rows)
-        state_arr = np.asarray(states, np.float32).reshape(n, NUM_JOINTS)
-        action_arr = np.asarray(actions, np.float32).reshape(n, NUM_JOINTS)
+        state_arr = np.asarray(states, np.float32).reshape(n, d.n_joints)
+        action_arr = np.asarray(actions, np.float32).reshape(n, d.n_joints)
         np.savez(stage / "rows.npz", state=state_arr, action=action_arr, teleop=action_arr)
         np.savez(
             stage / "timing.npz",
@@ -453,7 +551,8 @@ def _stage_demo(store, d: DemoInfo, rows: np.ndarray, fps: int, task: str, chunk
                 if d.action_key != "actions"
                 else []
             ),
-            "source": {"file": str(d.path), "demo": d.name, "generated": d.generated, "step_hz": d.step_hz},
+            "source": {"file": str(d.path), "demo": d.name, "generated": d.generated, "step_hz": d.step_hz}
+            | ({"arms": list(d.arms)} if d.arms else {}),
         }
         write_json_atomic(
             stage / "episode.json",
@@ -524,8 +623,13 @@ def import_hdf5(
     if not plan:
         log.info("nothing to import (no demo selected)")
         return summary
-    cameras = plan[0].cameras
+    cameras, arms = plan[0].cameras, plan[0].arms
     for d in plan:
+        if d.arms != arms:  # before the cameras: a bi-arm demo's cameras differ anyway
+            raise HDF5FormatError(
+                f"{d.where()} is a {layout_name(d.arms)} demo, {plan[0].where()} a {layout_name(arms)} one: "
+                "one dataset holds one arm layout (import them into separate --dataset roots)"
+            )
         if d.cameras != cameras:
             raise HDF5FormatError(f"{d.where()}: cameras {d.cameras} differ from {plan[0].where()}'s {cameras}")
     # Pass 1: validate every byte we will read.
@@ -538,7 +642,7 @@ def import_hdf5(
     rows_of = [resample_indices(d.num_samples, d.step_hz, target_fps, skip_frames) for d in plan]
     if progress is not None:
         progress.begin(len(plan), int(sum(len(r) for r in rows_of)))
-    store = open_store(dataset_root, cameras, target_fps)
+    store = open_store(dataset_root, cameras, target_fps, arms=arms)
     try:
         with _quiet_ffmpeg():
             _write_plan(store, plan, rows_of, summary, target_fps, task, chunk_frames, progress)
@@ -690,12 +794,40 @@ SEED_HOWTO = (
 )
 
 
-def full_scene_state(g: h5py.Group) -> bool:
+# What a bi-arm demo is for: LeIsaac has no bi-arm Mimic task; its replay script steps a bi-arm
+# task (get_task_type: "BiArm" in the name -> bi-so101leader) with the demo's 12-wide actions after
+# env.reset_to(initial_state) (scripts/environments/teleoperation/replay.py).
+BI_ARM_NEXT_STEPS = (
+    "in the LeIsaac checkout, replay the demos on their bi-arm task: python scripts/environments/teleoperation/"
+    "replay.py --task LeIsaac-SO101-...-BiArm-v0 --dataset_file FILE"
+)
+BI_ARM_HOWTO = (
+    "record bi-arm demos in LeIsaac itself (scripts/environments/teleoperation/teleop_se3_agent.py --task "
+    "LeIsaac-SO101-...-BiArm-v0 --teleop_device bi-so101leader --record) and import them (so101d import-hdf5): "
+    "their episodes export; " + BI_ARM_NEXT_STEPS
+)
+
+
+def next_steps(arms: tuple[str, ...]) -> str:
+    """What to run on an exported file: Mimic's first step (one arm) or LeIsaac's replay (two)."""
+    return BI_ARM_NEXT_STEPS if arms else MIMIC_NEXT_STEPS
+
+
+def dataset_arms_at(root: Path) -> tuple[str, ...]:
+    """The arms of the dataset at ``root`` (``schema.dataset_arms`` of its info.json)."""
+    info = json.loads((Path(root) / "meta" / "info.json").read_text())
+    return dataset_arms(info.get("features", {}))
+
+
+def full_scene_state(g: h5py.Group, articulations: tuple[str, ...] = ()) -> bool:
     """Does this demo carry what Isaac Lab's ``InteractiveScene.reset_to`` reads: every
     articulation with root_pose / root_velocity / joint_position / joint_velocity, and the rigid
-    objects with root_pose / root_velocity (a scene without objects has none)?"""
+    objects with root_pose / root_velocity (a scene without objects has none)? ``articulations``:
+    the ones the task's scene has, each required (a bi-arm scene's ``left_arm`` and ``right_arm``)."""
     init = g.get("initial_state")
     if not isinstance(init, h5py.Group) or "articulation" not in init or not len(init["articulation"]):
+        return False
+    if any(name not in init["articulation"] for name in articulations):
         return False
     for art in init["articulation"].values():
         if any(k not in art for k in ("root_pose", "root_velocity", "joint_position", "joint_velocity")):
@@ -706,8 +838,12 @@ def full_scene_state(g: h5py.Group) -> bool:
     return "actions" in g
 
 
-def _why_not_a_seed(ep: int, tag, root: Path) -> str | None:
-    """None when ``ep`` can be exported (its source demo has the full scene state), else why not."""
+def _why_not_a_seed(ep: int, tag, root: Path, arms: tuple[str, ...] = ()) -> str | None:
+    """None when ``ep`` can be exported (its source demo has the full scene state), else why not.
+
+    ``arms``: the dataset's (``BI_ARM_SIDES`` for a bimanual one): the source demo must be of that
+    layout, and a bi-arm one needs both arms' initial state and no seed (LeIsaac's replay.py seeds
+    the env only when the demo has one; annotate_demos.py, which needs it, has no bi-arm task)."""
     kind = tag.follower_kind if tag else "unknown"
     src = tag.source if tag else {}
     if src.get("file") and src.get("demo"):
@@ -724,12 +860,24 @@ def _why_not_a_seed(ep: int, tag, root: Path) -> str | None:
             g = f.get(f"data/{src['demo']}")
             if g is None:
                 return f"episode {ep}: {src['file']} has no {src['demo']} any more"
-            if not full_scene_state(g):
+            try:
+                src_arms = _demo_arms(g, f"{src['file']}: {src['demo']}")
+            except HDF5FormatError as exc:
+                return f"episode {ep}: its source is not a bi-arm demo any more: {exc}"
+            if src_arms != arms:
+                return (
+                    f"episode {ep}: its source {src['file']} {src['demo']} is a {layout_name(src_arms)} demo, "
+                    f"the dataset is {layout_name(arms)}"
+                )
+            articulations = tuple(f"{side}_arm" for side in arms)
+            if not full_scene_state(g, articulations):
                 return (
                     f"episode {ep}: its source {src['file']} {src['demo']} has no full initial_state "
-                    "(articulations' root pose and joint state, rigid objects' poses)"
+                    "(articulations' root pose and joint state, rigid objects' poses"
+                    + (f"; a bi-arm scene's {' and '.join(articulations)}" if arms else "")
+                    + ")"
                 )
-            if "seed" not in g.attrs:
+            if not arms and "seed" not in g.attrs:
                 return (
                     f"episode {ep}: its source {src['file']} {src['demo']} has no seed attribute; LeIsaac's "
                     "annotate_demos.py calls env.seed(int(episode.seed)) on every demo and stops at it"
@@ -757,7 +905,8 @@ def export_hdf5(
     out: Path,
     progress: Callable[[str], None] | None = None,
 ) -> int:
-    """Write dataset episodes as Isaac Lab Mimic seed demos, or refuse with the reason.
+    """Write dataset episodes as Isaac Lab Mimic seed demos (a bimanual dataset's: LeIsaac bi-arm
+    demos, see ``_why_not_a_seed``), or refuse with the reason.
 
     A seed demo must replay in LeIsaac: ``initial_state`` with every articulation and rigid
     object, ``actions``, ``obs/ee_frame_state`` ... (see ``sim_bridge.seed_recorder``). Only
@@ -774,9 +923,11 @@ def export_hdf5(
     total = int(json.loads(info_path.read_text()).get("total_episodes", 0))
     tags = read_episode_tags(root)
     indices = parse_episode_selection(episodes, total)
-    problems = [why for ep in indices if (why := _why_not_a_seed(ep, tags.get(ep), root))]
+    arms = dataset_arms_at(root)
+    problems = [why for ep in indices if (why := _why_not_a_seed(ep, tags.get(ep), root, arms))]
     if problems:
-        raise ExportRefused("cannot export Mimic seed demos:\n  " + "\n  ".join(problems) + "\n" + SEED_HOWTO)
+        what, howto = ("bi-arm demos", BI_ARM_HOWTO) if arms else ("Mimic seed demos", SEED_HOWTO)
+        raise ExportRefused(f"cannot export {what}:\n  " + "\n  ".join(problems) + "\n" + howto)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")

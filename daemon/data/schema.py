@@ -144,6 +144,18 @@ def with_arms(features: dict[str, dict[str, Any]], arms: tuple[str, ...] | list[
     return {k: (dict(wide, names=list(names)) if k in JOINT_KEYS else v) for k, v in features.items()}
 
 
+def dataset_arms(features: dict[str, dict[str, Any]]) -> tuple[str, ...]:
+    """The arms of a dataset from its joint names: () for one arm, ("left", "right") for
+    LeRobot's BiSOFollower layout (``with_arms``), in the order the vector holds them."""
+    names = list((features.get(STATE_KEY) or {}).get("names") or [])
+    sides: list[str] = []
+    for n in names:
+        side, sep, _ = n.partition("_")
+        if sep and side in ("left", "right") and side not in sides:
+            sides.append(side)
+    return tuple(sides)
+
+
 def layout_text(features: dict[str, dict[str, Any]], robot_type: str | None) -> str:
     """A dataset's arm layout in words, from its ``observation.state`` names and robot type:
     "single-arm (so101_follower, 6 joints shoulder_pan.pos .. gripper.pos)"."""
@@ -158,16 +170,19 @@ def layout_difference(
     expected_robot: str,
     actual: dict[str, dict[str, Any]],
     actual_robot: str | None,
+    ours: str = "the configuration records",
+    instead: str = "record into another dataset: [recording] repo_id",
 ) -> str:
-    """ "" when a dataset's arm layout is the configured one, else the refusal naming both."""
+    """ "" when a dataset's arm layout is the configured one, else the refusal naming both
+    (``ours``: who wants ``expected``, ``instead``: the way that works; an import says its own)."""
     want = list((expected.get(STATE_KEY) or {}).get("names") or [])
     have = list((actual.get(STATE_KEY) or {}).get("names") or [])
     if want == have or not have:
         return ""
     return (
-        f"the dataset is {layout_text(actual, actual_robot)}, the configuration records "
+        f"the dataset is {layout_text(actual, actual_robot)}, {ours} "
         f"{layout_text(expected, expected_robot)}: an episode of one layout is never appended to a "
-        "dataset of the other (record into another dataset: [recording] repo_id)"
+        f"dataset of the other ({instead})"
     )
 
 

@@ -5,7 +5,9 @@ object's pose at the start, for ``env.reset_to``) and the seed its episode ran w
 demos are exported by copying their source demo; anything else (real arm, MuJoCo, live LeIsaac
 episodes) is refused with the reason and what to do: record seeds with the LeIsaac follower's
 ``--seed_hdf5 FILE``. The file holds joint actions: LeIsaac's ``eef_action_process.py --to_ik``
-turns them into Mimic's end-effector actions before ``annotate_demos.py``.
+turns them into Mimic's end-effector actions before ``annotate_demos.py``. A bimanual dataset's
+episodes imported from LeIsaac bi-arm demos export as those demos (12-wide actions, both arms'
+initial state), for LeIsaac's ``replay.py`` on the bi-arm task.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}\nnothing was written to {args.out}", file=sys.stderr)
         return 1
-    from daemon.data.isaaclab_hdf5 import MIMIC_NEXT_STEPS
+    from daemon.data.isaaclab_hdf5 import dataset_arms_at, next_steps
 
-    print(f"wrote {n} seed demo(s) to {args.out}")
-    print("next: " + MIMIC_NEXT_STEPS.replace("FILE", str(args.out)))
+    arms = dataset_arms_at(args.dataset)
+    print(f"wrote {n} {'bi-arm' if arms else 'seed'} demo(s) to {args.out}")
+    print("next: " + next_steps(arms).replace("FILE", str(args.out)))
     return 0

@@ -4,7 +4,8 @@ Defaults follow LeIsaac's own converter (scripts/convert/isaaclab2lerobot.py): e
 (initial_state only, num_samples = 0) skipped, demos without a success attribute treated as
 failed, demos under 10 steps dropped, the first 5 steps of each demo skipped. Each rule can be
 changed and every skip is counted in the summary. Progress is one bar (rate, ETA) on stderr, the
-summary goes to stdout.
+summary goes to stdout. A LeIsaac bi-arm file (``obs/left_joint_pos``, ``obs/right_joint_pos``,
+12-wide actions) imports into a bimanual dataset (daemon/data/isaaclab_hdf5.py says how).
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from typing import Any
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from daemon.data.isaaclab_hdf5 import LEISAAC_MIN_FRAMES, LEISAAC_SKIP_FRAMES
 
-    p.add_argument("files", nargs="+", type=Path, help="LeIsaac / Isaac Lab HDF5 files (data/demo_N/...)")
+    p.add_argument(
+        "files",
+        nargs="+",
+        type=Path,
+        help="LeIsaac / Isaac Lab HDF5 files (data/demo_N/...), one arm or LeIsaac's bi-arm tasks",
+    )
     p.add_argument("--dataset", required=True, type=Path, help="dataset root (created if missing, else appended)")
     p.add_argument("--task", default="", help="task string for every imported episode")
     p.add_argument(
