@@ -219,3 +219,53 @@ def test_rotation_by_size_uses_lerobots_sentry_estimate_and_bad_config_is_refuse
             config_from_dict({"recording": {key: value}})
     cfg = config_from_dict({})
     assert cfg.recording.rotate_s == 0.0 and cfg.recording.rotate_mb == 200.0  # LeRobot's 200 MB
+
+
+def test_a_running_policy_records_continuously_and_policy_stop_saves_the_last_part(virtual_bench, tmp_path):
+    from daemon.policy.tiny import tiny_act_checkpoint
+
+    ckpt = tiny_act_checkpoint(tmp_path / "ckpt", {"front": (48, 64)})
+    data = virtual_bench.root / "datasets"
+    cfg = bench_config(virtual_bench, data, rotate_s=0, rotate_mb=0)
+    cfg.policy.action_fps = 30.0
+    cfg.policy.refill_below = 4
+    cfg.policy.max_obs_age_s = 5.0
+    cfg.policy.torch_threads = 2
+    d = Daemon(
+        cfg,
+        FeetechLeader(str(virtual_bench.leader_port), reference_calibration("leader")),
+        FeetechFollower(str(virtual_bench.follower_port), reference_calibration("follower")),
+    )
+    d.start()
+    root = data / "local" / "continuous"
+    try:
+        with ControlClient(d.socket_path, timeout_s=10) as c:
+            assert c.request("policy.load", path=str(ckpt), wait_s=120)["state"] == "ready"
+            wait_for(lambda: c.request("episode.status")["phase"] == "idle", 120, "the recorder ready")
+            for fields, field in (
+                ({"continuous": True}, "rotate_s"),
+                ({"continuous": True, "rotate_mb": -1}, "rotate_mb"),
+            ):
+                reply = c.call("policy.start", **fields)
+                assert reply["ok"] is False and reply.get("field") == field, reply
+                assert c.request("policy.status")["driving"] is False
+                assert c.request("episode.status")["phase"] == "idle"
+            started = c.request("policy.start", continuous=True, rotate_s=ROTATE_S, task="sentry")
+            assert started["episode"]["continuous"]["frames_per_episode"] == FPS, started
+            wait_for(
+                lambda: (st := c.request("episode.status"))["continuous"]["rotated"] >= 2 and st["frames"] >= 5,
+                60,
+                "two rotations under the policy",
+            )
+            c.request("policy.stop")  # saves the last, partial episode
+            wait_for(lambda: c.request("episode.status")["saves_pending"] == 0, 60, "every episode committed")
+            assert c.request("episode.status")["episodes_in_dataset"] == 3
+    finally:
+        d.stop()
+    tags = read_episode_tags(root)
+    conts = [tags[i].continuous for i in range(3)]
+    assert {tags[i].origin for i in range(3)} == {"policy"}
+    assert [t["ended"] for t in conts] == ["rotate_s", "rotate_s", "stop"]
+    for a, b in itertools.pairwise(conts):
+        assert b["first_frame"] == a["first_frame"] + a["frames"], conts
+    assert load_dataset(root, REPO).num_episodes == 3
