@@ -269,3 +269,49 @@ def test_a_running_policy_records_continuously_and_policy_stop_saves_the_last_pa
     for a, b in itertools.pairwise(conts):
         assert b["first_frame"] == a["first_frame"] + a["frames"], conts
     assert load_dataset(root, REPO).num_episodes == 3
+
+
+def test_so101d_record_continuous_stops_on_ctrl_c_saving_the_partial_episode(daemon):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    d, root = daemon
+    with ControlClient(d.socket_path, timeout_s=10) as c:
+        wait_for(lambda: c.request("episode.status")["phase"] == "idle", 120, "the recorder ready")
+        cmd = [sys.executable, "-m", "daemon.apps.cli", "record", "--no-keys", "--socket", str(d.socket_path)]
+        env = dict(os.environ, HF_HUB_OFFLINE="1")
+        for bad, flag in ((["--continuous", "--rotate-s", "0"], "--rotate-s"), (["--rotate-mb", "5"], "--rotate-mb")):
+            r = subprocess.run([*cmd, *bad], capture_output=True, text=True, timeout=60, env=env)
+            assert r.returncode == 1 and flag in r.stderr, (bad, r.stderr)
+        assert c.request("episode.status")["phase"] == "idle"
+        proc = subprocess.Popen(
+            [*cmd, "--continuous", "--rotate-s", str(ROTATE_S), "--task", "ctrl-c"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            wait_for(
+                lambda: (
+                    ((st := c.request("episode.status"))["continuous"] or {}).get("rotated", 0) >= 1
+                    and st["frames"] >= 5
+                ),
+                60,
+                "a rotation under `so101d record --continuous`",
+            )
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0, (out, err)
+        assert "the last, partial one" in out, out
+        wait_for(lambda: c.request("episode.status")["saves_pending"] == 0, 60, "every episode committed")
+        n = c.request("episode.status")["episodes_in_dataset"]
+    tags = read_episode_tags(root)
+    assert n >= 2 and len(tags) == n
+    assert tags[n - 1].continuous["ended"] == "stop" and tags[n - 1].frames >= 5
+    assert all(tags[i].continuous["ended"] == "rotate_s" for i in range(n - 1))
