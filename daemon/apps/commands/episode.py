@@ -135,6 +135,12 @@ def run(args: argparse.Namespace) -> int:
     fields: dict = {}
     if args.action == "start" and args.task:
         fields["task"] = args.task
+    for flag, value in (("--rotate-s", args.rotate_s), ("--rotate-mb", args.rotate_mb)):
+        if value is not None and not (args.action == "start" and args.continuous):
+            import sys
+
+            print(f"so101d episode: {flag} is for `episode start --continuous`", file=sys.stderr)
+            return 1
     if args.action == "start" and args.continuous:
         fields["continuous"] = True
         for key, value in (("rotate_s", args.rotate_s), ("rotate_mb", args.rotate_mb)):
