@@ -24,7 +24,7 @@ from typing import Annotated, Any, Final, cast
 
 import msgspec
 
-API_VERSION: Final = "1.3"
+API_VERSION: Final = "1.4"
 TEXT_MAX_CHARS: Final = 4096  # any text field (a path, a task, a camera name)
 TASK_MAX_CHARS: Final = 500
 MAX_FRAME_SEQ: Final = 2**53  # a frame counter: any real one is far below JSON's exact-integer limit
@@ -71,9 +71,20 @@ class CameraPreviewRequest(RequestBase, tag="camera.preview"):
     ) = None
 
 
+ROTATE_S_MAX: Final = 86400.0
+ROTATE_MB_MAX: Final = 100_000.0
+
+
 class EpisodeStartRequest(RequestBase, tag="episode.start"):
     task: Annotated[str, _text(TASK_MAX_CHARS, "the task's words (LeRobot's task)")] | None = None
     origin: Annotated[str, _text(64, "who drives the episode: teleop, policy, ...")] | None = None
+    continuous: bool | None = None  # record until save/discard, a new episode at each rotation
+    rotate_s: (
+        Annotated[float, msgspec.Meta(gt=0, le=ROTATE_S_MAX, description="continuous: seconds per episode")] | None
+    ) = None
+    rotate_mb: (
+        Annotated[float, msgspec.Meta(gt=0, le=ROTATE_MB_MAX, description="continuous: video MB per episode")] | None
+    ) = None
 
 
 class EpisodeSaveRequest(RequestBase, tag="episode.save"):
@@ -88,6 +99,13 @@ class PolicyLoadRequest(RequestBase, tag="policy.load"):
 class PolicyStartRequest(RequestBase, tag="policy.start"):
     task: Annotated[str, _text(TASK_MAX_CHARS)] | None = None
     record: bool | None = None
+    continuous: bool | None = None  # the evaluation recording rotates episodes (as episode.start's)
+    rotate_s: (
+        Annotated[float, msgspec.Meta(gt=0, le=ROTATE_S_MAX, description="continuous: seconds per episode")] | None
+    ) = None
+    rotate_mb: (
+        Annotated[float, msgspec.Meta(gt=0, le=ROTATE_MB_MAX, description="continuous: video MB per episode")] | None
+    ) = None
 
 
 class PolicyStopRequest(RequestBase, tag="policy.stop"):
@@ -397,6 +415,18 @@ class LastSaved(msgspec.Struct, kw_only=True):
     commit_s: float | None = None
 
 
+class ContinuousStatus(msgspec.Struct, kw_only=True):
+    """A continuous recording in progress (``record --continuous``, LeRobot's sentry strategy)."""
+
+    rotate_s: float | None = None
+    rotate_mb: float | None = None
+    frames_per_episode: int | None = None
+    limit: str | None = None  # rotate_s | rotate_mb: the one that cuts
+    first_episode: int | None = None  # names the session
+    part: int | None = None  # the episode recording now is the session's part-th (0: first)
+    rotated: int = 0  # episodes cut and saved so far
+
+
 class RecordingStatus(msgspec.Struct, kw_only=True):
     """The recorder (``episode.status``, and ``status``'s ``recording``). A section whose extra
     failed carries only ``error``."""
@@ -412,6 +442,7 @@ class RecordingStatus(msgspec.Struct, kw_only=True):
     notes: list[str] = msgspec.field(default_factory=list)
     elapsed_s: float | None = None
     frames: int | None = None
+    continuous: ContinuousStatus | None = None  # None: no continuous recording
     episodes_in_dataset: int | None = None
     saves_pending: int = 0
     lost_episodes: list[str] = msgspec.field(default_factory=list)
@@ -666,6 +697,7 @@ class EpisodeOutcome(msgspec.Struct, kw_only=True):
     handed_to_writer: bool | None = None
     durable: bool | None = None  # on the disk (false: still saving; status says when)
     discarded_frames: int | None = None
+    continuous: ContinuousStatus | None = None  # start: the continuous recording begun
 
 
 class EpisodeReply(EpisodeOutcome, kw_only=True):

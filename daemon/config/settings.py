@@ -171,6 +171,11 @@ class RecordingConfig:
     on_shutdown: Literal["save", "discard"] = "save"  # the episode in progress at SIGTERM / stop
     stop_timeout_s: float = 120.0  # at stop, how long to wait for the writer to commit saved episodes
     min_free_mb: float = 500.0  # an episode starts only with this much free disk space for the dataset
+    # continuous recording (`record --continuous`, `policy start --continuous`; LeRobot's sentry):
+    # a new episode every rotate_s seconds, or once the episode's video holds about rotate_mb MB
+    # (LeRobot's estimate; 200 is its DEFAULT_VIDEO_FILE_SIZE_IN_MB), whichever comes first; 0: off
+    rotate_s: float = 0.0
+    rotate_mb: float = 200.0
     depth_encoder: DepthEncoderSettings = field(default_factory=DepthEncoderSettings)
 
 
@@ -314,6 +319,8 @@ _CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
     ("recording.fps", lambda v: 0 < v <= 120, "must be 1..120"),
     ("recording.stop_timeout_s", lambda v: 0 < v <= 3600, "must be in (0, 3600]"),
     ("recording.min_free_mb", lambda v: v >= 0, "must be 0 (no check) or more"),
+    ("recording.rotate_s", lambda v: 0 <= v <= 86400, "must be 0 (off) or up to 86400 s"),
+    ("recording.rotate_mb", lambda v: 0 <= v <= 100_000, "must be 0 (off) or up to 100000 MB"),
 ]
 # The webcam formats V4L2 names in capitals; a lower-case spelling of one of these is that one
 # (a FOURCC is case-sensitive, and lower-case codes of other formats exist, so only these).

@@ -124,6 +124,90 @@ def save_extras_bytes(extras: dict[str, Any]) -> bytes:
         dropped += 1
 
 
+# LeRobot 0.6.1's sentry rotation (lerobot/rollout/strategies/core.py estimate_max_episode_seconds):
+# a deliberately low bitrate guess, so the time it gives to fill a video file is on the long side
+# and the file has crossed the size when the episode is cut; with no video stream, 300 s.
+CONSERVATIVE_BITS_PER_PIXEL = 0.1
+NO_VIDEO_ROTATE_S = 300.0
+MAX_ROTATE_S = 24 * 3600.0  # one episode a day at most: a rotation longer than this is a typo
+MAX_ROTATE_MB = 100_000.0
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """Continuous recording (LeRobot's sentry strategy, lerobot/rollout/strategies/sentry.py):
+    the episode is cut after ``rotate_s`` seconds or once its video would hold ``rotate_mb`` MB
+    (an estimate, as LeRobot's), whichever comes first; None: that limit is off."""
+
+    rotate_s: float | None = None
+    rotate_mb: float | None = None
+
+    def problem(self) -> tuple[str, str] | None:
+        """(the field at fault, why) when the rotation cannot be used; None when it can."""
+        for name, value, top in (
+            ("rotate_s", self.rotate_s, MAX_ROTATE_S),
+            ("rotate_mb", self.rotate_mb, MAX_ROTATE_MB),
+        ):
+            if value is not None and not (0 < value <= top):
+                return name, f"{name} must be in (0, {top:g}], got {value!r}"
+        if self.rotate_s is None and self.rotate_mb is None:
+            return "rotate_s", "continuous recording needs rotate_s or rotate_mb (when to start the next episode)"
+        return None
+
+    def check(self) -> None:
+        """RecordingError naming the field when the rotation cannot be used."""
+        bad = self.problem()
+        if bad is not None:
+            raise RecordingError(bad[1])
+
+
+def seconds_to_fill_mb(camera_hw: list[tuple[int, int]], fps: float, target_mb: float) -> float:
+    """How long the smallest camera's video takes to reach ``target_mb`` MiB at the low bitrate
+    guess (the slowest stream decides: each camera has its own file); NO_VIDEO_ROTATE_S without one."""
+    if not camera_hw or fps <= 0:
+        return NO_VIDEO_ROTATE_S
+    smallest_px = min(h * w for h, w in camera_hw)
+    bytes_per_s = smallest_px * CONSERVATIVE_BITS_PER_PIXEL * fps / 8.0
+    return target_mb * 1024 * 1024 / bytes_per_s if bytes_per_s > 0 else NO_VIDEO_ROTATE_S
+
+
+def rotation_frames(rotation: Rotation, fps: int, camera_hw: list[tuple[int, int]]) -> tuple[int, str]:
+    """(frames per episode, which limit sets it: "rotate_s" or "rotate_mb")."""
+    limits: list[tuple[int, str]] = []
+    if rotation.rotate_s is not None:
+        limits.append((max(1, round(rotation.rotate_s * fps)), "rotate_s"))
+    if rotation.rotate_mb is not None:
+        limits.append((max(1, round(seconds_to_fill_mb(camera_hw, fps, rotation.rotate_mb) * fps)), "rotate_mb"))
+    return min(limits)
+
+
+@dataclass
+class ContinuousSession:
+    """A continuous recording in progress: one episode after another with no frame between them."""
+
+    rotation: Rotation
+    frames_per_episode: int
+    limit: str  # "rotate_s" | "rotate_mb": the one that cuts
+    first_episode: int  # the session's first episode number (names the session in every tag)
+    follower_kind: str  # asked once at the start: a cut happens on the loop's thread
+    part: int = 0  # the episode recording now is the session's part-th (0 = first)
+    first_frame: int = 0  # the session frame index of the current episode's frame 0
+    session_t0: float | None = None  # the session's grid origin (monotonic s): frame n at t0 + n / fps
+    next_number: int | None = None  # the next episode's number, kept on the disk ahead of the cut
+    rotated: int = 0  # episodes cut so far
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "rotate_s": self.rotation.rotate_s,
+            "rotate_mb": self.rotation.rotate_mb,
+            "frames_per_episode": self.frames_per_episode,
+            "limit": self.limit,
+            "first_episode": self.first_episode,
+            "part": self.part,
+            "rotated": self.rotated,
+        }
+
+
 class EpisodeHook(Protocol):
     """Called around every episode, whoever starts it (a simulated follower's reset/start/stop,
     staleness notes: daemon/data/sim_episodes.py)."""
@@ -252,6 +336,7 @@ class Recorder:
             "frames_refused": 0,
             "episodes_saved": 0,
             "episodes_discarded": 0,
+            "episodes_rotated": 0,
         }
         self._rl = RateLimitedLogger(log, period_s=5.0, burst=2)
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
@@ -270,6 +355,13 @@ class Recorder:
         self._running = False
         self._closing = threading.Event()
         self._fault = cfg.fault
+        # Continuous recording (start_episode with a Rotation): the loop's thread cuts the episode
+        # (_rotate_locked); the rec-rotate thread keeps the next episode's number on the disk ahead
+        # of the cut (no disk write on the loop's thread) and watches the cut episodes reach it.
+        self._cont: ContinuousSession | None = None
+        self._rotate_wake = threading.Event()
+        self._reserve_lock = threading.Lock()  # one reservation write at a time (taken before _lock)
+        self._rotated_seqs: collections.deque[int] = collections.deque()
 
     # -- life cycle ------------------------------------------------------------------------------
     def open(self) -> None:
@@ -375,7 +467,7 @@ class Recorder:
         with self._lock:
             if self._phase in (CLOSED, STARTING):
                 self._phase = STARTING
-        for target, name in ((self._feeder, "rec-feeder"), (self._events, "rec-events")):
+        for target, name in ((self._feeder, "rec-feeder"), (self._events, "rec-events"), (self._rotator, "rec-rotate")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -409,6 +501,7 @@ class Recorder:
         self._closing.set()
         with self._lock:
             if self._phase == RECORDING:
+                self._cont = None
                 self._q.append((KIND_DISCARD, self._seq))
                 log.warning("shutdown: episode %d in progress discarded ([recording] on_shutdown)", self.episode_number)
                 discarding = True
@@ -588,7 +681,13 @@ class Recorder:
                 teleop_action_units if teleop_action_units is not None else action_units, dtype=np.float32
             )
             frames = [self._admit(c, cam.latest_frame()) for c, cam in enumerate(self.cameras)]
+            cont = self._cont
+            if cont is not None and cont.session_t0 is None:
+                cont.session_t0 = self._t0
             while self._next_grid_s <= now_monotonic_s:
+                if cont is not None and self._frame_index >= cont.frames_per_episode and cont.next_number is not None:
+                    # the cut: the grid point due now is the next episode's frame 0 (none lost, none twice)
+                    self._rotate_locked(cont)
                 k = self._frame_index
                 self._q.append(
                     (KIND_FRAME, self._seq, k, k / self.cfg.fps, now_monotonic_s, state, action, teleop, frames, source)
@@ -596,6 +695,128 @@ class Recorder:
                 self._frame_index += 1
                 self._next_grid_s = self._t0 + self._frame_index / self.cfg.fps
         self._wake.set()
+
+    def _rotate_locked(self, cont: ContinuousSession) -> None:
+        """Under the lock, on the loop's thread (no disk, no waiting): the episode recording now is
+        saved exactly as ``episode save`` saves one (the same SAVE record: the writer stages it
+        durably, then commits it), and the next one starts on the same grid, its number already
+        kept on the disk (rec-rotate). Episode hooks are not run: the scene is not reset between
+        the parts of one continuous recording (as LeRobot's sentry does not reset the robot)."""
+        frames = self._frame_index
+        seq = self._seq
+        extras = self._save_extras_locked(cont.follower_kind, [], self._continuous_tag(cont, frames, cont.limit))
+        self._q.append((KIND_SAVE, seq, -1, extras))
+        self._pending[seq] = PendingSave(seq, self._number, self._task, frames)
+        self._rotated_seqs.append(seq)
+        self._counters["episodes_rotated"] += 1
+        number = cont.next_number
+        assert number is not None  # the caller checked
+        cont.next_number = None
+        cont.part += 1
+        cont.rotated += 1
+        cont.first_frame += frames
+        assert cont.session_t0 is not None
+        self._number = number
+        self._seq += 1
+        self._notes = []
+        self._arms_noted_stale = set()
+        self._episode_refused = {}
+        self._frame_index = 0
+        # the same grid: this episode's frame 0 is the session's frame first_frame
+        self._t0 = cont.session_t0 + cont.first_frame / self.cfg.fps
+        self._next_grid_s = self._t0
+        self._episode_started_s = time.monotonic()
+        self._q.append((KIND_START, self._seq, self._task, number))
+        self._rotate_wake.set()
+
+    def _continuous_tag(self, cont: ContinuousSession, frames: int, ended: str) -> dict[str, Any]:
+        """What the episode's tag says of the continuous recording it is a part of: ``ended`` is
+        "rotate_s"/"rotate_mb" (cut by that limit) or "stop" (the session's last, partial one)."""
+        t0 = (cont.session_t0 or 0.0) + cont.first_frame / self.cfg.fps
+        return {
+            "session": cont.first_episode,
+            "part": cont.part,
+            "ended": ended,
+            "rotated": ended != "stop",
+            "first_frame": cont.first_frame,  # in the session: episode i+1 starts where i ended
+            "frames": frames,
+            "grid_t0_s": round(t0, 6),  # monotonic seconds of this episode's frame 0
+            "rotate_s": cont.rotation.rotate_s,
+            "rotate_mb": cont.rotation.rotate_mb,
+        }
+
+    def _save_extras_locked(self, kind: str, more_notes: list[str], continuous: dict[str, Any] | None) -> bytes:
+        refused = [
+            f"camera {n}: {k} frames refused ({self._refused_last.get(n, '')}), recorded as missing"
+            for n, k in sorted(self._episode_refused.items())
+            if k
+        ]
+        extras: dict[str, Any] = {"origin": self._origin, "follower_kind": str(kind)}
+        if continuous is not None:
+            extras["continuous"] = continuous
+        extras["notes"] = refused + self._notes + more_notes
+        return save_extras_bytes(extras)
+
+    def _rotator(self) -> None:
+        try:
+            while self._running:
+                self._rotate_wake.wait(0.2)
+                self._rotate_wake.clear()
+                self._reserve_next_number()
+                self._report_rotated()
+        except BaseException as exc:
+            log.exception("recording thread rec-rotate failed")
+            self._fail(f"recording thread rec-rotate failed: {type(exc).__name__}: {exc}")
+
+    def _reserve_next_number(self) -> None:
+        """Keeps the next part's number on the disk before the cut needs it (the cut waits for it:
+        an episode grows a few frames longer rather than a number being handed out unkept)."""
+        with self._reserve_lock:
+            with self._lock:
+                cont = self._cont
+                if cont is None or cont.next_number is not None or self._phase != RECORDING:
+                    return
+                candidate = self._next_number
+            try:
+                reserve_episode_number(self.store_cfg.root_path, candidate)
+            except OSError as exc:
+                self._rl.error("reserve", "continuous recording: next episode number not kept (%s); retrying", exc)
+                return
+            with self._lock:
+                if self._cont is cont and cont.next_number is None and self._next_number == candidate:
+                    cont.next_number = candidate
+                    self._next_number = candidate + 1
+                    return
+                given_back = self._next_number == candidate
+            if given_back:  # the session ended meanwhile: the number is free again
+                reserve_episode_number(self.store_cfg.root_path, candidate - 1)
+
+    def _report_rotated(self) -> None:
+        """Logs each cut episode once it is on the disk (staged), as ``episode save`` answers."""
+        while self._rotated_seqs:
+            seq = self._rotated_seqs[0]
+            p = self._pending.get(seq)
+            number = p.episode if p is not None else -1
+            if not self._wait_staged(seq, self.cfg.save_durable_timeout_s):
+                if seq in self._gone_seqs or self._phase == ERROR:
+                    self._rotated_seqs.popleft()
+                    continue
+                log.warning("continuous recording: episode %d is not on the disk yet; still being written", number)
+                return  # looked at again at the next wake-up
+            self._rotated_seqs.popleft()
+            log.info("continuous recording: episode %d rotated and on the disk", number)
+
+    def _end_continuous_locked(self) -> ContinuousSession | None:
+        """Under the lock: the session ends with the episode in progress; a number kept ahead for
+        the next part is given back (the next episode takes it)."""
+        cont, self._cont = self._cont, None
+        if cont is not None and cont.next_number is not None and self._next_number == cont.next_number + 1:
+            try:
+                reserve_episode_number(self.store_cfg.root_path, cont.next_number - 1)
+                self._next_number = cont.next_number
+            except OSError as exc:
+                log.warning("continuous recording: episode number %d stays used (%s)", cont.next_number, exc)
+        return cont
 
     def _admit(self, c: int, frame: Any) -> Any:
         """The edge: a frame that does not fit the dataset feature (shape/dtype) is refused here,
@@ -617,8 +838,17 @@ class Recorder:
         return None
 
     # -- episode verbs -----------------------------------------------------------------------------
-    def start_episode(self, task: str | None = None, origin: str | None = None) -> dict[str, Any]:
-        """Starts an episode. ``origin`` goes into its tag: "teleop" (default), "policy", ..."""
+    def start_episode(
+        self, task: str | None = None, origin: str | None = None, rotation: Rotation | None = None
+    ) -> dict[str, Any]:
+        """Starts an episode. ``origin`` goes into its tag: "teleop" (default), "policy", ...
+
+        ``rotation``: continuous recording (LeRobot's sentry strategy): the episode is saved and the
+        next one started by the recorder itself each time a limit is reached, on the frame grid, so
+        the frame after the last of one episode is the first of the next; ``episode save`` (or
+        discard) ends the session with the partial episode in progress."""
+        if rotation is not None:
+            rotation.check()
         task = (task or self._task or self.cfg.default_task).strip()
         if not task:
             raise RecordingError("the task text must not be empty")
@@ -664,11 +894,28 @@ class Recorder:
             self._t0 = None
             self._next_grid_s = 0.0
             self._episode_started_s = time.monotonic()
+            self._cont = None
+            if rotation is not None:
+                frames_per_episode, limit = rotation_frames(rotation, self.cfg.fps, self._expected_hw)
+                kind = self.follower_kind_fn() if self.follower_kind_fn is not None else self.cfg.follower_kind
+                self._cont = ContinuousSession(rotation, frames_per_episode, limit, number, str(kind))
             self._q.append((KIND_START, self._seq, task, number))
             self._phase = RECORDING
         self._wake.set()
-        log.info("episode %d started (%r)", number, task)
-        return {"episode": number, "task": task, "origin": origin}
+        reply: dict[str, Any] = {"episode": number, "task": task, "origin": origin}
+        if self._cont is not None:
+            self._rotate_wake.set()  # keep the next part's number on the disk now
+            reply["continuous"] = self._cont.status()
+            log.info(
+                "episode %d started (%r), continuous: a new episode every %d frames (%s)",
+                number,
+                task,
+                self._cont.frames_per_episode,
+                self._cont.limit,
+            )
+        else:
+            log.info("episode %d started (%r)", number, task)
+        return reply
 
     def _free_mb(self) -> float | None:
         """Free space where episodes are staged and committed (one filesystem), in MB."""
@@ -766,23 +1013,15 @@ class Recorder:
             frames = self._frame_index
             number = self.episode_number
             if frames == 0:
+                self._end_continuous_locked()
                 self._q.append((KIND_DISCARD, self._seq))
                 self._phase = IDLE
                 self._wake.set()
                 raise RecordingError("the episode has no frames yet (is the control loop running?); discarded")
             kind = self.follower_kind_fn() if self.follower_kind_fn is not None else self.cfg.follower_kind
-            refused = [
-                f"camera {n}: {k} frames refused ({self._refused_last.get(n, '')}), recorded as missing"
-                for n, k in sorted(self._episode_refused.items())
-                if k
-            ]
-            extras = save_extras_bytes(
-                {
-                    "origin": self._origin,
-                    "follower_kind": str(kind),
-                    "notes": refused + self._notes + hook_notes + list(notes or []),
-                }
-            )
+            cont = self._end_continuous_locked()
+            continuous = self._continuous_tag(cont, frames, "stop") if cont is not None else None
+            extras = self._save_extras_locked(str(kind), hook_notes + list(notes or []), continuous)
             seq = self._seq
             self._q.append((KIND_SAVE, seq, -1 if success is None else int(bool(success)), extras))
             self._pending[seq] = PendingSave(seq, number, self._task, frames)
@@ -847,6 +1086,7 @@ class Recorder:
         self._check_health()
         with self._lock:
             self._check_can_end("discarded")
+            self._end_continuous_locked()  # the session's earlier parts are saved already
             self._q.append((KIND_DISCARD, self._seq))
             frames = self._frame_index
             number = self._number
@@ -903,6 +1143,7 @@ class Recorder:
             "notes": list(self._notes) if recording else [],
             "elapsed_s": round(time.monotonic() - self._episode_started_s, 2) if recording else 0.0,
             "frames": self._frame_index if recording else 0,
+            "continuous": self._cont.status() if recording and self._cont is not None else None,
             "episodes_in_dataset": self._committed_total,
             "saves_pending": len(self._pending),
             "lost_episodes": list(self._lost),
@@ -952,6 +1193,7 @@ class Recorder:
                 self._lost.append(f"{lost}: recording stopped")
             if self._phase != CLOSED:
                 self._phase = ERROR
+            self._cont = None
             self._error = message
         with self._handed_over:  # a save waiting for its hand-over hears of the failure at once
             self._handed_over.notify_all()

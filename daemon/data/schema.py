@@ -235,6 +235,10 @@ class EpisodeTag:
     # and their total length in seconds (daemon/data/interventions.py)
     interventions: int = 0
     intervention_s: float = 0.0
+    # a part of a continuous recording (`record --continuous`, LeRobot's sentry): the session
+    # (its first episode's number), the part, why it ended ("rotate_s", "rotate_mb" or "stop"),
+    # its first frame in the session and its frame 0's monotonic time; {}: an episode of its own
+    continuous: dict[str, Any] = field(default_factory=dict)
 
     @property
     def uid(self) -> str:

@@ -223,6 +223,8 @@ class EpisodeBuild:
         self.no_pixels = 0
         self.worst_skew_s = 0.0
         self.notes: list[str] = []
+        self.continuous: dict[str, Any] = {}  # a part of a continuous recording: where it sits (EpisodeTag)
+        self.state_s: list[float] = []  # the loop's cycle time of each row's state (monotonic s)
         self.t0: float | None = None
 
     def all_encoders(self) -> list[CameraEncoder]:
@@ -288,6 +290,7 @@ class EpisodeBuild:
         self.rows["teleop"].append(rec["teleop"][0].copy())
         self.sources.append(bytes(rec["source"][0]).decode("ascii", "replace"))
         self.grid_s.append(grid)
+        self.state_s.append(state_s)
         self.state_offset_s.append(state_s - t_grid)
         self.cam_offset_s.append(offsets)
 
@@ -315,6 +318,8 @@ class EpisodeBuild:
         np.savez(
             self.dir / "timing.npz",
             grid_s=np.asarray(self.grid_s, np.float64),
+            # absolute, so the parts of a continuous recording can be laid end to end
+            state_s=np.asarray(self.state_s, np.float64),
             state_offset_s=np.asarray(self.state_offset_s, np.float64),
             camera_offset_s=np.asarray(self.cam_offset_s, np.float64).reshape(n, len(self.cameras)),
             camera_names=np.asarray(self.cameras, dtype=str),
@@ -336,6 +341,8 @@ class EpisodeBuild:
             "notes": self.notes,
             "source": {},
         }
+        if self.continuous:
+            tag["continuous"] = self.continuous
         if origin == "policy":  # the operator's corrections inside it (from the per-frame source record)
             tag["interventions"], tag["intervention_s"] = intervention_runs(self.sources, self.fps)
         meta = {
@@ -571,6 +578,8 @@ def writer_main(
                             current.mark_saving()
                             extras = save_extras(bytes(rec["task"][0]))
                             current.notes.extend(str(n) for n in extras.get("notes", []) if n)
+                            if isinstance(extras.get("continuous"), dict):
+                                current.continuous = extras["continuous"]
                             meta = current.stage(
                                 None if s < 0 else bool(s),
                                 str(extras.get("follower_kind") or follower_kind),

@@ -37,13 +37,14 @@ import numpy as np
 
 from daemon.api.server import RequestError
 from daemon.config.settings import PolicyConfig, keys_given
+from daemon.data.recorder import Rotation
 from daemon.policy.action_queue import QueueConfig
 from daemon.policy.checkpoint import CheckpointError, admit_checkpoint_path
 from daemon.policy.leader_drive import DrivableLeader
 from daemon.policy.lerobot_server import ServerSpec
 from daemon.policy.runner import FrameSource, PolicyRunnerConfig, PolicySource
 from daemon.policy.takeover import LeaderActuator, Takeover, TakeoverConfig
-from daemon.service.attach_recording import SimEpisodes
+from daemon.service.attach_recording import SimEpisodes, rotation_from_request
 from daemon.service.attach_replay import SOURCE_NAME as REPLAY_SOURCE
 from daemon.service.context import DaemonContext, EpisodeRecorder, HasContext, context_of
 from drivers.cameras import VirtualArmCamera
@@ -218,7 +219,12 @@ class PolicyController:
             raise PolicyError(f"policy not usable: {src.error or src.state}")
         return src
 
-    def start(self, record: bool | None = None, task: str | None = None) -> dict[str, Any]:
+    def start(
+        self, record: bool | None = None, task: str | None = None, rotation: Rotation | None = None
+    ) -> dict[str, Any]:
+        """``rotation``: the evaluation recording is continuous (LeRobot's sentry strategy): the
+        recorder saves an episode and starts the next at each limit, the policy running on (its
+        state is not reset between the parts); ``policy stop`` saves the last, partial one."""
         replaying = [a.name for a in self.daemon.loop.arms if a.source_name == REPLAY_SOURCE]
         if replaying:
             # the replay keeps its arm (policy intent leaves an arm on a source of its own) and, when
@@ -235,6 +241,11 @@ class PolicyController:
         src.reset()
         self.corrections, self.correction_s = 0, 0.0
         record = self.cfg.record if record is None else bool(record)
+        if rotation is not None and (not record or self.recorder is None or self.cfg.corrections == "episodes"):
+            raise PolicyError(
+                "continuous: the policy's driving is not recorded here (no recorder, record = false, or "
+                '[policy] corrections = "episodes")'
+            )
         self._task = task or self.cfg.task or "policy evaluation"
         before = loop.intent
         # The arm is the (paused: holding) policy's before the episode starts, so its first frame
@@ -251,7 +262,7 @@ class PolicyController:
         try:
             # corrections-only: the policy's own driving is not recorded (each correction is an episode)
             if record and self.recorder is not None and self.cfg.corrections != "episodes":
-                episode = self._start_episode(self._task)
+                episode = self._start_episode(self._task, rotation)
         except PolicyError:
             try:  # not started: the arm goes back to what it did
                 loop.call(lambda: loop.set_intent(before), timeout_s=3.0)
@@ -573,11 +584,11 @@ class PolicyController:
             src.stop()
 
     # -- evaluation episodes (recording helper's Recorder) ---------------------------------------
-    def _start_episode(self, task: str) -> Any:
+    def _start_episode(self, task: str, rotation: Rotation | None = None) -> Any:
         rec = self.recorder
         assert rec is not None  # start() opens an evaluation episode only with a recorder
         try:
-            out = rec.start_episode(task, origin="policy")
+            out = rec.start_episode(task, origin="policy", rotation=rotation)
         except Exception as exc:
             raise PolicyError(f"cannot start the evaluation episode: {exc}") from None
         self.episode_open = True
@@ -617,6 +628,12 @@ def _verb(fn):
     return handler
 
 
+def _rotation(ctx: DaemonContext, req: dict[str, Any]) -> Rotation | None:
+    """policy.start's continuous recording fields, as episode.start reads them (a RequestError
+    naming the field goes to the client as it is)."""
+    return rotation_from_request(req, ctx.cfg.recording)
+
+
 def _opt_bool(req: dict[str, Any], key: str) -> bool | None:
     v = req.get(key)
     if v is None or isinstance(v, bool):
@@ -640,7 +657,7 @@ def attach_policy(
     ctl = PolicyController(ctx, cameras, recorder)
     reg = ctx.server.register
     reg("policy.load", _verb(lambda req: ctl.load(req.get("path"), float(req.get("wait_s") or 0.0))))
-    reg("policy.start", _verb(lambda req: ctl.start(_opt_bool(req, "record"), req.get("task"))))
+    reg("policy.start", _verb(lambda req: ctl.start(_opt_bool(req, "record"), req.get("task"), _rotation(ctx, req))))
     reg("policy.stop", _verb(lambda req: ctl.stop(_opt_bool(req, "success"), bool(req.get("discard", False)))))
     reg("policy.takeover", _verb(lambda req: ctl.takeover()))
     reg("policy.correct", _verb(lambda req: ctl.correct()))

@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from daemon.api.server import RequestError
 from daemon.config.settings import ARM_SIDES, RecordingConfig
-from daemon.data.recorder import Recorder, RecorderConfig, RecordingError
+from daemon.data.recorder import Recorder, RecorderConfig, RecordingError, Rotation
 from daemon.service.cameras import CameraEpisodeHook, build_cameras, configured_size, sim_camera_factory
 from daemon.service.context import DaemonContext, HasContext, context_of
 from drivers.arm_interface import FollowerArm
@@ -29,7 +29,14 @@ def dataset_root(recording_cfg: RecordingConfig) -> Path:
     return Path(recording_cfg.dataset_root).expanduser() / recording_cfg.repo_id
 
 
-__all__ = ["attach_recorder", "build_cameras", "configured_size", "dataset_root", "sim_camera_factory"]
+__all__ = [
+    "attach_recorder",
+    "build_cameras",
+    "configured_size",
+    "dataset_root",
+    "rotation_from_request",
+    "sim_camera_factory",
+]
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -71,6 +78,37 @@ def _origin_arg(req: dict[str, Any]) -> str | None:
     if v is None or isinstance(v, str):
         return v
     raise ValueError(f'"origin" must be a string, got {v!r}')
+
+
+def rotation_from_request(req: dict[str, Any], recording_cfg: RecordingConfig) -> Rotation | None:
+    """The request's continuous recording (``continuous``, ``rotate_s``, ``rotate_mb``), each limit
+    not given taken from [recording] (0 there: off); None: an ordinary episode. RequestError naming
+    the field for what cannot be used (nothing is started)."""
+    continuous = req.get("continuous")
+    if continuous is not None and not isinstance(continuous, bool):
+        raise RequestError(f'"continuous" must be true, false or null, got {continuous!r}', field="continuous")
+    given = {k: req.get(k) for k in ("rotate_s", "rotate_mb") if req.get(k) is not None}
+    for key, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise RequestError(f'"{key}" must be a number above 0, got {value!r}', field=key)
+    if not continuous:
+        if given:
+            key = next(iter(given))
+            raise RequestError(f'"{key}" is for a continuous recording: add "continuous": true', field=key)
+        return None
+    rotate_s = given.get("rotate_s", recording_cfg.rotate_s or None)
+    rotate_mb = given.get("rotate_mb", recording_cfg.rotate_mb or None)
+    rotation = Rotation(
+        float(rotate_s) if rotate_s is not None else None, float(rotate_mb) if rotate_mb is not None else None
+    )
+    bad = rotation.problem()
+    if bad is not None:
+        field, why = bad
+        raise RequestError(
+            f"{why} ([recording] rotate_s = {recording_cfg.rotate_s:g}, rotate_mb = {recording_cfg.rotate_mb:g})",
+            field=field,
+        )
+    return rotation
 
 
 @runtime_checkable
@@ -136,7 +174,14 @@ def attach_recorder(
         ctx.status_extras["sim"] = lambda: {"seed_recording_error": sim.stats().get("seed_error")}
     rec.open()
     reg = ctx.server.register
-    reg("episode.start", _verb(lambda req: rec.start_episode(req.get("task"), _origin_arg(req))))
+    reg(
+        "episode.start",
+        _verb(
+            lambda req: rec.start_episode(
+                req.get("task"), _origin_arg(req), rotation_from_request(req, ctx.cfg.recording)
+            )
+        ),
+    )
     reg("episode.save", _verb(lambda req: rec.save_episode(_success_arg(req))))
     reg("episode.discard", _verb(lambda req: rec.discard_episode()))
     reg("episode.status", _verb(lambda req: rec.status()))

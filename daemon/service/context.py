@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from daemon.api.server import ControlServer
 from daemon.config.settings import Config
 from daemon.control.loop import ControlLoop
+from daemon.data.recorder import Rotation
 from daemon.policy.leader_drive import LeaderClaim
 from daemon.service.cameras import DaemonCameras
 from drivers.arm_interface import FollowerArm, LeaderArm
@@ -35,7 +36,9 @@ class EpisodeRecorder(Protocol):
     @property
     def phase(self) -> str: ...
 
-    def start_episode(self, task: str | None = None, origin: str | None = None) -> dict[str, Any]: ...
+    def start_episode(
+        self, task: str | None = None, origin: str | None = None, rotation: Rotation | None = None
+    ) -> dict[str, Any]: ...
 
     def save_episode(self, success: bool | None = None, notes: list[str] | None = None) -> dict[str, Any]: ...
 

@@ -1,4 +1,9 @@
-"""`so101d episode start|save|discard|status`: episode control of the running daemon."""
+"""`so101d episode start|save|stop|discard|status`: episode control of the running daemon.
+
+``start --continuous`` records until ``stop`` (or ``save``/``discard``), the daemon saving an
+episode and starting the next at each rotation (``--rotate-s``, ``--rotate-mb``; LeRobot's sentry
+strategy). ``stop`` is ``save`` by another name: it saves the episode in progress, the last
+(partial) one of a continuous recording."""
 
 from __future__ import annotations
 
@@ -11,8 +16,13 @@ from daemon.api.messages import EpisodeReply, EpisodeStatusReply, ErrorReply, Re
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("start", "save", "discard", "status"))
+    parser.add_argument("action", choices=("start", "save", "stop", "discard", "status"))
     parser.add_argument("--task", help="start: the task text of this episode (default: the last one)")
+    parser.add_argument(
+        "--continuous", action="store_true", help="start: record until stop, a new episode at each rotation"
+    )
+    parser.add_argument("--rotate-s", type=float, help="start --continuous: seconds per episode")
+    parser.add_argument("--rotate-mb", type=float, help="start --continuous: video MB per episode")
     g = parser.add_mutually_exclusive_group()
     g.add_argument(
         "--success",
@@ -37,8 +47,14 @@ def describe(action: str, reply: dict[str, Any]) -> str:
         return format_status(decode_reply(reply, EpisodeStatusReply))
     ep = decode_reply(reply, EpisodeReply)
     if action == "start":
+        if ep.continuous is not None:
+            c = ep.continuous
+            return (
+                f"episode {ep.episode} recording: {ep.task!r}, continuous: a new episode every "
+                f"{c.frames_per_episode} frames ({c.limit})"
+            )
         return f"episode {ep.episode} recording: {ep.task!r}"
-    if action == "save":
+    if action in ("save", "stop"):
         tag = {True: "success", False: "failure", None: "untagged"}[ep.success]
         if ep.durable is False:
             return f"episode {ep.episode} saving… ({ep.frames} frames, {tag}; not on the disk yet)"
@@ -119,17 +135,29 @@ def run(args: argparse.Namespace) -> int:
     fields: dict = {}
     if args.action == "start" and args.task:
         fields["task"] = args.task
-    if args.action == "save":
+    for flag, value in (("--rotate-s", args.rotate_s), ("--rotate-mb", args.rotate_mb)):
+        if value is not None and not (args.action == "start" and args.continuous):
+            import sys
+
+            print(f"so101d episode: {flag} is for `episode start --continuous`", file=sys.stderr)
+            return 1
+    if args.action == "start" and args.continuous:
+        fields["continuous"] = True
+        for key, value in (("rotate_s", args.rotate_s), ("rotate_mb", args.rotate_mb)):
+            if value is not None:
+                fields[key] = value  # the socket refuses one not above 0, naming it
+    if args.action in ("save", "stop"):
         fields["success"] = args.success
     as_json = getattr(args, "json", False)
     answered: list[EpisodeReply] = []
 
     def render(reply: dict[str, Any]) -> str:
-        if args.action == "save":
+        if args.action in ("save", "stop"):
             answered.append(decode_reply(reply, EpisodeReply))
         return json.dumps(reply) if as_json else describe(args.action, reply)
 
-    rc = run_simple(args, f"episode.{args.action}", label=f"episode {args.action}", render=render, **fields)
+    verb = "save" if args.action == "stop" else args.action
+    rc = run_simple(args, f"episode.{verb}", label=f"episode {args.action}", render=render, **fields)
     saved = answered[0] if answered else None
     if rc == 0 and saved is not None and saved.durable is False and saved.episode is not None and not as_json:
         return follow_saving(args, saved.episode)

@@ -58,6 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("start", help="let the policy drive the follower")
     p.add_argument("--no-record", action="store_true", help="do not record an evaluation episode")
     p.add_argument("--task", help="task text of the evaluation episode (and VLA instruction)")
+    p.add_argument(
+        "--continuous",
+        action="store_true",
+        help="record the policy's driving continuously, a new episode at each rotation (LeRobot's sentry)",
+    )
+    p.add_argument("--rotate-s", type=float, help="--continuous: seconds per episode (default [recording] rotate_s)")
+    p.add_argument("--rotate-mb", type=float, help="--continuous: video MB per episode (default [recording] rotate_mb)")
     add_socket_arguments(p)
     p = sub.add_parser("stop", help="stop the policy: the follower holds its pose")
     g = p.add_mutually_exclusive_group()
@@ -289,7 +296,12 @@ def run(args: argparse.Namespace) -> int:
         path = os.path.abspath(args.path) if args.path else None
         reply = _call(args, PolicyReply, "policy.load", path=path, wait_s=args.wait)
     elif action == "start":
-        task = {"task": args.task} if args.task else {}
+        task: dict[str, Any] = {"task": args.task} if args.task else {}
+        if args.continuous:
+            task["continuous"] = True
+            task.update(
+                {k: v for k, v in (("rotate_s", args.rotate_s), ("rotate_mb", args.rotate_mb)) if v is not None}
+            )
         reply = _call(args, PolicyReply, "policy.start", record=not args.no_record, **task)
     elif action == "stop" and args.takeover:
         reply = _call(args, PolicyReply, "policy.takeover")
