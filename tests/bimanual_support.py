@@ -4,9 +4,16 @@ from the bench's --calibration-out folder), for every bimanual story."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from drivers.emulator.process import EmulatorProcess
+
+SIDES = ("left", "right")
+# the leaders held still at two different poses (the operator's hands, not moving)
+LEFT_POSE = [-30.0, -40.0, 40.0, 30.0, 0.0, 20.0]
+RIGHT_POSE = [30.0, -60.0, 60.0, 50.0, 10.0, 60.0]
 
 
 def bimanual_toml(bench: EmulatorProcess, extra: str = "", rate_hz: float | None = 50.0) -> str:
@@ -39,3 +46,13 @@ def write_bimanual_config(
     path = directory / "so101d.toml"
     path.write_text(bimanual_toml(bench, extra, rate_hz))
     return path
+
+
+@contextlib.contextmanager
+def still_bimanual_bench(directory: Path) -> Iterator[EmulatorProcess]:
+    """`so101d emulate --bimanual` with each leader held still, left at LEFT_POSE, right at RIGHT_POSE."""
+    with EmulatorProcess(directory, bimanual=True, calibration_out=directory / "calibration") as bench:
+        for side, pose in zip(SIDES, (LEFT_POSE, RIGHT_POSE)):
+            bench.control({"cmd": "set_motion", "arm": f"{side}_leader", "motion": "still"})
+            bench.control({"cmd": "set_pose", "arm": f"{side}_leader", "pose_units": pose})
+        yield bench

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bimanual_support import LEFT_POSE, RIGHT_POSE, SIDES, still_bimanual_bench, write_bimanual_config
 from support import wait_for
 
 from calibration.conventions import JOINT_NAMES
@@ -22,48 +23,20 @@ from drivers.emulator.process import EmulatorProcess
 
 pytestmark = pytest.mark.e2e  # the bimanual emulator as a user runs it, the daemon on its four ports
 
-SIDES = ("left", "right")
-LEFT_POSE = [-30.0, -40.0, 40.0, 30.0, 0.0, 20.0]
-RIGHT_POSE = [30.0, -60.0, 60.0, 50.0, 10.0, 60.0]
-
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]:
-    d = tmp_path_factory.mktemp("attack-bi")
-    with EmulatorProcess(d, bimanual=True, calibration_out=d / "calibration") as ep:
-        for side, pose in zip(SIDES, (LEFT_POSE, RIGHT_POSE)):
-            ep.control({"cmd": "set_motion", "arm": f"{side}_leader", "motion": "still"})
-            ep.control({"cmd": "set_pose", "arm": f"{side}_leader", "pose_units": pose})
+    with still_bimanual_bench(tmp_path_factory.mktemp("attack-bi")) as ep:
         yield ep
 
 
 @pytest.fixture(scope="module")
 def daemon(bench: EmulatorProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d = tmp_path_factory.mktemp("attack-bi-daemon")
-    links = bench.links
-    toml = d / "so101d.toml"
-    toml.write_text(
+    toml = write_bimanual_config(
+        bench,
+        d,
         f"""
-[leader]
-id = "emulated_leader"
-
-[follower]
-id = "emulated_follower"
-
-[arms.left]
-leader_port = "{links["left_leader"]}"
-follower_port = "{links["left_follower"]}"
-
-[arms.right]
-leader_port = "{links["right_leader"]}"
-follower_port = "{links["right_follower"]}"
-
-[calibration]
-root = "{bench.directory / "calibration"}"
-
-[control]
-rate_hz = 50.0
-
 [recording]
 enabled = true
 dataset_root = "{d / "datasets"}"
@@ -73,7 +46,7 @@ task = "hand over"
 
 [socket]
 path = "{d / "control.sock"}"
-"""
+""",
     )
     daemon = Daemon(load_config(toml))
     daemon.start()

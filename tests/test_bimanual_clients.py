@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bimanual_support import write_bimanual_config
+from bimanual_support import LEFT_POSE, RIGHT_POSE, SIDES, still_bimanual_bench, write_bimanual_config
 from support import wait_for
 
 from calibration.conventions import JOINT_NAMES
@@ -35,21 +35,14 @@ from drivers.emulator.process import EmulatorProcess
 pytestmark = pytest.mark.e2e  # the bimanual emulator as a user runs it, LeRobot's classes on the daemon
 
 REPO = Path(__file__).resolve().parents[1]
-SIDES = ("left", "right")
 TOL_DEG = 2.5
-LEFT_POSE = [-30.0, -40.0, 40.0, 30.0, 0.0, 20.0]
-RIGHT_POSE = [30.0, -60.0, 60.0, 50.0, 10.0, 60.0]
 MOVED_LEFT_POSE = [-10.0, -30.0, 30.0, 40.0, 10.0, 40.0]
 MOVED_RIGHT_POSE = [45.0, -50.0, 70.0, 35.0, -10.0, 30.0]
 
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]:
-    d = tmp_path_factory.mktemp("bimanual-plugin")
-    with EmulatorProcess(d, bimanual=True, calibration_out=d / "calibration") as ep:
-        for side, pose in zip(SIDES, (LEFT_POSE, RIGHT_POSE)):
-            ep.control({"cmd": "set_motion", "arm": f"{side}_leader", "motion": "still"})
-            ep.control({"cmd": "set_pose", "arm": f"{side}_leader", "pose_units": pose})
+    with still_bimanual_bench(tmp_path_factory.mktemp("bimanual-plugin")) as ep:
         yield ep
 
 
