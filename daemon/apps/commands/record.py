@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from daemon.api.client import (
@@ -207,19 +208,28 @@ def continuous_session(
     return rotated + 1
 
 
-def _run_continuous(args: argparse.Namespace) -> int:
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())  # Ctrl-C: save, then exit
+def _with_daemon(args: argparse.Namespace, body: Callable[[ControlClient, Keys], int]) -> int:
+    """``body`` on a connection to the daemon and the terminal's keys; the daemon gone is exit 2,
+    a refused verb exit 1, both said on stderr."""
     try:
         with ControlClient(socket_path_from_args(args), timeout_s=10.0) as c, Keys(not args.no_keys) as keys:
-            n = continuous_session(c, args.task, args.rotate_s, args.rotate_mb, keys, stop)
-            return _report_end(c, n)
+            return body(c, keys)
     except DaemonUnavailable as exc:
         print(f"so101d: {exc}", file=sys.stderr)
         return 2
     except CommandFailed as exc:
         print(f"so101d record: {exc}", file=sys.stderr)
         return 1
+
+
+def _run_continuous(args: argparse.Namespace) -> int:
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())  # Ctrl-C: save, then exit
+    try:
+        return _with_daemon(
+            args,
+            lambda c, keys: _report_end(c, continuous_session(c, args.task, args.rotate_s, args.rotate_mb, keys, stop)),
+        )
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -252,15 +262,7 @@ def run(args: argparse.Namespace) -> int:
     if args.episodes < 1 or args.episode_time <= 0 or args.reset_time < 0:
         print("so101d record: --episodes >= 1, --episode-time > 0 and --reset-time >= 0 please", file=sys.stderr)
         return 1
-    try:
-        with ControlClient(socket_path_from_args(args), timeout_s=10.0) as c, Keys(not args.no_keys) as keys:
-            n = session(c, args.episodes, args.episode_time, args.reset_time, args.task, keys)
-            if _report_end(c, n):
-                return 1
-    except DaemonUnavailable as exc:
-        print(f"so101d: {exc}", file=sys.stderr)
-        return 2
-    except CommandFailed as exc:
-        print(f"so101d record: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return _with_daemon(
+        args,
+        lambda c, keys: _report_end(c, session(c, args.episodes, args.episode_time, args.reset_time, args.task, keys)),
+    )
