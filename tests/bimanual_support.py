@@ -8,6 +8,10 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from support import wait_for
+
+from daemon.config.settings import load_config
+from daemon.service.daemon import Daemon
 from drivers.emulator.process import EmulatorProcess
 
 SIDES = ("left", "right")
@@ -56,3 +60,15 @@ def still_bimanual_bench(directory: Path) -> Iterator[EmulatorProcess]:
             bench.control({"cmd": "set_motion", "arm": f"{side}_leader", "motion": "still"})
             bench.control({"cmd": "set_pose", "arm": f"{side}_leader", "pose_units": pose})
         yield bench
+
+
+@contextlib.contextmanager
+def tracking_daemon(config: Path) -> Iterator[Daemon]:
+    """The daemon in this process on the rig's configuration, started, once both arms track."""
+    daemon = Daemon(load_config(config))
+    daemon.start()
+    try:
+        wait_for(lambda: all(a.state.mode == "teleop" for a in daemon.loop.arms), 30, "both arms tracking")
+        yield daemon
+    finally:
+        daemon.stop()

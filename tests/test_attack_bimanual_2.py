@@ -12,12 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bimanual_support import LEFT_POSE, RIGHT_POSE, SIDES, still_bimanual_bench, write_bimanual_config
+from bimanual_support import LEFT_POSE, RIGHT_POSE, SIDES, still_bimanual_bench, tracking_daemon, write_bimanual_config
 from support import wait_for
 
 from calibration.conventions import JOINT_NAMES
 from daemon.api.client import CommandFailed, ControlClient
-from daemon.config.settings import load_config
 from daemon.service.daemon import Daemon
 from drivers.emulator.process import EmulatorProcess
 
@@ -48,13 +47,8 @@ task = "hand over"
 path = "{d / "control.sock"}"
 """,
     )
-    daemon = Daemon(load_config(toml))
-    daemon.start()
-    try:
-        wait_for(lambda: all(a.state.mode == "teleop" for a in daemon.loop.arms), 30, "both arms tracking")
+    with tracking_daemon(toml) as daemon:
         yield daemon
-    finally:
-        daemon.stop()
 
 
 def _follower(bench: EmulatorProcess, side: str) -> np.ndarray:

@@ -23,12 +23,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bimanual_support import LEFT_POSE, RIGHT_POSE, SIDES, still_bimanual_bench, write_bimanual_config
+from bimanual_support import LEFT_POSE, RIGHT_POSE, SIDES, still_bimanual_bench, tracking_daemon, write_bimanual_config
 from support import wait_for
 
 from calibration.conventions import JOINT_NAMES
 from daemon.api.client import ControlClient
-from daemon.config.settings import load_config
 from daemon.service.daemon import Daemon
 from drivers.emulator.process import EmulatorProcess
 
@@ -50,13 +49,8 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]
 def daemon(bench: EmulatorProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d = tmp_path_factory.mktemp("bimanual-plugin-daemon")
     toml = write_bimanual_config(bench, d, f'\n[socket]\npath = "{d / "control.sock"}"\n')
-    daemon = Daemon(load_config(toml))
-    daemon.start()
-    try:
-        wait_for(lambda: all(a.state.mode == "teleop" for a in daemon.loop.arms), 30, "both arms tracking")
+    with tracking_daemon(toml) as daemon:
         yield daemon
-    finally:
-        daemon.stop()
 
 
 def _pose(bench: EmulatorProcess, arm: str) -> np.ndarray:
