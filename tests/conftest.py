@@ -129,6 +129,7 @@ FILE_KINDS: dict[str, str] = {
     "test_sim_leisaac.py": "integration",
     "test_sim_mujoco.py": "integration",
     "test_sim_recording.py": "integration",
+    "test_pedal.py": "integration",
     # our programs as a user runs them, or LeRobot's
     "test_api_schema.py": "e2e",
     "test_console_access.py": "e2e",

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Final, cast
 
 import msgspec
 
-API_VERSION: Final = "1.4"
+API_VERSION: Final = "1.5"
 TEXT_MAX_CHARS: Final = 4096  # any text field (a path, a task, a camera name)
 TASK_MAX_CHARS: Final = 500
 MAX_FRAME_SEQ: Final = 2**53  # a frame counter: any real one is far below JSON's exact-integer limit
@@ -577,6 +577,21 @@ class SimStatus(msgspec.Struct, kw_only=True):
     error: str | None = None
 
 
+class PedalStatus(msgspec.Struct, kw_only=True):
+    """The foot pedal ([pedal] device): whether it is there, and what its last press did."""
+
+    device: str = ""
+    state: str = "?"  # waiting (not plugged in yet), connected, unplugged, error
+    name: str | None = None  # the input device's name (evdev)
+    problem: str | None = None  # why it is not connected, and since when
+    keys: dict[str, str] = msgspec.field(default_factory=dict)  # action -> evdev key code
+    presses: int = 0
+    unplugs: int = 0
+    last_key: str | None = None
+    last_verb: str | None = None  # the verb the last press asked for
+    last_reply: str | None = None  # its answer (the refusal, when refused)
+
+
 class StatusReply(Reply):
     """``status``: the loop, the arms, timing, safety, servos, the socket, and one section per
     attached part (recording, policy, sim), absent when that part is not attached."""
@@ -620,6 +635,7 @@ class StatusReply(Reply):
     recording: RecordingStatus | None = None
     policy: PolicyStatus | None = None
     sim: SimStatus | None = None
+    pedal: PedalStatus | None = None
     cameras: dict[str, CameraStats] = msgspec.field(default_factory=dict)  # the cameras in use, by name
 
 

@@ -257,6 +257,26 @@ class DisplayConfig:
     rerun: str = ""
 
 
+# A USB foot pedal (LeRobot's DAgger pedal, lerobot/rollout/configs.py DAggerPedalConfig: its
+# device path and key codes are the defaults here); read by the daemon through python-evdev.
+LEROBOT_PEDAL_DEVICE = "/dev/input/by-id/usb-PCsensor_FootSwitch-event-kbd"
+
+
+@dataclass
+class PedalConfig:
+    # the pedal's input device (an evdev /dev/input/... path; by-id survives a replug); empty: no
+    # pedal. LeRobot's default: /dev/input/by-id/usb-PCsensor_FootSwitch-event-kbd
+    device: str = ""
+    # evdev key codes, each mapped to what it does (docs/operator-guide.md#a-foot-pedal); "" unbinds
+    pause_resume: str = "KEY_A"  # teleop: hold / teleop again; a policy run: correct / resume
+    correction: str = "KEY_B"  # a policy run: correct (the operator takes the arm) / resume
+    save: str = "KEY_C"  # end the episode and keep it (LeRobot's third pedal uploads; so101d saves)
+
+    def bindings(self) -> dict[str, str]:
+        """action -> key code ("" where unbound)."""
+        return {"pause_resume": self.pause_resume, "correction": self.correction, "save": self.save}
+
+
 @dataclass
 class ConsoleSettings:
     # Host names `so101d console` answers to besides its bind address and localhost (a page under
@@ -280,6 +300,7 @@ class Config:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     display: DisplayConfig = field(default_factory=DisplayConfig)
     console: ConsoleSettings = field(default_factory=ConsoleSettings)
+    pedal: PedalConfig = field(default_factory=PedalConfig)
 
     def calibration_root(self) -> Path | None:
         return Path(self.calibration.root).expanduser() if self.calibration.root else None
@@ -511,7 +532,21 @@ def validate(cfg: Config) -> Config:
                 parse_host_port(address)
             except ValueError as exc:
                 raise ConfigError(f"{key}: {exc} ({what})") from None
+    _validate_pedal(cfg.pedal)
     return cfg
+
+
+def _validate_pedal(pedal: PedalConfig) -> None:
+    """Key codes are evdev names (KEY_..., BTN_...), and one code does one thing."""
+    bound: dict[str, str] = {}
+    for action, code in pedal.bindings().items():
+        if code == "":
+            continue
+        if not (code.startswith(("KEY_", "BTN_")) and code[4:].replace("_", "").isalnum() and code.isupper()):
+            raise ConfigError(f'pedal.{action}: {code!r} must be an evdev key code such as "KEY_A" (or "" for none)')
+        if code in bound:
+            raise ConfigError(f"pedal.{action}: {code} is already pedal.{bound[code]}")
+        bound[code] = action
 
 
 def _validate_arms(cfg: Config) -> None:

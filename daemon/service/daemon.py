@@ -431,7 +431,8 @@ class Daemon:
         log.info("daemon stopped")
 
     def _attach_optional(self) -> None:
-        """Recorder ([recording] enabled) and LeIsaac remote-leader publisher, when configured."""
+        """Recorder ([recording] enabled), the foot pedal, the policy, replay and the LeIsaac
+        remote-leader publisher, when configured."""
         if self.cfg.recording.enabled and self.recorder is None:
             from daemon.service.attach_recording import attach_recorder
 
@@ -442,6 +443,13 @@ class Daemon:
         # No recorder: `so101d episode ...` / `record` get the reason, not "unknown command"
         # (a recorder attached later registers the real verbs, which take precedence).
         self.server.explain_missing("episode.", RECORDING_DISABLED)
+        if self.cfg.pedal.device:
+            from daemon.service.pedal import PedalError, attach_pedal
+
+            try:
+                attach_pedal(self.context)
+            except PedalError as exc:
+                raise StartupError(str(exc)) from None
         if self.cfg.bimanual:
             for prefix in ("policy.", "replay."):
                 self.server.explain_missing(prefix, f"{prefix.rstrip('.')}: {BIMANUAL_NOT_YET}")

@@ -171,7 +171,13 @@ def render(status: StatusReply | dict[str, Any], full: bool = False) -> Any:
     for warning in _warnings(st):
         head.append(f"\nWARNING: {cut(warning, 160)}", style="yellow")
 
-    lines = (_safety_line(st), _policy_line(st, cut), _recording_line(st, cut), _cameras_line(st, cut))
+    lines = (
+        _safety_line(st),
+        _policy_line(st, cut),
+        _recording_line(st, cut),
+        _cameras_line(st, cut),
+        _pedal_line(st, cut),
+    )
     extra = [x for x in lines if x is not None]
 
     stages = Table(box=None, pad_edge=False, show_edge=False)
@@ -340,6 +346,22 @@ def _recording_line(st: StatusReply, cut: _Cut) -> Any | None:
         line.append(f"\n  LOST: {lost}", style="bold red")
     for dropped in rec.dropped_episodes:
         line.append(f"\n  DROPPED: {dropped}", style="bold red")
+    return line
+
+
+def _pedal_line(st: StatusReply, cut: _Cut) -> Any | None:
+    from rich.text import Text
+
+    pedal = st.pedal
+    if pedal is None:
+        return None
+    line = _label(Text(), "pedal")
+    line.append(f"{pedal.state:<10}", style="" if pedal.state == "connected" else "yellow")
+    line.append(f" {pedal.device}  presses {pedal.presses}")
+    if pedal.problem:
+        line.append(f"  {cut(pedal.problem, 100)}", style="yellow")
+    if pedal.last_key:
+        line.append(f"\n  last {pedal.last_key} -> {pedal.last_verb}: {cut(pedal.last_reply or '', 100)}")
     return line
 
 

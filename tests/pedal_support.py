@@ -1,0 +1,56 @@
+"""A foot pedal on the bench, for the fake ``evdev`` (tests/fixtures/sdk/evdev, on the path).
+
+The pedal's input device is a named pipe at the path the configuration names (LeRobot's
+by-id name, under a temporary /dev/input); pressing writes the events a USB foot switch sends
+(key down, sync, key up, sync: ``struct input_event`` records), unplugging removes the node and
+closes the pedal's end, as udev and the kernel do.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from pathlib import Path
+
+from evdev import ecodes  # the fake
+
+EVENT = struct.Struct("llHHi")  # struct input_event on 64-bit Linux
+
+
+class VirtualPedal:
+    def __init__(self, root: Path) -> None:
+        self.path = root / "dev" / "input" / "by-id" / "usb-PCsensor_FootSwitch-event-kbd"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = None
+
+    def plug(self) -> None:
+        """The node appears (the daemon may open it from now on)."""
+        os.mkfifo(self.path)
+
+    def connect(self) -> None:
+        """The pedal's side of the device: call once the daemon has opened it (it blocks until then)."""
+        self._fd = os.open(self.path, os.O_WRONLY)
+
+    def press(self, key: str) -> None:
+        assert self._fd is not None, "connect() first"
+        code = ecodes.ecodes[key]
+        now = time.time()
+        sec, usec = int(now), int((now % 1) * 1e6)
+        down_up = b"".join(
+            EVENT.pack(sec, usec, t, c, v)
+            for t, c, v in (
+                (ecodes.EV_KEY, code, 1),
+                (ecodes.EV_SYN, ecodes.SYN_REPORT, 0),
+                (ecodes.EV_KEY, code, 0),
+                (ecodes.EV_SYN, ecodes.SYN_REPORT, 0),
+            )
+        )
+        os.write(self._fd, down_up)  # 96 bytes: one atomic pipe write
+
+    def unplug(self) -> None:
+        """udev removes the node, then the device is gone (reads fail)."""
+        self.path.unlink(missing_ok=True)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

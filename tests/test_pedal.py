@@ -1,0 +1,213 @@
+"""The operator's foot pedal (LeRobot's DAgger pedal: KEY_A pause/resume, KEY_B correction,
+KEY_C the third), read by the daemon through evdev: what each press does, depending on who
+drives; a pedal unplugged mid-session is said once and nothing else stops; it is used again when
+plugged back; a path that is not an input device refuses the start, naming it.
+
+The pedal is the fake evdev's (tests/fixtures/sdk/evdev); a real one through the kernel's uinput
+is the last test, where this machine has uinput and python-evdev.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from pedal_support import VirtualPedal
+from rich.console import Console
+from support import wait_for
+from virtual_bench_support import VirtualBench
+
+from daemon.api.client import ControlClient
+from daemon.apps.commands.status import render
+from daemon.config.settings import ConfigError, config_from_dict
+from daemon.service.daemon import Daemon, StartupError
+from daemon.service.pedal import Action, Driver, verb_for
+from drivers.emulator import reference_calibration
+from drivers.feetech_arm import FeetechFollower, FeetechLeader
+
+TELEOP = Driver(intent="teleop", correcting=False, policy_run=False)
+HELD = Driver(intent="hold", correcting=False, policy_run=False)
+POLICY = Driver(intent="policy", correcting=False, policy_run=True)
+CORRECTING = Driver(intent="teleop", correcting=True, policy_run=True)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("action", "driver", "verb"),
+    [
+        (Action.PAUSE_RESUME, TELEOP, "teleop.stop"),
+        (Action.PAUSE_RESUME, HELD, "teleop.start"),
+        (Action.PAUSE_RESUME, POLICY, "policy.correct"),
+        (Action.PAUSE_RESUME, CORRECTING, "policy.resume"),
+        (Action.CORRECTION, POLICY, "policy.correct"),
+        (Action.CORRECTION, CORRECTING, "policy.resume"),
+        (Action.CORRECTION, TELEOP, "policy.correct"),  # refused by the verb: no policy runs
+        (Action.SAVE, POLICY, "episode.save"),
+        (Action.SAVE, TELEOP, "episode.save"),
+    ],
+)
+def test_each_pedal_asks_for_the_verb_that_fits_who_drives(action: Action, driver: Driver, verb: str) -> None:
+    assert verb_for(action, driver) == verb
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("pedal", "words"),
+    [
+        ({"save": "c"}, "pedal.save: 'c' must be an evdev key code such as \"KEY_A\""),
+        ({"correction": "KEY_A"}, "pedal.correction: KEY_A is already pedal.pause_resume"),
+    ],
+)
+def test_a_pedal_key_that_is_no_key_code_or_bound_twice_is_refused_naming_it(pedal: dict, words: str) -> None:
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        config_from_dict({"pedal": {"device": "/dev/input/event3", **pedal}})
+
+
+def make_daemon(bench: VirtualBench, device: Path | str) -> Daemon:
+    cfg = config_from_dict(
+        {
+            "leader": {"port": str(bench.leader_port)},
+            "follower": {"port": str(bench.follower_port)},
+            "calibration": {"root": str(bench.calibration_root)},
+            "socket": {"path": str(bench.socket_path)},
+            "control": {"rate_hz": 50.0},
+            "pedal": {"device": str(device)},
+        }
+    )
+    return Daemon(
+        cfg,
+        FeetechLeader(str(bench.leader_port), reference_calibration("leader")),
+        FeetechFollower(str(bench.follower_port), reference_calibration("follower")),
+    )
+
+
+def pedal_status(c: ControlClient) -> dict:
+    return c.request("status")["pedal"]
+
+
+def press_and_wait(c: ControlClient, pedal: VirtualPedal, key: str) -> dict:
+    before = pedal_status(c)["presses"]
+    pedal.press(key)
+    wait_for(lambda: pedal_status(c)["presses"] > before, 5, f"the daemon to read {key}")
+    return pedal_status(c)
+
+
+def test_the_operator_holds_and_resumes_teleop_with_the_pedal_unplugs_it_and_plugs_it_back(
+    virtual_bench: VirtualBench, caplog: pytest.LogCaptureFixture
+) -> None:
+    pedal = VirtualPedal(virtual_bench.root)
+    pedal.plug()
+    daemon = make_daemon(virtual_bench, pedal.path)
+    caplog.set_level(logging.INFO, logger="so101d.pedal")
+    daemon.start()
+    try:
+        with ControlClient(virtual_bench.socket_path, timeout_s=10) as c:
+            st = pedal_status(c)
+            assert st["state"] == "connected" and st["device"] == str(pedal.path), st
+            assert st["keys"] == {"pause_resume": "KEY_A", "correction": "KEY_B", "save": "KEY_C"}
+            pedal.connect()
+            wait_for(lambda: c.request("status")["mode"] == "teleop", 20, "teleop tracking")
+
+            st = press_and_wait(c, pedal, "KEY_A")  # pause: the arm holds
+            assert st["last_verb"] == "teleop.stop", st
+            wait_for(lambda: c.request("status")["mode"] == "hold", 5, "hold")
+            st = press_and_wait(c, pedal, "KEY_A")  # resume: back to the leader, aligned first
+            assert st["last_verb"] == "teleop.start", st
+            wait_for(lambda: c.request("status")["mode"] == "teleop", 20, "tracking again")
+
+            # the verbs' own refusals, said in the pedal's status; nothing changes
+            st = press_and_wait(c, pedal, "KEY_B")
+            assert st["last_verb"] == "policy.correct" and "policy" in st["last_reply"], st
+            st = press_and_wait(c, pedal, "KEY_C")
+            assert st["last_verb"] == "episode.save" and "recording" in st["last_reply"], st
+            assert c.request("status")["mode"] == "teleop"
+
+            pedal.unplug()
+            wait_for(lambda: pedal_status(c)["state"] == "unplugged", 5, "the pedal seen unplugged")
+            cycles = c.request("status")["cycles"]
+            # a second of the loop without the pedal (the reader looks for it every 0.25 s)
+            wait_for(lambda: c.request("status")["cycles"] >= cycles + 50, 10, "50 more cycles")
+            st = c.request("status")
+            assert st["mode"] == "teleop" and st["pedal"]["unplugs"] == 1, st["pedal"]
+            assert "No such device" in st["pedal"]["problem"], st["pedal"]
+            said = [r for r in caplog.records if "unplugged" in r.getMessage()]
+            assert len(said) == 1, [r.getMessage() for r in said]
+
+            pedal.plug()
+            wait_for(lambda: pedal_status(c)["state"] == "connected", 5, "the pedal picked up again")
+            pedal.connect()
+            st = press_and_wait(c, pedal, "KEY_A")
+            assert st["last_verb"] == "teleop.stop", st
+            wait_for(lambda: c.request("status")["mode"] == "hold", 5, "hold after the replug")
+            shown = io.StringIO()  # `so101d status`: the pedal's line, its last press and answer
+            Console(file=shown, width=200, color_system=None).print(render(c.request("status")))
+            assert "pedal     connected" in shown.getvalue(), shown.getvalue()
+            assert "last KEY_A -> teleop.stop: teleop stopped: holding" in shown.getvalue(), shown.getvalue()
+    finally:
+        pedal.unplug()
+        daemon.stop()
+
+
+def test_a_pedal_path_that_is_no_input_device_refuses_the_start_naming_it(virtual_bench: VirtualBench) -> None:
+    # the follower's serial port where the pedal should be: a tty answers evdev's ioctl with ENOTTY
+    daemon = make_daemon(virtual_bench, virtual_bench.follower_port)
+    with pytest.raises(StartupError, match=r"pedal.device .*: not an input device \(Inappropriate ioctl"):
+        daemon.start()
+    assert not virtual_bench.socket_path.exists()  # nothing started: no socket
+
+
+def test_a_pedal_not_plugged_in_yet_is_waited_for(virtual_bench: VirtualBench) -> None:
+    pedal = VirtualPedal(virtual_bench.root)
+    daemon = make_daemon(virtual_bench, pedal.path)
+    daemon.start()
+    try:
+        with ControlClient(virtual_bench.socket_path, timeout_s=10) as c:
+            assert pedal_status(c)["state"] == "waiting"
+            pedal.plug()
+            wait_for(lambda: pedal_status(c)["state"] == "connected", 5, "the pedal picked up once plugged in")
+    finally:
+        pedal.unplug()
+        daemon.stop()
+
+
+def test_a_configured_pedal_without_python_evdev_refuses_the_start_with_the_fix(
+    virtual_bench: VirtualBench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "evdev", None)  # import evdev -> ImportError
+    daemon = make_daemon(virtual_bench, "/dev/input/by-id/usb-PCsensor_FootSwitch-event-kbd")
+    with pytest.raises(StartupError, match=r"python-evdev is not installed: .*pip install evdev"):
+        daemon.start()
+
+
+def _real_uinput() -> str:
+    """Why a real pedal (the kernel's uinput, python-evdev) cannot be made here; "" if it can."""
+    import evdev
+
+    if "fixtures" in (evdev.__file__ or ""):
+        return "python-evdev is not installed here (only the test fake: tests/fixtures/sdk/evdev)"
+    if not os.access("/dev/uinput", os.W_OK):
+        return "/dev/uinput is absent or not writable on this machine"
+    return ""
+
+
+@pytest.mark.skipif(bool(_real_uinput()), reason=_real_uinput() or "-")
+def test_a_real_virtual_pedal_through_uinput_holds_the_arm(virtual_bench: VirtualBench) -> None:
+    from evdev import UInput
+    from evdev import ecodes as e
+
+    with UInput({e.EV_KEY: [e.KEY_A, e.KEY_B, e.KEY_C]}, name="so101d test pedal") as ui:
+        daemon = make_daemon(virtual_bench, ui.device.path)
+        daemon.start()
+        try:
+            with ControlClient(virtual_bench.socket_path, timeout_s=10) as c:
+                wait_for(lambda: c.request("status")["mode"] == "teleop", 20, "teleop tracking")
+                ui.write(e.EV_KEY, e.KEY_A, 1)
+                ui.write(e.EV_KEY, e.KEY_A, 0)
+                ui.syn()
+                wait_for(lambda: c.request("status")["mode"] == "hold", 5, "hold")
+        finally:
+            daemon.stop()
