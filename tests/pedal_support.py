@@ -9,6 +9,7 @@ closes the pedal's end, as udev and the kernel do.
 from __future__ import annotations
 
 import os
+import select
 import struct
 import time
 from pathlib import Path
@@ -54,3 +55,26 @@ class VirtualPedal:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+class PtyOutput:
+    """What a program on a pseudo-terminal has printed (its master side), read as it comes."""
+
+    def __init__(self, master_fd: int) -> None:
+        self.fd = master_fd
+        self.text = ""
+
+    def wait_for(self, words: str, timeout_s: float) -> None:
+        end = time.monotonic() + timeout_s
+        while words not in self.text:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{words!r} never printed; the terminal shows: {self.text[-2000:]!r}")
+            ready, _, _ = select.select([self.fd], [], [], min(left, 0.5))
+            if ready:
+                try:
+                    self.text += os.read(self.fd, 4096).decode(errors="replace")
+                except OSError:  # the program closed its side
+                    raise AssertionError(
+                        f"{words!r} never printed; the terminal shows: {self.text[-2000:]!r}"
+                    ) from None

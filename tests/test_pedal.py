@@ -22,10 +22,22 @@ from support import wait_for
 from virtual_bench_support import VirtualBench
 
 from daemon.api.client import ControlClient
+from daemon.api.input_actions import Action, Driver, verb_for
+from daemon.api.messages import CorrectionStatus, PolicyReply, PolicyStatusReply
+from daemon.apps.commands.policy import keys_session
 from daemon.apps.commands.status import render
+from daemon.apps.terminal_keys import (
+    KEY_CORRECT,
+    KEY_FAILURE,
+    KEY_REDO,
+    KEY_STOP,
+    KEY_SUCCESS,
+    POLICY_KEYS,
+    RECORD_KEYS,
+    decode_keys,
+)
 from daemon.config.settings import ConfigError, config_from_dict
 from daemon.service.daemon import Daemon, StartupError
-from daemon.service.pedal import Action, Driver, verb_for
 from drivers.emulator import reference_calibration
 from drivers.feetech_arm import FeetechFollower, FeetechLeader
 
@@ -134,7 +146,7 @@ def test_the_operator_holds_and_resumes_teleop_with_the_pedal_unplugs_it_and_plu
             st = c.request("status")
             assert st["mode"] == "teleop" and st["pedal"]["unplugs"] == 1, st["pedal"]
             assert "No such device" in st["pedal"]["problem"], st["pedal"]
-            said = [r for r in caplog.records if "unplugged" in r.getMessage()]
+            said = [r for r in caplog.records if r.name == "so101d.pedal" and "unplugged" in r.getMessage()]
             assert len(said) == 1, [r.getMessage() for r in said]
 
             pedal.plug()
@@ -211,3 +223,57 @@ def test_a_real_virtual_pedal_through_uinput_holds_the_arm(virtual_bench: Virtua
                 wait_for(lambda: c.request("status")["mode"] == "hold", 5, "hold")
         finally:
             daemon.stop()
+
+
+@pytest.mark.unit
+def test_terminal_keys_decode_lerobots_dagger_keys_and_a_record_session_ignores_them() -> None:
+    assert decode_keys(b" \t\r") == [KEY_CORRECT, KEY_CORRECT, KEY_SUCCESS]
+    assert decode_keys(b"\x1b[Cf\x7f\x1b") == [KEY_SUCCESS, KEY_FAILURE, KEY_REDO, KEY_STOP]
+    assert KEY_CORRECT not in RECORD_KEYS and KEY_CORRECT in POLICY_KEYS
+
+
+class _ScriptedDaemon:
+    """policy.status / correct / resume / stop of a daemon whose policy runs, as the replies declare."""
+
+    def __init__(self) -> None:
+        self.correcting = False
+        self.sent: list[tuple[str, dict]] = []
+
+    def call_as(self, kind, cmd: str, **args):
+        self.sent.append((cmd, args))
+        if cmd == "policy.status":
+            return PolicyStatusReply(state="ready", driving=not self.correcting, correction=self._correction())
+        if cmd == "policy.correct":
+            self.correcting = True
+            return PolicyReply(message="correction 1: the leader is brought to the follower")
+        if cmd == "policy.resume":
+            self.correcting = False
+            return PolicyReply(message="the policy aligns from the measured pose")
+        return PolicyReply(message="policy stopped: holding")
+
+    def _correction(self):
+        return CorrectionStatus(number=1, phase="operator") if self.correcting else None
+
+
+class _Typed:
+    enabled = True
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+
+    def wait(self, seconds: float) -> str | None:
+        return self.keys.pop(0) if self.keys else KEY_STOP
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("last", "stop"),
+    [(KEY_SUCCESS, {"success": True}), (KEY_FAILURE, {"success": False}), (KEY_REDO, {"discard": True})],
+)
+def test_policy_start_keys_toggle_correct_and_resume_then_stop_as_told(last: str, stop: dict) -> None:
+    daemon, said = _ScriptedDaemon(), []
+    assert keys_session(daemon, _Typed([KEY_CORRECT, KEY_CORRECT, KEY_CORRECT, last]), say=said.append) == 0
+    verbs = [cmd for cmd, _ in daemon.sent if cmd != "policy.status"]
+    assert verbs == ["policy.correct", "policy.resume", "policy.correct", "policy.stop"], verbs
+    assert daemon.sent[-1] == ("policy.stop", stop)
+    assert said[-1] == "policy stopped: holding" and "space/tab correct / resume" in said[0], said

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import pty
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from pedal_support import PtyOutput, VirtualPedal
 from recording_support import train_tiny_act
 from support import wait_for
 from virtual_bench_support import VirtualBench
@@ -72,7 +77,7 @@ def ckpt(tmp_path_factory) -> Path:
     return tiny_act_checkpoint(tmp_path_factory.mktemp("corrections"), {"front": (H, W)})
 
 
-def make_daemon(bench: VirtualBench, corrections: str = "in_episode"):
+def make_daemon(bench: VirtualBench, corrections: str = "in_episode", record: bool = True, pedal: Path | None = None):
     root = bench.root
     bench.leader.set_pose_units(POSE)
     bench.follower.set_pose_units(POSE)
@@ -88,7 +93,8 @@ def make_daemon(bench: VirtualBench, corrections: str = "in_episode"):
                 "max_step_gripper_pct": MAX_STEP_GRIPPER_PCT,
             },
             "cameras": {"front": {"kind": "virtual", "width": W, "height": H, "fps": 30}},
-            "recording": {"enabled": True, "dataset_root": str(root / "datasets"), "repo_id": "eval/dagger"},
+            "recording": {"enabled": record, "dataset_root": str(root / "datasets"), "repo_id": "eval/dagger"},
+            "pedal": {"device": str(pedal or "")},
             "policy": {
                 "action_fps": 30.0,
                 "refill_below": 4,
@@ -106,7 +112,10 @@ def make_daemon(bench: VirtualBench, corrections: str = "in_episode"):
     )
     commands = Commands()
     daemon.loop.add_hook(commands)
-    recorder = attach_recorder(daemon, cameras=[cam])
+    recorder = attach_recorder(daemon, cameras=[cam]) if record else None
+    if recorder is None:  # the recorder starts its cameras; without one, the policy's camera is ours to start
+        cam.start()
+        daemon.after_stop.append(cam.stop)
     daemon.recorder = recorder  # the daemon's start() then uses this one (our virtual camera)
     ctl = attach_policy(daemon, cameras={"front": cam}, recorder=recorder)
     daemon.start()
@@ -256,3 +265,70 @@ def test_corrections_only_saves_each_correction_as_an_episode(virtual_bench: Vir
     cols = ds.hf_dataset.with_format(None)
     assert all(bool(v) for v in cols[INTERVENTION_KEY])  # every frame the operator's
     assert set(cols["so101d.source"]) == {"follower=leader"}
+
+
+def test_the_operator_corrects_with_the_pedal_and_with_the_keys_of_policy_start(
+    virtual_bench: VirtualBench, ckpt: Path
+) -> None:
+    """LeRobot's DAgger inputs on so101d: the pedal's KEY_B and the terminal's space each toggle
+    correct / resume (the same verbs as `so101d policy correct`), enter stops the policy."""
+    pedal = VirtualPedal(virtual_bench.root)
+    pedal.plug()
+    daemon, ctl, _recorder, commands = make_daemon(virtual_bench, record=False, pedal=pedal.path)
+    loop = daemon.loop
+    sock = str(virtual_bench.root / "c.sock")
+    master, slave = pty.openpty()
+    cli = None
+    try:
+        pedal.connect()
+        wait_for(lambda: loop.follower_link.connected and loop.measured is not None, 15, "follower connected")
+        with ControlClient(sock, timeout_s=60) as c:
+            assert c.request("policy.load", path=str(ckpt), wait_s=90)["state"] == "ready"
+            cli = subprocess.Popen(
+                [sys.executable, "-m", "daemon.apps.cli", "policy", "start", "--keys", "--no-record", "--socket", sock],
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+                env=dict(os.environ, HF_HUB_OFFLINE="1"),
+            )
+            out = PtyOutput(master)
+            out.wait_for("space/tab correct / resume", 60)
+            wait_for(lambda: ctl.source.results >= 2, 60, "two chunks")
+            wait_for(lambda: loop.state.mode == "policy", 30, f"policy mode (now {loop.state.mode})")
+
+            pedal.press("KEY_B")  # the pedal: correct
+            wait_for(lambda: ctl.correction is not None, 10, "the pedal's correction")
+            wait_for(lambda: ctl.correction.phase == "operator", 30, "the take-over")
+            n = commands.count("leader")
+            wait_for(lambda: commands.count("leader") >= n + 10, 30, "10 cycles driven by the leader")
+            st = c.request("status")["pedal"]
+            assert st["last_verb"] == "policy.correct" and st["presses"] == 1, st
+
+            os.write(master, b" ")  # the terminal: resume
+            out.wait_for("policy aligns from the measured pose", 20)
+            wait_for(lambda: ctl.correction is None, 10, "resumed")
+            results = ctl.source.results
+            wait_for(lambda: ctl.source.results >= results + 2, 30, "two chunks after the resume")
+
+            os.write(master, b"\t")  # the terminal: correct again
+            wait_for(lambda: ctl.correction is not None, 10, "the terminal's correction")
+            wait_for(lambda: ctl.correction is None or ctl.correction.phase == "operator", 30, "the take-over")
+            pedal.press("KEY_A")  # the pedal: resume (pause_resume toggles it too)
+            wait_for(lambda: c.request("status")["pedal"]["presses"] == 2, 10, "the second press read")
+            st = c.request("status")["pedal"]
+            assert st["last_verb"] == "policy.resume", st
+            wait_for(lambda: ctl.correction is None, 10, f"resumed by the pedal ({st['last_reply']})")
+            assert ctl.corrections == 2
+
+            os.write(master, b"\r")  # stop (success)
+            assert cli.wait(30) == 0, out.text
+            wait_for(lambda: loop.intent == "hold", 10, "hold after the stop")
+    finally:
+        if cli is not None and cli.poll() is None:
+            cli.kill()
+            cli.wait()
+        os.close(master)
+        os.close(slave)
+        pedal.unplug()
+        daemon.stop()
+    check_steps(commands)

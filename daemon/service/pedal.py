@@ -7,10 +7,8 @@ terminal key. The key codes and the device path are LeRobot's DAgger pedal defau
 (lerobot/rollout/configs.py ``DAggerPedalConfig``; the reader mirrors lerobot/utils/pedal.py:
 key-down events only, the code's name as python-evdev gives it).
 
-What each pedal does depends on who drives (:func:`verb_for`): so101d's correction starts with the
-take-over that brings the leader to the follower, so LeRobot's two steps (pause, then correct)
-are one here and both pedals toggle it during a policy run; outside one, ``pause_resume`` holds
-the arm and gives it back to the leader.
+What each pedal does depends on who drives: daemon/api/input_actions.py, the table the terminal
+sessions use too.
 
 A pedal configured but not plugged in is waited for; one unplugged mid-session is said once and
 picked up again when it is back; nothing else stops. A path that is not an input device, or
@@ -26,12 +24,11 @@ import os
 import select
 import threading
 import time
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any, Protocol
 
 import msgspec
 
+from daemon.api.input_actions import Action, Driver, verb_for
 from daemon.api.messages import PedalStatus, PolicyStatus
 from daemon.config.settings import PedalConfig
 from daemon.service.context import DaemonContext
@@ -45,32 +42,6 @@ EV_KEY, KEY_DOWN = 0x01, 1  # linux/input-event-codes.h: a key event; its value 
 
 class PedalError(RuntimeError):
     """The pedal cannot be used as configured (the message names ``pedal.device`` and the fix)."""
-
-
-class Action(Enum):
-    PAUSE_RESUME = "pause_resume"
-    CORRECTION = "correction"
-    SAVE = "save"
-
-
-@dataclass(frozen=True)
-class Driver:
-    """Who drives the arm when a pedal is pressed."""
-
-    intent: str  # the loop's: idle, hold, teleop, policy
-    correcting: bool  # a policy run's correction: the operator drives, inside the policy episode
-    policy_run: bool  # a policy is started (driving or being corrected)
-
-
-def verb_for(action: Action, driver: Driver) -> str:
-    """The control-socket verb a press of ``action`` asks for (its refusals are the verb's)."""
-    if action is Action.SAVE:
-        return "episode.save"
-    if driver.correcting:
-        return "policy.resume"
-    if driver.policy_run or action is Action.CORRECTION:
-        return "policy.correct"  # refused with the reason when no policy runs
-    return "teleop.stop" if driver.intent == "teleop" else "teleop.start"
 
 
 class VerbHandler(Protocol):

@@ -1,7 +1,9 @@
 """`so101d policy load|start|stop|correct|resume|unload|status|check|serve`: local inference next to the servos.
 
 load DIR      check the checkpoint against the daemon's configuration and start its worker
-start         the policy drives the follower (through the safety layer; evaluation episode recorded)
+start         the policy drives the follower (through the safety layer; evaluation episode recorded);
+              --keys stays on the terminal: space/tab correct / resume, enter/→ stop (success),
+              f stop (failure), backspace stop and discard, esc or Ctrl-C stop
 stop          hold the pose (the evaluation episode is saved; --success/--failure/--discard)
 correct       the operator takes the arm inside the policy episode (leader brought to the follower
               first); its frames are the dataset's `intervention` frames
@@ -21,7 +23,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import msgspec
 
@@ -32,7 +35,9 @@ from daemon.api.client import (
     add_socket_arguments,
     socket_path_from_args,
 )
+from daemon.api.input_actions import Action, Driver, verb_for
 from daemon.api.messages import (
+    ErrorReply,
     LatencyStats,
     PolicyGcStatus,
     PolicyReply,
@@ -40,6 +45,15 @@ from daemon.api.messages import (
     PolicyStatus,
     PolicyStatusReply,
     decode_reply,
+)
+from daemon.apps.terminal_keys import (
+    KEY_CORRECT,
+    KEY_FAILURE,
+    KEY_REDO,
+    KEY_STOP,
+    KEY_SUCCESS,
+    POLICY_KEYS,
+    Keys,
 )
 
 
@@ -65,6 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--rotate-s", type=float, help="--continuous: seconds per episode (default [recording] rotate_s)")
     p.add_argument("--rotate-mb", type=float, help="--continuous: video MB per episode (default [recording] rotate_mb)")
+    p.add_argument(
+        "--keys",
+        action="store_true",
+        help="stay on the terminal: space/tab correct / resume, enter stop (success), f (failure), esc stop",
+    )
     add_socket_arguments(p)
     p = sub.add_parser("stop", help="stop the policy: the follower holds its pose")
     g = p.add_mutually_exclusive_group()
@@ -302,6 +321,8 @@ def run(args: argparse.Namespace) -> int:
             task.update(
                 {k: v for k, v in (("rotate_s", args.rotate_s), ("rotate_mb", args.rotate_mb)) if v is not None}
             )
+        if args.keys:
+            return _start_with_keys(args, {"record": not args.no_record, **task})
         reply = _call(args, PolicyReply, "policy.start", record=not args.no_record, **task)
     elif action == "stop" and args.takeover:
         reply = _call(args, PolicyReply, "policy.takeover")
@@ -318,6 +339,91 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {reply.error}", file=sys.stderr)
         return 1
     return 0
+
+
+class SessionClient(Protocol):
+    def call_as[T: msgspec.Struct](self, kind: type[T], cmd: str, **args: Any) -> T | ErrorReply: ...
+
+
+class SessionKeys(Protocol):
+    enabled: bool
+
+    def wait(self, seconds: float) -> str | None: ...
+
+
+SESSION_HELP = "[space/tab correct / resume   enter/→ stop (success)   f stop (failure)   ⌫ stop, discard   esc stop]"
+_STOPS = {
+    KEY_SUCCESS: {"success": True},
+    KEY_FAILURE: {"success": False},
+    KEY_REDO: {"discard": True},
+    KEY_STOP: {},
+}
+
+
+def _driver(c: SessionClient) -> Driver | str:
+    """Who drives now, or why the session is over (the policy stopped elsewhere, the daemon refused)."""
+    st = c.call_as(PolicyStatusReply, "policy.status")
+    if isinstance(st, ErrorReply):
+        return st.error or "policy.status refused"
+    correcting = st.correction is not None
+    if not (st.driving or correcting):
+        return f"the policy is not running ({st.state or '?'}): the session ends"
+    return Driver(intent="policy" if st.driving else "teleop", correcting=correcting, policy_run=True)
+
+
+def keys_session(c: SessionClient, keys: SessionKeys, say: Callable[[str], None] = print) -> int:
+    """The terminal while the policy runs: each key is the verb daemon/api/input_actions.py maps it
+    to; a stop key (or Ctrl-C) stops the policy and ends the session. The policy stopped from
+    elsewhere (the console, a pedal) ends it too."""
+    say("the policy drives   " + SESSION_HELP)
+    try:
+        while True:
+            key = keys.wait(0.5)
+            if key is None:
+                driver = _driver(c)
+                if isinstance(driver, str):
+                    say(driver)
+                    return 0
+                continue
+            if key == KEY_CORRECT:
+                driver = _driver(c)
+                if isinstance(driver, str):
+                    say(driver)
+                    return 0
+                verb = verb_for(Action.CORRECTION, driver)
+                r = c.call_as(PolicyReply, verb)
+                say(f"{verb}: {r.error}" if isinstance(r, ErrorReply) else (r.message or f"{verb}: ok"))
+                continue
+            if key in _STOPS:
+                return _stop(c, _STOPS[key], say)
+    except KeyboardInterrupt:
+        return _stop(c, {}, say)
+
+
+def _stop(c: SessionClient, how: dict[str, bool], say: Callable[[str], None]) -> int:
+    r = c.call_as(PolicyReply, "policy.stop", **how)
+    if isinstance(r, ErrorReply):
+        say(f"policy.stop: {r.error}")
+        return 1
+    say(r.message or "policy stopped")
+    return 0
+
+
+def _start_with_keys(args: argparse.Namespace, fields: dict[str, Any]) -> int:
+    if not sys.stdin.isatty():
+        print("so101d: policy start --keys: standard input is not a terminal (run it in one)", file=sys.stderr)
+        return 2
+    try:
+        with ControlClient(socket_path_from_args(args), timeout_s=10.0) as c, Keys(True, POLICY_KEYS) as keys:
+            started = c.call_as(PolicyReply, "policy.start", **fields)
+            if isinstance(started, ErrorReply):
+                print(f"error: {started.error}", file=sys.stderr)
+                return 1
+            print(started.message or "policy start: ok")
+            return keys_session(c, keys)
+    except DaemonUnavailable as exc:
+        print(f"so101d: {exc}", file=sys.stderr)
+        return 2
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -16,12 +16,9 @@ saved (``f``: tagged failed).
 from __future__ import annotations
 
 import argparse
-import os
-import select
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,8 +30,7 @@ from daemon.api.client import (
     socket_path_from_args,
 )
 from daemon.api.messages import EpisodeReply, EpisodeStatusReply, decode_reply
-
-KEY_SUCCESS, KEY_FAILURE, KEY_REDO, KEY_STOP = "success", "failure", "redo", "stop"
+from daemon.apps.terminal_keys import KEY_FAILURE, KEY_REDO, KEY_STOP, KEY_SUCCESS, Keys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,74 +51,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rotate-mb", type=float, help="--continuous: video MB per episode (default [recording] rotate_mb)"
     )
     add_socket_arguments(parser)
-
-
-def decode_keys(data: bytes) -> list[str]:
-    """Key presses in a chunk of raw terminal input -> session actions."""
-    out: list[str] = []
-    i = 0
-    while i < len(data):
-        b = data[i : i + 1]
-        if data[i : i + 3] in (b"\x1b[C", b"\x1bOC"):
-            out.append(KEY_SUCCESS)
-            i += 3
-            continue
-        if b == b"\x1b":
-            if data[i + 1 : i + 2] == b"[":  # another escape sequence: skip it
-                i += 3
-                continue
-            out.append(KEY_STOP)
-        elif b in (b"\r", b"\n"):
-            out.append(KEY_SUCCESS)
-        elif b in (b"f", b"F"):
-            out.append(KEY_FAILURE)
-        elif b in (b"\x7f", b"\x08"):
-            out.append(KEY_REDO)
-        i += 1
-    return out
-
-
-class Keys:
-    """Raw, non-blocking terminal input while the session runs (restored on exit)."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and sys.stdin.isatty()
-        self._saved: Any = None
-        self._pending: list[str] = []  # keys read together with an earlier one (fast typing)
-
-    def __enter__(self) -> Keys:
-        if self.enabled:
-            import termios
-            import tty
-
-            self._saved = termios.tcgetattr(sys.stdin.fileno())
-            tty.setcbreak(sys.stdin.fileno())
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._saved is not None:
-            import termios
-
-            termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, self._saved)
-
-    def wait(self, seconds: float) -> str | None:
-        """Sleeps up to ``seconds``; returns the first action key pressed, if any."""
-        if self._pending:
-            return self._pending.pop(0)
-        deadline = time.monotonic() + seconds
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            if not self.enabled:
-                time.sleep(min(left, 0.2))
-                continue
-            r, _, _ = select.select([sys.stdin], [], [], min(left, 0.2))
-            if r:
-                keys = decode_keys(os.read(sys.stdin.fileno(), 64))
-                if keys:
-                    self._pending.extend(keys[1:])
-                    return keys[0]
 
 
 def session(
