@@ -135,6 +135,41 @@ def test_live_view_shows_mode_moving_joints_and_camera_previews(console_bench: B
     assert "elbow_flex" in _text(page, "servos")
 
 
+def test_the_plots_show_who_drives_and_c_asks_the_daemon_for_a_correction(console_bench: Bench, page: Any) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    # two seconds of teleop: the strip under each plot in teleop's colour, the header says it
+    wait_js(
+        page,
+        "const c = window.so101dConsole, now = performance.now() / 1000;"
+        " return c.samples.length > 0 && c.samples[0].t < now - 2"
+        " && c.samples.filter(p => p.t > now - 2).every(p => p.driver === 'teleop')",
+        what="two seconds driven by teleop",
+    )
+    assert _text(page, "driver") == "driven by teleop"
+    strip = (
+        "const cv = document.getElementById('plot-gripper');"
+        " const d = cv.getContext('2d').getImageData(Math.round(cv.width * 0.9), cv.height - 2, 1, 1).data;"
+        " return [d[0], d[1], d[2], d[3]]"
+    )
+    assert page.execute_script(strip) == [0x2B, 0x6C, 0xB0, 255]  # 1 s ago: teleop
+    # held: nobody drives, the strip stops
+    _click(page, "btn-hold")
+    wait_js(page, "return window.so101dConsole.driver === ''", what="nobody drives while held")
+    assert _text(page, "driver") == ""
+    # c toggles the policy's correction, as the pedal and `so101d policy start --keys` do; with no
+    # policy the daemon refuses it, and the page says why
+    ActionChains(page).send_keys("c").perform()
+    wait_js(
+        page,
+        "return document.getElementById('message').textContent.includes('policy.correct')",
+        what="the refusal of policy.correct",
+    )
+    assert "no policy" in _text(page, "message"), _text(page, "message")
+    _click(page, "btn-resume")
+    wait_js(page, "return window.so101dConsole.driver === 'teleop'", what="teleop again")
+
+
 def test_recording_an_episode_with_the_buttons(console_bench: Bench, page: Any) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
 
@@ -180,6 +215,7 @@ def test_recording_an_episode_with_the_buttons(console_bench: Bench, page: Any) 
         what="the episode in the list",
     )
     assert "pick the cube from the console" in row.text and "success" in row.text and "emulated" in row.text
+    assert row.find_element("css selector", ".interventions").text == "0"  # the operator drove it all: no correction
     # played back: both videos run and the joint plot's cursor follows them
     row.click()
     wait_js(page, "return !document.getElementById('playback').hidden", what="the playback panel")

@@ -654,6 +654,7 @@ class LiveArm(msgspec.Struct, kw_only=True):
     mode: str = "?"
     reason: str = ""
     source: str = ""
+    driver: str = ""  # teleop, policy, correction, replay, client; "" nobody (held, idle, fault)
     joints: LiveJoints = msgspec.field(default_factory=LiveJoints)
 
 
@@ -666,6 +667,7 @@ class LiveStatus(Reply):
     reason: str = ""
     fault: str = ""
     cycles: int = 0
+    driver: str = ""  # who drives (the first arm): teleop, policy, correction, replay, client; "" nobody
     joints: LiveJoints = msgspec.field(default_factory=LiveJoints)
     arms: dict[str, LiveArm] | None = None
 

@@ -116,6 +116,10 @@ def server_spec_from(policy_cfg: PolicyConfig, path: str, cameras: Mapping[str, 
 class PolicyController:
     """Owns the PolicySource of a daemon and implements the policy verbs."""
 
+    @property
+    def correcting(self) -> bool:
+        return self.correction is not None
+
     def __init__(
         self,
         daemon: DaemonContext,

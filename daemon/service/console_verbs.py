@@ -102,13 +102,30 @@ def _live_joints(
     }
 
 
-def _live_arm(loop: ControlLoop, arm: DrivenArm) -> dict[str, Any]:
+TRACKING_MODES = frozenset({"aligning", "teleop", "policy"})
+
+
+def driver_of(arm: DrivenArm, correcting: bool) -> str:
+    """Who drives ``arm`` now, in the operator's words: teleop, policy, correction (the operator
+    inside a policy episode), replay, client (a LeRobot tool), or "" (nobody: held, idle, fault)."""
+    if arm.state.mode not in TRACKING_MODES:
+        return ""
+    source = arm.source_name
+    if source == arm.teleop_source:
+        return "correction" if correcting else "teleop"
+    if source.startswith("client"):
+        return "client"
+    return source  # "policy", "replay"
+
+
+def _live_arm(loop: ControlLoop, arm: DrivenArm, correcting: bool) -> dict[str, Any]:
     st = arm.state
     leader = loop.leaders.get(arm.teleop_source)  # as status: the leader that drives it in teleop
     return {
         "mode": st.mode,
         "reason": st.reason,
         "source": arm.source_name,
+        "driver": driver_of(arm, correcting),
         "joints": _live_joints(None if leader is None else leader.units, arm.command, arm.measured),
     }
 
@@ -138,8 +155,11 @@ class ConsoleApi:
             "joints": _live_joints(loop.leader_units, loop.command, loop.measured),
         }
         arms = tuple(loop.arms)  # an arm added on a running loop joins the list between cycles
+        policy = self.context.policy
+        correcting = policy is not None and policy.correcting
+        reply["driver"] = driver_of(arms[0], correcting) if arms else ""
         if len(arms) > 1:  # a single-arm reply stays as it was: its joints above are that arm's
-            reply["arms"] = {arm.name: _live_arm(loop, arm) for arm in arms}
+            reply["arms"] = {arm.name: _live_arm(loop, arm, correcting) for arm in arms}
         return reply
 
     def _camera(self, name: Any) -> Any:

@@ -50,6 +50,11 @@ class EpisodeRecorder(Protocol):
 class PolicyHandle(Protocol):
     """The attached policy controller (``daemon.service.attach_policy.PolicyController``)."""
 
+    @property
+    def correcting(self) -> bool:
+        """A correction is open: the operator drives inside the policy's episode (cheap: read at 20 Hz)."""
+        ...
+
     def status(self) -> dict[str, Any]: ...
 
     def close(self) -> None: ...

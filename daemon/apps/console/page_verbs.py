@@ -64,6 +64,8 @@ PAGE_VERBS: dict[str, dict[str, Arg]] = {
     "policy.start": _page_args("policy.start", "task", "record"),
     "policy.stop": _page_args("policy.stop", "success", "discard"),
     "policy.takeover": {},
+    "policy.correct": {},
+    "policy.resume": {},
     "policy.unload": {},
     # the page names the episode, never the dataset (the console's own, the one it lists) nor the
     # ticket (the console's own, one per start: its Stop names it)

@@ -5,6 +5,9 @@
 const JOINTS = ["shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper"];
 const PLOT_WINDOW_S = 10;
 const COLORS = { leader: "#2b6cb0", command: "#dd6b20", follower: "#2f855a" };
+// who drives (status.live's driver), a strip under each plot; "" (nobody: held) is left blank
+const DRIVER_COLORS = { teleop: "#2b6cb0", policy: "#805ad5", correction: "#e53e3e", replay: "#d69e2e", client: "#319795" };
+const DRIVER_STRIP_PX = 4;
 const $ = (id) => document.getElementById(id);
 
 const C = (window.so101dConsole = {
@@ -143,14 +146,22 @@ function showMode(mode, reason) {
 /** @param {LiveStatus} lv */
 function onLive(lv) {
   showMode(lv.mode, lv.reason);
+  showDriver(lv.driver);
   const now = performance.now() / 1000;
-  pushSample(C.samples, now, lv.joints);
+  pushSample(C.samples, now, lv.joints, lv.driver);
   if (lv.arms) onLiveArms(lv.arms, now); // present only when the daemon drives more than one arm
 }
 
+function showDriver(driver) {
+  C.driver = driver || ""; // (the tests read it)
+  const el = $("driver");
+  el.textContent = driver ? `driven by ${driver}` : "";
+  el.style.color = DRIVER_COLORS[driver] || "";
+}
+
 /** @param {LiveJoints} lj */
-function pushSample(samples, now, lj) {
-  samples.push({ t: now, leader: lj.leader, command: lj.command, follower: lj.follower });
+function pushSample(samples, now, lj, driver) {
+  samples.push({ t: now, leader: lj.leader, command: lj.command, follower: lj.follower, driver: driver || "" });
   while (samples.length && samples[0].t < now - PLOT_WINDOW_S) samples.shift();
 }
 
@@ -163,7 +174,7 @@ function onLiveArms(liveArms, now) {
     /** @type {LiveArm} */
     const la = liveArms[name];
     const view = armViews[name];
-    pushSample(C.arms[name].samples, now, la.joints);
+    pushSample(C.arms[name].samples, now, la.joints, la.driver);
     showArmMode(view, la.mode, la.reason, la.source);
   }
 }
@@ -334,6 +345,17 @@ function drawSeries(ctx, w, h, xs, ys, lo, hi, color) {
   ctx.stroke();
 }
 
+function drawDriverStrip(ctx, w, h, xs, s) {
+  for (let i = 0; i < s.length; i++) {
+    const color = DRIVER_COLORS[s[i].driver];
+    if (!color) continue;
+    // whole pixels: segments meet edge to edge, with no half-covered seam between them
+    const x0 = Math.max(0, Math.floor(xs[i] * w)), x1 = i + 1 < s.length ? Math.floor(xs[i + 1] * w) : w;
+    ctx.fillStyle = color;
+    ctx.fillRect(x0, h - DRIVER_STRIP_PX, Math.max(1, x1 - x0), DRIVER_STRIP_PX);
+  }
+}
+
 function drawPlots() {
   const now = performance.now() / 1000;
   if (!$("plots").hidden) drawPlotSet(plotCanvases, C.samples, now);
@@ -351,6 +373,7 @@ function drawPlotSet(canvases, s, now) {
       const v = p[key] && p[key][k];
       if (v !== null && v !== undefined) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
     }
+    drawDriverStrip(ctx, cv.width, cv.height, xs, s);
     if (!Number.isFinite(lo)) return;
     if (hi - lo < 2) { lo -= 1; hi += 1; }
     ctx.fillStyle = "#7a8599";
@@ -492,9 +515,23 @@ function showPolicy(pol) {
   const lat = pol.inference_latency_ms || {};
   el.textContent = `${pol.state}${pol.driving ? " DRIVING" : " standby"} · inference p50/p99 ${fmt(lat.p50)}/${fmt(lat.p99)} ms · ` +
     `chunk age ${fmt(pol.chunk_age_ms, 0)} ms · queue ${pol.queue_depth ?? "–"}` +
-    (pol.takeover && pol.takeover.phase ? ` · take-over ${pol.takeover.phase}` : "") + (pol.warning ? ` · ${pol.warning}` : "");
+    (pol.takeover && pol.takeover.phase ? ` · take-over ${pol.takeover.phase}` : "") +
+    (pol.correction ? ` · correction ${pol.correction.number} ${pol.correction.phase || ""}` : "") +
+    (pol.warning ? ` · ${pol.warning}` : "");
   const err = pol.error || pol.last_error;
   if (err) { $("policy-error").hidden = false; $("policy-error").textContent = err; }
+}
+
+// c: the policy's correction on and off, as the pedal and `so101d policy start --keys` toggle it
+// (daemon/api/input_actions.py: in a correction resume, otherwise correct; the daemon refuses
+// what cannot be done, with the reason)
+function correctOrResume() {
+  /** @type {StatusReply} */
+  const st = C.lastStatus || {};
+  /** @type {PolicyStatus} */
+  const pol = st.policy || {};
+  if (pol.correction) send("policy.resume", {}, $("btn-policy-resume"));
+  else send("policy.correct", {}, $("btn-policy-correct"));
 }
 
 // ------------------------------------------------------------------ episodes
@@ -516,12 +553,14 @@ async function loadEpisodes() {
         (e.tracking ? `<div class="tracking">${esc(e.tracking)}</div>` : "")
       : "";
     return `<tr data-index="${i}"><td>${i}</td><td>${e.length}</td><td>${esc(e.tasks.join("; "))}</td>` +
-      `<td>${ok}</td><td class="origin">${esc(t.origin || "–")}${of}</td><td>${esc(t.follower_kind || "–")}</td>` +
+      `<td>${ok}</td><td class="origin">${esc(t.origin || "–")}${of}</td>` +
+      `<td class="interventions">${t.interventions ? `${t.interventions} (${fmt(t.intervention_s)} s)` : t.interventions === 0 ? "0" : "–"}</td>` +
+      `<td>${esc(t.follower_kind || "–")}</td>` +
       `<td>${esc(t.late_frames ?? "–")}/${esc(t.missing_frames ?? "–")}</td><td>${fmt(t.worst_camera_skew_ms)}</td>` +
       `<td class="replay-cell"><select id="replay-speed-${i}" title="speed: fraction of the episode's fps">` +
       `<option value="1">1×</option><option value="0.5">0.5×</option><option value="0.25">0.25×</option></select> ` +
       `<button id="btn-replay-${i}" class="btn-replay" data-index="${i}">Replay</button></td></tr>` +
-      `<tr id="replay-report-${i}" class="replay-report" hidden><td colspan="9"></td></tr>`;
+      `<tr id="replay-report-${i}" class="replay-report" hidden><td colspan="10"></td></tr>`;
   }).join("");
   for (const tr of body.rows) if (tr.dataset.index !== undefined) tr.onclick = () => openEpisode(Number(tr.dataset.index), tr);
   for (const sel of body.querySelectorAll("select")) sel.onclick = (ev) => ev.stopPropagation();
@@ -768,6 +807,8 @@ function wire() {
   $("btn-policy-start").onclick = (e) => send("policy.start", task() ? { task: task() } : {}, e.currentTarget);
   $("btn-policy-stop").onclick = (e) => send("policy.stop", {}, e.currentTarget);
   $("btn-policy-takeover").onclick = (e) => send("policy.takeover", {}, e.currentTarget);
+  $("btn-policy-correct").onclick = (e) => send("policy.correct", {}, e.currentTarget);
+  $("btn-policy-resume").onclick = (e) => send("policy.resume", {}, e.currentTarget);
   $("btn-episodes-refresh").onclick = () => loadEpisodes();
   $("btn-replay-stop").onclick = (e) => stopReplay(e.currentTarget);
   $("btn-play").onclick = () => playEpisode();
@@ -781,6 +822,7 @@ function wire() {
     else if (k === "d") endEpisode("episode.discard", {}, $("btn-discard"));
     else if (k === "Escape") stopSession();
     else if (k === "h") send("hold", {}, $("btn-hold"));
+    else if (k === "c") correctOrResume();
   });
 }
 
