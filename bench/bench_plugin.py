@@ -16,7 +16,12 @@ the loop's rate with no client: one client waiting for each reply (ControlClient
 can), then one pipelining (every action written without waiting, the replies read as they come).
 The loop's rate must not depend on what a client sends (daemon/service/client_arm.py).
 
-    .venv/bin/python bench/bench_plugin.py [--rounds 2000] [--every-ms 12] [--flood 3]
+``--baseline DIR``: a third row, the same plugin against the daemon of another checkout (e.g. a
+``git worktree add`` of the commit before a change), the two daemons taking turns in
+``--blocks`` blocks of rounds (4 by default with a baseline), so that a change to the daemon is
+measured beside what it changes, on a shared machine whose load drifts within a run.
+
+    .venv/bin/python bench/bench_plugin.py [--rounds 2000] [--every-ms 12] [--flood 3] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -84,7 +89,8 @@ def run_lerobot(ports: Path, rounds: int, every_s: float) -> np.ndarray:
         robot.disconnect()
 
 
-def start_daemon(ports: Path) -> tuple[subprocess.Popen[bytes], Path]:
+def start_daemon(ports: Path, checkout: Path = REPO) -> tuple[subprocess.Popen[bytes], Path]:
+    """``so101d run`` from ``checkout`` (its own working directory: ``-m`` imports from there)."""
     cal = ports / "cal"
     for role in ("leader", "follower"):
         save_calibration(reference_calibration(role), role, role, cal)
@@ -94,10 +100,11 @@ def start_daemon(ports: Path) -> tuple[subprocess.Popen[bytes], Path]:
         f'[leader]\nport = "{ports / "leader"}"\n[follower]\nport = "{ports / "follower"}"\n'
         f'[calibration]\nroot = "{cal}"\n[socket]\npath = "{sock}"\n[control]\nrate_hz = 100.0\n'
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "daemon.apps.cli", "--log-level", "WARNING", "run", "--config", str(cfg)],
         env=env,
+        cwd=checkout,
         start_new_session=True,
     )
     end = time.monotonic() + 60
@@ -111,6 +118,21 @@ def start_daemon(ports: Path) -> tuple[subprocess.Popen[bytes], Path]:
         time.sleep(0.1)
     proc.kill()
     raise SystemExit("the daemon did not reach teleop in 60 s")
+
+
+def plugin_blocks(ports: Path, checkouts: list[Path], rounds: int, every_s: float, blocks: int) -> list[np.ndarray]:
+    """Per checkout, its daemon's round trips: the daemons take turns, ``blocks`` each."""
+    times: list[list[np.ndarray]] = [[] for _ in checkouts]
+    per_block = [rounds // blocks + (1 if b < rounds % blocks else 0) for b in range(blocks)]
+    for n in per_block:
+        for i, checkout in enumerate(checkouts):
+            daemon, sock = start_daemon(ports, checkout)
+            try:
+                times[i].append(run_plugin(sock, n, every_s))
+            finally:
+                os.killpg(daemon.pid, signal.SIGTERM)
+                daemon.wait(60)
+    return [np.concatenate(t) for t in times]
 
 
 def run_plugin(sock: Path, rounds: int, every_s: float) -> np.ndarray:
@@ -190,7 +212,16 @@ def main() -> int:
     ap.add_argument(
         "--flood", type=float, default=0.0, metavar="S", help="the loop's rate under a flood of S s instead"
     )
+    ap.add_argument(
+        "--baseline", type=Path, metavar="DIR", help="also the plugin against this checkout's daemon, taking turns"
+    )
+    ap.add_argument("--blocks", type=int, default=0, help="turns of each daemon (default 1; 4 with --baseline)")
     args = ap.parse_args()
+    blocks = args.blocks or (4 if args.baseline else 1)
+    if args.baseline is not None and not (args.baseline / "daemon" / "apps" / "cli.py").is_file():
+        ap.error(f"--baseline {args.baseline}: not a so101d checkout (no daemon/apps/cli.py)")
+    if blocks < 1 or blocks > args.rounds:
+        ap.error(f"--blocks must be from 1 to --rounds ({args.rounds}), got {blocks}")
     logging.basicConfig(level=logging.ERROR)
     if args.flood > 0:
         with tempfile.TemporaryDirectory(prefix="so101d-bench-") as d:
@@ -213,20 +244,26 @@ def main() -> int:
         ports = Path(d)
         with EmulatorProcess(ports, wire_time=True, leader_motion="still"):
             direct = run_lerobot(ports, args.rounds, args.every_ms / 1000.0)
-            daemon, sock = start_daemon(ports)
-            try:
-                plugin = run_plugin(sock, args.rounds, args.every_ms / 1000.0)
-            finally:
-                os.killpg(daemon.pid, signal.SIGTERM)
-                daemon.wait(60)
+            checkouts = [REPO] + ([args.baseline.resolve()] if args.baseline is not None else [])
+            plugins = plugin_blocks(ports, checkouts, args.rounds, args.every_ms / 1000.0, blocks)
+    plugin = plugins[0]
     rows = [("LeRobot SOFollower, serial bus", direct), ("so101d plugin, control socket", plugin)]
+    if args.baseline is not None:
+        rows.append(("the same, baseline daemon", plugins[1]))
     print(f"get_observation + send_action round trip, {args.rounds} rounds {args.every_ms:g} ms apart, no cameras")
+    if args.baseline is not None:
+        print(f"baseline daemon: {args.baseline} (the two daemons in turns, {blocks} blocks each)")
     print(f"{'':34s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s}")
     for name, t in rows:
         print(f"{name:34s} {pct(t, 50) * 1e3:8.3f} {pct(t, 99) * 1e3:8.3f} {float(t.max()) * 1e3:8.3f}")
     print(
         f"plugin / direct: p50 {pct(plugin, 50) / pct(direct, 50):.2f}x, p99 {pct(plugin, 99) / pct(direct, 99):.2f}x"
     )
+    if args.baseline is not None:
+        base = plugins[1]
+        print(
+            f"plugin / baseline: p50 {pct(plugin, 50) / pct(base, 50):.2f}x, p99 {pct(plugin, 99) / pct(base, 99):.2f}x"
+        )
     p99_ms = pct(plugin, 99) * 1e3
     print(f"target: plugin p99 <= 1 ms: {'met' if p99_ms <= 1.0 else 'NOT met'} ({p99_ms:.3f} ms)")
     return 0

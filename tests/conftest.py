@@ -49,6 +49,7 @@ FILE_KINDS: dict[str, str] = {
     "test_daemon_faults.py": "unit",
     "test_daemon_logs.py": "unit",
     "test_daemon_safety.py": "unit",
+    "test_bounded_json.py": "unit",
     "test_daemon_stats.py": "unit",
     "test_emulator_dynamics.py": "unit",
     "test_emulator_protocol.py": "unit",

@@ -127,13 +127,21 @@ class CycleOutput:
     limited: bool = False  # safety changed the target this cycle (clamped, step-limited, aligning)
 
 
+# This runs every cycle on the loop thread and, for every client action, on the socket's thread
+# (its prediction), cold there on a busy machine: the array methods and the ufuncs below are a
+# few C calls each, where np.all, np.any, np.clip and np.array_equal go through layers of Python
+# first (the same values: clip is documented as minimum(maximum(a, lo), hi)).
 def _finite(v: np.ndarray | None) -> bool:
-    return v is not None and v.shape == (NUM_JOINTS,) and bool(np.all(np.isfinite(v)))
+    return v is not None and v.shape == (NUM_JOINTS,) and bool(np.isfinite(v).all())
+
+
+def _clip(v: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    return np.minimum(np.maximum(v, lo), hi)
 
 
 def _safe(cmd: np.ndarray, p: SafetyParams) -> np.ndarray | None:
     """The last gate before the bus: finite and within the limits, or nothing at all."""
-    if not _finite(cmd) or np.any(cmd < p.lower) or np.any(cmd > p.upper):
+    if not _finite(cmd) or ((cmd < p.lower) | (cmd > p.upper)).any():
         return None
     return cmd
 
@@ -162,7 +170,7 @@ def update(s: ControllerState, inp: CycleInputs, p: SafetyParams) -> CycleOutput
     if not inp.follower_ok or not _finite(measured):
         return disconnected(fault, "follower not connected" if not inp.follower_ok else "follower pose not finite")
     assert measured is not None
-    here = np.clip(measured, p.lower, p.upper)
+    here = _clip(measured, p.lower, p.upper)
 
     # --- fault: hold or torque off ---------------------------------------------------------
     if fault:
@@ -204,7 +212,7 @@ def update(s: ControllerState, inp: CycleInputs, p: SafetyParams) -> CycleOutput
         return holding("hold", f"{inp.target_name} stale")
     if not _finite(target):
         return holding("hold", f"{inp.target_name} target not finite")
-    goal = np.clip(target, p.lower, p.upper)
+    goal = _clip(target, p.lower, p.upper)
     # A switch of source (teleop <-> policy) restarts alignment: the new target may be far away,
     # and max_step alone would let it move at max_step per cycle (1000 deg/s at the defaults).
     tracking = s.mode in ("aligning", inp.intent) and s.command is not None and s.torque_on is True and not inp.realign
@@ -217,17 +225,17 @@ def update(s: ControllerState, inp: CycleInputs, p: SafetyParams) -> CycleOutput
         # deg/s, but one cycle never moves more than two periods' worth.
         scale = 1.0 if inp.dt_s is None else min(max(inp.dt_s, 0.0) / p.period_s, _MAX_DT_PERIODS)
         lim = p.align_step * scale
-        step = np.clip(goal - start, -lim, lim)
+        step = _clip(goal - start, -lim, lim)
         cmd = start + step
-        done = bool(np.all(np.abs(goal - cmd) <= p.align_tolerance))
+        done = bool((np.abs(goal - cmd) <= p.align_tolerance).all())
         mode = inp.intent if done else "aligning"
         reason = f"aligned to {inp.target_name}" if done else f"aligning to {inp.target_name}"
         st = ControllerState(mode=mode, command=cmd, aligned=done, torque_on=True, reason=reason)
         return CycleOutput(st, _safe(cmd, p), torque, limited=True)
 
-    step = np.clip(goal - start, -p.max_step, p.max_step)
+    step = _clip(goal - start, -p.max_step, p.max_step)
     cmd = start + step
-    limited = not np.array_equal(cmd, target)
+    limited = not bool((cmd == target).all())
     st = ControllerState(
         mode=inp.intent, command=cmd, aligned=True, torque_on=True, reason=f"following {inp.target_name}"
     )

@@ -130,7 +130,8 @@ class ClientArms:
             raise RequestError("no lease given: arm.acquire first and pass its lease", "lease")
         with self._lock:
             lease = next((x for x in self._leases.values() if x.token == token), None)
-            holders = [x.words() for x in self._leases.values()]
+            # worded only for the refusal: every arm.action comes through here
+            holders = [x.words() for x in self._leases.values()] if lease is None else []
         if lease is None:
             held = f" (the arm is held by {holders[0]})" if holders else ""
             raise RequestError(f"this lease is not current: the arm was released or taken over{held}", "lease")

@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from lerobot.utils.errors import DeviceNotConnectedError
@@ -131,7 +132,7 @@ class ArmKeys:
     arm: str
     prefix: str
 
-    @property
+    @cached_property  # read at every step (a frozen dataclass without slots keeps it)
     def keys(self) -> tuple[str, ...]:
         return tuple(f"{self.prefix}{j}.pos" for j in JOINT_NAMES)
 
@@ -143,7 +144,7 @@ class ArmKeys:
         not a finite number (a policy's NaN) raises here, before any arm of a pair is sent its goal:
         the daemon would refuse it, but only after the other arm had taken its own."""
         try:
-            goal = {j: float(action[f"{self.prefix}{j}.pos"]) for j in JOINT_NAMES}
+            goal = {j: float(action[k]) for j, k in zip(JOINT_NAMES, self.keys)}
         except KeyError as exc:
             raise ValueError(f"{who}: the action lacks {exc.args[0]} (it needs {', '.join(all_keys)})") from None
         bad = [f"{self.prefix}{j}.pos" for j, v in goal.items() if not math.isfinite(v)]
