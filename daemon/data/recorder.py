@@ -1513,6 +1513,9 @@ class Recorder:
                 item = (KIND_FRAME, seq, k, k / fps, row.now_monotonic_s, row.state, row.action, row.teleop)
                 self._publish(ring, (*item, row.frames, row.source))
                 k += 1
+                # hand the interpreter to the loop between rows: back-to-back rows would hold it
+                # until the switch interval forces it away, and the loop's cycle would wait that long
+                time.sleep(0)
         finally:
             self._kept_left = 0
             self._kept_cancelled.discard(seq)
