@@ -118,6 +118,8 @@ FILE_KINDS: dict[str, str] = {
     "test_recording_scale.py": "integration",
     "test_recording_tags.py": "integration",
     "test_recording_continuous.py": "integration",
+    "test_recording_preroll.py": "unit",
+    "test_recording_keep.py": "integration",
     "test_replay.py": "e2e",
     "test_replay_attacks.py": "e2e",
     "test_replay_source.py": "unit",

@@ -91,6 +91,20 @@ class EpisodeSaveRequest(RequestBase, tag="episode.save"):
     success: bool | None = None
 
 
+KEEP_S_MAX: Final = 600.0  # [recording] ring_s's top (daemon/config/ring_bound.py RING_S_MAX)
+
+
+class EpisodeKeepRequest(RequestBase, tag="episode.keep"):
+    last_s: (
+        Annotated[
+            float,
+            msgspec.Meta(le=KEEP_S_MAX, description="seconds before now to keep, above 0, at most [recording] ring_s"),
+        ]
+        | None
+    ) = None
+    task: Annotated[str, _text(TASK_MAX_CHARS, "the task's words (LeRobot's task)")] | None = None
+
+
 class PolicyLoadRequest(RequestBase, tag="policy.load"):
     path: Annotated[str, _text(doc="checkpoint folder or Hub id (default: [policy] path)")] | None = None
     wait_s: Annotated[float, msgspec.Meta(ge=0, le=600, description="wait this long for the load")] | None = None
@@ -427,6 +441,27 @@ class ContinuousStatus(msgspec.Struct, kw_only=True):
     rotated: int = 0  # episodes cut and saved so far
 
 
+class PrerollStatus(msgspec.Struct, kw_only=True):
+    """The pre-roll buffer (``[recording] ring_s``): what ``episode keep`` can take now."""
+
+    ring_s: float | None = None
+    max_frames: int | None = None  # ceil(ring_s * fps)
+    frames: int = 0  # buffered now
+    buffered_s: float | None = None
+    bound_mb: float | None = None  # MiB of camera frames it can keep alive at most
+    paused: bool = False  # an episode records: nothing is buffered meanwhile
+    fed: int = 0  # rows buffered since the recorder opened (grows while frames come)
+
+
+class KeptStatus(msgspec.Struct, kw_only=True):
+    """The episode in progress was kept (``episode keep``): its rows from the buffer."""
+
+    frames: int | None = None  # rows from before the verb
+    last_s: float | None = None  # the seconds asked for
+    grid_t0_s: float | None = None  # frame 0's monotonic grid time
+    flush_left: int = 0  # kept rows the writer has not been handed yet
+
+
 class RecordingStatus(msgspec.Struct, kw_only=True):
     """The recorder (``episode.status``, and ``status``'s ``recording``). A section whose extra
     failed carries only ``error``."""
@@ -443,6 +478,8 @@ class RecordingStatus(msgspec.Struct, kw_only=True):
     elapsed_s: float | None = None
     frames: int | None = None
     continuous: ContinuousStatus | None = None  # None: no continuous recording
+    preroll: PrerollStatus | None = None  # None: [recording] ring_s is 0 (off)
+    kept: KeptStatus | None = None  # None: the episode in progress (if any) was started, not kept
     episodes_in_dataset: int | None = None
     saves_pending: int = 0
     lost_episodes: list[str] = msgspec.field(default_factory=list)
@@ -716,10 +753,12 @@ class EpisodeOutcome(msgspec.Struct, kw_only=True):
     durable: bool | None = None  # on the disk (false: still saving; status says when)
     discarded_frames: int | None = None
     continuous: ContinuousStatus | None = None  # start: the continuous recording begun
+    kept_frames: int | None = None  # keep: rows taken from the buffer (frames 0..kept_frames-1)
+    kept_s: float | None = None  # keep: the seconds they span (kept_frames / fps)
 
 
 class EpisodeReply(EpisodeOutcome, kw_only=True):
-    """episode.start / save / discard."""
+    """episode.start / keep / save / discard."""
 
     ok: bool = True
     api_version: str = API_VERSION
@@ -896,6 +935,12 @@ _SPECS: Final = (
     _spec("episode.start", EpisodeReply, "Start recording an episode.", EpisodeStartRequest),
     _spec("episode.save", EpisodeReply, "End the episode and keep it.", EpisodeSaveRequest),
     _spec("episode.discard", EpisodeReply, "End the episode and drop it."),
+    _spec(
+        "episode.keep",
+        EpisodeReply,
+        "Start an episode with the last seconds of the pre-roll buffer; it records on live until saved.",
+        EpisodeKeepRequest,
+    ),
     _spec("episode.status", EpisodeStatusReply, "The recorder's state."),
     _spec("policy.load", PolicyReply, "Load a policy checkpoint.", PolicyLoadRequest),
     _spec("policy.start", PolicyReply, "Let the loaded policy drive the arm.", PolicyStartRequest),

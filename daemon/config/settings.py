@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from calibration.conventions import JOINT_NAMES
+from daemon.config.ring_bound import DEFAULT_RING_MAX_MB, RING_S_MAX, StreamSize, bound_refusal
 
 
 class ConfigError(ValueError):
@@ -176,6 +177,11 @@ class RecordingConfig:
     # (LeRobot's estimate; 200 is its DEFAULT_VIDEO_FILE_SIZE_IN_MB), whichever comes first; 0: off
     rotate_s: float = 0.0
     rotate_mb: float = 200.0
+    # the pre-roll buffer (`so101d episode keep --last S`): between episodes the last ring_s seconds
+    # of frames (joints and camera images) are kept in memory, at most ring_max_mb MiB of images
+    # (frames x cameras x W*H*3, +W*H*2 per depth stream: checked at load); 0: off
+    ring_s: float = 0.0
+    ring_max_mb: float = DEFAULT_RING_MAX_MB
     depth_encoder: DepthEncoderSettings = field(default_factory=DepthEncoderSettings)
 
 
@@ -342,6 +348,8 @@ _CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
     ("recording.min_free_mb", lambda v: v >= 0, "must be 0 (no check) or more"),
     ("recording.rotate_s", lambda v: 0 <= v <= 86400, "must be 0 (off) or up to 86400 s"),
     ("recording.rotate_mb", lambda v: 0 <= v <= 100_000, "must be 0 (off) or up to 100000 MB"),
+    ("recording.ring_s", lambda v: 0 <= v <= RING_S_MAX, f"must be 0 (off) or up to {RING_S_MAX:g} s"),
+    ("recording.ring_max_mb", lambda v: 0 < v <= 1024 * 1024, "must be in (0, 1048576] MiB"),
 ]
 # The webcam formats V4L2 names in capitals; a lower-case spelling of one of these is that one
 # (a FOURCC is case-sensitive, and lower-case codes of other formats exist, so only these).
@@ -481,6 +489,19 @@ def _one_camera_per_device(cameras: dict[str, CameraConfig]) -> None:
             seen[dev] = name
 
 
+def _check_ring_bound(cfg: Config) -> None:
+    """The pre-roll buffer's memory bound against ring_max_mb: every configured camera at its
+    configured size (a sim camera that leaves its size to the simulator counts at the defaults;
+    the recorder checks again once the simulator announced it)."""
+    rc = cfg.recording
+    if rc.ring_s <= 0:
+        return
+    streams = [StreamSize(c.width, c.height, c.use_depth) for _, c in sorted(cfg.cameras.items())]
+    why = bound_refusal(rc.ring_s, rc.fps, streams, rc.ring_max_mb)
+    if why:
+        raise ConfigError(why)
+
+
 def validate(cfg: Config) -> Config:
     """Range checks that types cannot express; raises ConfigError naming the key."""
     for key, ok, what in _CHECKS:
@@ -507,6 +528,7 @@ def validate(cfg: Config) -> Config:
         if cam.fourcc.upper() in _UPPERCASE_FOURCCS:
             cam.fourcc = cam.fourcc.upper()  # "mjpg" means MJPG: V4L2 would take it as another, unknown code
     _one_camera_per_device(cfg.cameras)
+    _check_ring_bound(cfg)
     de = cfg.recording.depth_encoder
     if de.depth_min is not None and de.depth_max is not None and de.depth_min >= de.depth_max:
         raise ConfigError(

@@ -22,11 +22,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from daemon.config.ring_bound import DEFAULT_RING_MAX_MB, bound_refusal
 from daemon.control.seams import CycleRecord
+from daemon.data.preroll import KeptRows, Preroll, PrerollError, StreamSize
 from daemon.data.ring import KIND_DISCARD, KIND_FRAME, KIND_SAVE, KIND_START, TASK_BYTES, Ring
 from daemon.data.schema import DEFAULT_FPS, SOURCE_BYTES
 from daemon.data.store import (
@@ -46,10 +48,20 @@ from drivers.cameras import Camera, VirtualArmCamera
 log = logging.getLogger("so101d.recording")
 
 IDLE, RECORDING, ERROR, STARTING, CLOSED = "idle", "recording", "error", "starting", "closed"
+# The feeder's queue item that carries the rows ``episode keep`` took from the pre-roll buffer
+# (one item, so the verb holds the lock for O(1) and the live rows queue behind them, in order).
+KIND_KEPT = -1
+# How often the feeder looks for room in the pixel ring while it hands kept rows over.
+_ROOM_POLL_S = 0.002
 
 
 class RecordingError(RuntimeError):
-    """A verb that cannot be done now (clear message for the CLI/socket)."""
+    """A verb that cannot be done now (clear message for the CLI/socket); ``field``: the request
+    field at fault, when one is (the socket's refusal names it)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 SHUTDOWN_CHOICES = ("save", "discard")
@@ -248,6 +260,21 @@ class RecorderConfig:
     # A bimanual rig's arms, in the loop's names and LeRobot's order ("left", "right"): each frame
     # records both arms side by side (schema.with_arms); empty: the primary arm alone.
     arms: tuple[str, ...] = ()
+    # The pre-roll buffer (daemon/data/preroll.py): between episodes the last ring_s seconds of
+    # frames, at most ring_max_mb MiB of images (checked at open, with the cameras' real sizes); 0: off
+    ring_s: float = 0.0
+    ring_max_mb: float = DEFAULT_RING_MAX_MB
+
+
+@runtime_checkable
+class KeptEpisodeHook(Protocol):
+    """An episode hook that knows what to do when an episode is *kept* (``episode keep``: it began
+    ``since_monotonic_s``, before the verb) instead of started; a hook without it (a simulated
+    follower's, whose episodes begin with a scene reset) makes ``keep`` refuse."""
+
+    def episode_kept(self, recorder: Recorder, since_monotonic_s: float) -> None:
+        """Before the kept episode records; RecordingError: it is not kept (nothing taken)."""
+        ...
 
 
 class Recorder:
@@ -362,6 +389,21 @@ class Recorder:
         self._rotate_wake = threading.Event()
         self._reserve_lock = threading.Lock()  # one reservation write at a time (taken before _lock)
         self._rotated_seqs: collections.deque[int] = collections.deque()
+        # The pre-roll buffer, fed on the loop's thread (under the lock) while no episode records;
+        # rebuilt at open with the cameras' real sizes (a sim camera's are known only then).
+        self._preroll = Preroll(cfg.ring_s, cfg.fps, self._stream_sizes())
+        self._kept: dict[str, Any] = {}  # the episode in progress was kept: what its tag says of it
+        # The feeder hands kept rows over (waiting for pixel-ring room): how many are left, which
+        # episode they belong to, and the episodes discarded meanwhile (their rows are dropped).
+        self._kept_left = 0
+        self._kept_seq = -1
+        self._kept_cancelled: set[int] = set()
+        # a kept episode's live rows wait for pixel room too (queued behind its kept rows, the
+        # writer is seconds behind for a while): the episode's, until the next one
+        self._catch_up_seq = -1
+
+    def _stream_sizes(self) -> list[StreamSize]:
+        return [StreamSize(c.width, c.height, d) for c, d in zip(self.cameras, self._depth)]
 
     # -- life cycle ------------------------------------------------------------------------------
     def open(self) -> None:
@@ -420,6 +462,12 @@ class Recorder:
             raise DatasetMismatchError(
                 f"dataset {self.store_cfg.root_path} was recorded with another configuration: " + "; ".join(diffs)
             )
+        if self.cfg.ring_s > 0:  # the real sizes now (a sim camera's were not known at load)
+            why = bound_refusal(self.cfg.ring_s, self.cfg.fps, self._stream_sizes(), self.cfg.ring_max_mb)
+            if why:
+                raise RecordingError(why)
+        with self._lock:
+            self._preroll = Preroll(self.cfg.ring_s, self.cfg.fps, self._stream_sizes())
         slots = max(2, round(self.cfg.pixel_ring_s * self.cfg.fps)) if self.cameras else 0
         sizes = [(c.name, c.height, c.width) for c in self.cameras]
         self.store_cfg.cameras = sizes
@@ -502,6 +550,7 @@ class Recorder:
         with self._lock:
             if self._phase == RECORDING:
                 self._cont = None
+                self._cancel_kept_locked()
                 self._q.append((KIND_DISCARD, self._seq))
                 log.warning("shutdown: episode %d in progress discarded ([recording] on_shutdown)", self.episode_number)
                 discarding = True
@@ -522,7 +571,13 @@ class Recorder:
                 len(self._pending),
             )
         feeder = next((t for t in self._threads if t.name == "rec-feeder"), None)
-        while self._q and feeder is not None and feeder.is_alive() and writer_alive and time.monotonic() < deadline:
+        while (
+            (self._q or self._kept_left)
+            and feeder is not None
+            and feeder.is_alive()
+            and writer_alive
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.01)
             writer_alive = self._proc.is_alive()
         if self._proc is not None and self._proc.is_alive() and not self._ready.is_set():
@@ -612,7 +667,8 @@ class Recorder:
         """The loop's RecordHook (daemon/control/seams.py), every control cycle: the primary arm's
         state, command and raw target, and who drove every arm (the ``so101d.source`` column)."""
         arm = record.arms[0]
-        source = record.sources_text() if self._phase == RECORDING else ""  # a join of a few words
+        # a join of a few words: only when a row may be taken (an episode, or the pre-roll buffer)
+        source = record.sources_text() if self._phase == RECORDING or self._preroll.enabled else ""
         if not self.cfg.arms:
             if not record.primary_current:
                 return  # the arm this dataset records is not current: a gap, as on a single-arm loop
@@ -625,7 +681,7 @@ class Recorder:
         for cam, side in self._virtual_sides:  # each virtual camera draws its own arm
             if side in self._arm_last:
                 cam.set_state(np.array(self._arm_last[side][0], dtype=np.float64))
-        if self._phase != RECORDING or record.now_monotonic_s < self._next_grid_s:
+        if not self._row_due(record.now_monotonic_s):
             return  # no frame due: nothing joined (on_cycle would drop it)
         parts = [self._arm_last.get(name) for name in self.cfg.arms]
         if any(p is None for p in parts):
@@ -640,6 +696,12 @@ class Recorder:
             source,
             draw_virtual=False,
         )
+
+    def _row_due(self, now_monotonic_s: float) -> bool:
+        """A row is due this cycle: the episode's grid point, or between episodes the buffer's."""
+        if self._phase == RECORDING:
+            return now_monotonic_s >= self._next_grid_s
+        return self._phase == IDLE and self._preroll.due(now_monotonic_s)
 
     def _note_stale_arms(self, present: set[str]) -> None:
         """Once per arm and episode: the tag says from which frame an arm's values repeated."""
@@ -668,6 +730,8 @@ class Recorder:
             for cam in self._virtual:
                 cam.set_state(snapshot)
         if self._phase != RECORDING or now_monotonic_s < self._next_grid_s:
+            if self._phase == IDLE and self._preroll.due(now_monotonic_s):
+                self._buffer_row(now_monotonic_s, state_units, action_units, teleop_action_units, source)
             return
         with self._lock:
             if self._phase != RECORDING:
@@ -695,6 +759,29 @@ class Recorder:
                 self._frame_index += 1
                 self._next_grid_s = self._t0 + self._frame_index / self.cfg.fps
         self._wake.set()
+
+    def _buffer_row(
+        self,
+        now_monotonic_s: float,
+        state_units: np.ndarray,
+        action_units: np.ndarray,
+        teleop_action_units: np.ndarray | None,
+        source: str,
+    ) -> None:
+        """Between episodes: this cycle's row into the pre-roll buffer, as an episode would take it
+        (three small copies and a reference to each camera's newest frame; no pixel is copied)."""
+        with self._lock:
+            if self._phase != IDLE or not self._preroll.due(now_monotonic_s):
+                return
+            teleop = teleop_action_units if teleop_action_units is not None else action_units
+            self._preroll.feed(
+                now_monotonic_s,
+                np.array(state_units, dtype=np.float32),
+                np.array(action_units, dtype=np.float32),
+                np.array(teleop, dtype=np.float32),
+                tuple(self._admit(c, cam.latest_frame()) for c, cam in enumerate(self.cameras)),
+                source,
+            )
 
     def _rotate_locked(self, cont: ContinuousSession) -> None:
         """Under the lock, on the loop's thread (no disk, no waiting): the episode recording now is
@@ -754,6 +841,8 @@ class Recorder:
         extras: dict[str, Any] = {"origin": self._origin, "follower_kind": str(kind)}
         if continuous is not None:
             extras["continuous"] = continuous
+        if self._kept:
+            extras["kept"] = self._kept
         extras["notes"] = refused + self._notes + more_notes
         return save_extras_bytes(extras)
 
@@ -901,6 +990,8 @@ class Recorder:
                 self._cont = ContinuousSession(rotation, frames_per_episode, limit, number, str(kind))
             self._q.append((KIND_START, self._seq, task, number))
             self._phase = RECORDING
+            self._preroll.episode_started()  # rows before the episode are not kept past its start
+            self._kept = {}
         self._wake.set()
         reply: dict[str, Any] = {"episode": number, "task": task, "origin": origin}
         if self._cont is not None:
@@ -916,6 +1007,134 @@ class Recorder:
         else:
             log.info("episode %d started (%r)", number, task)
         return reply
+
+    def keep_episode(self, last_s: float, task: str | None = None, origin: str | None = None) -> dict[str, Any]:
+        """``episode keep --last S``: the newest ``last_s`` seconds of the pre-roll buffer become
+        the start of a new episode, which then records live until it is saved or discarded (the
+        usual verbs). Its frame 0 is the first row kept (frame indices and timestamps rebased); the
+        live rows go on on the buffer's grid, so the frame after the last kept row is the first
+        live one: none lost, none twice. The kept rows reach the writer from the feeder thread,
+        which waits for room in the pixel ring (the loop never waits); the live rows queue behind
+        them, in order. RecordingError, nothing changed: the buffer is off, ``last_s`` is not in
+        (0, ring_s], nothing is buffered yet, an episode is recording (or anything that refuses
+        ``episode start``)."""
+        task = (task or self._task or self.cfg.default_task).strip()
+        if not task:
+            raise RecordingError("the task text must not be empty")
+        if len(task.encode("utf-8")) > TASK_BYTES:
+            raise RecordingError(f"task text longer than {TASK_BYTES} bytes")
+        origin = (origin or self.cfg.origin).strip()
+        if not origin or len(origin) > 32:
+            raise RecordingError(f"origin must be a short word (teleop, policy...), got {origin!r}")
+        self._check_health()
+        with self._lock:
+            self._check_keep_locked(last_s)
+        self._resume_after_disk_full()
+        self._check_free_space()
+        blind = [type(h).__name__ for h in self._episode_hooks if not isinstance(h, KeptEpisodeHook)]
+        if blind:
+            raise RecordingError(
+                f"episode keep: {', '.join(blind)} starts its episodes itself (a simulated follower resets its "
+                "scene first), so an episode cannot begin in the past here; use episode start"
+            )
+        with self._lock:
+            self._check_can_start()
+            self._check_keep_locked(last_s)
+            self._starting = True
+            since_s = time.monotonic() - min(float(last_s), self._preroll.buffered_s)
+        try:
+            for hook in self._episode_hooks:
+                assert isinstance(hook, KeptEpisodeHook)  # checked above
+                hook.episode_kept(self, since_s)
+            with self._reserve_lock:  # the number kept on the disk first: no disk write under the lock
+                with self._lock:
+                    number = self._next_number
+                try:
+                    reserve_episode_number(self.store_cfg.root_path, number)
+                except OSError as exc:
+                    raise RecordingError(f"episode not kept: its number could not be kept on the disk: {exc}") from None
+                with self._lock:
+                    self._starting = False
+                    try:
+                        self._check_can_start()
+                        kept = self._preroll.take(last_s)
+                    except (RecordingError, PrerollError):
+                        if self._next_number == number:  # nothing else took a number: give it back
+                            self._give_back_number(number)
+                        raise
+                    self._begin_kept_locked(kept, number, task, origin, float(last_s))
+        except PrerollError as exc:
+            raise RecordingError(f"episode keep: {exc}", exc.field) from None
+        except RecordingError:
+            raise
+        except Exception as exc:
+            raise RecordingError(f"episode not kept: {type(exc).__name__}: {exc}") from None
+        finally:
+            with self._lock:
+                self._starting = False
+        self._wake.set()
+        log.info(
+            "episode %d kept (%r): the last %.2f s (%d frames) before the verb, recording on live",
+            number,
+            task,
+            kept.seconds,
+            kept.frames,
+        )
+        return {
+            "episode": number,
+            "task": task,
+            "origin": origin,
+            "frames": kept.frames,
+            "kept_frames": kept.frames,
+            "kept_s": round(kept.seconds, 6),
+        }
+
+    def _check_keep_locked(self, last_s: float) -> None:
+        """Under the lock: RecordingError unless the buffer can give ``last_s`` seconds now."""
+        if self._phase == RECORDING:
+            raise RecordingError(
+                f"episode keep: episode {self.episode_number} already recording (the buffer is kept only "
+                "between episodes); save or discard it first"
+            )
+        refused = self._preroll.refusal(last_s)
+        if refused is not None:
+            raise RecordingError(f"episode keep: {refused}", refused.field)
+
+    def _cancel_kept_locked(self) -> None:
+        """Under the lock, as the episode in progress is thrown away: its kept rows still waiting
+        in the feeder are dropped there, not written (the writer would drop them anyway)."""
+        if self._kept_seq == self._seq:
+            self._kept_cancelled.add(self._seq)
+
+    def _give_back_number(self, number: int) -> None:
+        try:
+            reserve_episode_number(self.store_cfg.root_path, number - 1)  # next = number
+        except OSError as exc:
+            log.warning("episode number %d stays used (%s)", number, exc)
+
+    def _begin_kept_locked(self, kept: KeptRows, number: int, task: str, origin: str, last_s: float) -> None:
+        """Under the lock, with the rows just taken: the episode records from its first kept row
+        on. O(1): the rows go to the feeder as one item, the live ones queue behind it."""
+        self._next_number = number + 1
+        self._number = number
+        self._seq += 1
+        self._task = task
+        self._origin = origin
+        self._notes = []
+        self._arms_noted_stale = set()
+        self._episode_refused = {}
+        self._cont = None
+        # the grid the rows were taken on: frame k at t0 + k / fps, the next live row is frame n
+        self._t0 = kept.grid_t0_s
+        self._frame_index = kept.frames
+        self._next_grid_s = kept.next_grid_s
+        self._episode_started_s = kept.grid_t0_s
+        self._kept = {"frames": kept.frames, "last_s": last_s, "grid_t0_s": round(kept.grid_t0_s, 6)}
+        self._kept_seq = self._seq
+        self._kept_left = kept.frames  # the feeder counts them down
+        self._q.append((KIND_START, self._seq, task, number))
+        self._q.append((KIND_KEPT, self._seq, kept))
+        self._phase = RECORDING
 
     def _free_mb(self) -> float | None:
         """Free space where episodes are staged and committed (one filesystem), in MB."""
@@ -960,6 +1179,7 @@ class Recorder:
             raise RecordingError(f"recording cannot resume: writer unreachable: {exc}") from None
         with self._lock:
             self._phase = IDLE
+            self._preroll.episode_ended()  # between episodes again: the buffer fills anew
             self._error = ""
             self._disk_full = False
         log.info("recording resumes: %.1f MB free; staged episodes are committed first", free)
@@ -1016,6 +1236,7 @@ class Recorder:
                 self._end_continuous_locked()
                 self._q.append((KIND_DISCARD, self._seq))
                 self._phase = IDLE
+                self._preroll.episode_ended()  # between episodes again: the buffer fills anew
                 self._wake.set()
                 raise RecordingError("the episode has no frames yet (is the control loop running?); discarded")
             kind = self.follower_kind_fn() if self.follower_kind_fn is not None else self.cfg.follower_kind
@@ -1026,6 +1247,7 @@ class Recorder:
             self._q.append((KIND_SAVE, seq, -1 if success is None else int(bool(success)), extras))
             self._pending[seq] = PendingSave(seq, number, self._task, frames)
             self._phase = IDLE
+            self._preroll.episode_ended()  # between episodes again: the buffer fills anew
         self._wake.set()
         # Answer only once the save is in the writer's hands (the shared ring): an answer given
         # while the save still sat in this process's queue was a promise a SIGKILL could break.
@@ -1087,6 +1309,7 @@ class Recorder:
         with self._lock:
             self._check_can_end("discarded")
             self._end_continuous_locked()  # the session's earlier parts are saved already
+            self._cancel_kept_locked()
             self._q.append((KIND_DISCARD, self._seq))
             frames = self._frame_index
             number = self._number
@@ -1099,6 +1322,7 @@ class Recorder:
                 except OSError as exc:
                     log.warning("episode %d discarded; its number stays used (%s)", number, exc)
             self._phase = IDLE
+            self._preroll.episode_ended()  # between episodes again: the buffer fills anew
             self._counters["episodes_discarded"] += 1
         self._wake.set()
         self._run_ending_hooks(saved=False)
@@ -1144,6 +1368,10 @@ class Recorder:
             "elapsed_s": round(time.monotonic() - self._episode_started_s, 2) if recording else 0.0,
             "frames": self._frame_index if recording else 0,
             "continuous": self._cont.status() if recording and self._cont is not None else None,
+            "preroll": self._preroll.status() if self._preroll.enabled else None,
+            # the episode in progress was kept: how many rows before the verb, and how many of
+            # them the feeder has still to hand to the writer
+            "kept": dict(self._kept, flush_left=self._kept_left) if recording and self._kept else None,
             "episodes_in_dataset": self._committed_total,
             "saves_pending": len(self._pending),
             "lost_episodes": list(self._lost),
@@ -1177,6 +1405,7 @@ class Recorder:
         server.register("episode.start", lambda req: self.start_episode(req.get("task"), req.get("origin")))
         server.register("episode.save", lambda req: self.save_episode(req.get("success")))
         server.register("episode.discard", lambda req: self.discard_episode())
+        server.register("episode.keep", lambda req: self.keep_episode(req.get("last_s"), req.get("task")))
         server.register("episode.status", lambda req: self.status())
 
     # -- threads -----------------------------------------------------------------------------------
@@ -1188,6 +1417,7 @@ class Recorder:
                 return  # the first cause is the one to report
             lost = ""
             if self._phase == RECORDING:
+                self._cancel_kept_locked()
                 self._q.append((KIND_DISCARD, self._seq))
                 lost = f"episode {self.episode_number} ({self._task!r}, {self._frame_index} frames, in progress)"
                 self._lost.append(f"{lost}: recording stopped")
@@ -1231,33 +1461,80 @@ class Recorder:
             self._wake.clear()
             while self._q:
                 item = self._q.popleft()
-                if ring.records_free() <= 0:
-                    self._counters["records_lost"] += 1
-                    self._rl.error(
-                        "records", "recording: writer %d records behind, record ring full: row LOST", ring.pending()
-                    )
+                if item[0] == KIND_KEPT:
+                    self._feed_kept(ring, item[1], item[2])
                     continue
-                rec = ring.next_record()
-                kind = item[0]
-                rec["kind"] = kind
-                rec["episode_seq"] = item[1]
-                if kind == KIND_FRAME:
-                    self._fill_frame(ring, rec, item)
-                elif kind == KIND_START:
-                    rec["task"] = item[2].encode("utf-8")
-                    rec["frame_index"] = item[3]  # the episode's number, as the operator was told
-                elif kind == KIND_SAVE:
-                    rec["success"] = item[2]
-                    rec["task"] = item[3] if len(item) > 3 else b""
-                if (self._fault == "feeder_raise" and kind == KIND_FRAME and item[2] == 10) or (
-                    self._fault == "feeder_raise_at_save" and kind == KIND_SAVE
-                ):
-                    raise RuntimeError(f"injected fault (RecorderConfig.fault = {self._fault!r})")
-                ring.publish_record()
-                if kind == KIND_SAVE:
-                    with self._handed_over:
-                        self._handed_over_seq = item[1]
-                        self._handed_over.notify_all()
+                if item[0] == KIND_FRAME and item[1] == self._catch_up_seq:
+                    self._wait_for_room(ring, item[1], len(self._q))
+                self._publish(ring, item)
+
+    def _publish(self, ring: Ring, item: tuple) -> None:
+        """One queue item into the record ring (a frame's pixels into the pixel ring, if room)."""
+        if ring.records_free() <= 0:
+            self._counters["records_lost"] += 1
+            self._rl.error("records", "recording: writer %d records behind, record ring full: row LOST", ring.pending())
+            return
+        rec = ring.next_record()
+        kind = item[0]
+        rec["kind"] = kind
+        rec["episode_seq"] = item[1]
+        if kind == KIND_FRAME:
+            self._fill_frame(ring, rec, item)
+        elif kind == KIND_START:
+            rec["task"] = item[2].encode("utf-8")
+            rec["frame_index"] = item[3]  # the episode's number, as the operator was told
+        elif kind == KIND_SAVE:
+            rec["success"] = item[2]
+            rec["task"] = item[3] if len(item) > 3 else b""
+        if (self._fault == "feeder_raise" and kind == KIND_FRAME and item[2] == 10) or (
+            self._fault == "feeder_raise_at_save" and kind == KIND_SAVE
+        ):
+            raise RuntimeError(f"injected fault (RecorderConfig.fault = {self._fault!r})")
+        ring.publish_record()
+        if kind == KIND_SAVE:
+            with self._handed_over:
+                self._handed_over_seq = item[1]
+                self._handed_over.notify_all()
+
+    def _feed_kept(self, ring: Ring, seq: int, kept: KeptRows) -> None:
+        """The rows ``episode keep`` took, as the episode's frames 0..n-1, each waiting for room in
+        the pixel ring (seconds of them at once would overrun its ~2 s). Rows of an episode
+        discarded meanwhile are dropped unsent; the live rows queued behind wait their turn and
+        then for room the same way (``_catch_up_seq``: the whole episode, bounded as below)."""
+        fps = self.cfg.fps
+        k = 0
+        self._catch_up_seq = seq
+        try:
+            while (row := kept.pop_kept()) is not None:
+                self._kept_left = kept.remaining() + 1
+                if seq in self._kept_cancelled or not self._running:
+                    continue  # discarded (or closing): nothing of it is written
+                self._wait_for_room(ring, seq, kept.remaining() + len(self._q))
+                item = (KIND_FRAME, seq, k, k / fps, row.now_monotonic_s, row.state, row.action, row.teleop)
+                self._publish(ring, (*item, row.frames, row.source))
+                k += 1
+                # hand the interpreter to the loop between rows: back-to-back rows would hold it
+                # until the switch interval forces it away, and the loop's cycle would wait that long
+                time.sleep(0)
+        finally:
+            self._kept_left = 0
+            self._kept_cancelled.discard(seq)
+
+    def _wait_for_room(self, ring: Ring, seq: int, behind: int) -> None:
+        """On the feeder thread only: until the rings have room for one more frame of episode
+        ``seq``. Gives up (the frame goes as the writer-behind path sends it: counted missing)
+        once the rows queued behind exceed the pre-roll's bound (a writer slower than real time
+        must not grow this process's memory past it), the episode is discarded, or the writer
+        or the recorder stops."""
+        limit = max(self._preroll.max_frames, 1)
+        while not (ring.records_free() > 0 and (not self.cameras or ring.pixel_slot_free())):
+            if behind > limit or seq in self._kept_cancelled or not self._running or self._phase == ERROR:
+                return
+            proc = self._proc
+            if proc is not None and not proc.is_alive():
+                return
+            time.sleep(_ROOM_POLL_S)
+            behind = self._kept_left + len(self._q)
 
     def _fill_frame(self, ring: Ring, rec: np.ndarray, item: tuple) -> None:
         _, _, k, grid, now, state, action, teleop, frames, source = item

@@ -239,6 +239,10 @@ class EpisodeTag:
     # (its first episode's number), the part, why it ended ("rotate_s", "rotate_mb" or "stop"),
     # its first frame in the session and its frame 0's monotonic time; {}: an episode of its own
     continuous: dict[str, Any] = field(default_factory=dict)
+    # begun by `episode keep --last S`: its first ``frames`` rows came from the pre-roll buffer
+    # (recorded before the verb, ``last_s`` asked for, frame 0's monotonic grid time
+    # ``grid_t0_s``), the rest live; {}: an episode started with `episode start`
+    kept: dict[str, Any] = field(default_factory=dict)
 
     @property
     def uid(self) -> str:

@@ -224,6 +224,7 @@ class EpisodeBuild:
         self.worst_skew_s = 0.0
         self.notes: list[str] = []
         self.continuous: dict[str, Any] = {}  # a part of a continuous recording: where it sits (EpisodeTag)
+        self.kept: dict[str, Any] = {}  # begun by `episode keep`: the rows from the pre-roll buffer (EpisodeTag)
         self.state_s: list[float] = []  # the loop's cycle time of each row's state (monotonic s)
         self.t0: float | None = None
 
@@ -343,6 +344,8 @@ class EpisodeBuild:
         }
         if self.continuous:
             tag["continuous"] = self.continuous
+        if self.kept:
+            tag["kept"] = self.kept
         if origin == "policy":  # the operator's corrections inside it (from the per-frame source record)
             tag["interventions"], tag["intervention_s"] = intervention_runs(self.sources, self.fps)
         meta = {
@@ -580,6 +583,8 @@ def writer_main(
                             current.notes.extend(str(n) for n in extras.get("notes", []) if n)
                             if isinstance(extras.get("continuous"), dict):
                                 current.continuous = extras["continuous"]
+                            if isinstance(extras.get("kept"), dict):
+                                current.kept = extras["kept"]
                             meta = current.stage(
                                 None if s < 0 else bool(s),
                                 str(extras.get("follower_kind") or follower_kind),

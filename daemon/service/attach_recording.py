@@ -53,7 +53,9 @@ def _verb(fn: Handler) -> Handler:
     def handler(req: dict[str, Any]) -> dict[str, Any]:
         try:
             return fn(req)
-        except (RecordingError, ValueError) as exc:
+        except RecordingError as exc:
+            raise RequestError(str(exc), field=exc.field) from None
+        except ValueError as exc:
             raise RequestError(str(exc)) from None
 
     return handler
@@ -64,6 +66,15 @@ def _success_arg(req: dict[str, Any]) -> bool | None:
     if v is None or isinstance(v, bool):
         return v
     raise ValueError(f'"success" must be true, false or null, got {v!r}')
+
+
+def _last_s_arg(req: dict[str, Any]) -> float:
+    v = req.get("last_s")
+    if v is None:
+        raise RequestError('episode.keep needs "last_s": how many seconds before now to keep', field="last_s")
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise RequestError(f'"last_s" must be a number of seconds, got {v!r}', field="last_s")
+    return float(v)
 
 
 def follower_dataset_kind(follower: FollowerArm) -> str:
@@ -159,6 +170,8 @@ def attach_recorder(
             depth_encoder=depth_encoder_fields(rc),
             # a bimanual rig records both arms, LeRobot's BiSOFollower layout (daemon/data/schema.py)
             arms=tuple(ARM_SIDES) if ctx.cfg.bimanual else (),
+            ring_s=rc.ring_s,
+            ring_max_mb=rc.ring_max_mb,
         ),
         cameras,
     )
@@ -184,6 +197,7 @@ def attach_recorder(
     )
     reg("episode.save", _verb(lambda req: rec.save_episode(_success_arg(req))))
     reg("episode.discard", _verb(lambda req: rec.discard_episode()))
+    reg("episode.keep", _verb(lambda req: rec.keep_episode(_last_s_arg(req), req.get("task"))))
     reg("episode.status", _verb(lambda req: rec.status()))
     ctx.loop.add_hook(rec)
     ctx.status_extras["recording"] = rec.status

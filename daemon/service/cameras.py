@@ -169,6 +169,12 @@ class CameraEpisodeHook:
         self._started_s = time.monotonic()
         self._started_notes = [n for n in (c.mismatch_note() for c in self.cameras) if n]
 
+    def episode_kept(self, recorder: Recorder, since_monotonic_s: float) -> None:
+        """A kept episode (``episode keep``) began ``since_monotonic_s``: the same refusals as a
+        start, and the tag's gap notes count from its first kept frame."""
+        self.episode_starting(recorder)
+        self._started_s = since_monotonic_s
+
     def episode_ending(self, recorder: Recorder, saved: bool) -> tuple[bool | None, list[str]]:
         now = [n for n in (c.mismatch_note() for c in self.cameras) if n]
         notes = list(dict.fromkeys([*self._started_notes, *now]))

@@ -1,9 +1,11 @@
-"""`so101d episode start|save|stop|discard|status`: episode control of the running daemon.
+"""`so101d episode start|keep|save|stop|discard|status`: episode control of the running daemon.
 
 ``start --continuous`` records until ``stop`` (or ``save``/``discard``), the daemon saving an
 episode and starting the next at each rotation (``--rotate-s``, ``--rotate-mb``; LeRobot's sentry
 strategy). ``stop`` is ``save`` by another name: it saves the episode in progress, the last
-(partial) one of a continuous recording."""
+(partial) one of a continuous recording. ``keep --last S`` starts an episode with the last S seconds
+the daemon kept between episodes (``[recording] ring_s``), which then records on live until saved
+(LeRobot's highlight strategy)."""
 
 from __future__ import annotations
 
@@ -16,8 +18,14 @@ from daemon.api.messages import EpisodeReply, EpisodeStatusReply, ErrorReply, Re
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("start", "save", "stop", "discard", "status"))
-    parser.add_argument("--task", help="start: the task text of this episode (default: the last one)")
+    parser.add_argument("action", choices=("start", "keep", "save", "stop", "discard", "status"))
+    parser.add_argument("--task", help="start, keep: the task text of this episode (default: the last one)")
+    parser.add_argument(
+        "--last",
+        type=float,
+        metavar="S",
+        help="keep: the seconds before now that begin the episode (at most [recording] ring_s)",
+    )
     parser.add_argument(
         "--continuous", action="store_true", help="start: record until stop, a new episode at each rotation"
     )
@@ -54,6 +62,11 @@ def describe(action: str, reply: dict[str, Any]) -> str:
                 f"{c.frames_per_episode} frames ({c.limit})"
             )
         return f"episode {ep.episode} recording: {ep.task!r}"
+    if action == "keep":
+        return (
+            f"episode {ep.episode} recording: {ep.task!r}, its first {ep.kept_s or 0:.2f} s "
+            f"({ep.kept_frames} frames) from before the keep; save or discard it as usual"
+        )
     if action in ("save", "stop"):
         tag = {True: "success", False: "failure", None: "untagged"}[ep.success]
         if ep.durable is False:
@@ -68,6 +81,17 @@ def format_status(status: RecordingStatus | dict[str, Any]) -> str:
     line = f"recording: {st.phase}  episode {st.episode}"
     if st.phase == "recording":
         line += f"  {st.elapsed_s or 0:.1f} s  {st.frames} frames  task {st.task!r}"
+    if st.kept is not None:
+        line += f"\n  kept: its first {st.kept.frames} frames from before the keep"
+        if st.kept.flush_left:
+            line += f" ({st.kept.flush_left} still going to the writer)"
+    p = st.preroll
+    if p is not None:
+        held = "paused while an episode records" if p.paused else f"{p.buffered_s or 0:.1f} s buffered"
+        line += (
+            f"\n  pre-roll: {held} of {p.ring_s or 0:g} s ({p.frames} of {p.max_frames} frames, "
+            f"at most {p.bound_mb or 0:.1f} MiB of images)"
+        )
     line += f"\n  dataset {st.dataset} ({st.episodes_in_dataset} episodes, {st.saves_pending} being written)"
     if st.last_committed:
         line += f"\n  last committed: {st.last_committed}"
@@ -132,13 +156,18 @@ def follow_saving(args: argparse.Namespace, episode: int) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     fields: dict = {}
-    if args.action == "start" and args.task:
+    if args.action in ("start", "keep") and args.task:
         fields["task"] = args.task
+    if (args.last is not None) != (args.action == "keep"):
+        print("so101d episode: `episode keep` takes --last S (seconds), and only it does", file=sys.stderr)
+        return 1
+    if args.action == "keep":
+        fields["last_s"] = args.last  # the daemon refuses one out of (0, ring_s], saying why
     for flag, value in (("--rotate-s", args.rotate_s), ("--rotate-mb", args.rotate_mb)):
         if value is not None and not (args.action == "start" and args.continuous):
-            import sys
-
             print(f"so101d episode: {flag} is for `episode start --continuous`", file=sys.stderr)
             return 1
     if args.action == "start" and args.continuous:
