@@ -8,6 +8,7 @@ chromium driven by Selenium through /usr/bin/chromedriver (installed by `make te
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -61,6 +62,9 @@ class Bench:
         self.emulator.start()
         self.cfg, _ = prepare_bench(self.dir, socket_path=str(self.sock), dataset_root=self.dir / "datasets")
         self.dataset = self.dir / "datasets" / self.cfg.recording.repo_id
+        # a pre-roll buffer of 5 s (the page's Keep): 150 frames of two 320x240 cameras, 66 MiB at most
+        toml = self.dir / "so101d.toml"
+        toml.write_text(re.sub(r"(?m)^ring_s = .*$", "ring_s = 5", toml.read_text(), count=1))
         self.start_daemon()
         with open(self.dir / "console.log", "wb") as log:
             self.console = subprocess.Popen(

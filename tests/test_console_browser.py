@@ -170,6 +170,40 @@ def test_the_plots_show_who_drives_and_c_asks_the_daemon_for_a_correction(consol
     wait_js(page, "return window.so101dConsole.driver === 'teleop'", what="teleop again")
 
 
+def test_the_last_seconds_kept_from_the_page_become_an_episode(console_bench: Bench, page: Any) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    wait_js(page, "return !document.getElementById('keep-box').hidden", what="the Keep button ([recording] ring_s)")
+    wait_status(
+        console_bench.sock,
+        lambda s: (
+            (s.get("recording") or {}).get("phase") == "idle"
+            and ((s.get("recording") or {}).get("preroll") or {}).get("frames", 0) >= 60
+        ),
+        timeout_s=30,
+    )
+    assert "s buffered" in _text(page, "preroll") and "memory bound" in _text(page, "preroll")
+    before = wait_status(console_bench.sock, lambda s: True)["recording"]["episodes_in_dataset"] or 0
+    field = page.find_element("id", "keep-s")
+    field.clear()
+    field.send_keys("2")
+    page.find_element("id", "btn-hold").click()  # the focus off the field: the key goes to the page
+    ActionChains(page).send_keys("k").perform()
+    wait_js(page, "return document.getElementById('rec-phase').textContent.startsWith('recording')", what="kept")
+    wait_js(page, "return document.getElementById('rec-frames').textContent.includes('60 kept')", what="60 kept")
+    _click(page, "btn-save-success")
+    wait_js(
+        page,
+        f"return document.getElementById('rec-count').textContent.trim().startsWith('{before + 1}')",
+        timeout_s=60,
+        what=f"{before + 1} episodes in the dataset",
+    )
+    wait_status(console_bench.sock, lambda s: not (s.get("recording") or {}).get("saving"), timeout_s=60)
+    tag = read_episode_tags(console_bench.dataset)[before]
+    assert tag.kept["frames"] == 60 and tag.success is True, tag
+    _click(page, "btn-resume")  # teleop again for the stories after this one
+
+
 def test_recording_an_episode_with_the_buttons(console_bench: Bench, page: Any) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
 

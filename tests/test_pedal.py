@@ -60,6 +60,7 @@ CORRECTING = Driver(intent="teleop", correcting=True, policy_run=True)
         (Action.CORRECTION, TELEOP, "policy.correct"),  # refused by the verb: no policy runs
         (Action.SAVE, POLICY, "episode.save"),
         (Action.SAVE, TELEOP, "episode.save"),
+        (Action.KEEP, TELEOP, "episode.keep"),  # the pedal sends last_s = [recording] ring_s
     ],
 )
 def test_each_pedal_asks_for_the_verb_that_fits_who_drives(action: Action, driver: Driver, verb: str) -> None:
@@ -120,7 +121,7 @@ def test_the_operator_holds_and_resumes_teleop_with_the_pedal_unplugs_it_and_plu
         with ControlClient(virtual_bench.socket_path, timeout_s=10) as c:
             st = pedal_status(c)
             assert st["state"] == "connected" and st["device"] == str(pedal.path), st
-            assert st["keys"] == {"pause_resume": "KEY_A", "correction": "KEY_B", "save": "KEY_C"}
+            assert st["keys"] == {"pause_resume": "KEY_A", "correction": "KEY_B", "save": "KEY_C"}  # keep: unbound
             pedal.connect()
             wait_for(lambda: c.request("status")["mode"] == "teleop", 20, "teleop tracking")
 

@@ -19,6 +19,7 @@ class Action(Enum):
     PAUSE_RESUME = "pause_resume"
     CORRECTION = "correction"
     SAVE = "save"
+    KEEP = "keep"  # keep the last seconds of the pre-roll buffer as an episode ([recording] ring_s)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ def verb_for(action: Action, driver: Driver) -> str:
     """The control-socket verb ``action`` asks for now (refused by the verb when it cannot be done)."""
     if action is Action.SAVE:
         return "episode.save"
+    if action is Action.KEEP:
+        return "episode.keep"
     if driver.correcting:
         return "policy.resume"
     if driver.policy_run or action is Action.CORRECTION:

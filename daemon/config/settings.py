@@ -277,10 +277,11 @@ class PedalConfig:
     pause_resume: str = "KEY_A"  # teleop: hold / teleop again; a policy run: correct / resume
     correction: str = "KEY_B"  # a policy run: correct (the operator takes the arm) / resume
     save: str = "KEY_C"  # end the episode and keep it (LeRobot's third pedal uploads; so101d saves)
+    keep: str = ""  # keep the last [recording] ring_s seconds as an episode (LeRobot's highlight save)
 
     def bindings(self) -> dict[str, str]:
         """action -> key code ("" where unbound)."""
-        return {"pause_resume": self.pause_resume, "correction": self.correction, "save": self.save}
+        return {"pause_resume": self.pause_resume, "correction": self.correction, "save": self.save, "keep": self.keep}
 
 
 @dataclass

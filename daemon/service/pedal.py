@@ -100,8 +100,11 @@ def _no_permission(path: str) -> str:
 class PedalReader:
     """A thread that reads the pedal's key-down events and asks for the mapped verb."""
 
-    def __init__(self, cfg: PedalConfig, evdev: Evdev, verbs: VerbHandler, driver: DriverProbe) -> None:
+    def __init__(
+        self, cfg: PedalConfig, evdev: Evdev, verbs: VerbHandler, driver: DriverProbe, keep_s: float = 0.0
+    ) -> None:
         self.cfg = cfg
+        self.keep_s = keep_s  # what the keep pedal keeps: the whole pre-roll buffer ([recording] ring_s)
         self._evdev = evdev
         self._verbs = verbs
         self._driver = driver
@@ -248,7 +251,8 @@ class PedalReader:
             log.debug("pedal: %s is not bound (pedal.pause_resume / correction / save)", code)
             return
         verb = verb_for(action, self._driver())
-        reply = self._verbs.handle({"cmd": verb})
+        fields = {"last_s": self.keep_s or None} if action is Action.KEEP else {}
+        reply = self._verbs.handle({"cmd": verb, **fields})
         text = str(reply.get("error") or reply.get("message") or ("done" if reply.get("ok") else reply))
         with self._lock:
             self.presses += 1
@@ -272,7 +276,9 @@ def attach_pedal(ctx: DaemonContext) -> PedalReader | None:
     """The configured pedal, reading; None when ``[pedal] device`` is empty. Raises PedalError."""
     if not ctx.cfg.pedal.device:
         return None
-    reader = PedalReader(ctx.cfg.pedal, import_evdev(), ctx.server, lambda: _driver_of(ctx))
+    reader = PedalReader(
+        ctx.cfg.pedal, import_evdev(), ctx.server, lambda: _driver_of(ctx), keep_s=ctx.cfg.recording.ring_s
+    )
     reader.check()
     reader.start()
     ctx.on_stop.append(reader.stop)  # before the loop stops: no press reaches a stopping loop

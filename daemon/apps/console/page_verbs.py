@@ -58,6 +58,7 @@ PAGE_VERBS: dict[str, dict[str, Arg]] = {
     "teleop.stop": {},
     "episode.start": _page_args("episode.start", "task", required=("task",)),
     "episode.save": _page_args("episode.save", "success", required=("success",)),
+    "episode.keep": _page_args("episode.keep", "last_s", "task", required=("last_s",)),
     "episode.discard": {},
     "episode.redo": _page_args("episode.start", "task", required=("task",)),
     "policy.load": _page_args("policy.load", "path", "wait_s", required=("path",)),

@@ -435,7 +435,16 @@ function showRecording(rec) {
   $("rec-episode").textContent = rec.episode;
   $("rec-count").textContent = `${rec.episodes_in_dataset}` + (rec.saves_pending ? ` (+${rec.saves_pending} saving)` : "") + (String(rec.last_committed || "").includes("dataset episode") ? ` · last ${rec.last_committed}` : "");
   $("rec-backlog").textContent = `${rec.writer_backlog_frames} frames, ${rec.writer_backlog_records} records`;
-  $("rec-frames").textContent = rec.frames;
+  $("rec-frames").textContent = rec.frames + (rec.kept ? ` (${rec.kept.frames} kept from before)` : "");
+  /** @type {PrerollStatus} */
+  const pre = rec.preroll;
+  $("keep-box").hidden = $("preroll-line").hidden = !pre;
+  if (pre) {
+    $("preroll").textContent = pre.paused ? "paused while an episode records"
+      : `${fmt(pre.buffered_s)} of ${fmt(pre.ring_s, 0)} s buffered (${pre.frames} frames, memory bound ${fmt(pre.bound_mb, 0)} MiB)`;
+    $("keep-s").max = String(pre.ring_s);
+    $("btn-keep").disabled = rec.phase !== "idle" || !pre.frames || pending.size > 0;
+  }
   const stopped = rec.phase === "error" ? `RECORDING STOPPED: ${rec.error}` + (rec.lost_episodes && rec.lost_episodes.length ? `\nLOST: ${rec.lost_episodes.join("; ")}` : "") : "";
   const dropped = (rec.dropped_episodes || []).map((d) => `DROPPED: ${d}`).join("\n");
   const err = [stopped, dropped].filter((x) => x).join("\n");
@@ -520,6 +529,14 @@ function showPolicy(pol) {
     (pol.warning ? ` · ${pol.warning}` : "");
   const err = pol.error || pol.last_error;
   if (err) { $("policy-error").hidden = false; $("policy-error").textContent = err; }
+}
+
+// k: the last seconds of the pre-roll buffer become an episode that records on (episode.keep)
+function keepLast() {
+  if ($("keep-box").hidden) { say("keep: the daemon keeps no pre-roll ([recording] ring_s = 0)", true); return; }
+  const args = { last_s: Number($("keep-s").value) };
+  if (task()) args.task = task();
+  send("episode.keep", args, $("btn-keep"));
 }
 
 // c: the policy's correction on and off, as the pedal and `so101d policy start --keys` toggle it
@@ -807,6 +824,7 @@ function wire() {
   $("btn-policy-start").onclick = (e) => send("policy.start", task() ? { task: task() } : {}, e.currentTarget);
   $("btn-policy-stop").onclick = (e) => send("policy.stop", {}, e.currentTarget);
   $("btn-policy-takeover").onclick = (e) => send("policy.takeover", {}, e.currentTarget);
+  $("btn-keep").onclick = () => keepLast();
   $("btn-policy-correct").onclick = (e) => send("policy.correct", {}, e.currentTarget);
   $("btn-policy-resume").onclick = (e) => send("policy.resume", {}, e.currentTarget);
   $("btn-episodes-refresh").onclick = () => loadEpisodes();
@@ -823,6 +841,7 @@ function wire() {
     else if (k === "Escape") stopSession();
     else if (k === "h") send("hold", {}, $("btn-hold"));
     else if (k === "c") correctOrResume();
+    else if (k === "k") keepLast();
   });
 }
 
