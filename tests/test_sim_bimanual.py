@@ -46,6 +46,13 @@ LEFT_POSE = np.array([-20.0, -50.0, 50.0, 30.0, 0.0, 20.0])
 RIGHT_POSE = np.array([25.0, -40.0, 45.0, 40.0, 15.0, 60.0])
 # a position servo under gravity (MuJoCo's STS3215 model): a few degrees of droop
 TOL = np.array([4.0, 8.0, 8.0, 8.0, 4.0, 4.0])
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict[str, str]:
+    """A child's environment: this checkout importable, offline."""
+    path = os.pathsep.join([str(REPO), str(REPO / "lerobot_plugin"), os.environ.get("PYTHONPATH", "")])
+    return dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1")
 
 
 def two_arm_sim(endpoint: str, cameras: tuple[str, ...] = ()) -> MujocoSimThread:
@@ -294,18 +301,106 @@ def test_the_daemon_teleoperates_and_records_both_sim_arms(tmp_path: Path, leade
     assert tags[0].follower_kind == "sim-mujoco", tags
 
 
-def test_with_no_sim_running_each_arm_says_no_simulator_answers(tmp_path: Path, leaders) -> None:
+def test_the_sim_process_absent_or_gone_is_said_per_arm_and_a_new_one_is_picked_up(tmp_path: Path, leaders) -> None:
+    """No sim yet: each arm's status names the endpoint nobody answers at. The sim starts: both arms
+    connect and track. It dies: both arms are lost followers (the loop keeps running)."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     daemon = Daemon(config_from_dict(sim_rig(tmp_path, endpoint)))
+    sim: MujocoSimThread | None = None
+    modes = lambda: {a.name: a.state.mode for a in daemon.loop.arms}  # noqa: E731
     try:
         daemon.start()
-        wait_for(lambda: daemon.loop.cycles > 0, 10, "the loop running")
 
         def said() -> bool:
             arms = _status(daemon)["arms"]
             return all(endpoint in str(arms[s]) and "no simulator answering" in str(arms[s]) for s in SIDES)
 
         wait_for(said, 15, "each arm's status naming the silent simulator")
-        assert all(a.state.mode != "teleop" for a in daemon.loop.arms)
+        assert all(m != "teleop" for m in modes().values()), modes()
+        sim = two_arm_sim(endpoint)
+        wait_for(lambda: all(m == "teleop" for m in modes().values()), 30, f"both arms tracking ({modes()})")
+        sim.close()
+        wait_for(lambda: all(m == "disconnected" for m in modes().values()), 10, f"both arms lost ({modes()})")
+        assert daemon.loop.is_running()
     finally:
         daemon.stop()
+        if sim is not None:
+            sim.close()
+
+
+def test_so101d_sim_follower_serves_the_two_arm_scene(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from sim_bridge import cli
+
+    bad = subprocess.run(
+        [sys.executable, "-m", "daemon.apps.cli", "sim-follower", "--arms", "left"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=_env(),
+    )
+    assert bad.returncode == 2 and "--arms 'left': the two-arm scene's arms are 'left,right'" in bad.stderr, bad.stderr
+    endpoint = f"ipc://{tmp_path}/sim.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daemon.apps.cli", "sim-follower", "--arms", "left,right", "--bind", endpoint],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=REPO,
+        env=_env(),
+    )
+    links = {side: SimFollower(endpoint, arm=side, connect_timeout_s=60) for side in SIDES}
+    try:
+        for link in links.values():
+            link.connect()
+        # the default cameras of the two-arm scene, announced to the first arm's link
+        wait_for(lambda: sorted(links["left"].cameras()) == sorted(CAMERAS), 10, "the three cameras announced")
+        assert cli.BI_ARM_CAMERAS.split(",") == list(CAMERAS)
+    finally:
+        for link in links.values():
+            link.close()
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.e2e  # `so101d demo` as a user runs it: the emulator, the sim and the daemon, three processes
+def test_so101d_demo_bimanual_sim_records_both_sim_arms(tmp_path: Path) -> None:
+    """`so101d demo --bimanual --sim`: emulated leaders (the handover), the two-arm MuJoCo scene as
+    the followers, an episode recorded with the sim's three cameras."""
+    import subprocess
+    import sys
+
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    from daemon.data.schema import STATE_KEY, read_episode_tags
+
+    run_dir, out_path, err_path = tmp_path / "bench", tmp_path / "demo.out", tmp_path / "demo.err"
+    args = ["demo", "--bimanual", "--sim", "--sim-camera-size", f"{W}x{H}", "--dir", str(run_dir)]
+    args += ["--record", "1", "--episode-time", "1", "--socket", str(tmp_path / "d.sock")]
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "daemon.apps.cli", *args], stdout=out, stderr=err, cwd=REPO, env=_env()
+        )
+    try:
+
+        def recorded() -> bool:
+            assert proc.poll() is None, err_path.read_text()[-3000:]
+            return "episodes in the dataset" in out_path.read_text()
+
+        wait_for(recorded, 240, "the demo's episode in the dataset")
+        proc.send_signal(2)  # SIGINT: Ctrl-C
+        assert proc.wait(timeout=120) == 0, err_path.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    ds_root = run_dir / "datasets" / "local" / "so101d-demo-bimanual"
+    ds = LeRobotDataset("local/so101d-demo-bimanual", root=ds_root, video_backend="pyav")
+    assert ds.meta.total_episodes == 1 and ds.meta.robot_type == "bi_so_follower"
+    assert ds.features[STATE_KEY]["names"] == [f"{side}_{n}" for side in SIDES for n in FEATURE_NAMES]
+    cams = sorted(k.removeprefix("observation.images.") for k in ds.features if k.startswith("observation.images."))
+    assert cams == sorted(CAMERAS)
+    assert tuple(ds[0]["observation.images.top"].shape) == (3, H, W)
+    assert read_episode_tags(ds_root)[0].follower_kind == "sim-mujoco"
