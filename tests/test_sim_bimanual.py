@@ -277,6 +277,9 @@ def test_the_daemon_teleoperates_and_records_both_sim_arms(tmp_path: Path, leade
             wait_for(lambda: c.request("episode.status")["frames"] >= frames, 30, f"{frames} frames")
             for side, pose in zip(SIDES, (LEFT_POSE, moved)):
                 wait_for(lambda: np.all(np.abs(sim.sim.joint_units(side) - pose) <= TOL), 10, f"the {side} arm back")
+            # a few frames recorded since (a loaded host's recorder runs behind the sim)
+            back = c.request("episode.status")["frames"]
+            wait_for(lambda: c.request("episode.status")["frames"] >= back + 3, 30, "frames of both arms back")
             c.request("episode.save")
             wait_for(lambda: c.request("episode.status")["episodes_in_dataset"] == 1, 60, "the episode committed")
     finally:
@@ -404,3 +407,92 @@ def test_so101d_demo_bimanual_sim_records_both_sim_arms(tmp_path: Path) -> None:
     assert cams == sorted(CAMERAS)
     assert tuple(ds[0]["observation.images.top"].shape) == (3, H, W)
     assert read_episode_tags(ds_root)[0].follower_kind == "sim-mujoco"
+
+
+# ------------------------------------------------------------------------------------------------
+# the LeIsaac follower on a bi-arm task (a fake env built from LeIsaac's bi-arm template)
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture
+def leisaac_bi_arm() -> Iterator[tuple[object, object, dict[str, SimFollower]]]:
+    import threading
+
+    from fixtures.leisaac_env import FakeBiArmManagerBasedRLEnv
+
+    from sim_bridge.leisaac_follower import (
+        BI_ARM_CAMERAS,
+        BI_ARM_SIDES,
+        LeisaacBridge,
+        LeisaacBridgeConfig,
+        prepare_env_cfg,
+        success_fn_for,
+        task_cameras,
+    )
+    from sim_bridge.server import SimServerEndpoint
+
+    env = FakeBiArmManagerBasedRLEnv()
+    success_term = prepare_env_cfg(env.cfg)  # as main() does: nothing resets the scene inside step
+    cfg = LeisaacBridgeConfig(step_hz=120.0, daemon_staleness_s=0.1, arms=BI_ARM_SIDES, cameras=BI_ARM_CAMERAS)
+    ep = SimServerEndpoint("tcp://127.0.0.1:0", backend="leisaac:fake-bi-arm", arms=BI_ARM_SIDES)
+    bridge = LeisaacBridge(env, ep, config=cfg, success_fn=success_fn_for(env, success_term))
+    bridge.reset(0)
+    ep.cameras = task_cameras(bridge._policy_obs(), cfg.cameras, cfg.publish_hz)
+    ep.open()
+    thread = threading.Thread(target=bridge.run, daemon=True)
+    thread.start()
+    links = {side: SimFollower(ep.endpoint, staleness_s=0.5, arm=side) for side in SIDES}
+    try:
+        for link in links.values():
+            link.connect()
+        yield env, bridge, links
+    finally:
+        for link in links.values():
+            link.close()
+        bridge.stop()
+        thread.join(5)
+        ep.close()
+
+
+def test_leisaac_bi_arm_task_takes_both_arms_as_one_twelve_wide_action(leisaac_bi_arm) -> None:
+    from calibration.conventions import sim_rad_to_units, units_to_sim_rad
+    from sim_bridge.leisaac_follower import is_bi_arm_task
+
+    env, _bridge, links = leisaac_bi_arm
+    assert is_bi_arm_task("LeIsaac-SO101-CleanToyTable-BiArm-v0") and not is_bi_arm_task("LeIsaac-SO101-PickOrange-v0")
+    # both arms after the reset re-align to their daemon targets: wait for the action to carry both
+    links["left"].write_goals(LEFT_POSE)
+    links["right"].write_goals(RIGHT_POSE)
+    want = np.concatenate([units_to_sim_rad(LEFT_POSE), units_to_sim_rad(RIGHT_POSE)]).astype(np.float32)
+
+    def both_on_target() -> bool:
+        for link in links.values():
+            link.write_goals(LEFT_POSE if link.arm == "left" else RIGHT_POSE)  # the daemon sends every cycle
+        return bool(env.actions_seen) and np.allclose(env.actions_seen[-1][0], want, atol=1e-4)
+
+    wait_for(both_on_target, 20, "the action holding the left targets, then the right ones")
+    assert env.actions_seen[-1].shape == (1, 12)
+    # each link reads its own arm: the policy term <side>_joint_pos, in LeRobot units
+    for side, pose in zip(SIDES, (LEFT_POSE, RIGHT_POSE)):
+        wait_for(lambda: np.allclose(links[side].read_joints(), pose, atol=0.5), 10, f"{side} state on its target")
+        q = env.scene.joint_pos[f"{side}_arm"][0].astype(np.float64)
+        assert np.allclose(links[side].read_joints(), sim_rad_to_units(q), atol=1.0)
+    # the right link moves only the right half of the action
+    moved = RIGHT_POSE + np.array([10.0, 0.0, 0.0, 0.0, 0.0, 20.0])
+    want_moved = np.concatenate([units_to_sim_rad(LEFT_POSE), units_to_sim_rad(moved)]).astype(np.float32)
+
+    def right_moved() -> bool:
+        links["left"].write_goals(LEFT_POSE)
+        links["right"].write_goals(moved)
+        return np.allclose(env.actions_seen[-1][0], want_moved, atol=1e-4)
+
+    wait_for(right_moved, 10, "the right half of the action on the right link's new target")
+    # the task's cameras reach the first arm's link
+    cams = links["left"].cameras()
+    wait_for(lambda: all(n in cams and cams[n].latest_frame() is not None for n in CAMERAS), 10, "the bi-arm cameras")
+
+
+def test_leisaac_bi_arm_reset_reaches_both_links_and_each_arm_holds_its_reset_pose(leisaac_bi_arm) -> None:
+    _env, bridge, links = leisaac_bi_arm
+    before = {side: link.scene_resets() for side, link in links.items()}
+    links["left"].reset_episode(timeout_s=10)
+    wait_for(lambda: all(link.scene_resets() > before[s] for s, link in links.items()), 5, "both links saw the reset")
+    assert all(bridge.drive(side).realigning or bridge.drive(side).daemon_target_rad is None for side in SIDES)
