@@ -603,7 +603,8 @@ class SimFollower:
                     sc = self._sim_camera(cam["name"], float(cam.get("fps", 30.0) or 30.0))
                     sc._announce(int(cam.get("width", 0) or 0), int(cam.get("height", 0) or 0), "hello")
         elif msg.type == "error":
-            log.error("sim at %s reports: %s", self.endpoint, h["error"])
+            if h["error"] != self._peer_error:  # a sim refusing every message says so once here
+                log.error("sim at %s reports: %s", self.endpoint, h["error"])
             if "version" in h["error"] or h.get("reason") == "arm":
                 self._peer_error = h["error"]
 

@@ -70,7 +70,8 @@ and carries its six joints (``arm`` set); ``episode`` events go to every arm's l
 shared: both see its reset); ``frame`` goes to the link of the first arm that is connected (the
 daemon takes its cameras from its first arm). A message without ``arm`` at a two-arm sim, or
 with one at a one-arm sim, or naming an arm the sim does not serve, is rejected (reason "arm")
-and answered with ``error`` {error, reason: "arm"}, which the daemon reports and does not retry.
+and answered with ``error`` {error, reason: "arm"} (at most once a second per peer); the daemon
+raises it as a ``HandshakeError`` from ``connect`` / ``read_joints``, which its status shows.
 
 Rejection
 ---------

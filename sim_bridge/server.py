@@ -133,6 +133,7 @@ class SimServerEndpoint:
         self.daemon_staleness_s = daemon_staleness_s
         self._ctx = context or zmq.Context.instance()
         self._sock: zmq.Socket | None = None
+        self._error_answered_s: dict[bytes, float] = {}  # refused peer -> when it was last told why
         self._state_seq = 0
         self._event_seq = 0
         self.stats = ServerStats()
@@ -221,6 +222,17 @@ class SimServerEndpoint:
             self.stats.targets += len(arm_targets)
         return inboxes
 
+    def _may_answer_error(self, peer: bytes) -> bool:
+        """A refused peer (wrong version, wrong arm) is told at most once per hello period: it
+        sends heartbeats 50 times a second, each one refused."""
+        now = time.monotonic()
+        if now - self._error_answered_s.get(peer, -1e9) < P.HELLO_PERIOD_S:
+            return False
+        if len(self._error_answered_s) >= 64:  # bounded: a stream of new peers cannot grow it
+            self._error_answered_s.clear()
+        self._error_answered_s[peer] = now
+        return True
+
     def _arm_of(self, msg: P.Message) -> str:
         """The arm a daemon message drives; ProtocolError("arm") when this sim does not serve it."""
         arm = msg.header.get("arm")
@@ -254,7 +266,7 @@ class SimServerEndpoint:
         except P.ProtocolError as err:
             self.stats.rejects.count(err)
             log.debug("rejected message: %s", err)
-            if err.reason in ("version", "arm"):
+            if err.reason in ("version", "arm") and self._may_answer_error(peer):
                 self._send_to(peer, P.encode("error", error=str(err), reason=err.reason))
             return False
         link = self._links[arm]

@@ -176,6 +176,18 @@ def test_a_one_arm_sim_and_a_two_arm_sim_refuse_the_other_kind_of_link() -> None
                     link.connect()
             finally:
                 link.close()
+        # a refused link heartbeats 50 times a second; the sim tells it why at most once a second
+        ep = sims[0].sim.endpoint
+        assert ep is not None
+        late = SimFollower(one, arm="left", connect_timeout_s=5)
+        try:
+            received, sent = ep.stats.received, ep.stats.sent
+            with pytest.raises(HandshakeError):
+                late.connect()
+            wait_for(lambda: ep.stats.received >= received + 25, 10, "25 refused messages")
+            assert ep.stats.sent - sent <= 2, ep.stats
+        finally:
+            late.close()
     finally:
         for s in sims:
             s.close()
@@ -221,6 +233,23 @@ def test_a_bimanual_sim_configuration_names_leader_ports_only(tmp_path: Path) ->
     del data["arms"]["left"]["leader_port"]
     with pytest.raises(ConfigError, match=r"arms\.left\.leader_port: missing"):
         config_from_dict(data)
+
+
+def test_sim_mapping_leisaac_maps_both_leaders_each_through_its_own_calibration(tmp_path: Path) -> None:
+    """``sim_mapping = "leisaac"`` on a bimanual sim rig: each side's leader is mapped as LeIsaac's
+    own bi-so101leader maps it (its own calibrated range), not the left one only."""
+    from daemon.service.daemon import build_loop
+    from drivers.leader_mapping import LeisaacMappedLeader
+
+    for side in SIDES:
+        save_calibration(reference_calibration("leader"), "leader", f"leader_{side}", tmp_path / "calibration")
+    data = sim_rig(tmp_path, "tcp://127.0.0.1:5555")
+    data["follower"]["sim_mapping"] = "leisaac"
+    loop = build_loop(config_from_dict(data))
+    leaders = {name: src.link.arm for name, src in loop.leaders.items()}
+    assert sorted(leaders) == ["left_leader", "right_leader"]
+    assert all(isinstance(arm, LeisaacMappedLeader) for arm in leaders.values()), leaders
+    assert [a.link.arm.arm for a in loop.arms] == list(SIDES)  # each follower link names its sim arm
 
 
 # ------------------------------------------------------------------------------------------------
