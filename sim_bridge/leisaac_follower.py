@@ -293,19 +293,6 @@ class LeisaacBridge:
         """The arm ``arm`` ("": the first, the one of a single-arm task)."""
         return self.drives[arm] if arm else next(iter(self.drives.values()))
 
-    # the single arm's (a bi-arm task's left arm's) drive, by the names the bridge had for one arm
-    @property
-    def target_rad(self) -> np.ndarray | None:
-        return self.drive().target_rad
-
-    @property
-    def torque(self) -> bool:
-        return self.drive().torque
-
-    @property
-    def ack_seq(self) -> int:
-        return self.drive().ack_seq
-
     @property
     def realigning(self) -> bool:
         """Any arm still re-aligning to its daemon target after a scene reset."""

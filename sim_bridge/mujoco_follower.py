@@ -227,14 +227,6 @@ class MujocoFollower:
             raise KeyError(f"no arm {name!r} in this scene (arms: {', '.join(self.arms) or 'one, unnamed'})") from None
 
     @property
-    def torque(self) -> bool:
-        return self.arm().torque
-
-    @property
-    def ack_seq(self) -> int:
-        return self.arm().ack_seq
-
-    @property
     def _daemon_was_stale(self) -> bool:
         """No arm's daemon link is live (nobody is listening: frames are not rendered)."""
         return all(a.daemon_was_stale for a in self.arms.values())
