@@ -175,12 +175,17 @@ class SimFollower:
         connect_timeout_s: float = 5.0,
         client_name: str = "so101d",
         sim_mapping: str | None = None,
+        arm: str = "",
     ) -> None:
         """``sim_mapping``: the ``[follower] sim_mapping`` the leader is mapped through for this
-        sim, named in every sim episode's tag notes (None: not said)."""
+        sim, named in every sim episode's tag notes (None: not said). ``arm``: the arm of a
+        two-arm sim this follower drives ("left", "right"; "" for a one-arm sim): every message
+        names it (``drivers.sim_protocol``, "Arms"); a sim that does not serve it is refused."""
         if staleness_s <= 0:
             raise ValueError(f"staleness_s must be positive, got {staleness_s}")
         self.endpoint = endpoint
+        self.arm = arm
+        self._arm_field: dict[str, Any] = {"arm": arm} if arm else {}
         self.sim_mapping = sim_mapping
         self.staleness_s = float(staleness_s)
         self.connect_timeout_s = float(connect_timeout_s)
@@ -442,6 +447,7 @@ class SimFollower:
         return {
             "kind": "sim",
             "endpoint": self.endpoint,
+            "arm": self.arm or None,  # the arm of a two-arm sim it drives
             "backend": self._sim_info.get("backend"),
             "connected": self._fresh(now),
             "last_state_age_s": None if self._pos_units is None else round(now - self._state_rx_s, 4),
@@ -492,10 +498,10 @@ class SimFollower:
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now >= next_hello:
-                    self._send(dealer, P.encode("hello", client=self.client_name))
+                    self._send(dealer, P.encode("hello", client=self.client_name, **self._arm_field))
                     next_hello = now + P.HELLO_PERIOD_S
                 if now >= next_heartbeat:
-                    self._send(dealer, P.encode("heartbeat", sent_s=now))
+                    self._send(dealer, P.encode("heartbeat", sent_s=now, **self._arm_field))
                     next_heartbeat = now + P.HEARTBEAT_PERIOD_S
                 timeout_ms = max(0, int((min(next_heartbeat, next_hello) - time.monotonic()) * 1000)) + 1
                 events = dict(poller.poll(timeout_ms))
@@ -529,14 +535,15 @@ class SimFollower:
     def _forward(self, dealer: zmq.Socket, raw: bytes) -> None:
         cmd = _unpack_cmd(raw)
         kind = cmd[0]
+        arm = self._arm_field
         if kind == "target":
             _, seq, sent_s, pos = cmd
-            self._send(dealer, P.encode("target", seq=seq, sent_s=sent_s, pos=pos))
+            self._send(dealer, P.encode("target", seq=seq, sent_s=sent_s, pos=pos, **arm))
         elif kind == "torque":
-            self._send(dealer, P.encode("torque", enabled=cmd[1]))
+            self._send(dealer, P.encode("torque", enabled=cmd[1], **arm))
         elif kind == "episode":
             _, what, seq, seed = cmd
-            self._send(dealer, P.encode("episode", cmd=what, seq=seq, seed=seed))
+            self._send(dealer, P.encode("episode", cmd=what, seq=seq, seed=seed, **arm))
 
     def _on_message(self, dealer: zmq.Socket, frames: list[bytes]) -> None:
         self._rx_messages += 1
@@ -557,7 +564,7 @@ class SimFollower:
                     "sim at %s: state flowing again after %.0f ms", self.endpoint, (now - self._state_rx_s) * 1000
                 )
                 if self._torque_cmd is not None:  # a restarted sim starts in its default torque mode
-                    self._send(dealer, P.encode("torque", enabled=self._torque_cmd))
+                    self._send(dealer, P.encode("torque", enabled=self._torque_cmd, **self._arm_field))
             self._pos_units = np.asarray(h["pos"], dtype=np.float64)
             if "effort" in h:
                 self._effort_pct = np.asarray(h["effort"], dtype=np.float64)
@@ -589,15 +596,32 @@ class SimFollower:
                 self._events.append(EpisodeEvent(h["event"], h["seq"], str(h.get("detail", "")), now))
                 self._event_cv.notify_all()
         elif msg.type == "hello":
+            self._check_arms(h.get("arms"))
             self._sim_info = dict(h)
             for cam in h.get("cameras", []) or []:
                 if isinstance(cam, dict) and isinstance(cam.get("name"), str):
                     sc = self._sim_camera(cam["name"], float(cam.get("fps", 30.0) or 30.0))
                     sc._announce(int(cam.get("width", 0) or 0), int(cam.get("height", 0) or 0), "hello")
         elif msg.type == "error":
-            log.error("sim at %s reports: %s", self.endpoint, h["error"])
-            if "version" in h["error"]:
+            if h["error"] != self._peer_error:  # a sim refusing every message says so once here
+                log.error("sim at %s reports: %s", self.endpoint, h["error"])
+            if "version" in h["error"] or h.get("reason") == "arm":
                 self._peer_error = h["error"]
+
+    def _check_arms(self, arms: object) -> None:
+        """The arms a sim's hello says it serves, against the arm this follower drives: a one-arm
+        sim for an arm of a pair (or the reverse) is a configuration error, said once, not retried."""
+        served = [a for a in arms if isinstance(a, str)] if isinstance(arms, list) else []
+        if self.arm and self.arm not in served:
+            self._peer_error = (
+                f"the bimanual configuration's arm {self.arm!r} needs a two-arm sim; this one serves "
+                + (f"the arms {', '.join(served)}" if served else "one arm (start it with --arms left,right)")
+            )
+        elif not self.arm and served:
+            self._peer_error = (
+                f"this sim serves the arms {', '.join(served)} of one scene; a single-arm configuration "
+                "cannot drive it (configure [arms.left] / [arms.right], or start the sim without --arms)"
+            )
 
 
 # Commands cross from the caller's thread to the I/O thread as msgpack (no pickle anywhere).

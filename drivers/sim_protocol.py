@@ -56,12 +56,27 @@ Sim -> daemon:
 - ``episode``    {event: "reset_done"|"started"|"stopped"|"success"|"terminated", seq, detail}
   (a sim sends a ``state`` with the reset pose before ``reset_done``: the daemon re-aligns from it)
 - ``heartbeat``  {sent_s}
-- ``error``      {error: str}  e.g. a version mismatch, naming both versions.
+- ``error``      {error: str, reason: str (optional)}  e.g. a version mismatch, naming both
+  versions; ``reason`` "arm": the daemon link addressed an arm this sim does not serve (Arms).
+
+Arms
+----
+A sim may serve the two arms of one scene (a bimanual task is one world: one physics step moves
+both arms and the objects between them) on its one endpoint. Its ``hello`` then carries
+``arms: ["left", "right"]`` (LeRobot's sides, left first) and every daemon -> sim message carries
+``arm: str``, naming the arm it drives: each arm's daemon link is its own DEALER, and the sim
+keeps one peer, one staleness clock and one ack per arm. ``state`` goes to each arm's own link
+and carries its six joints (``arm`` set); ``episode`` events go to every arm's link (the scene is
+shared: both see its reset); ``frame`` goes to the link of the first arm that is connected (the
+daemon takes its cameras from its first arm). A message without ``arm`` at a two-arm sim, or
+with one at a one-arm sim, or naming an arm the sim does not serve, is rejected (reason "arm")
+and answered with ``error`` {error, reason: "arm"} (at most once a second per peer); the daemon
+raises it as a ``HandshakeError`` from ``connect`` / ``read_joints``, which its status shows.
 
 Rejection
 ---------
 ``decode`` raises ``ProtocolError`` with a short ``reason`` ("oversize", "frames", "header",
-"version", "type", "field"); receivers count rejections by reason and carry on (never crash).
+"version", "type", "field"; a sim's arm check adds "arm"); receivers count rejections by reason and carry on (never crash).
 A version mismatch is reported as ``version mismatch: peer speaks vX, we speak vY``.
 
 Staleness
@@ -279,6 +294,8 @@ def _validate(msg_type: str, h: dict[str, Any], payload: bytes | None) -> None:
         _need(h, "error", str, msg_type)
     elif msg_type in ("hello", "heartbeat"):
         pass
+    if "arm" in h:
+        _need(h, "arm", str, msg_type)
 
 
 def decode(frames: list[bytes], allowed: frozenset[str]) -> Message:

@@ -13,6 +13,12 @@ import sys
 
 log = logging.getLogger("so101d.sim")
 
+BI_ARM_SIDES = ("left", "right")  # LeRobot's bimanual sides, left first (daemon.config.settings.ARM_SIDES)
+SINGLE_ARM_CAMERAS = "front,wrist"
+# LeIsaac's bi-arm template's cameras (tasks/template/bi_arm_env_cfg.py), as LeRobot's BiSOFollower
+# names a per-arm camera (<side>_wrist) and a top-level one (top)
+BI_ARM_CAMERAS = "left_wrist,right_wrist,top"
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -28,7 +34,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--rate-hz", type=float, default=30.0, help="state and camera rate (default %(default)s)")
     p.add_argument(
-        "--cameras", default="front,wrist", help="comma-separated cameras, empty for none (default %(default)s)"
+        "--arms",
+        default="",
+        help="the two-arm scene: 'left,right' (LeRobot's sides; a bimanual daemon's [arms] drive them), "
+        "empty for one arm (default)",
+    )
+    p.add_argument(
+        "--cameras",
+        default=None,
+        help="comma-separated cameras, empty for none (default front,wrist; with --arms left_wrist,right_wrist,top)",
     )
     p.add_argument("--camera-size", default="320x240", help="WIDTHxHEIGHT of every camera (default %(default)s)")
     p.add_argument("--jpeg-quality", type=int, default=None, help="send JPEG frames of this quality instead of raw RGB")
@@ -68,7 +82,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     width, height = _parse_size(args.camera_size)
-    cams = tuple(c.strip() for c in args.cameras.split(",") if c.strip())
+    arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
+    if arms and arms != BI_ARM_SIDES:
+        print(f"so101d sim-follower: --arms {args.arms!r}: the two-arm scene's arms are 'left,right'", file=sys.stderr)
+        return 2
+    default_cams = BI_ARM_CAMERAS if arms else SINGLE_ARM_CAMERAS
+    cams = tuple(c.strip() for c in (default_cams if args.cameras is None else args.cameras).split(",") if c.strip())
     cfg = MujocoFollowerConfig(
         bind=args.bind,
         rate_hz=args.rate_hz,
@@ -78,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         jpeg_quality=args.jpeg_quality,
         daemon_staleness_s=args.daemon_staleness_ms / 1000.0,
         seed=args.seed,
+        arms=arms,
     )
     sim = MujocoFollower(cfg)
 
@@ -88,7 +108,13 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     endpoint = sim.open()
-    log.info("MuJoCo follower serving at %s (%s, %.0f Hz)", endpoint, ", ".join(cams) or "no cameras", cfg.rate_hz)
+    log.info(
+        "MuJoCo follower serving at %s (%s%s, %.0f Hz)",
+        endpoint,
+        f"arms {', '.join(arms)}; " if arms else "",
+        ", ".join(cams) or "no cameras",
+        cfg.rate_hz,
+    )
     sim.run()
     log.info("stopped after %d ticks (%d overruns)", sim.ticks, sim.overruns)
     return 0

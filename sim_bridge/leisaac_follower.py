@@ -31,6 +31,14 @@ With ``--seed_hdf5 FILE`` every daemon episode is also written as a Mimic seed d
 (``sim_bridge.seed_recorder``), carrying the seed its episode was reset with: the daemon's reset
 seed, else the env's ``cfg.seed`` (what LeIsaac's recorder writes).
 
+A bi-arm task (``...-BiArm-...``, LeIsaac's ``tasks/template/bi_arm_env_cfg.py``) is driven
+with ``use_teleop_device("bi-so101leader")``: one 12-wide action, the left arm's six joints then
+the right's (``utils/constant.py`` ``BI_ARM_JOINT_NAMES``), each arm's joints read from its policy
+term ``left_joint_pos`` / ``right_joint_pos`` and mapped as the single arm's; the endpoint serves
+the arms ``left`` and ``right``, one daemon link each (``drivers.sim_protocol``, "Arms"), and the
+cameras ``left_wrist``, ``right_wrist``, ``top``. Each arm holds, re-aligns and acknowledges on its
+own; the scene, its resets and its success are shared.
+
 Everything except ``main()`` is plain Python over a gym-style env (``reset(seed=)`` and
 ``step(action)`` returning ``obs, reward, terminated, truncated, info``), tested with fakes built
 from Isaac Lab's and LeIsaac's step/reset source (``tests/fixtures/leisaac_env.py``); Isaac
@@ -81,6 +89,41 @@ class LeisaacBridgeConfig:
     seed_demo_silence_s: float = 3.0
     # After the daemon's episode stop, acknowledge it once the demo is on disk, or after this long.
     seed_stop_wait_s: float = 10.0
+    # (): a single-arm task; BI_ARM_SIDES: a bi-arm task (tasks/template/bi_arm_env_cfg.py), each
+    # arm driven by its own daemon link (drivers.sim_protocol, "Arms"), one 12-wide action
+    arms: tuple[str, ...] = ()
+
+
+# LeIsaac's bi-arm tasks (tasks/template/bi_arm_env_cfg.py): articulations left_arm / right_arm, the
+# policy terms <side>_joint_pos, actions 12 wide in utils/constant.py BI_ARM_JOINT_NAMES order
+# (left first; devices/action_process.py, bi-so101leader), cameras left_wrist, right_wrist, top.
+BI_ARM_SIDES = ("left", "right")
+BI_ARM_CAMERAS = ("left_wrist", "right_wrist", "top")
+
+
+def is_bi_arm_task(task: str) -> bool:
+    """LeIsaac's own test (scripts/environments/teleoperation/replay.py ``get_task_type``): a task
+    named ``...BiArm...`` is driven by ``bi-so101leader``."""
+    return "BiArm" in task
+
+
+@dataclass
+class ArmDrive:
+    """What one arm's daemon link asked of the bridge, and the target the arm is given."""
+
+    name: str  # "" for a single-arm task
+    target_rad: np.ndarray | None = None  # the target stepped, LeIsaac joint radians
+    daemon_target_rad: np.ndarray | None = None  # the daemon's last target, sim radians
+    torque: bool = True
+    ack_seq: int = -1
+    ack_sent_s: float = 0.0
+    daemon_was_stale: bool = True
+    realigning: bool = False
+
+    @property
+    def obs_key(self) -> str:
+        """Its joint positions' policy term: ``joint_pos``, or ``left_joint_pos`` / ``right_joint_pos``."""
+        return f"{self.name}_joint_pos" if self.name else "joint_pos"
 
 
 def image_to_uint8(img: Any) -> np.ndarray:
@@ -224,20 +267,16 @@ class LeisaacBridge:
         self.step_context = step_context
         self.pre_step = pre_step
         self.obs: Any = None
-        self.target_rad: np.ndarray | None = None
-        self.torque = True
-        self.ack_seq = -1
-        self.ack_sent_s = 0.0
+        if tuple(endpoint.arms) != tuple(self.cfg.arms):
+            raise ValueError(f"the endpoint serves arms {endpoint.arms!r}, the task {self.cfg.arms!r}")
+        self.drives = {name: ArmDrive(name) for name in (self.cfg.arms or ("",))}
         self.episode_seq = 0
         self.steps = 0
         self._frame_seq = 0
         self._next_frame_s = 0.0
         self._success_sent = False
         self._ended_sent = False
-        self._daemon_was_stale = True
         self._stop = threading.Event()
-        self.daemon_target_rad: np.ndarray | None = None  # the daemon's last target, sim radians
-        self.realigning = False
         self.auto_resets = 0
         self.seed_recorder = seed_recorder  # sim_bridge.seed_recorder.SeedDemoRecorder (--seed_hdf5)
         self._last_seed: int | None = None
@@ -250,12 +289,26 @@ class LeisaacBridge:
         obs = self.obs
         return obs["policy"] if isinstance(obs, dict) and "policy" in obs else obs
 
-    def joint_rad(self) -> np.ndarray:
-        q = to_numpy(self._policy_obs()["joint_pos"]).astype(np.float64)
+    def drive(self, arm: str = "") -> ArmDrive:
+        """The arm ``arm`` ("": the first, the one of a single-arm task)."""
+        return self.drives[arm] if arm else next(iter(self.drives.values()))
+
+    @property
+    def realigning(self) -> bool:
+        """Any arm still re-aligning to its daemon target after a scene reset."""
+        return any(d.realigning for d in self.drives.values())
+
+    @property
+    def _daemon_was_stale(self) -> bool:
+        """Every arm's daemon link silent."""
+        return all(d.daemon_was_stale for d in self.drives.values())
+
+    def joint_rad(self, arm: str = "") -> np.ndarray:
+        q = to_numpy(self._policy_obs()[self.drive(arm).obs_key]).astype(np.float64)
         return q[0] if q.ndim == 2 else q
 
-    def joint_units(self) -> np.ndarray:
-        return sim_rad_to_units(self.joint_rad())
+    def joint_units(self, arm: str = "") -> np.ndarray:
+        return sim_rad_to_units(self.joint_rad(arm))
 
     # -- episode ---------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> None:
@@ -272,21 +325,25 @@ class LeisaacBridge:
         self._success_sent = self._ended_sent = False
 
     def _after_reset(self) -> None:
-        """Hold the reset pose, then re-align slowly to the daemon's target (never a jump)."""
-        self.target_rad = self.joint_rad().copy()
-        self.realigning = True
+        """Every arm holds the reset pose, then re-aligns slowly to its daemon target (never a jump)."""
+        for d in self.drives.values():
+            d.target_rad = self.joint_rad(d.name).copy()
+            d.realigning = True
 
     def _apply(self, inbox: ServerInbox) -> None:
+        """What one arm's daemon link sent: its torque and target are that arm's; an episode
+        command acts on the one scene (its events reach every arm's link)."""
+        d = self.drives[inbox.arm]
         if inbox.torque is not None:
-            self.torque = inbox.torque
-            if not self.torque:
+            d.torque = inbox.torque
+            if not d.torque:
                 log.info("torque off: LeIsaac's action interface cannot go limp; holding the measured pose")
-        if inbox.target_units is not None and inbox.target_seq != self.ack_seq:
-            if self.torque:
-                self.daemon_target_rad = units_to_sim_rad(inbox.target_units)
-                if not self.realigning:
-                    self.target_rad = self.daemon_target_rad
-            self.ack_seq, self.ack_sent_s = inbox.target_seq, inbox.target_sent_s
+        if inbox.target_units is not None and inbox.target_seq != d.ack_seq:
+            if d.torque:
+                d.daemon_target_rad = units_to_sim_rad(inbox.target_units)
+                if not d.realigning:
+                    d.target_rad = d.daemon_target_rad
+            d.ack_seq, d.ack_sent_s = inbox.target_seq, inbox.target_sent_s
         for cmd in inbox.episode_cmds:
             self.episode_seq = cmd["seq"]
             if cmd["cmd"] == "reset":
@@ -349,33 +406,31 @@ class LeisaacBridge:
         self.ep.send_event("stopped", detail, seq=seq)
 
     def _send_state(self) -> None:
-        self.ep.send_state(
-            self.joint_units(),
-            sim_time_s=self.steps / self.cfg.step_hz,
-            torque=self.torque,
-            ack_seq=self.ack_seq,
-            ack_sent_s=self.ack_sent_s,
-            seed_error=self.seed_recorder.error if self.seed_recorder is not None else None,
-        )
+        """Each arm's state to its daemon link."""
+        for d in self.drives.values():
+            self.ep.send_state(
+                self.joint_units(d.name),
+                sim_time_s=self.steps / self.cfg.step_hz,
+                torque=d.torque,
+                ack_seq=d.ack_seq,
+                ack_sent_s=d.ack_sent_s,
+                seed_error=self.seed_recorder.error if self.seed_recorder is not None else None,
+                arm=d.name,
+            )
 
     # -- one step --------------------------------------------------------------------------------
     def tick(self, poll_timeout_s: float = 0.0) -> None:
         """Apply what arrived (waiting up to ``poll_timeout_s`` for a first message), then step."""
-        self._apply(self.ep.poll(poll_timeout_s))
+        for inbox in self.ep.poll_arms(poll_timeout_s).values():
+            self._apply(inbox)
         self.step()
 
     def step(self) -> None:
         """One env step with the current target; state, events and frames to the daemon."""
         now = time.monotonic()
-        stale = self.ep.daemon_stale(now)
-        if (stale and not self._daemon_was_stale) or not self.torque or self.target_rad is None:
-            self.target_rad = self.joint_rad().copy()  # hold where it is
-            if stale and not self._daemon_was_stale:
-                log.warning("daemon silent: holding the current pose")
-            self.daemon_target_rad = None  # a stale target must not be re-aligned to later
-        self._daemon_was_stale = stale
-        if self.realigning and self.torque and not stale:
-            self._realign_step()
+        for d in self.drives.values():
+            self._hold_or_realign(d, self.ep.daemon_stale(now, d.name))
+        stale = self.ep.daemon_stale(now)  # every arm's link silent
         if self.pre_step is not None:
             self.pre_step()
         recording = self.seed_recorder is not None and self.seed_recorder.recording
@@ -388,7 +443,8 @@ class LeisaacBridge:
             self.seed_recorder.end(success=False)
             recording = False
         obs_before = self._policy_obs() if recording else None  # PreStepFlatPolicyObservationsRecorder
-        action = self.to_action(self.target_rad)
+        # one action for the scene: a bi-arm task's is the left arm's six joints, then the right's
+        action = self.to_action(np.concatenate([d.target_rad for d in self.drives.values()]))
         with self.step_context():
             self.obs, _rew, terminated, truncated, _info = self.env.step(action)
         self.steps += 1
@@ -429,18 +485,30 @@ class LeisaacBridge:
                     self.ep.send_frame(name, self._frame_seq, now, image_to_uint8(pobs[name]), self.cfg.jpeg_quality)
             self._frame_seq += 1
 
-    def _realign_step(self) -> None:
-        """Move the sim target toward the daemon's target by at most one step's worth of
+    def _hold_or_realign(self, d: ArmDrive, stale: bool) -> None:
+        """One arm before a step: its link just went silent, torque off or no target yet: hold
+        where it is; re-aligning after a reset: one step toward its daemon target."""
+        if (stale and not d.daemon_was_stale) or not d.torque or d.target_rad is None:
+            d.target_rad = self.joint_rad(d.name).copy()  # hold where it is
+            if stale and not d.daemon_was_stale:
+                log.warning("daemon%s silent: holding the current pose", f" link of arm {d.name!r}" if d.name else "")
+            d.daemon_target_rad = None  # a stale target must not be re-aligned to later
+        d.daemon_was_stale = stale
+        if d.realigning and d.torque and not stale:
+            self._realign_step(d)
+
+    def _realign_step(self, d: ArmDrive) -> None:
+        """Move the arm's sim target toward its daemon target by at most one step's worth of
         ``realign_speed_deg_s``; done (1:1 again) once every joint is within tolerance."""
-        goal = self.daemon_target_rad
-        if goal is None or self.target_rad is None:
+        goal = d.daemon_target_rad
+        if goal is None or d.target_rad is None:
             return  # no daemon target yet: keep holding
         lim = np.deg2rad(self.cfg.realign_speed_deg_s) / self.cfg.step_hz
-        delta = goal - self.target_rad
-        self.target_rad = self.target_rad + np.clip(delta, -lim, lim)
-        if np.all(np.abs(goal - self.target_rad) <= np.deg2rad(self.cfg.realign_tolerance_deg)):
-            self.target_rad = goal.copy()
-            self.realigning = False
+        delta = goal - d.target_rad
+        d.target_rad = d.target_rad + np.clip(delta, -lim, lim)
+        if np.all(np.abs(goal - d.target_rad) <= np.deg2rad(self.cfg.realign_tolerance_deg)):
+            d.target_rad = goal.copy()
+            d.realigning = False
 
     def stop(self) -> None:
         self._stop.set()
@@ -480,7 +548,11 @@ class LeisaacBridge:
 # ---------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Serve a LeIsaac SO-101 task to the so101d daemon (sim follower).")
-    p.add_argument("--task", default=DEFAULT_TASK, help="any single-arm SO-101 LeIsaac task (default %(default)s)")
+    p.add_argument(
+        "--task",
+        default=DEFAULT_TASK,
+        help="any SO-101 LeIsaac task, single-arm or bi-arm (...-BiArm-...: both arms, one daemon link each) (default %(default)s)",
+    )
     p.add_argument(
         "--bind",
         default="tcp://127.0.0.1:5555",
@@ -580,7 +652,10 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
     from isaaclab_tasks.utils import parse_env_cfg
 
     env_cfg = parse_env_cfg(args.task, device=args.device, num_envs=1)
-    env_cfg.use_teleop_device("so101leader")  # absolute joint positions, pan..gripper
+    # absolute joint positions, pan..gripper (a bi-arm task: the left arm's six, then the right's)
+    arms = BI_ARM_SIDES if is_bi_arm_task(args.task) else ()
+    device = "bi-so101leader" if arms else "so101leader"
+    env_cfg.use_teleop_device(device)
     env_cfg.seed = args.seed if args.seed is not None else int(time.time())
     env_cfg.recorders = None
     success_term = prepare_env_cfg(env_cfg)
@@ -598,13 +673,14 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
     if getattr(env.cfg, "dynamic_reset_gripper_effort_limit", False):
         from leisaac.utils.env_utils import dynamic_reset_gripper_effort_limit_sim
 
-        pre_step = lambda: dynamic_reset_gripper_effort_limit_sim(env, "so101leader")  # noqa: E731
+        pre_step = lambda: dynamic_reset_gripper_effort_limit_sim(env, device)  # noqa: E731
 
     ep = SimServerEndpoint(
         args.bind,
         backend=f"leisaac:{args.task}",
         rate_hz=step_hz,
         daemon_staleness_s=args.daemon_staleness_ms / 1000.0,
+        arms=arms,
     )
     seed_recorder = None
     if args.seed_hdf5:
@@ -620,6 +696,8 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Isaa
             jpeg_quality=args.jpeg_quality,
             daemon_staleness_s=args.daemon_staleness_ms / 1000.0,
             realign_speed_deg_s=args.realign_speed_deg_s,
+            arms=arms,
+            cameras=BI_ARM_CAMERAS if arms else LeisaacBridgeConfig.cameras,
         ),
         to_action=lambda rad: torch.tensor(rad, dtype=torch.float32, device=env.device).unsqueeze(0),
         success_fn=success_fn_for(env, success_term),

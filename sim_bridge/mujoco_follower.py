@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # types only: the module itself is imported above, after the 
 
 from calibration.conventions import JOINT_NAMES, sim_rad_to_units, units_to_sim_rad  # noqa: E402
 from sim_bridge import mujoco_scene as scene  # noqa: E402
-from sim_bridge.server import SimServerEndpoint, StepClock  # noqa: E402
+from sim_bridge.server import ServerInbox, SimServerEndpoint, StepClock  # noqa: E402
 
 log = logging.getLogger("so101d.sim.mujoco")
 
@@ -56,6 +56,48 @@ class MujocoFollowerConfig:
     lift_success_m: float = 0.05  # cube bottom this high above the table = success
     seed: int | None = None
     max_catch_up_s: float = 0.25  # if the host stalls longer, skip sim time instead of racing
+    # (): one arm; ("left", "right"): the two-arm scene, each arm addressed by its name on the one
+    # endpoint (drivers.sim_protocol, "Arms"); cameras then "left_wrist", "right_wrist", "top"
+    arms: tuple[str, ...] = ()
+
+
+@dataclass
+class SimArm:
+    """One arm of the scene: its joints' and actuators' indices in the model (by name, prefixed
+    ``<arm>_`` in the two-arm scene) and what the daemon driving it last asked."""
+
+    name: str  # "" for the single arm
+    qadr: np.ndarray  # qpos addresses of the six joints, JOINT_NAMES order
+    vadr: np.ndarray  # qvel addresses
+    act: np.ndarray  # actuator ids, the same order
+    kp: np.ndarray  # the position actuators' gains (restored at torque on)
+    bias: np.ndarray
+    ctrl_lo: np.ndarray
+    ctrl_hi: np.ndarray
+    force_max: np.ndarray
+    pads: tuple[int, int]  # fixed and moving jaw pad geoms
+    torque: bool = True
+    ack_seq: int = -1
+    ack_sent_s: float = 0.0
+    daemon_was_stale: bool = True
+
+    @classmethod
+    def of(cls, model: MjModel, name: str) -> SimArm:
+        pre = scene.arm_prefix(name)
+        act = np.array([model.actuator(pre + n).id for n in JOINT_NAMES])
+        joints = [model.joint(pre + n).id for n in JOINT_NAMES]
+        return cls(
+            name=name,
+            qadr=np.array([model.jnt_qposadr[j] for j in joints]),
+            vadr=np.array([model.jnt_dofadr[j] for j in joints]),
+            act=act,
+            kp=model.actuator_gainprm[act, 0].copy(),
+            bias=model.actuator_biasprm[act, :3].copy(),
+            ctrl_lo=model.actuator_ctrlrange[act, 0].copy(),
+            ctrl_hi=model.actuator_ctrlrange[act, 1].copy(),
+            force_max=np.abs(model.actuator_forcerange[act]).max(axis=1),
+            pads=(model.geom(pre + "fixed_jaw_pad").id, model.geom(pre + "moving_jaw_pad").id),
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,27 +194,16 @@ class MujocoFollower:
         if self.cfg.rate_hz <= 0:
             raise ValueError(f"rate_hz must be positive, got {self.cfg.rate_hz}")
         cams = tuple(scene.CameraSpec(n, self.cfg.camera_width, self.cfg.camera_height) for n in self.cfg.cameras)
-        self.model = scene.build_model(cams)
+        self.model = scene.build_model(cams, arms=self.cfg.arms)
         self.data = mujoco.MjData(self.model)
         self._rng = np.random.default_rng(self.cfg.seed)
-        self._act_kp = self.model.actuator_gainprm[:NJ, 0].copy()
-        self._act_bias = self.model.actuator_biasprm[:NJ, :3].copy()
-        self._ctrl_lo = self.model.actuator_ctrlrange[:NJ, 0].copy()
-        self._ctrl_hi = self.model.actuator_ctrlrange[:NJ, 1].copy()
-        self._force_max = np.abs(self.model.actuator_forcerange[:NJ]).max(axis=1)
-        self._arm_qadr = np.array([self.model.jnt_qposadr[self.model.joint(n).id] for n in JOINT_NAMES])
-        self._arm_vadr = np.array([self.model.jnt_dofadr[self.model.joint(n).id] for n in JOINT_NAMES])
+        self.arms = {name: SimArm.of(self.model, name) for name in (self.cfg.arms or ("",))}
         self._cube_body = self.model.body("cube").id
         self._cube_qadr = self.model.jnt_qposadr[self.model.joint("cube_free").id]
-        self._pads = (self.model.geom("fixed_jaw_pad").id, self.model.geom("moving_jaw_pad").id)
-        self.torque = True
-        self.ack_seq = -1
-        self.ack_sent_s = 0.0
         self.episode_seq = 0
         self.episode_active = False
         self._success_sent = False
         self._terminated_sent = False
-        self._daemon_was_stale = True
         self._renderer: MultiCameraRenderer | None = None
         self._frame_seq = 0
         self._stop = threading.Event()
@@ -186,14 +217,29 @@ class MujocoFollower:
         self.reset_scene()
 
     # -- simulation pieces --------------------------------------------------------------------
+    def arm(self, name: str = "") -> SimArm:
+        """The arm ``name`` ("" or omitted: the first; KeyError naming the scene's arms)."""
+        if not name:
+            return next(iter(self.arms.values()))
+        try:
+            return self.arms[name]
+        except KeyError:
+            raise KeyError(f"no arm {name!r} in this scene (arms: {', '.join(self.arms) or 'one, unnamed'})") from None
+
+    @property
+    def _daemon_was_stale(self) -> bool:
+        """No arm's daemon link is live (nobody is listening: frames are not rendered)."""
+        return all(a.daemon_was_stale for a in self.arms.values())
+
     def reset_scene(self, seed: int | None = None) -> None:
-        """Arm at LeIsaac's rest pose, holding it; cube at a random spot near its home."""
+        """Every arm at LeIsaac's rest pose, holding it; cube at a random spot near its home."""
         if seed is not None:
             self._rng = np.random.default_rng(seed)
         mujoco.mj_resetData(self.model, self.data)
         rest = (np.deg2rad(scene.REST_POSE_DEG) - scene.MJ_JOINT_OFFSET_RAD) * scene.MJ_JOINT_SIGN
-        self.data.qpos[self._arm_qadr] = rest
-        self.data.ctrl[:NJ] = rest
+        for a in self.arms.values():
+            self.data.qpos[a.qadr] = rest
+            self.data.ctrl[a.act] = rest
         dx, dy = self._rng.uniform(-scene.CUBE_RANDOM_XY_M, scene.CUBE_RANDOM_XY_M, size=2)
         q = self._cube_qadr
         self.data.qpos[q : q + 3] = [scene.CUBE_HOME_XY_M[0] + dx, scene.CUBE_HOME_XY_M[1] + dy, scene.CUBE_HALF_M]
@@ -202,40 +248,45 @@ class MujocoFollower:
         self._success_sent = False
         self._terminated_sent = False
 
-    def set_target_units(self, units: np.ndarray) -> None:
+    def set_target_units(self, units: np.ndarray, arm: str = "") -> None:
+        a = self.arm(arm)
         rad = units_to_mj_rad(np.asarray(units, dtype=np.float64))
-        self.data.ctrl[:NJ] = np.clip(rad, self._ctrl_lo, self._ctrl_hi)
+        self.data.ctrl[a.act] = np.clip(rad, a.ctrl_lo, a.ctrl_hi)
 
-    def set_torque(self, enabled: bool) -> None:
+    def set_torque(self, enabled: bool, arm: str = "") -> None:
         """Torque off = limp: zero the position actuators' gains (the joints keep their damping)."""
-        if enabled == self.torque:
+        a = self.arm(arm)
+        if enabled == a.torque:
             return
         if enabled:
-            self.data.ctrl[:NJ] = self.data.qpos[self._arm_qadr]  # like a servo: hold where it is
-            self.model.actuator_gainprm[:NJ, 0] = self._act_kp
-            self.model.actuator_biasprm[:NJ, :3] = self._act_bias
+            self.data.ctrl[a.act] = self.data.qpos[a.qadr]  # like a servo: hold where it is
+            self.model.actuator_gainprm[a.act, 0] = a.kp
+            self.model.actuator_biasprm[a.act, :3] = a.bias
         else:
-            self.model.actuator_gainprm[:NJ, 0] = 0.0
-            self.model.actuator_biasprm[:NJ, :3] = 0.0
-        self.torque = enabled
+            self.model.actuator_gainprm[a.act, 0] = 0.0
+            self.model.actuator_biasprm[a.act, :3] = 0.0
+        a.torque = enabled
 
-    def hold(self) -> None:
-        self.data.ctrl[:NJ] = np.clip(self.data.qpos[self._arm_qadr], self._ctrl_lo, self._ctrl_hi)
+    def hold(self, arm: str = "") -> None:
+        a = self.arm(arm)
+        self.data.ctrl[a.act] = np.clip(self.data.qpos[a.qadr], a.ctrl_lo, a.ctrl_hi)
 
-    def joint_units(self) -> np.ndarray:
-        return mj_rad_to_units(self.data.qpos[self._arm_qadr])
+    def joint_units(self, arm: str = "") -> np.ndarray:
+        return mj_rad_to_units(self.data.qpos[self.arm(arm).qadr])
 
-    def joint_velocity_units(self) -> np.ndarray:
-        q = self.data.qpos[self._arm_qadr]
-        v = self.data.qvel[self._arm_vadr]
+    def joint_velocity_units(self, arm: str = "") -> np.ndarray:
+        a = self.arm(arm)
+        q = self.data.qpos[a.qadr]
+        v = self.data.qvel[a.vadr]
         return mj_rad_to_units(q + v) - mj_rad_to_units(q)  # the map is affine: this is the exact rate
 
-    def effort_pct(self) -> np.ndarray:
-        return self.data.actuator_force[:NJ] / self._force_max * 100.0
+    def effort_pct(self, arm: str = "") -> np.ndarray:
+        a = self.arm(arm)
+        return self.data.actuator_force[a.act] / a.force_max * 100.0
 
-    def jaw_gap_m(self) -> float:
+    def jaw_gap_m(self, arm: str = "") -> float:
         """Distance between the fixed and moving jaw pads' centres (shrinks as the gripper closes)."""
-        a, b = self._pads
+        a, b = self.arm(arm).pads
         return float(np.linalg.norm(self.data.geom_xpos[a] - self.data.geom_xpos[b]))
 
     def cube_height_m(self) -> float:
@@ -279,6 +330,7 @@ class MujocoFollower:
             cameras=cams,
             rate_hz=self.cfg.rate_hz,
             daemon_staleness_s=self.cfg.daemon_staleness_s,
+            arms=self.cfg.arms,
         )
         self.endpoint.open()
         return self.endpoint.endpoint
@@ -353,7 +405,7 @@ class MujocoFollower:
                 self._check_task(ep)
                 frames = self.render() if not self._daemon_was_stale else {}  # nobody listening: save the CPU
                 capture_s = time.monotonic()
-                self._send_state(ep)
+                self._send_states(ep)
                 for name, pixels in frames.items():
                     ep.send_frame(name, self._frame_seq, capture_s, pixels, self.cfg.jpeg_quality)
                 self._frame_seq += 1
@@ -367,25 +419,32 @@ class MujocoFollower:
             ep.close()
             self.endpoint = None
 
-    def _send_state(self, ep: SimServerEndpoint) -> None:
-        ep.send_state(
-            self.joint_units(),
-            sim_time_s=self.data.time,
-            torque=self.torque,
-            ack_seq=self.ack_seq,
-            ack_sent_s=self.ack_sent_s,
-            vel_units=self.joint_velocity_units(),
-            effort=self.effort_pct(),
-        )
+    def _send_states(self, ep: SimServerEndpoint) -> None:
+        """Each arm's state to the daemon link driving it (one arm: the one daemon)."""
+        for a in self.arms.values():
+            ep.send_state(
+                self.joint_units(a.name),
+                sim_time_s=self.data.time,
+                torque=a.torque,
+                ack_seq=a.ack_seq,
+                ack_sent_s=a.ack_sent_s,
+                vel_units=self.joint_velocity_units(a.name),
+                effort=self.effort_pct(a.name),
+                arm=a.name,
+            )
 
-    def _apply(self, inbox) -> None:
+    def _apply(self, inbox: ServerInbox) -> None:
+        """What one arm's daemon link sent. Its targets and torque move that arm only; an episode
+        command (whichever arm's link sends it) acts on the one scene, and its events reach every
+        arm's link (``SimServerEndpoint.send_event``), so each link sees the scene reset."""
+        a = self.arm(inbox.arm)
         if inbox.torque is not None:
-            self.set_torque(inbox.torque)
-        if inbox.target_units is not None and inbox.target_seq != self.ack_seq:
-            if self.torque:
-                self.set_target_units(inbox.target_units)
-            self.ack_seq = inbox.target_seq
-            self.ack_sent_s = inbox.target_sent_s
+            self.set_torque(inbox.torque, a.name)
+        if inbox.target_units is not None and inbox.target_seq != a.ack_seq:
+            if a.torque:
+                self.set_target_units(inbox.target_units, a.name)
+            a.ack_seq = inbox.target_seq
+            a.ack_sent_s = inbox.target_sent_s
         ep = self.endpoint
         for cmd in inbox.episode_cmds:
             self.episode_seq = cmd["seq"]
@@ -393,7 +452,7 @@ class MujocoFollower:
                 self.reset_scene(cmd.get("seed"))
                 self.episode_active = False
                 if ep is not None:
-                    self._send_state(ep)  # the reset pose reaches the daemon before reset_done does
+                    self._send_states(ep)  # the reset pose reaches the daemon before reset_done does
                     ep.send_event("reset_done", seq=self.episode_seq)
             elif cmd["cmd"] == "start":
                 self.episode_active = True
@@ -406,15 +465,18 @@ class MujocoFollower:
                     ep.send_event("stopped", seq=self.episode_seq)
 
     def _check_daemon(self, ep: SimServerEndpoint, now: float) -> None:
-        stale = ep.daemon_stale(now)
-        if stale and not self._daemon_was_stale:
-            log.warning(
-                "daemon silent for more than %.0f ms: holding the current pose", self.cfg.daemon_staleness_s * 1000
-            )
-            self.hold()
-        elif not stale and self._daemon_was_stale:
-            log.info("daemon connected")
-        self._daemon_was_stale = stale
+        """An arm whose daemon link went silent holds its measured pose (the other keeps its targets)."""
+        for a in self.arms.values():
+            stale = ep.daemon_stale(now, a.name)
+            who = f"daemon link of arm {a.name!r}" if a.name else "daemon"
+            if stale and not a.daemon_was_stale:
+                log.warning(
+                    "%s silent for more than %.0f ms: holding the current pose", who, self.cfg.daemon_staleness_s * 1000
+                )
+                self.hold(a.name)
+            elif not stale and a.daemon_was_stale:
+                log.info("%s connected", who)
+            a.daemon_was_stale = stale
 
     def _check_task(self, ep: SimServerEndpoint) -> None:
         if not self._success_sent and self.cube_lifted():

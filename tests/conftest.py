@@ -129,6 +129,7 @@ FILE_KINDS: dict[str, str] = {
     "test_service_install.py": "integration",
     "test_service_unit.py": "integration",
     "test_sim_daemon.py": "integration",
+    "test_sim_bimanual.py": "integration",
     "test_sim_leisaac.py": "integration",
     "test_sim_mujoco.py": "integration",
     "test_sim_recording.py": "integration",

@@ -195,7 +195,8 @@ def _with(side: str, key: str, value: str) -> dict:
         ({**_bimanual(), "arms": {**_bimanual()["arms"], "middle": {}}}, "arms.middle", "unknown pair"),
         ({"arms": {"left": {"leader_prot": "/dev/x"}}}, "arms.left.leader_prot", "unknown key"),
         ({**_bimanual(), "leader": {"port": "/dev/ttyACM0"}}, "leader.port", "names its ports in [arms.left]"),
-        ({**_bimanual(), "follower": {"kind": "sim"}}, "follower.kind", "bimanual"),
+        # the simulator's two arms drive the pairs: a serial follower port there is a real follower
+        ({**_bimanual(), "follower": {"kind": "sim"}}, "arms.left.follower_port", "with follower.kind = 'sim'"),
         (_with("right", "follower_id", "bi_follower_left"), "arms.right.follower_id", "own calibration file"),
         (_with("left", "leader_id", "a/b"), "arms.left.leader_id", "without '/'"),
     ],

@@ -194,9 +194,9 @@ def test_sim_holds_when_the_daemon_goes_quiet():
         f.close()  # the daemon vanishes mid-motion
         assert poll_until(lambda: s.sim._daemon_was_stale, 5)
         target_rad = units_to_mj_rad(far)
-        assert not np.allclose(s.sim.data.ctrl[:6], np.clip(target_rad, s.sim._ctrl_lo, s.sim._ctrl_hi), atol=0.05), (
-            "with the daemon gone the sim holds instead of finishing the last move"
-        )
+        assert not np.allclose(
+            s.sim.data.ctrl[:6], np.clip(target_rad, s.sim.arm().ctrl_lo, s.sim.arm().ctrl_hi), atol=0.05
+        ), "with the daemon gone the sim holds instead of finishing the last move"
     finally:
         f.close()
         s.close()

@@ -99,7 +99,7 @@ class ArmPairConfig:
     in the single-arm calibration folders, so a LeRobot bimanual calibration is used as it is."""
 
     leader_port: str = ""  # serial port of this side's leader (required)
-    follower_port: str = ""  # serial port of this side's follower (required)
+    follower_port: str = ""  # serial port of this side's follower (required; none with follower.kind = "sim")
     leader_id: str = ""  # calibration id; empty: "<[leader] id>_<side>" (LeRobot's BiSOLeader ids)
     follower_id: str = ""  # calibration id; empty: "<[follower] id>_<side>" (LeRobot's BiSOFollower ids)
 
@@ -574,7 +574,9 @@ def _validate_pedal(pedal: PedalConfig) -> None:
 
 def _validate_arms(cfg: Config) -> None:
     """A bimanual configuration: both pairs, each with both ports, four different serial ports,
-    an own calibration id per arm; refusals name the key."""
+    an own calibration id per arm; refusals name the key. With ``follower.kind = "sim"`` the
+    followers are the two arms of one simulated scene at ``follower.endpoint`` (addressed by side,
+    ``drivers.sim_protocol``): the pairs name their leader ports only."""
     unknown = sorted(set(cfg.arms) - set(ARM_SIDES))
     if unknown:
         raise ConfigError(f"arms.{unknown[0]}: unknown pair; a bimanual configuration has [arms.left] and [arms.right]")
@@ -585,11 +587,6 @@ def _validate_arms(cfg: Config) -> None:
                 f"arms.{side}: missing: a bimanual configuration names both pairs ([arms.{other}] is given, "
                 f"[arms.{side}] is not)"
             )
-    if cfg.follower.kind != "feetech":
-        raise ConfigError(
-            f"follower.kind: {cfg.follower.kind!r} with [arms.left] / [arms.right]: a bimanual configuration "
-            'drives four serial buses ("feetech"); a simulated bimanual follower is not built yet'
-        )
     for section in ("leader", "follower"):
         if "port" in (keys_given(getattr(cfg, section)) or ()):
             raise ConfigError(
@@ -598,14 +595,23 @@ def _validate_arms(cfg: Config) -> None:
             )
     ports: list[tuple[str, str]] = []
     ids: dict[str, list[tuple[str, str]]] = {"leader": [], "follower": []}
+    sim = cfg.follower.kind == "sim"
     for side in ARM_SIDES:
         pair = cfg.arms[side]
+        if sim and pair.follower_port:
+            raise ConfigError(
+                f"arms.{side}.follower_port: {pair.follower_port!r} with follower.kind = 'sim': a serial follower "
+                f"on one side and the simulator on the other is not one task; with 'sim' both followers are the "
+                f"two arms of the simulator at follower.endpoint (so101d sim-follower --arms left,right): remove "
+                f"follower_port from [arms.left] and [arms.right]"
+            )
         for role in ("leader", "follower"):
             key = f"arms.{side}.{role}_port"
             port = getattr(pair, f"{role}_port")
-            if not port:
+            if not port and not (sim and role == "follower"):
                 raise ConfigError(f"{key}: missing: each pair names its leader_port and follower_port")
-            ports.append((key, port))
+            if port:
+                ports.append((key, port))
             if not getattr(pair, f"{role}_id"):
                 # LeRobot's bimanual naming: f"{config.id}_left" (bi_so_leader.py, bi_so_follower.py)
                 setattr(pair, f"{role}_id", f"{getattr(cfg, role).id}_{side}")

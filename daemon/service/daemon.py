@@ -108,7 +108,8 @@ def follower_bus_config(cfg: Config) -> FollowerBusConfig:
 
 def make_follower(cfg: Config, side: str = "") -> FollowerArm:
     """The follower arm for ``follower.kind`` (on ``arms.<side>.follower_port`` of a bimanual
-    configuration), not yet connected."""
+    configuration; with kind "sim", the arm ``side`` of the two-arm sim at ``follower.endpoint``),
+    not yet connected."""
     kind = cfg.follower.kind
     if kind == "feetech":
         from drivers.feetech_arm import FeetechFollower
@@ -121,7 +122,10 @@ def make_follower(cfg: Config, side: str = "") -> FollowerArm:
 
         # the mapping is named in every sim episode's tag notes (daemon/data/sim_episodes.py)
         return SimFollower(
-            cfg.follower.endpoint, staleness_s=cfg.follower.stale_timeout_s, sim_mapping=cfg.follower.sim_mapping
+            cfg.follower.endpoint,
+            staleness_s=cfg.follower.stale_timeout_s,
+            sim_mapping=cfg.follower.sim_mapping,
+            arm=side,
         )
     raise StartupError(f"follower.kind: {kind!r} is not available in this build")
 
@@ -143,7 +147,8 @@ def build_loop(
     leader). ``leader`` / ``follower``: the (primary) pair's arms instead of the configured ones."""
     first = ARM_SIDES[0] if cfg.bimanual else ""
     the_leader = leader if leader is not None else make_leader(cfg, first)
-    if cfg.follower.kind == "sim" and cfg.follower.sim_mapping != "degrees" and the_leader is not None:
+    mapped = cfg.follower.kind == "sim" and cfg.follower.sim_mapping != "degrees"
+    if mapped and the_leader is not None:
         the_leader = mapped_leader(the_leader, cfg)
     the_follower = follower if follower is not None else make_follower(cfg, first)
     if not first:
@@ -152,7 +157,8 @@ def build_loop(
         the_leader, the_follower, cfg, free_run=free_run, primary_name=first, leader_name=f"{first}_leader"
     )
     for side in ARM_SIDES[1:]:
-        loop.add_leader(f"{side}_leader", make_leader(cfg, side))
+        side_leader = make_leader(cfg, side)
+        loop.add_leader(f"{side}_leader", mapped_leader(side_leader, cfg) if mapped else side_leader)
         loop.add_arm(side, make_follower(cfg, side), source=f"{side}_leader")
     return loop
 

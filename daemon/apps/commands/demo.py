@@ -16,6 +16,11 @@ the leaders running the handover), the daemon on [arms.left] / [arms.right]; the
 record both arms (LeRobot's bi_so_follower layout) with a top-level camera and one camera per arm
 (``left_wrist``, ``right_wrist``, as LeRobot names a per-arm camera), into their own dataset
 (``local/so101d-demo-bimanual``: a single-arm demo dataset is never appended to).
+
+``--sim``: the followers are the MuJoCo follower's arms instead of emulated buses: `so101d
+sim-follower` runs as a subprocess on an ipc endpoint in the run directory (``--arms left,right``,
+its two-arm scene, under ``--bimanual``), the daemon drives it as ``follower.kind = "sim"`` and
+records the sim's cameras (``front``, ``wrist``; ``left_wrist``, ``right_wrist``, ``top``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -71,6 +77,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="two pairs (so101d emulate --bimanual, the handover): the daemon drives and records both arms",
     )
+    parser.add_argument(
+        "--sim",
+        action="store_true",
+        help="followers simulated in MuJoCo (so101d sim-follower; its two-arm scene with --bimanual), "
+        "the leaders emulated",
+    )
+    parser.add_argument(
+        "--sim-camera-size", default="320x240", metavar="WxH", help="the sim's camera size (default %(default)s)"
+    )
     add_rerun_argument(parser)
 
 
@@ -79,6 +94,38 @@ BIMANUAL_TASK = "demo: hand over"
 # the bimanual demo's cameras, named as LeRobot's BiSOFollower names them: a top-level camera
 # unprefixed, a per-arm camera prefixed by its side (each virtual camera draws its own arm)
 BIMANUAL_CAMERAS = ("front", "left_wrist", "right_wrist")
+# --sim: the MuJoCo follower's cameras (sim_bridge/cli.py's defaults), sized by the simulator
+SIM_CAMERAS = ("front", "wrist")
+SIM_BIMANUAL_CAMERAS = ("left_wrist", "right_wrist", "top")
+
+
+def sim_bench_data(data: dict[str, Any], endpoint: str, bimanual: bool) -> dict[str, Any]:
+    """The bench configuration with its followers the simulator's arms at ``endpoint``."""
+    follower = data.setdefault("follower", {})
+    follower.pop("port", None)
+    follower.update(kind="sim", endpoint=endpoint)
+    follower.setdefault("stale_timeout_s", 0.5)  # a laptop rendering and encoding: not a cable pulled
+    for pair in (data.get("arms") or {}).values():
+        pair.pop("follower_port", None)
+    names = SIM_BIMANUAL_CAMERAS if bimanual else SIM_CAMERAS
+    data["cameras"] = {name: {"kind": "sim"} for name in names}
+    return data
+
+
+def sim_follower_command(endpoint: str, bimanual: bool, camera_size: str) -> list[str]:
+    """`so101d sim-follower` serving the bench's simulated followers at ``endpoint``."""
+    arms = ["--arms", "left,right"] if bimanual else []
+    return [
+        sys.executable,
+        "-m",
+        "daemon.apps.cli",
+        "sim-follower",
+        "--bind",
+        endpoint,
+        "--camera-size",
+        camera_size,
+        *arms,
+    ]
 
 
 def bimanual_bench_data(data: dict[str, Any], run_dir: Path) -> dict[str, Any]:
@@ -122,12 +169,14 @@ def prepare_bench(
     dataset_root: str | Path | None = None,
     record: bool = True,
     bimanual: bool = False,
+    sim_endpoint: str | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """Bench calibration root + configuration for arms linked at run_dir/leader and run_dir/follower.
 
     ``dataset_root`` replaces [recording] dataset_root; ``record=False`` turns recording off.
     ``bimanual``: two pairs linked at run_dir/left_leader ... run_dir/right_follower; their
-    calibrations are the emulator's own (``--calibration-out``: the right arm's horns differ)."""
+    calibrations are the emulator's own (``--calibration-out``: the right arm's horns differ).
+    ``sim_endpoint``: the followers are the simulator's arms there (``sim_bench_data``)."""
     from calibration.calibration_file import save_calibration
     from daemon.config.settings import config_from_dict, dump_toml
     from drivers.emulator import reference_calibration
@@ -144,11 +193,14 @@ def prepare_bench(
         data.setdefault("recording", {})["enabled"] = False
     if bimanual:
         data = bimanual_bench_data(data, run_dir)
+    if sim_endpoint:
+        data = sim_bench_data(data, sim_endpoint, bimanual)
     cfg = config_from_dict(data)
     root = Path(cfg.calibration.root)
     if not bimanual:
         save_calibration(reference_calibration("leader"), "leader", cfg.leader.id, root)
-        save_calibration(reference_calibration("follower"), "follower", cfg.follower.id, root)
+        if not sim_endpoint:
+            save_calibration(reference_calibration("follower"), "follower", cfg.follower.id, root)
     (run_dir / "so101d.toml").write_text(dump_toml(cfg))
     return cfg, data
 
@@ -165,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.episode_time > 0:
         print(f"so101d demo: --episode-time must be positive, got {args.episode_time}", file=sys.stderr)
         return 2
-    bad = rerun_argument_error(args)
+    bad = rerun_argument_error(args) or (_camera_size_error(args.sim_camera_size) if args.sim else "")
     if bad:
         print(f"so101d demo: {bad}", file=sys.stderr)
         return 2
@@ -177,16 +229,29 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(tempfile.mkdtemp(prefix="so101d-demo-")) if temp else Path(args.dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     emu = None
+    sim: subprocess.Popen[bytes] | None = None
+    sim_endpoint = f"ipc://{run_dir / 'sim.sock'}" if args.sim else None
     try:
         try:
             # the dataset must outlive the run dir when that is temporary: then the config's root
             ds_root = run_dir / "datasets" if (not temp and not args.config) else None
             cfg, _ = prepare_bench(
-                run_dir, args.config, args.socket, dataset_root=ds_root, record=args.record > 0, bimanual=args.bimanual
+                run_dir,
+                args.config,
+                args.socket,
+                dataset_root=ds_root,
+                record=args.record > 0,
+                bimanual=args.bimanual,
+                sim_endpoint=sim_endpoint,
             )
         except (ConfigError, OSError, tomllib.TOMLDecodeError) as exc:
             print(f"so101d demo: bad bench configuration: {exc}", file=sys.stderr)
             return 2
+        if sim_endpoint:
+            # its own process (its own GIL, the physics and the rendering off the daemon's cycle);
+            # the daemon's follower links find it whenever it is up (ZeroMQ redials)
+            sim = subprocess.Popen(sim_follower_command(sim_endpoint, args.bimanual, args.sim_camera_size))
+            _watch_sim(sim)
         emu = EmulatorProcess(
             run_dir,
             wire_time=not args.no_wire_time,
@@ -254,10 +319,38 @@ def run(args: argparse.Namespace) -> int:
                 if daemon.loop.cycles:
                     demo.summary(cfg)
     finally:
+        if sim is not None:
+            sim.terminate()
+            try:
+                sim.wait(10)
+            except subprocess.TimeoutExpired:
+                sim.kill()
+                sim.wait()
         if emu is not None:
             emu.stop()
         if temp:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _camera_size_error(text: str) -> str:
+    """Why ``--sim-camera-size`` is not WIDTHxHEIGHT in the sim's range ("" when it is)."""
+    w, sep, h = text.lower().partition("x")
+    if not (sep and w.isdigit() and h.isdigit() and 16 <= int(w) <= 4096 and 16 <= int(h) <= 4096):
+        return f"--sim-camera-size: expected WIDTHxHEIGHT, each 16..4096, got {text!r}"
+    return ""
+
+
+def _watch_sim(sim: subprocess.Popen[bytes]) -> None:
+    """Say at once when the simulator exits under a running demo (the followers then stay lost)."""
+
+    def wait() -> None:
+        rc = sim.wait()
+        if rc not in (0, -15):  # -15: our own terminate at the end of the demo
+            log.error(
+                "so101d demo: the simulator (so101d sim-follower) exited with code %s: the followers are lost", rc
+            )
+
+    threading.Thread(target=wait, name="demo-sim-watch", daemon=True).start()
 
 
 def _print_line(text: str) -> None:
