@@ -38,8 +38,6 @@ from daemon.apps.terminal_keys import (
 )
 from daemon.config.settings import ConfigError, config_from_dict
 from daemon.service.daemon import Daemon, StartupError
-from drivers.emulator import reference_calibration
-from drivers.feetech_arm import FeetechFollower, FeetechLeader
 
 TELEOP = Driver(intent="teleop", correcting=False, policy_run=False)
 HELD = Driver(intent="hold", correcting=False, policy_run=False)
@@ -81,21 +79,7 @@ def test_a_pedal_key_that_is_no_key_code_or_bound_twice_is_refused_naming_it(ped
 
 
 def make_daemon(bench: VirtualBench, device: Path | str) -> Daemon:
-    cfg = config_from_dict(
-        {
-            "leader": {"port": str(bench.leader_port)},
-            "follower": {"port": str(bench.follower_port)},
-            "calibration": {"root": str(bench.calibration_root)},
-            "socket": {"path": str(bench.socket_path)},
-            "control": {"rate_hz": 50.0},
-            "pedal": {"device": str(device)},
-        }
-    )
-    return Daemon(
-        cfg,
-        FeetechLeader(str(bench.leader_port), reference_calibration("leader")),
-        FeetechFollower(str(bench.follower_port), reference_calibration("follower")),
-    )
+    return bench.daemon({"pedal": {"device": str(device)}})
 
 
 def pedal_status(c: ControlClient) -> dict:

@@ -28,14 +28,10 @@ from recording_support import SyntheticLoop, load_dataset, record_frames, synthe
 from support import wait_for
 
 from daemon.api.client import ControlClient
-from daemon.config.settings import config_from_dict
 from daemon.data.recorder import Recorder, RecorderConfig, RecordingError
 from daemon.data.schema import read_episode_tags
 from daemon.data.store import TIMING_DIR
-from daemon.service.daemon import Daemon
 from drivers.cameras import CameraConfig, VirtualArmCamera
-from drivers.emulator import reference_calibration
-from drivers.feetech_arm import FeetechFollower, FeetechLeader
 
 FPS = 30
 W, H = 64, 48
@@ -197,13 +193,8 @@ def follower_at(c: ControlClient, pose: np.ndarray, tol: float = 1.5) -> bool:
 @pytest.mark.e2e
 def test_story_keep_the_last_seconds_on_the_virtual_bench(virtual_bench):
     data = virtual_bench.root / "datasets"
-    cfg = config_from_dict(
+    d = virtual_bench.daemon(
         {
-            "leader": {"port": str(virtual_bench.leader_port)},
-            "follower": {"port": str(virtual_bench.follower_port)},
-            "calibration": {"root": str(virtual_bench.calibration_root)},
-            "socket": {"path": str(virtual_bench.socket_path)},
-            "control": {"rate_hz": 100.0},
             "recording": {
                 "enabled": True,
                 "dataset_root": str(data),
@@ -213,12 +204,8 @@ def test_story_keep_the_last_seconds_on_the_virtual_bench(virtual_bench):
                 "ring_s": RING_S,
             },
             "cameras": {"front": {"kind": "virtual", "width": W, "height": H, "fps": FPS}},
-        }
-    )
-    d = Daemon(
-        cfg,
-        FeetechLeader(str(virtual_bench.leader_port), reference_calibration("leader")),
-        FeetechFollower(str(virtual_bench.follower_port), reference_calibration("follower")),
+        },
+        rate_hz=100.0,
     )
     sock = virtual_bench.socket_path
     root = data / "local" / "keep"

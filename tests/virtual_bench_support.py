@@ -15,11 +15,15 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from calibration.calibration_file import save_calibration
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
+
+if TYPE_CHECKING:
+    from daemon.service.daemon import Daemon
 
 # Every joint well inside its range, the gripper half open: what a bench arm at rest looks like.
 BENCH_POSE_UNITS = np.array([0.0, -40.0, 45.0, 30.0, 0.0, 50.0])
@@ -60,6 +64,30 @@ class VirtualBench:
             f"[control]\nrate_hz = {rate_hz}\n" + extra_toml
         )
         return cfg
+
+    def config_sections(self, rate_hz: float = 50.0) -> dict[str, dict[str, Any]]:
+        """The daemon configuration's sections for this bench (ports, calibration, socket, rate), as
+        ``config_from_dict`` takes them: a test adds its own sections beside these."""
+        return {
+            "leader": {"port": str(self.leader_port)},
+            "follower": {"port": str(self.follower_port)},
+            "calibration": {"root": str(self.calibration_root)},
+            "socket": {"path": str(self.socket_path)},
+            "control": {"rate_hz": rate_hz},
+        }
+
+    def daemon(self, sections: dict[str, dict[str, Any]] | None = None, rate_hz: float = 50.0) -> Daemon:
+        """An in-process daemon (not started) on this bench's arms, ``sections`` added to its configuration."""
+        from daemon.config.settings import config_from_dict
+        from daemon.service.daemon import Daemon
+        from drivers.feetech_arm import FeetechFollower, FeetechLeader
+
+        cfg = config_from_dict({**self.config_sections(rate_hz), **(sections or {})})
+        return Daemon(
+            cfg,
+            FeetechLeader(str(self.leader_port), reference_calibration("leader")),
+            FeetechFollower(str(self.follower_port), reference_calibration("follower")),
+        )
 
     def close(self) -> None:
         self.leader_bus.stop()

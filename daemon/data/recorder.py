@@ -927,6 +927,18 @@ class Recorder:
         return None
 
     # -- episode verbs -----------------------------------------------------------------------------
+    def _checked_task_and_origin(self, task: str | None, origin: str | None) -> tuple[str, str]:
+        """An episode's task (given, else the session's, else [recording] task) and origin, or RecordingError."""
+        task = (task or self._task or self.cfg.default_task).strip()
+        if not task:
+            raise RecordingError("the task text must not be empty")
+        if len(task.encode("utf-8")) > TASK_BYTES:
+            raise RecordingError(f"task text longer than {TASK_BYTES} bytes")
+        origin = (origin or self.cfg.origin).strip()
+        if not origin or len(origin) > 32:
+            raise RecordingError(f"origin must be a short word (teleop, policy...), got {origin!r}")
+        return task, origin
+
     def start_episode(
         self, task: str | None = None, origin: str | None = None, rotation: Rotation | None = None
     ) -> dict[str, Any]:
@@ -938,14 +950,7 @@ class Recorder:
         discard) ends the session with the partial episode in progress."""
         if rotation is not None:
             rotation.check()
-        task = (task or self._task or self.cfg.default_task).strip()
-        if not task:
-            raise RecordingError("the task text must not be empty")
-        if len(task.encode("utf-8")) > TASK_BYTES:
-            raise RecordingError(f"task text longer than {TASK_BYTES} bytes")
-        origin = (origin or self.cfg.origin).strip()
-        if not origin or len(origin) > 32:
-            raise RecordingError(f"origin must be a short word (teleop, policy...), got {origin!r}")
+        task, origin = self._checked_task_and_origin(task, origin)
         self._check_health()
         self._resume_after_disk_full()
         self._check_free_space()
@@ -971,14 +976,7 @@ class Recorder:
                 reserve_episode_number(self.store_cfg.root_path, number)  # synced before it is answered
             except OSError as exc:
                 raise RecordingError(f"episode not started: its number could not be kept on the disk: {exc}") from None
-            self._next_number = number + 1
-            self._number = number
-            self._seq += 1
-            self._task = task
-            self._origin = origin
-            self._notes = []
-            self._arms_noted_stale = set()
-            self._episode_refused = {}
+            self._open_episode_locked(number, task, origin)
             self._frame_index = 0
             self._t0 = None
             self._next_grid_s = 0.0
@@ -1018,14 +1016,7 @@ class Recorder:
         them, in order. RecordingError, nothing changed: the buffer is off, ``last_s`` is not in
         (0, ring_s], nothing is buffered yet, an episode is recording (or anything that refuses
         ``episode start``)."""
-        task = (task or self._task or self.cfg.default_task).strip()
-        if not task:
-            raise RecordingError("the task text must not be empty")
-        if len(task.encode("utf-8")) > TASK_BYTES:
-            raise RecordingError(f"task text longer than {TASK_BYTES} bytes")
-        origin = (origin or self.cfg.origin).strip()
-        if not origin or len(origin) > 32:
-            raise RecordingError(f"origin must be a short word (teleop, policy...), got {origin!r}")
+        task, origin = self._checked_task_and_origin(task, origin)
         self._check_health()
         with self._lock:
             self._check_keep_locked(last_s)
@@ -1112,9 +1103,8 @@ class Recorder:
         except OSError as exc:
             log.warning("episode number %d stays used (%s)", number, exc)
 
-    def _begin_kept_locked(self, kept: KeptRows, number: int, task: str, origin: str, last_s: float) -> None:
-        """Under the lock, with the rows just taken: the episode records from its first kept row
-        on. O(1): the rows go to the feeder as one item, the live ones queue behind it."""
+    def _open_episode_locked(self, number: int, task: str, origin: str) -> None:
+        """Under the lock: episode ``number`` is the one in progress (started or kept), nothing noted yet."""
         self._next_number = number + 1
         self._number = number
         self._seq += 1
@@ -1123,6 +1113,11 @@ class Recorder:
         self._notes = []
         self._arms_noted_stale = set()
         self._episode_refused = {}
+
+    def _begin_kept_locked(self, kept: KeptRows, number: int, task: str, origin: str, last_s: float) -> None:
+        """Under the lock, with the rows just taken: the episode records from its first kept row
+        on. O(1): the rows go to the feeder as one item, the live ones queue behind it."""
+        self._open_episode_locked(number, task, origin)
         self._cont = None
         # the grid the rows were taken on: frame k at t0 + k / fps, the next live row is frame n
         self._t0 = kept.grid_t0_s
