@@ -60,8 +60,9 @@ def state_at(t: float) -> np.ndarray:
 class Loop:
     """100 Hz loop thread; ``hook(now, state)`` each cycle; periods measured while ``measuring``."""
 
-    def __init__(self, hook) -> None:
+    def __init__(self, hook, realtime_priority: int = 0) -> None:
         self.hook = hook
+        self.realtime_priority = realtime_priority  # > 0: SCHED_FIFO, as [control] realtime_priority
         self.measuring = False
         self.measuring_idle = False
         self.idle_periods: list[float] = []
@@ -79,6 +80,11 @@ class Loop:
         self._t.join(10)
 
     def _run(self) -> None:
+        if self.realtime_priority > 0:
+            from daemon.system.realtime import make_current_thread_realtime
+
+            if not make_current_thread_realtime(self.realtime_priority):
+                print(f"the loop thread stays SCHED_OTHER: SCHED_FIFO {self.realtime_priority} was refused")
         nxt = time.monotonic()
         last = None
         while not self._stop.is_set():

@@ -5,8 +5,10 @@ frame is due on the fps grid and no episode is recording: the same per-cycle sam
 row is made of (joint state, action, teleop action, who drove) and a *reference* to each camera's
 newest Frame (a published Frame is never modified: drivers/cameras.py), so no pixel is copied and
 a row costs a tuple. ``take`` hands the newest rows over to become the start of an episode
-(``episode keep --last S``: LeRobot 0.6.1's highlight strategy, lerobot/rollout/ring_buffer.py,
-keeps its frames in memory the same way, bounded by time and by MiB).
+(``episode keep --last S``). LeRobot 0.6.1's highlight strategy keeps its frames in memory too
+(lerobot/rollout/ring_buffer.py: bounded by seconds and by MiB, evicting the oldest frame past
+either); here every row's size is known from the configuration, so the MiB bound is checked once,
+at load, and the buffer never holds fewer seconds than ``ring_s`` says.
 
 Memory: the buffer holds at most ``max_frames = ceil(ring_s * fps)`` rows, each referencing at most
 one image per camera (and one depth map per depth stream), so what it keeps alive is at most
