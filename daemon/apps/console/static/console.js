@@ -564,6 +564,9 @@ async function loadEpisodes() {
     const t = e.tag || {};
     const i = e.episode_index;
     const ok = t.success === true ? "success" : t.success === false ? "failure" : "–";
+    // a number, or nothing: a tag edited by hand can hold anything, and this goes into the row's HTML
+    const interventions = Number(t.interventions) > 0
+      ? `${fmt(t.interventions, 0)} (${fmt(t.intervention_s)} s)` : (t.interventions === 0 ? "0" : "–");
     // a replayed episode names the one it replayed (by its uid: the note's index may be stale) and how it tracked
     const of = t.origin === "replay"
       ? ` of ${e.replay_of === null ? `an episode not in this dataset (${esc(e.replay_note || "untagged")})` : `#${e.replay_of}`}` +
@@ -571,7 +574,7 @@ async function loadEpisodes() {
       : "";
     return `<tr data-index="${i}"><td>${i}</td><td>${e.length}</td><td>${esc(e.tasks.join("; "))}</td>` +
       `<td>${ok}</td><td class="origin">${esc(t.origin || "–")}${of}</td>` +
-      `<td class="interventions">${t.interventions ? `${t.interventions} (${fmt(t.intervention_s)} s)` : t.interventions === 0 ? "0" : "–"}</td>` +
+      `<td class="interventions">${interventions}</td>` +
       `<td>${esc(t.follower_kind || "–")}</td>` +
       `<td>${esc(t.late_frames ?? "–")}/${esc(t.missing_frames ?? "–")}</td><td>${fmt(t.worst_camera_skew_ms)}</td>` +
       `<td class="replay-cell"><select id="replay-speed-${i}" title="speed: fraction of the episode's fps">` +
