@@ -34,12 +34,16 @@ class VirtualPedal:
         self._fd = os.open(self.path, os.O_WRONLY)
 
     def press(self, key: str) -> None:
+        self.press_codes(ecodes.ecodes[key])
+
+    def press_codes(self, *codes: int) -> None:
+        """Each code pressed and released, in order, in one write (one read on the daemon's side)."""
         assert self._fd is not None, "connect() first"
-        code = ecodes.ecodes[key]
         now = time.time()
         sec, usec = int(now), int((now % 1) * 1e6)
         down_up = b"".join(
             EVENT.pack(sec, usec, t, c, v)
+            for code in codes
             for t, c, v in (
                 (ecodes.EV_KEY, code, 1),
                 (ecodes.EV_SYN, ecodes.SYN_REPORT, 0),
@@ -47,7 +51,7 @@ class VirtualPedal:
                 (ecodes.EV_SYN, ecodes.SYN_REPORT, 0),
             )
         )
-        os.write(self._fd, down_up)  # 96 bytes: one atomic pipe write
+        os.write(self._fd, down_up)  # 96 bytes a code: one atomic pipe write (up to 42 codes)
 
     def unplug(self) -> None:
         """udev removes the node, then the device is gone (reads fail)."""

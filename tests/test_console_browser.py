@@ -172,6 +172,7 @@ def test_the_plots_show_who_drives_and_c_asks_the_daemon_for_a_correction(consol
 
 def test_the_last_seconds_kept_from_the_page_become_an_episode(console_bench: Bench, page: Any) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
 
     wait_js(page, "return !document.getElementById('keep-box').hidden", what="the Keep button ([recording] ring_s)")
     wait_status(
@@ -188,6 +189,10 @@ def test_the_last_seconds_kept_from_the_page_become_an_episode(console_bench: Be
     field.clear()
     field.send_keys("2")
     page.find_element("id", "btn-hold").click()  # the focus off the field: the key goes to the page
+    # Ctrl+K (a browser's shortcut) is no order: the page holds (h) and keeps nothing
+    ActionChains(page).key_down(Keys.CONTROL).send_keys("k").key_up(Keys.CONTROL).send_keys("h").perform()
+    wait_status(console_bench.sock, lambda s: s["mode"] == "hold", timeout_s=10)
+    assert wait_status(console_bench.sock, lambda s: True)["recording"]["phase"] == "idle"
     ActionChains(page).send_keys("k").perform()
     wait_js(page, "return document.getElementById('rec-phase').textContent.startsWith('recording')", what="kept")
     wait_js(page, "return document.getElementById('rec-frames').textContent.includes('60 kept')", what="60 kept")

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from evdev import ecodes  # the fake: tests/fixtures/sdk/evdev
 from pedal_support import VirtualPedal
 from rich.console import Console
 from support import wait_for
@@ -78,6 +79,15 @@ def test_a_pedal_key_that_is_no_key_code_or_bound_twice_is_refused_naming_it(ped
         config_from_dict({"pedal": {"device": "/dev/input/event3", **pedal}})
 
 
+@pytest.mark.unit
+def test_a_keep_pedal_with_nothing_buffered_is_refused_at_load() -> None:
+    with pytest.raises(ConfigError, match=r"pedal.keep: KEY_D keeps the last seconds, but nothing is buffered"):
+        config_from_dict({"pedal": {"device": "/dev/input/event3", "keep": "KEY_D"}})
+    config_from_dict(
+        {"pedal": {"device": "/dev/input/event3", "keep": "KEY_D"}, "recording": {"enabled": True, "ring_s": 5}}
+    )
+
+
 def make_daemon(bench: VirtualBench, device: Path | str) -> Daemon:
     return bench.daemon({"pedal": {"device": str(device)}})
 
@@ -114,6 +124,16 @@ def test_the_operator_holds_and_resumes_teleop_with_the_pedal_unplugs_it_and_plu
             wait_for(lambda: c.request("status")["mode"] == "hold", 5, "hold")
             st = press_and_wait(c, pedal, "KEY_A")  # resume: back to the leader, aligned first
             assert st["last_verb"] == "teleop.start", st
+            wait_for(lambda: c.request("status")["mode"] == "teleop", 20, "tracking again")
+
+            # a code python-evdev has no name for (a reprogrammed pedal), then A in the same read:
+            # the unknown one is skipped, A still holds the arm, and nothing counts as an unplug
+            before = pedal_status(c)["presses"]
+            pedal.press_codes(0x2FF, ecodes.KEY_A)
+            wait_for(lambda: pedal_status(c)["presses"] > before, 5, "A read after an unknown code")
+            assert pedal_status(c)["unplugs"] == 0 and pedal_status(c)["last_verb"] == "teleop.stop"
+            wait_for(lambda: c.request("status")["mode"] == "hold", 5, "hold")
+            press_and_wait(c, pedal, "KEY_A")
             wait_for(lambda: c.request("status")["mode"] == "teleop", 20, "tracking again")
 
             # the verbs' own refusals, said in the pedal's status; nothing changes
@@ -214,6 +234,8 @@ def test_a_real_virtual_pedal_through_uinput_holds_the_arm(virtual_bench: Virtua
 def test_terminal_keys_decode_lerobots_dagger_keys_and_a_record_session_ignores_them() -> None:
     assert decode_keys(b" \t\r") == [KEY_CORRECT, KEY_CORRECT, KEY_SUCCESS]
     assert decode_keys(b"\x1b[Cf\x7f\x1b") == [KEY_SUCCESS, KEY_FAILURE, KEY_REDO, KEY_STOP]
+    # F1 (ESC O P), Delete (ESC [ 3 ~), Alt+x (ESC x): none of them is esc, none stops a run
+    assert decode_keys(b"\x1bOP\x1b[3~\x1bx") == []
     assert KEY_CORRECT not in RECORD_KEYS and KEY_CORRECT in POLICY_KEYS
 
 

@@ -30,8 +30,15 @@ def decode_keys(data: bytes) -> list[str]:
             i += 3
             continue
         if b == b"\x1b":
-            if data[i + 1 : i + 2] == b"[":  # another escape sequence: skip it
-                i += 3
+            nxt = data[i + 1 : i + 2]
+            if nxt in (b"[", b"O"):  # another escape sequence (F1 is ESC O P): skip it whole
+                j = i + 2
+                while j < len(data) and not (0x40 <= data[j] <= 0x7E):  # up to its final byte
+                    j += 1
+                i = j + 1
+                continue
+            if nxt:  # Alt+key arrives as ESC then the key, in one read: not esc
+                i += 2
                 continue
             out.append(KEY_STOP)
         elif b in (b"\r", b"\n"):

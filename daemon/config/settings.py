@@ -556,6 +556,11 @@ def validate(cfg: Config) -> Config:
             except ValueError as exc:
                 raise ConfigError(f"{key}: {exc} ({what})") from None
     _validate_pedal(cfg.pedal)
+    if cfg.pedal.device and cfg.pedal.keep and not (cfg.recording.enabled and cfg.recording.ring_s > 0):
+        raise ConfigError(
+            f"pedal.keep: {cfg.pedal.keep} keeps the last seconds, but nothing is buffered: "
+            'set [recording] enabled = true and ring_s > 0, or keep = ""'
+        )
     return cfg
 
 

@@ -37,6 +37,7 @@ log = logging.getLogger("so101d.pedal")
 
 REPLUG_POLL_S = 0.25  # how often an unplugged pedal's path is looked for
 SELECT_TIMEOUT_S = 0.25  # the reader's longest wait, so a stop is seen promptly
+STOP_WAIT_S = 15.0  # at stop, how long a press's verb may still take
 EV_KEY, KEY_DOWN = 0x01, 1  # linux/input-event-codes.h: a key event; its value 1 is a press
 
 
@@ -122,6 +123,7 @@ class PedalReader:
         self.last_verb = ""
         self.last_reply = ""
         self.connected = threading.Event()  # set while connected (tests and status wait on it)
+        self._unknown_said: set[int] = set()
 
     # -- start / stop ----------------------------------------------------------------------------
     def check(self) -> None:
@@ -145,7 +147,10 @@ class PedalReader:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=2.0)
+            # a press being served finishes first (policy.correct may wait seconds for the loop)
+            self._thread.join(timeout=STOP_WAIT_S)
+            if self._thread.is_alive():
+                log.warning("pedal: a press's verb still runs after %.0f s; the daemon stops anyway", STOP_WAIT_S)
         self._close()
 
     # -- status ----------------------------------------------------------------------------------
@@ -208,9 +213,20 @@ class PedalReader:
         for ev in events:
             if ev.type != EV_KEY or ev.value != KEY_DOWN:  # key-down only, as LeRobot's listener
                 continue
-            key = self._evdev.categorize(ev)
+            try:
+                key = self._evdev.categorize(ev)
+            except KeyError:  # a code python-evdev has no name for (a reprogrammed pedal): not ours
+                self._unknown_code(ev.code)
+                continue
             code = key.keycode[0] if isinstance(key.keycode, (list, tuple)) else key.keycode
             self._pressed(str(code))
+
+    def _unknown_code(self, code: int) -> None:
+        with self._lock:
+            said = code in self._unknown_said
+            self._unknown_said.add(code)
+        if not said:
+            log.warning("pedal: key code %d has no evdev name; ignored (bind KEY_ names only)", code)
 
     def _lost(self, exc: OSError) -> None:
         self._close()

@@ -443,6 +443,8 @@ function showRecording(rec) {
     $("preroll").textContent = pre.paused ? "paused while an episode records"
       : `${fmt(pre.buffered_s)} of ${fmt(pre.ring_s, 0)} s buffered (${pre.frames} frames, memory bound ${fmt(pre.bound_mb, 0)} MiB)`;
     $("keep-s").max = String(pre.ring_s);
+    // the field's 30 s is more than a shorter buffer holds: start it at the whole buffer instead
+    if (!C.keepSized) { C.keepSized = true; if (Number($("keep-s").value) > pre.ring_s) $("keep-s").value = String(pre.ring_s); }
     $("btn-keep").disabled = rec.phase !== "idle" || !pre.frames || pending.size > 0;
   }
   const stopped = rec.phase === "error" ? `RECORDING STOPPED: ${rec.error}` + (rec.lost_episodes && rec.lost_episodes.length ? `\nLOST: ${rec.lost_episodes.join("; ")}` : "") : "";
@@ -835,6 +837,8 @@ function wire() {
   $("btn-play").onclick = () => playEpisode();
   document.addEventListener("keydown", (e) => {
     if (e.target instanceof HTMLInputElement) return; // typing the task
+    // Ctrl+C (copy), Ctrl+K, a browser's own shortcuts, a key held down: none of them is an order
+    if (e.ctrlKey || e.metaKey || e.altKey || e.repeat) return;
     const k = e.key;
     if (k === " ") { e.preventDefault(); startEpisode(); }
     else if (k === "Enter" || k === "ArrowRight") endEpisode("episode.save", { success: true }, $("btn-save-success"));
