@@ -284,3 +284,35 @@ def test_policy_start_keys_toggle_correct_and_resume_then_stop_as_told(last: str
     assert verbs == ["policy.correct", "policy.resume", "policy.correct", "policy.stop"], verbs
     assert daemon.sent[-1] == ("policy.stop", stop)
     assert said[-1] == "policy stopped: holding" and "space/tab correct / resume" in said[0], said
+
+
+class _Polls:
+    """policy.status answers in turn: running (correction None, driving) or not."""
+
+    def __init__(self, running: list[bool]) -> None:
+        self.running = running
+        self.sent: list[str] = []
+
+    def call_as(self, kind, cmd: str, **args):
+        self.sent.append(cmd)
+        if cmd == "policy.status":
+            up = self.running.pop(0) if self.running else False
+            return PolicyStatusReply(state="ready", driving=up)
+        return PolicyReply(message="policy stopped: holding")
+
+
+class _Idle:
+    enabled = True
+
+    def wait(self, seconds: float) -> str | None:
+        return None
+
+
+@pytest.mark.unit
+def test_policy_start_keys_end_when_the_run_ends_elsewhere_not_at_one_blip() -> None:
+    # one poll that finds no run (a correction being opened holds the arm a moment first) is not
+    # the end; two in a row are, and the session says so without stopping anything itself
+    daemon, said = _Polls([True, False, True, True, False, False]), []
+    assert keys_session(daemon, _Idle(), say=said.append) == 0
+    assert daemon.sent.count("policy.status") == 6 and "policy.stop" not in daemon.sent
+    assert "the policy is not running" in said[-1], said

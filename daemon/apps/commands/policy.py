@@ -376,14 +376,21 @@ def keys_session(c: SessionClient, keys: SessionKeys, say: Callable[[str], None]
     to; a stop key (or Ctrl-C) stops the policy and ends the session. The policy stopped from
     elsewhere (the console, a pedal) ends it too."""
     say("the policy drives   " + SESSION_HELP)
+    ended = ""  # what the last poll said, if the run looked over: said and ended only when the next agrees
     try:
         while True:
             key = keys.wait(0.5)
             if key is None:
+                # a correction being opened holds the arm a moment before it counts as one: one
+                # poll that finds no run is not yet the end of it
                 driver = _driver(c)
                 if isinstance(driver, str):
-                    say(driver)
-                    return 0
+                    if ended:
+                        say(driver)
+                        return 0
+                    ended = driver
+                else:
+                    ended = ""
                 continue
             if key == KEY_CORRECT:
                 driver = _driver(c)
