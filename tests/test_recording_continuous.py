@@ -38,11 +38,7 @@ REPO = "local/continuous"
 def bench_config(bench, data, **recording):
     return config_from_dict(
         {
-            "leader": {"port": str(bench.leader_port)},
-            "follower": {"port": str(bench.follower_port)},
-            "calibration": {"root": str(bench.calibration_root)},
-            "socket": {"path": str(bench.socket_path)},
-            "control": {"rate_hz": 100.0},
+            **bench.config_sections(rate_hz=100.0),
             "recording": {
                 "enabled": True,
                 "dataset_root": str(data),

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import msgspec
 
 from daemon.api.input_actions import Action, Driver, verb_for
-from daemon.api.messages import PedalStatus, PolicyStatus
+from daemon.api.messages import PedalStatus
 from daemon.config.settings import PedalConfig
 from daemon.service.context import DaemonContext
 
@@ -84,18 +84,19 @@ def import_evdev() -> Evdev:
     return evdev
 
 
-def _not_an_input_device(path: str, exc: OSError) -> PedalError:
-    return PedalError(
-        f"pedal.device {path}: not an input device ({exc.strerror or exc}); "
-        "use the pedal's event device, e.g. /dev/input/by-id/usb-...-event-kbd (`ls /dev/input/by-id`)"
-    )
-
-
-def _no_permission(path: str) -> str:
-    return (
-        f"pedal.device {path}: permission denied; add the daemon's user to the 'input' group "
-        "(`sudo usermod -aG input USER`, then log in again) or give the device a udev rule"
-    )
+def _open_problem(path: str, exc: OSError) -> str:
+    """Why the pedal at ``path`` cannot be opened, with the fix (at start and at a replug alike)."""
+    if isinstance(exc, PermissionError):
+        return (
+            f"pedal.device {path}: permission denied; add the daemon's user to the 'input' group "
+            "(`sudo usermod -aG input USER`, then log in again) or give the device a udev rule"
+        )
+    if exc.errno in (errno.ENOTTY, errno.EINVAL):
+        return (
+            f"pedal.device {path}: not an input device ({exc.strerror or exc}); "
+            "use the pedal's event device, e.g. /dev/input/by-id/usb-...-event-kbd (`ls /dev/input/by-id`)"
+        )
+    return f"pedal.device {path}: cannot open it: {exc}"
 
 
 class PedalReader:
@@ -133,12 +134,8 @@ class PedalReader:
             self._open()
         except FileNotFoundError:
             log.warning("pedal %s is not plugged in: waiting for it (the daemon runs without it)", path)
-        except PermissionError:
-            raise PedalError(_no_permission(path)) from None
         except OSError as exc:
-            if exc.errno in (errno.ENOTTY, errno.EINVAL):
-                raise _not_an_input_device(path, exc) from None
-            raise PedalError(f"pedal.device {path}: cannot open it: {exc}") from None
+            raise PedalError(_open_problem(path, exc)) from None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="so101d-pedal", daemon=True)
@@ -222,10 +219,8 @@ class PedalReader:
             self._pressed(str(code))
 
     def _unknown_code(self, code: int) -> None:
-        with self._lock:
-            said = code in self._unknown_said
+        if code not in self._unknown_said:  # the reader thread's own set: no lock
             self._unknown_said.add(code)
-        if not said:
             log.warning("pedal: key code %d has no evdev name; ignored (bind KEY_ names only)", code)
 
     def _lost(self, exc: OSError) -> None:
@@ -247,13 +242,7 @@ class PedalReader:
         try:
             self._open()
         except OSError as exc:
-            problem = (
-                _no_permission(self.cfg.device)
-                if isinstance(exc, PermissionError)
-                else str(_not_an_input_device(self.cfg.device, exc))
-                if exc.errno in (errno.ENOTTY, errno.EINVAL)
-                else f"cannot open it: {exc}"
-            )
+            problem = _open_problem(self.cfg.device, exc)
             with self._lock:
                 said = self.problem == problem
                 self.state, self.problem = "error", problem
@@ -264,7 +253,7 @@ class PedalReader:
     def _pressed(self, code: str) -> None:
         action = self._actions.get(code)
         if action is None:
-            log.debug("pedal: %s is not bound (pedal.pause_resume / correction / save)", code)
+            log.debug("pedal: %s is not bound to any of %s", code, ", ".join(f"pedal.{a}" for a in self.cfg.bindings()))
             return
         verb = verb_for(action, self._driver())
         fields = {"last_s": self.keep_s or None} if action is Action.KEEP else {}
@@ -280,12 +269,10 @@ class PedalReader:
 
 
 def _driver_of(ctx: DaemonContext) -> Driver:
-    correcting = policy_run = False
-    if ctx.policy is not None:
-        st = msgspec.convert(ctx.policy.status(), PolicyStatus)
-        correcting = st.correction is not None
-        policy_run = st.driving or correcting
-    return Driver(intent=ctx.loop.intent, correcting=correcting, policy_run=policy_run)
+    # what policy.status reports, read directly: "driving" is the loop's policy intent
+    correcting = ctx.policy is not None and ctx.policy.correcting
+    intent = ctx.loop.intent
+    return Driver(intent=intent, correcting=correcting, policy_run=intent == "policy" or correcting)
 
 
 def attach_pedal(ctx: DaemonContext) -> PedalReader | None:
