@@ -13,10 +13,14 @@ Measured side by side in one run, on the same emulator:
    ``BiSOFollower.send_action`` + ``BiSOFollower.get_observation`` (no cameras), free-running;
 4. so101d's bimanual loop at 100 Hz: the rate held and the period jitter.
 
+Each in two rounds on a fresh emulator: wire time only (the cycle is bound by CPU, ours and the
+emulator's), and behind a CH343's USB delivery on every bus (the cycle waits on replies, as on a
+real rig).
+
 Goal (issue #25): so101d's bimanual cycle >= 2.5x faster than LeRobot's bimanual cycle, and close
 to a single-arm cycle.
 
-    .venv/bin/python bench/bench_bimanual.py [--seconds 3]
+    .venv/bin/python bench/bench_bimanual.py [--seconds 3] [--rounds wire,ch343]
 """
 
 from __future__ import annotations
@@ -176,21 +180,38 @@ def run_lerobot(bench: EmulatorProcess, seconds: float) -> dict:
     return {"rate_hz": len(times) / elapsed, "cycle_p50_ms": pct(arr, 50) * 1e3, "cycle_p99_ms": pct(arr, 99) * 1e3}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=3.0, help="measurement time per configuration (default 3)")
-    args = ap.parse_args()
-    logging.basicConfig(level=logging.ERROR)
-    secs = args.seconds
-    with tempfile.TemporaryDirectory(prefix="so101d-bibench-") as d:
-        with EmulatorProcess(d, bimanual=True, calibration_out=Path(d) / "calibration") as bench:
-            bi_overlap = run_ours(bench, secs, bimanual=True, overlap=True, rate_hz=1000.0)
-            bi_serial = run_ours(bench, secs, bimanual=True, overlap=False, rate_hz=1000.0)
-            single = run_ours(bench, secs, bimanual=False, overlap=True, rate_hz=1000.0)
-            lerobot = run_lerobot(bench, secs)
-            at100 = run_ours(bench, max(secs, 3.0), bimanual=True, overlap=True, rate_hz=100.0)
+# Rounds: the emulator as fast as its wire (replies the moment the bytes are on the line, so the
+# cycle is bound by CPU: ours and the emulator's, which serves all four buses from one process),
+# and the same bench behind a CH343's USB delivery (a cdc_acm adapter, the kind behind the
+# /dev/ttyACM0 of an SO-101's bus board: 64-byte bulk transfers on 1 ms frames, 1-4 ms from the
+# line to read()), where a cycle waits on four buses' replies and overlapping them is what counts.
+ROUNDS = {
+    "wire": ("wire time only (the emulator's default)", []),
+    "ch343": ("behind a CH343's USB delivery (--realism ch343 on every bus)", ["--realism", "ch343"]),
+}
 
-    print(f"\nbimanual control cycle on the emulated bench, 4 buses at 1 Mbaud, wire time modelled ({secs:g} s each)\n")
+
+def measure(secs: float, usb_args: list[str]) -> dict[str, dict]:
+    with tempfile.TemporaryDirectory(prefix="so101d-bibench-") as d:
+        with EmulatorProcess(d, bimanual=True, calibration_out=Path(d) / "calibration", extra_args=usb_args) as bench:
+            return {
+                "bi_overlap": run_ours(bench, secs, bimanual=True, overlap=True, rate_hz=1000.0),
+                "bi_serial": run_ours(bench, secs, bimanual=True, overlap=False, rate_hz=1000.0),
+                "single": run_ours(bench, secs, bimanual=False, overlap=True, rate_hz=1000.0),
+                "lerobot": run_lerobot(bench, secs),
+                "at100": run_ours(bench, max(secs, 3.0), bimanual=True, overlap=True, rate_hz=100.0),
+            }
+
+
+def report(title: str, secs: float, r: dict[str, dict]) -> None:
+    bi_overlap, bi_serial, single, lerobot, at100 = (
+        r["bi_overlap"],
+        r["bi_serial"],
+        r["single"],
+        r["lerobot"],
+        r["at100"],
+    )
+    print(f"\nbimanual control cycle on the emulated bench, 4 buses at 1 Mbaud, {title} ({secs:g} s each)\n")
     print(f"{'':44}{'rate Hz':>10}{'cycle p50 ms':>14}{'cycle p99 ms':>14}")
     rows = (
         ("so101d, two pairs, buses overlapped", bi_overlap),
@@ -198,8 +219,8 @@ def main() -> int:
         ("so101d, one pair (left), overlapped", single),
         ("LeRobot 0.6.1 BiSOLeader -> BiSOFollower", lerobot),
     )
-    for name, r in rows:
-        print(f"{name:44}{r['rate_hz']:>10.1f}{r['cycle_p50_ms']:>14.3f}{r['cycle_p99_ms']:>14.3f}")
+    for name, row in rows:
+        print(f"{name:44}{row['rate_hz']:>10.1f}{row['cycle_p50_ms']:>14.3f}{row['cycle_p99_ms']:>14.3f}")
     print(
         "\nCPU per cycle, ms (ours / the emulator's): two pairs overlapped {:.2f} / {:.2f}, in turn {:.2f} / {:.2f}, "
         "one pair {:.2f} / {:.2f}; {} cores, load average {:.2f}: where ours + the emulator's approach the cycle "
@@ -236,6 +257,26 @@ def main() -> int:
             at100["modes"],
         )
     )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=3.0, help="measurement time per configuration (default 3)")
+    ap.add_argument(
+        "--rounds",
+        default="wire,ch343",
+        help="comma-separated rounds: wire (the emulator's wire time only), ch343 (a CH343's USB "
+        "delivery on every bus); default both",
+    )
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    names = [n.strip() for n in args.rounds.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ROUNDS]
+    if unknown or not names:
+        ap.error(f"--rounds: unknown {unknown or names}; choose from {', '.join(ROUNDS)}")
+    for name in names:
+        title, usb_args = ROUNDS[name]
+        report(title, args.seconds, measure(args.seconds, usb_args))
     return 0
 
 

@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from lerobot_plugin_support import CAM_H, CAM_W, lerobot_env, require_plugin, start_daemon, stop_process
+from policy_support import tiny_act
 from support import free_port, wait_for, wait_status
 from virtual_bench_support import VirtualBench, open_virtual_bench
 
 from calibration.conventions import GRIPPER_INDEX, JOINT_NAMES
 from daemon.api.client import ControlClient
-from daemon.policy.tiny import tiny_act_checkpoint
 
 RATE_HZ = 100.0
 MAX_STEP_DEG = 1.0  # the step limit under test: small, so the policy's jumps must be cut to it
@@ -96,7 +96,7 @@ def _start_server(port: int, workdir: Path) -> subprocess.Popen[bytes]:
 def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
     require_plugin()
     work = tmp_path_factory.mktemp("robot-client")
-    ckpt = tiny_act_checkpoint(work / "act", {"front": (CAM_H, CAM_W)}, chunk_size=CHUNK)
+    ckpt = tiny_act(tmp_path_factory, {"front": (CAM_H, CAM_W)}, chunk_size=CHUNK)
     with open_virtual_bench() as vb:
         daemon = start_daemon(vb, f"max_step_deg = {MAX_STEP_DEG}\n", align_deg_s=ALIGN_DEG_S, rate_hz=RATE_HZ)
         try:

@@ -13,11 +13,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from policy_support import tiny_act
 from support import wait_status
 
 from calibration.calibration_file import save_calibration
 from daemon.data.schema import read_episode_tags
-from daemon.policy.tiny import tiny_act_checkpoint
 from drivers.emulator import BusEmulator, EmulatedArm, reference_calibration
 
 SO101D = [sys.executable, "-m", "daemon.apps.cli"]
@@ -32,7 +32,7 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
-    return tiny_act_checkpoint(tmp_path_factory.mktemp("cli_policy"), {"front": (H, W)})
+    return tiny_act(tmp_path_factory, {"front": (H, W)})
 
 
 def test_policy_cli_against_so101d_run(ckpt: Path) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pedal_support import PtyOutput, VirtualPedal
+from policy_support import tiny_act
 from recording_support import train_tiny_act
 from support import wait_for
 from virtual_bench_support import VirtualBench
@@ -27,7 +28,6 @@ from virtual_bench_support import VirtualBench
 from daemon.api.client import ControlClient
 from daemon.config.settings import config_from_dict
 from daemon.data.interventions import INTERVENTION_KEY, intervention_feature, intervention_runs, is_intervention
-from daemon.policy.tiny import tiny_act_checkpoint
 from daemon.service.attach_policy import attach_policy
 from daemon.service.attach_recording import attach_recorder
 from daemon.service.daemon import Daemon
@@ -74,7 +74,7 @@ class Commands:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
-    return tiny_act_checkpoint(tmp_path_factory.mktemp("corrections"), {"front": (H, W)})
+    return tiny_act(tmp_path_factory, {"front": (H, W)})
 
 
 def make_daemon(bench: VirtualBench, corrections: str = "in_episode", record: bool = True, pedal: Path | None = None):

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from policy_support import tiny_act
 from support import wait_for
 from virtual_bench_support import VirtualBench
 
 from daemon.api.client import ControlClient
 from daemon.config.settings import config_from_dict
-from daemon.policy.tiny import tiny_act_checkpoint
 from daemon.service.attach_policy import attach_policy
 from daemon.service.daemon import Daemon
 from drivers.cameras import CameraConfig as CamCfg
@@ -44,7 +44,7 @@ class Rows:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
-    return tiny_act_checkpoint(tmp_path_factory.mktemp("daemon_policy"), {"front": (H, W)})
+    return tiny_act(tmp_path_factory, {"front": (H, W)})
 
 
 @pytest.fixture()

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from policy_support import tiny_act
 from support import still_arm_on_pty, wait_for
 
 from daemon.api.client import ControlClient
 from daemon.config.settings import config_from_dict
 from daemon.policy.engine import FORWARD_DELAY_ENV
 from daemon.policy.runner import STAGE_KEYS
-from daemon.policy.tiny import tiny_act_checkpoint
 from daemon.service.attach_policy import attach_policy
 from daemon.service.daemon import Daemon
 from drivers.cameras import CameraConfig as CamCfg
@@ -55,7 +55,7 @@ class Cycles:
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
     # plain lerobot-train's ACT chunk: chunk_size = n_action_steps = 100
-    return tiny_act_checkpoint(tmp_path_factory.mktemp("keepup"), {"front": (H, W)}, steps=4, chunk_size=100)
+    return tiny_act(tmp_path_factory, {"front": (H, W)}, steps=4, chunk_size=100)
 
 
 def make_bench(root: Path, policy: dict) -> tuple[Daemon, Cycles, list]:

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from policy_support import tiny_act
 
 from daemon.apps.commands.policy import format_status
 from daemon.policy.action_queue import QueueConfig
 from daemon.policy.runner import OVERHEAD_STAGES, STAGE_KEYS, PolicyRunnerConfig, PolicySource
-from daemon.policy.tiny import synthetic_frame, synthetic_pose, tiny_act_checkpoint
+from daemon.policy.tiny import synthetic_frame, synthetic_pose
 from drivers.cameras import Frame
 
 H, W = 48, 64
@@ -37,7 +38,7 @@ class StillCamera:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
-    return tiny_act_checkpoint(tmp_path_factory.mktemp("latency_policy"), {"front": (H, W)})
+    return tiny_act(tmp_path_factory, {"front": (H, W)})
 
 
 @pytest.fixture()

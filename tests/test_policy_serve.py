@@ -9,18 +9,19 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
+from policy_support import tiny_act
 
 from daemon.policy.checkpoint import ExpectedIO
 from daemon.policy.engine import PolicyEngine
 from daemon.policy.serve import PolicyClient, PolicyServer, PolicyServerError, check_endpoint
-from daemon.policy.tiny import synthetic_frame, synthetic_pose, tiny_act_checkpoint
+from daemon.policy.tiny import synthetic_frame, synthetic_pose
 
 H, W = 48, 64
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory) -> PolicyEngine:
-    ckpt = tiny_act_checkpoint(tmp_path_factory.mktemp("serve"), {"front": (H, W)})
+    ckpt = tiny_act(tmp_path_factory, {"front": (H, W)})
     return PolicyEngine.from_checkpoint(str(ckpt), ExpectedIO(cameras={"front": (H, W)}))
 
 

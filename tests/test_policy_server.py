@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from policy_support import tiny_act
 from support import still_arm_on_pty, wait_for
 
 from daemon.api.client import ControlClient
 from daemon.apps.commands.policy import format_status
 from daemon.config.settings import config_from_dict
 from daemon.policy.safe_unpickle import UnsafePickleError, loads_actions
-from daemon.policy.tiny import tiny_act_checkpoint
 from daemon.service.attach_policy import attach_policy
 from daemon.service.daemon import Daemon
 from drivers.cameras import CameraConfig as CamCfg
@@ -113,7 +113,7 @@ class LeRobotServer:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
-    return tiny_act_checkpoint(tmp_path_factory.mktemp("server_policy"), {"front": (H, W)})
+    return tiny_act(tmp_path_factory, {"front": (H, W)})
 
 
 def make_bench(

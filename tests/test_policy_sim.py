@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from policy_support import tiny_act
 from support import MujocoSimThread, free_port, still_arm_on_pty, wait_for
 
 from daemon.config.settings import config_from_dict
-from daemon.policy.tiny import tiny_act_checkpoint
 from daemon.service.attach_policy import attach_policy
 from daemon.service.daemon import Daemon
 from drivers.cameras import CameraConfig as CamCfg
@@ -27,7 +27,7 @@ POSE = np.array([0.0, -40.0, 40.0, 20.0, 0.0, 30.0])
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
-    return tiny_act_checkpoint(tmp_path_factory.mktemp("sim_policy"), {"front": (H, W)})
+    return tiny_act(tmp_path_factory, {"front": (H, W)})
 
 
 class Rows:

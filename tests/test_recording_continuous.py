@@ -217,10 +217,12 @@ def test_rotation_by_size_uses_lerobots_sentry_estimate_and_bad_config_is_refuse
     assert cfg.recording.rotate_s == 0.0 and cfg.recording.rotate_mb == 200.0  # LeRobot's 200 MB
 
 
-def test_a_running_policy_records_continuously_and_policy_stop_saves_the_last_part(virtual_bench, tmp_path):
-    from daemon.policy.tiny import tiny_act_checkpoint
+def test_a_running_policy_records_continuously_and_policy_stop_saves_the_last_part(
+    virtual_bench, tmp_path, tmp_path_factory
+):
+    from policy_support import tiny_act
 
-    ckpt = tiny_act_checkpoint(tmp_path / "ckpt", {"front": (48, 64)})
+    ckpt = tiny_act(tmp_path_factory, {"front": (48, 64)})
     data = virtual_bench.root / "datasets"
     cfg = bench_config(virtual_bench, data, rotate_s=0, rotate_mb=0)
     cfg.policy.action_fps = 30.0
