@@ -11,14 +11,16 @@ Measured side by side in one run, on the same emulator:
    costs here, so the bimanual cycle can be read against it;
 3. LeRobot 0.6.1's own bimanual cycle on the same four ports: ``BiSOLeader.get_action`` ->
    ``BiSOFollower.send_action`` + ``BiSOFollower.get_observation`` (no cameras), free-running;
-4. so101d's bimanual loop at 100 Hz: the rate held and the period jitter.
+4. so101d's bimanual loop at 100 Hz: the rate held and the period jitter;
+5. the daemon at 100 Hz recording both arms and two 640x480 cameras into one dataset: the rate,
+   jitter and overruns while it records, the frames saved.
 
 Each in two rounds on a fresh emulator: wire time only (the cycle is bound by CPU, ours and the
 emulator's), and behind a CH343's USB delivery on every bus (the cycle waits on replies, as on a
 real rig).
 
-Goal (issue #25): so101d's bimanual cycle >= 2.5x faster than LeRobot's bimanual cycle, and close
-to a single-arm cycle.
+Goal (issue #25): so101d's bimanual cycle >= 2.5x faster than LeRobot's bimanual cycle, close
+to a single-arm cycle, and 100 Hz held with both arms recording two cameras.
 
     .venv/bin/python bench/bench_bimanual.py [--seconds 3] [--rounds wire,ch343]
 """
@@ -61,6 +63,10 @@ def _cpu_s(pid: int | None = None) -> float:
 
 
 def rig_config(bench: EmulatorProcess, *, bimanual: bool, overlap: bool, rate_hz: float) -> Config:
+    return config_from_dict(_config_data(bench, bimanual=bimanual, overlap=overlap, rate_hz=rate_hz))
+
+
+def _config_data(bench: EmulatorProcess, *, bimanual: bool, overlap: bool, rate_hz: float) -> dict:
     links = bench.links
     data: dict = {
         "leader": {"id": LEADER_ID},
@@ -80,7 +86,7 @@ def rig_config(bench: EmulatorProcess, *, bimanual: bool, overlap: bool, rate_hz
     else:  # the left pair alone, with its own calibration ids
         data["leader"].update(port=str(links["left_leader"]), id=f"{LEADER_ID}_left")
         data["follower"].update(port=str(links["left_follower"]), id=f"{FOLLOWER_ID}_left")
-    return config_from_dict(data)
+    return data
 
 
 def _tracking(loop: ControlLoop) -> bool:
@@ -180,6 +186,65 @@ def run_lerobot(bench: EmulatorProcess, seconds: float) -> dict:
     return {"rate_hz": len(times) / elapsed, "cycle_p50_ms": pct(arr, 50) * 1e3, "cycle_p99_ms": pct(arr, 99) * 1e3}
 
 
+CAMERA_W, CAMERA_H, CAMERA_FPS = 640, 480, 30  # two cameras as a bimanual rig records them (top, right wrist)
+
+
+def run_recording(bench: EmulatorProcess, seconds: float) -> dict:
+    """The daemon itself (``so101d run``'s Daemon) at 100 Hz on both pairs, recording one episode
+    of both arms and two 640x480 cameras: the loop's rate, jitter and overruns while it records,
+    and what the episode holds once saved."""
+    from daemon.api.client import ControlClient
+    from daemon.service.daemon import Daemon
+
+    d = bench.directory
+    cam = {"kind": "virtual", "width": CAMERA_W, "height": CAMERA_H, "fps": CAMERA_FPS}
+    cfg = config_from_dict(
+        {
+            **_config_data(bench, bimanual=True, overlap=True, rate_hz=100.0),
+            "recording": {"enabled": True, "dataset_root": str(d / "datasets"), "repo_id": "bench/bimanual", "fps": 30},
+            "cameras": {"top": dict(cam), "right_wrist": dict(cam)},
+            "socket": {"path": str(d / "rec.sock")},
+        }
+    )
+    daemon = Daemon(cfg)
+    daemon.start()
+    loop = daemon.loop
+    try:
+        with ControlClient(daemon.socket_path, timeout_s=60) as c:
+            end = time.monotonic() + 180
+            while c.request("episode.status")["phase"] != "idle" or not _tracking(loop):
+                if time.monotonic() > end:
+                    raise RuntimeError(f"the recording daemon did not get ready: {c.request('episode.status')}")
+                time.sleep(0.05)
+            c.request("episode.start")
+            loop.call(loop.stats.reset)
+            c0, o0 = loop.cycles, loop.overruns
+            t0 = time.monotonic()
+            time.sleep(seconds)  # the measurement window (a benchmark, not a test's wait)
+            cycles, elapsed = loop.cycles - c0, time.monotonic() - t0
+            overruns = loop.overruns - o0
+            jit = loop.stats.jitter.values()
+            status = c.request("episode.status")
+            saved = c.request("episode.save", success=True)
+            end = time.monotonic() + 120
+            while c.request("episode.status")["episodes_in_dataset"] < 1:
+                if time.monotonic() > end:
+                    raise RuntimeError("the recorded episode was not committed in 120 s")
+                time.sleep(0.05)
+    finally:
+        daemon.stop()
+    cams = {cs["name"]: cs for cs in status.get("cameras", [])}
+    return {
+        "rate_hz": cycles / elapsed,
+        "jitter_p50_ms": pct(jit, 50) * 1e3,
+        "jitter_p99_ms": pct(jit, 99) * 1e3,
+        "jitter_max_ms": float(jit.max()) * 1e3 if jit.size else float("nan"),
+        "overruns": overruns,
+        "frames": int(saved.get("frames") or status.get("frames") or 0),
+        "camera_fps": {n: cs.get("fps_measured") for n, cs in cams.items()},
+    }
+
+
 # Rounds: the emulator as fast as its wire (replies the moment the bytes are on the line, so the
 # cycle is bound by CPU: ours and the emulator's, which serves all four buses from one process),
 # and the same bench behind a CH343's USB delivery (a cdc_acm adapter, the kind behind the
@@ -200,6 +265,7 @@ def measure(secs: float, usb_args: list[str]) -> dict[str, dict]:
                 "single": run_ours(bench, secs, bimanual=False, overlap=True, rate_hz=1000.0),
                 "lerobot": run_lerobot(bench, secs),
                 "at100": run_ours(bench, max(secs, 3.0), bimanual=True, overlap=True, rate_hz=100.0),
+                "recording": run_recording(bench, max(secs, 3.0)),
             }
 
 
@@ -255,6 +321,23 @@ def report(title: str, secs: float, r: dict[str, dict]) -> None:
             at100["jitter_max_ms"],
             at100["overruns"],
             at100["modes"],
+        )
+    )
+    rec = r["recording"]
+    fps = ", ".join(f"{n} {v:.1f}" for n, v in sorted(rec["camera_fps"].items()) if v is not None) or "none"
+    print(
+        "so101d bimanual at 100 Hz recording both arms and two {}x{} cameras (the daemon): {:.1f} Hz, period "
+        "jitter p50 {:.3f} / p99 {:.3f} / max {:.3f} ms, {} overruns; {} frames saved, cameras fps {}  [{}]".format(
+            CAMERA_W,
+            CAMERA_H,
+            rec["rate_hz"],
+            rec["jitter_p50_ms"],
+            rec["jitter_p99_ms"],
+            rec["jitter_max_ms"],
+            rec["overruns"],
+            rec["frames"],
+            fps,
+            "ok" if rec["rate_hz"] >= 99.0 else "MISSED",
         )
     )
 

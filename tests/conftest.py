@@ -55,6 +55,7 @@ FILE_KINDS: dict[str, str] = {
     "test_emulator_protocol.py": "unit",
     "test_packaging.py": "unit",
     "test_policy_path_check.py": "unit",
+    "test_policy_arm_split.py": "unit",
     "test_policy_queue.py": "unit",
     "test_readme.py": "unit",
     "test_service_find_ports.py": "unit",

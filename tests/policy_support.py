@@ -13,9 +13,13 @@ import hashlib
 import json
 import os
 import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from support import wait_for
 
 from daemon.policy.tiny import tiny_act_checkpoint
 
@@ -61,3 +65,51 @@ def tiny_act(
     copy = tmp_path_factory.mktemp(f"act-{key}") / "checkpoint"
     shutil.copytree(work / relative, copy)
     return copy
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LeRobotServer:
+    """LeRobot's policy server, unmodified, as an operator starts it (CPU, loopback)."""
+
+    def __init__(self, port: int, workdir: Path, inference_latency_s: float = 0.0):
+        self.port, self.workdir, self.proc = port, workdir, None
+        self.inference_latency_s = inference_latency_s
+
+    def start(self) -> None:
+        # --inference_latency=0: no artificial sleep in GetActions (its default pads to 1/fps)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lerobot.async_inference.policy_server",
+                "--host=127.0.0.1",
+                f"--port={self.port}",
+                "--fps=30",
+                f"--inference_latency={self.inference_latency_s}",
+            ],
+            cwd=self.workdir,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.workdir / "server.err", "ab"),
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+
+        def accepting() -> bool:
+            assert self.proc.poll() is None, (self.workdir / "server.err").read_text()[-2000:]
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return True
+            except OSError:
+                return False
+
+        wait_for(accepting, 60, "LeRobot's policy server listening")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None

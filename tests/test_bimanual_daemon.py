@@ -11,8 +11,8 @@ calibration ids ``<id>_left`` / ``<id>_right`` from the bench's --calibration-ou
   and status names the left servo and port. Once it is back, ``teleop start`` resumes both arms
   by alignment: no command step larger than the safety limit on either arm, at any point.
 - With ``fault_holds = "faulted"`` the right arm keeps tracking while the left holds.
-- What is not built for two arms (policies, replay) is refused with the reason (recording two
-  arms: tests/test_bimanual_recording.py).
+- What is not built for two arms (replay, the LeIsaac remote leader) is refused with the reason
+  (recording two arms, and a policy trained on them: tests/test_bimanual_recording.py).
 """
 
 from __future__ import annotations
@@ -192,18 +192,24 @@ def test_with_fault_holds_faulted_the_other_arm_keeps_tracking(rig, bench: Emula
 
 
 def test_what_two_arms_cannot_do_yet_is_refused_with_the_reason(bench: EmulatorProcess, tmp_path: Path) -> None:
-    cfg = load_config(write_config(bench, tmp_path, '[policy]\nenabled = true\npath = "/nowhere"\n'))
-    with pytest.raises(StartupError, match=r"\[policy\] enabled with \[arms.left\]"):
+    cfg = load_config(write_config(bench, tmp_path, "[leisaac_remote_leader]\nenabled = true\n"))
+    with pytest.raises(StartupError, match=r"\[leisaac_remote_leader\] enabled with \[arms.left\]"):
         Daemon(cfg)
     cfg = load_config(write_config(bench, tmp_path))
     daemon = Daemon(cfg)
     daemon.start()
     try:
         with ControlClient(daemon.socket_path) as c:
-            for verb in ("policy.load", "replay.start", "episode.start"):
+            for verb, why in (
+                ("replay.start", "not built for two arms yet"),
+                ("episode.start", "recording is disabled"),
+                # the policy verbs are there (tests/test_bimanual_recording.py drives both arms);
+                # corrections take one arm
+                ("policy.load", "no checkpoint given"),
+            ):
                 with pytest.raises(CommandFailed) as refused:
                     c.request(verb)
-                assert "two arms" in str(refused.value) or "recording is disabled" in str(refused.value), verb
+                assert why in str(refused.value), (verb, str(refused.value))
     finally:
         daemon.stop()
 

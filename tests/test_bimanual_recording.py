@@ -340,3 +340,170 @@ def test_so101d_demo_bimanual_records_both_arms_and_says_how_to_load_them(tmp_pa
     cams = sorted(k.removeprefix("observation.images.") for k in ds.features if k.startswith("observation.images."))
     assert cams == ["front", "left_wrist", "right_wrist"]
     assert ds[0]["task"] == "demo: hand over"
+
+
+# -------------------------------------------------------------------------------------------------
+# The policy: LeRobot's own `lerobot-train` on the two recorded episodes, then the checkpoint drives
+# both arms (locally, and through LeRobot's unmodified policy server), and the take-over brings
+# each leader to its own follower.
+# -------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def trained(recorded, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An ACT trained by plain `lerobot-train` (tiny, a few CPU steps) on the bimanual dataset."""
+    from recording_support import train_tiny_act
+
+    root, _ = recorded
+    out = tmp_path_factory.mktemp("bimanual-train") / "train"
+    train_tiny_act(REPO_ID, root, out, 5, 2, "--dataset.video_backend=pyav", save=True)
+    ckpt = out / "checkpoints" / "last" / "pretrained_model"
+    cfg = json.loads((ckpt / "config.json").read_text())
+    assert cfg["input_features"]["observation.state"]["shape"] == [12], cfg["input_features"]
+    assert cfg["output_features"]["action"]["shape"] == [12], cfg["output_features"]
+    return ckpt
+
+
+def _policy_toml(bench: EmulatorProcess, directory: Path, policy: str, record: bool) -> Path:
+    """The rig's configuration with its cameras (the policy sees what it was trained on) and [policy]."""
+    recording = (
+        f'[recording]\nenabled = true\ndataset_root = "{directory / "datasets"}"\nrepo_id = "eval/bimanual"\nfps = {FPS}\n'
+        if record
+        else ""
+    )
+    return write_bimanual_config(
+        bench,
+        directory,
+        f"""
+{recording}
+[cameras.top]
+kind = "virtual"
+width = {W}
+height = {H}
+fps = {FPS}
+
+[cameras.right_wrist]
+kind = "virtual"
+width = {W}
+height = {H}
+fps = {FPS}
+
+[policy]
+{policy}
+
+[socket]
+path = "{directory / "control.sock"}"
+""",
+    )
+
+
+def _arms_driven_by_policy(c: ControlClient) -> bool:
+    arms = c.request("status")["arms"]
+    return all(arms[s]["source"] == "policy" and arms[s]["mode"] == "policy" for s in SIDES)
+
+
+def test_the_act_trained_on_both_arms_drives_both_followers_and_the_evaluation_is_recorded(
+    bench: EmulatorProcess, trained: Path, tmp_path: Path
+) -> None:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    daemon = Daemon(load_config(_policy_toml(bench, tmp_path, 'task = "hand the cube over"', record=True)))
+    daemon.start()
+    try:
+        with ControlClient(daemon.socket_path, timeout_s=60) as c:
+            wait_for(lambda: c.request("episode.status")["phase"] == "idle", 120, "the recorder ready")
+            loaded = c.request("policy.load", path=str(trained), wait_s=120)
+            assert loaded["state"] == "ready", loaded
+            st = c.request("policy.status")
+            assert st["arms"] == ["left", "right"] and st["joints"] == 12, st
+            c.request("policy.start")
+            wait_for(lambda: _arms_driven_by_policy(c), 30, "both arms driven by the policy")
+            wait_for(lambda: c.request("policy.status")["results"] >= 3, 60, "three chunks from the policy")
+            wait_for(lambda: c.request("episode.status")["frames"] >= FRAMES, 30, f"{FRAMES} frames")
+            stopped = c.request("policy.stop", success=True)
+            assert stopped["mode"] == "hold", stopped
+            wait_for(lambda: c.request("episode.status")["episodes_in_dataset"] == 1, 60, "the evaluation committed")
+    finally:
+        daemon.stop()
+    root = tmp_path / "datasets" / "eval" / "bimanual"
+    ds = LeRobotDataset("eval/bimanual", root=root, video_backend="pyav")
+    assert ds.meta.robot_type == BIMANUAL_ROBOT_TYPE and ds.features[ACTION_KEY]["shape"] == (12,)
+    rows = [ds.hf_dataset[i] for i in range(len(ds))]
+    # every frame: both arms the policy's (none is an intervention), no leader drove either
+    assert {r[SOURCE_KEY] for r in rows} == {"left=policy,right=policy"}
+    assert read_episode_tags(root)[0].origin == "policy"
+    # the policy's raw targets per arm: its own half of the action, not one arm's copied to both
+    raw = np.stack([np.asarray(r[TELEOP_ACTION_KEY]) for r in rows])
+    assert np.max(np.abs(raw[:, :6] - raw[:, 6:])) > 5.0, raw[-1]
+
+
+def test_policy_check_names_the_joints_of_a_rig_the_checkpoint_was_not_trained_for(
+    bench: EmulatorProcess, trained: Path, tmp_path: Path
+) -> None:
+    """`so101d policy check`: the bimanual checkpoint fits the bimanual configuration; on a single
+    pair it is refused, naming both vectors (a 12-wide policy must never drive one arm)."""
+    import subprocess
+    import sys
+
+    def check(config: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "daemon.apps.cli", "policy", "check", str(trained), "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    ok = check(_policy_toml(bench, tmp_path, "", record=False))
+    assert ok.returncode == 0 and ok.stdout.startswith("ok: act policy, state (12,)"), (ok.stdout, ok.stderr)
+    single = tmp_path / "single"
+    single.mkdir()
+    (single / "so101d.toml").write_text(
+        f'[leader]\nport = "{bench.links["left_leader"]}"\nid = "emulated_leader_left"\n'
+        f'[follower]\nport = "{bench.links["left_follower"]}"\nid = "emulated_follower_left"\n'
+        f'[calibration]\nroot = "{bench.directory / "calibration"}"\n'
+        f'[cameras.top]\nkind = "virtual"\nwidth = {W}\nheight = {H}\n'
+        f'[cameras.right_wrist]\nkind = "virtual"\nwidth = {W}\nheight = {H}\n'
+    )
+    refused = check(single / "so101d.toml")
+    assert refused.returncode == 1, (refused.stdout, refused.stderr)
+    assert (
+        "observation.state: policy expects shape (12,) (2 arms' joints), the daemon provides (6,): "
+        "shoulder_pan.pos .. gripper.pos, one arm" in refused.stderr
+    ), refused.stderr
+    assert "action: policy outputs shape (12,) (2 arms' joints), the follower takes (6,)" in refused.stderr
+
+
+def test_through_lerobots_policy_server_both_arms_are_driven_then_both_leaders_are_brought_over(
+    bench: EmulatorProcess, trained: Path, tmp_path: Path
+) -> None:
+    from policy_support import LeRobotServer, free_port
+
+    port = free_port()
+    server = LeRobotServer(port, tmp_path)
+    server.start()
+    policy = (
+        f'backend = "lerobot-server"\nserver = "127.0.0.1:{port}"\nserver_policy_type = "act"\n'
+        f'path = "{trained}"\nactions_per_chunk = 5\naction_fps = 30\n'
+    )
+    daemon = Daemon(load_config(_policy_toml(bench, tmp_path, policy, record=False)))
+    daemon.start()
+    try:
+        with ControlClient(daemon.socket_path, timeout_s=60) as c:
+            wait_for(lambda: all(a["mode"] == "teleop" for a in c.request("status")["arms"].values()), 30, "teleop")
+            assert c.request("policy.load", wait_s=120)["state"] == "ready"
+            c.request("policy.start", record=False)
+            wait_for(lambda: _arms_driven_by_policy(c), 60, "both arms driven by the policy")
+            wait_for(lambda: c.request("policy.status")["results"] >= 3, 90, "three chunks from LeRobot's server")
+            st = c.request("policy.status")
+            assert st["backend"] == "lerobot-server" and st["server"]["connected"] and st["joints"] == 12, st
+            r = c.request("policy.takeover")
+            assert r["phase"] in ("torque_on", "moving"), r
+            ctl = daemon.policy
+            wait_for(lambda: ctl.takeover_state.finished, 30, "both leaders brought over")
+            assert ctl.takeover_state.phase == "done", ctl.takeover_state.error
+            wait_for(lambda: all(a["mode"] == "teleop" for a in c.request("status")["arms"].values()), 15, "teleop")
+            loop = daemon.loop
+            for arm in loop.arms:  # each leader where its own follower was, released for the hand
+                leader = loop.leaders[arm.teleop_source].units
+                assert np.abs(np.asarray(leader) - np.asarray(arm.measured)).max() < 6.0, arm.name
+    finally:
+        daemon.stop()
+        server.kill()

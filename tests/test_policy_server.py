@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent import futures
@@ -22,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from policy_support import tiny_act
+from policy_support import LeRobotServer, free_port, tiny_act
 from support import still_arm_on_pty, wait_for
 
 from daemon.api.client import ControlClient
@@ -61,54 +58,6 @@ def wait_mode(loop, c: ControlClient, mode: str, timeout_s: float, what: str) ->
             f"{what}: mode {loop.state.mode} ({loop.state.reason}) after {timeout_s} s; "
             f"policy { ({k: st.get(k) for k in keys}) }"
         ) from None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LeRobotServer:
-    """LeRobot's policy server, unmodified, as an operator starts it (CPU, loopback)."""
-
-    def __init__(self, port: int, workdir: Path, inference_latency_s: float = 0.0):
-        self.port, self.workdir, self.proc = port, workdir, None
-        self.inference_latency_s = inference_latency_s
-
-    def start(self) -> None:
-        # --inference_latency=0: no artificial sleep in GetActions (its default pads to 1/fps)
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "lerobot.async_inference.policy_server",
-                "--host=127.0.0.1",
-                f"--port={self.port}",
-                "--fps=30",
-                f"--inference_latency={self.inference_latency_s}",
-            ],
-            cwd=self.workdir,
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.workdir / "server.err", "ab"),
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        )
-
-        def accepting() -> bool:
-            assert self.proc.poll() is None, (self.workdir / "server.err").read_text()[-2000:]
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return True
-            except OSError:
-                return False
-
-        wait_for(accepting, 60, "LeRobot's policy server listening")
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-            self.proc = None
 
 
 @pytest.fixture(scope="module")

@@ -581,6 +581,8 @@ class PolicyStatus(msgspec.Struct, kw_only=True):
     checkpoint: str | None = None
     policy_type: str | None = None
     cameras: list[str] = msgspec.field(default_factory=list)
+    arms: list[str] = msgspec.field(default_factory=list)  # the arms it drives, in its vector's order
+    joints: int | None = None  # the width of its state and action (six per arm)
     worker: WorkerInfo = msgspec.field(default_factory=WorkerInfo)
     merge: str | None = None  # how a new chunk joins the queue
     queue_depth: int | None = None

@@ -46,11 +46,20 @@ def _no_reading() -> np.ndarray | None:
 @dataclass(frozen=True)
 class SourceEntry:
     """A named target source. ``last_reading`` is what the recorder's teleop.action shows while
-    the source offers nothing fresh (the leader: its last reading, even too old to follow)."""
+    the source offers nothing fresh (the leader: its last reading, even too old to follow).
+
+    ``per_arm``: one source that drives several arms at once (a bimanual policy's 12-wide action)
+    offers each arm its own view under the one name, so the record still says "policy" for both;
+    an arm without a view of its own gets ``source``."""
 
     name: str
     source: TargetSource
     last_reading: Callable[[], np.ndarray | None] = _no_reading
+    per_arm: Mapping[str, TargetSource] | None = None
+
+    def source_for(self, arm: str) -> TargetSource:
+        per_arm = self.per_arm
+        return self.source if per_arm is None else per_arm.get(arm, self.source)
 
     @property
     def timing_name(self) -> str:
@@ -255,7 +264,7 @@ class DrivenArm:
             if self.measured is not None:
                 t0 = monotonic()
                 try:
-                    target = joint_target(entry.source.target(now, self.measured))
+                    target = joint_target(entry.source_for(self.name).target(now, self.measured))
                 except Exception as exc:
                     target = None
                     on_error()

@@ -46,7 +46,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from functools import partial
 from typing import Any
@@ -59,7 +59,16 @@ from daemon.control.driven_arm import DrivenArm, SourceEntry
 from daemon.control.faults import fault_text
 from daemon.control.leader_source import LeaderSource
 from daemon.control.safety import ControllerState, CycleOutput, SafetyParams
-from daemon.control.seams import ArmRecord, CycleHook, CycleRecord, LeaderHook, RecordHook, TargetSource, Watchdog
+from daemon.control.seams import (
+    ArmRecord,
+    CycleHook,
+    CycleRecord,
+    LeaderHook,
+    PerArmSource,
+    RecordHook,
+    TargetSource,
+    Watchdog,
+)
 from daemon.control.snapshot import (
     BUS_COUNTER_KEYS,
     SAFETY_CONFIG_KEYS,
@@ -267,14 +276,30 @@ class ControlLoop:
         return driven
 
     def add_source(
-        self, name: str, source: TargetSource, last_reading: Callable[[], np.ndarray | None] | None = None
+        self,
+        name: str,
+        source: TargetSource,
+        last_reading: Callable[[], np.ndarray | None] | None = None,
+        per_arm: Mapping[str, TargetSource] | None = None,
     ) -> None:
         """Offer a target source under ``name`` (replacing one of that name); an arm follows it
         once assigned (``assign``). ``last_reading``: what the recorder's teleop.action shows
-        while the source offers nothing fresh (default: the command sent)."""
-        if not isinstance(source, TargetSource):
-            raise TypeError(f"{source!r} is not a TargetSource (target(now, state) -> target or None)")
-        entry = SourceEntry(name, source) if last_reading is None else SourceEntry(name, source, last_reading)
+        while the source offers nothing fresh (default: the command sent). ``per_arm``: a source
+        driving several arms gives each arm named there its own view (SourceEntry)."""
+        for given in (source, *(per_arm or {}).values()):
+            if not isinstance(given, TargetSource):
+                raise TypeError(f"{given!r} is not a TargetSource (target(now, state) -> target or None)")
+        unknown = sorted(set(per_arm or {}) - {a.name for a in self.arms})
+        if unknown:
+            raise ValueError(
+                f"source {name!r}: no arm named {', '.join(map(repr, unknown))} (arms: {', '.join(a.name for a in self.arms)})"
+            )
+        views = None if per_arm is None else dict(per_arm)
+        entry = (
+            SourceEntry(name, source, per_arm=views)
+            if last_reading is None
+            else SourceEntry(name, source, last_reading, views)
+        )
         self.sources = {**self.sources, name: entry}  # one reference swap: the loop never sees it half-made
 
     def remove_source(self, name: str) -> None:
@@ -316,9 +341,12 @@ class ControlLoop:
 
     @policy_source.setter
     def policy_source(self, source: TargetSource | None) -> None:
-        """The policy's source for mode ``policy`` (None: no policy loaded; arms it drove hold)."""
+        """The policy's source for mode ``policy`` (None: no policy loaded; arms it drove hold).
+        A source that drives several arms (``PerArmSource``: a bimanual policy) gives each its view."""
         if source is None:
             self.remove_source("policy")
+        elif isinstance(source, PerArmSource):
+            self.add_source("policy", source, per_arm=source.views)
         else:
             self.add_source("policy", source)
 

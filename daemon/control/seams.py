@@ -8,6 +8,7 @@ cost microseconds and never block.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -21,6 +22,18 @@ class TargetSource(Protocol):
     ``target`` returns the joint target (LeRobot units), or None for "nothing fresh": the loop
     then holds the measured pose.
     """
+
+    def target(self, now_monotonic_s: float, state_units: np.ndarray) -> np.ndarray | None: ...
+
+
+@runtime_checkable
+class PerArmSource(Protocol):
+    """One source that drives several arms at once (a bimanual policy: one 12-wide action for
+    the left and right arms): each arm it drives asks its own view, by arm name. Its own
+    ``target`` serves an arm it has no view for (None: that arm holds)."""
+
+    @property
+    def views(self) -> Mapping[str, TargetSource]: ...
 
     def target(self, now_monotonic_s: float, state_units: np.ndarray) -> np.ndarray | None: ...
 

@@ -6,6 +6,7 @@ worker.py      the policy process (spawned); obs_buffer.py the shared-memory obs
 action_queue.py time-stamped chunks: stale dropping, latest (cross-faded) / temporal-ensembling merge,
                usable horizon (what the refill rule compares with the measured latency)
 runner.py      PolicySource: the control loop's microsecond-cost ``target(now, state)``
+arm_split.py   one policy over a bimanual rig's arms: one observation of both, each arm its half
 takeover.py    policy -> teleop without a jump (leader moved to the follower, then released)
 serve.py       ZeroMQ endpoint + PolicyClient for other local programs
 lerobot_server.py backend "lerobot-server": the worker speaks LeRobot's async-inference gRPC to its

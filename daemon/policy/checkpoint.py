@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calibration.conventions import NUM_JOINTS
+from calibration.conventions import FEATURE_NAMES, NUM_JOINTS
 from daemon.data.schema import ACTION_KEY, IMAGE_KEY_PREFIX, STATE_KEY
 
 MODEL_FILE = "model.safetensors"
@@ -74,6 +74,24 @@ class ExpectedIO:
     cameras: dict[str, tuple[int, int]] = field(default_factory=dict)
     state_dim: int = NUM_JOINTS
     action_dim: int = NUM_JOINTS
+    arms: tuple[str, ...] = ()  # a bimanual rig's arms, in the vector's order (LeRobot's: left, right)
+
+    @classmethod
+    def for_arms(cls, cameras: dict[str, tuple[int, int]], arms: tuple[str, ...]) -> ExpectedIO:
+        """What a rig of ``arms`` feeds and takes: every arm's joints in one vector (() or one arm: six)."""
+        if len(arms) < 2:
+            return cls(cameras=dict(cameras))
+        width = NUM_JOINTS * len(arms)
+        return cls(cameras=dict(cameras), state_dim=width, action_dim=width, arms=tuple(arms))
+
+    def joints_text(self) -> str:
+        """The daemon's joint vector in words, for a mismatch: its width and its features' names."""
+        if not self.arms:
+            if self.state_dim != NUM_JOINTS:
+                return f"({self.state_dim},)"
+            return f"({self.state_dim},): {FEATURE_NAMES[0]} .. {FEATURE_NAMES[-1]}, one arm"
+        parts = ", ".join(f"{a}_{FEATURE_NAMES[0]} .. {a}_{FEATURE_NAMES[-1]}" for a in self.arms)
+        return f"({self.state_dim},): {parts}, {len(self.arms)} arms ({', '.join(self.arms)})"
 
 
 @dataclass(frozen=True)
@@ -352,13 +370,16 @@ def check_inputs(info: CheckpointInfo, expected: ExpectedIO) -> list[str]:
         )
     elif info.state_shape != (expected.state_dim,):
         problems.append(
-            f"{STATE_KEY}: policy expects shape {info.state_shape}, the daemon provides ({expected.state_dim},)"
+            f"{STATE_KEY}: policy expects shape {info.state_shape}{_trained_for(info.state_shape)}, "
+            f"the daemon provides {expected.joints_text()}"
         )
     if info.action_shape is None:
         problems.append(f"the policy outputs no {ACTION_KEY!r}")
     elif info.action_shape != (expected.action_dim,):
+        takes = "the followers take" if expected.arms else "the follower takes"
         problems.append(
-            f"{ACTION_KEY}: policy outputs shape {info.action_shape}, the follower takes ({expected.action_dim},)"
+            f"{ACTION_KEY}: policy outputs shape {info.action_shape}{_trained_for(info.action_shape)}, "
+            f"{takes} ({expected.action_dim},)"
         )
     for name in sorted(set(info.cameras) - set(expected.cameras)):
         c, h, w = info.cameras[name]
@@ -374,6 +395,14 @@ def check_inputs(info: CheckpointInfo, expected: ExpectedIO) -> list[str]:
     for key, shape in sorted(info.other_inputs.items()):
         problems.append(f"input {key!r} {shape} is not something the daemon provides")
     return problems
+
+
+def _trained_for(shape: tuple[int, ...]) -> str:
+    """What a joint vector's width says of the rig a policy was trained on (six per SO-101)."""
+    if len(shape) != 1 or shape[0] % NUM_JOINTS:
+        return ""
+    n = shape[0] // NUM_JOINTS
+    return " (one arm's joints)" if n == 1 else f" ({n} arms' joints)"
 
 
 def check_checkpoint(path: str | os.PathLike[str], expected: ExpectedIO) -> CheckpointInfo:

@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from calibration.conventions import JOINT_NAMES, NUM_JOINTS
+from calibration.conventions import FEATURE_NAMES, NUM_JOINTS
 from daemon.config.settings import parse_host_port
 from daemon.policy.checkpoint import CheckpointInfo
 from daemon.policy.engine import InferenceTimings
@@ -73,6 +73,9 @@ class ServerSpec:
     task: str = ""
     setup_timeout_s: float = 120.0  # SendPolicyInstructions: the server loads the checkpoint inside it
     call_timeout_s: float = 10.0  # SendObservations / GetActions
+    # the state's and action's feature names, in order: one arm's ("shoulder_pan.pos" ..), or a
+    # bimanual rig's as LeRobot's BiSOFollower names them ("left_shoulder_pan.pos" .. "right_gripper.pos")
+    joint_names: list[str] = field(default_factory=lambda: list(FEATURE_NAMES))
 
 
 def remote_info(spec: ServerSpec) -> CheckpointInfo:
@@ -83,10 +86,10 @@ def remote_info(spec: ServerSpec) -> CheckpointInfo:
     return CheckpointInfo(
         path=Path(spec.checkpoint),
         policy_type=spec.policy_type,
-        state_shape=(NUM_JOINTS,),
+        state_shape=(len(spec.joint_names),),
         cameras={n: (3, int(h), int(w)) for n, (h, w) in spec.cameras.items()},
         other_inputs={},
-        action_shape=(NUM_JOINTS,),
+        action_shape=(len(spec.joint_names),),
         chunk_size=spec.actions_per_chunk,
         n_action_steps=spec.actions_per_chunk,
         n_obs_steps=1,
@@ -107,6 +110,9 @@ def validate(spec: ServerSpec) -> None:
         raise ValueError("policy.path: the checkpoint (path or hub repo id on the server) is empty")
     if spec.actions_per_chunk < 1:
         raise ValueError(f"policy.actions_per_chunk: {spec.actions_per_chunk!r} must be >= 1")
+    names = list(spec.joint_names)
+    if not names or len(names) % NUM_JOINTS or len(set(names)) != len(names):
+        raise ValueError(f"joint names {names!r}: {NUM_JOINTS} distinct names per arm")
 
 
 class ServerEngine:
@@ -130,7 +136,10 @@ class ServerEngine:
         self._TimedObservation = TimedObservation
         self.spec = spec
         self.camera_names = tuple(sorted(spec.cameras))
-        hw: dict[str, Any] = {f"{j}.pos": float for j in JOINT_NAMES}
+        # the robot's features as LeRobot's own client sends them (RobotClient: robot.observation_features
+        # through hw_to_dataset_features): the server orders observation.state by these names
+        self.joint_names = tuple(spec.joint_names)
+        hw: dict[str, Any] = dict.fromkeys(self.joint_names, float)
         hw.update({n: (int(h), int(w), 3) for n, (h, w) in spec.cameras.items()})
         self._features = hw_to_dataset_features(hw, "observation", use_video=False)
         self._policy_config = RemotePolicyConfig(
@@ -213,9 +222,10 @@ class ServerEngine:
             self.connect()
         grpc = self._grpc
         state = np.asarray(state, dtype=np.float32)
-        if state.shape != (NUM_JOINTS,) or not np.all(np.isfinite(state)):
-            raise ValueError(f"state {state.shape} is not {NUM_JOINTS} finite joint positions")
-        raw: dict[str, Any] = {f"{j}.pos": float(v) for j, v in zip(JOINT_NAMES, state)}
+        width = len(self.joint_names)
+        if state.shape != (width,) or not np.all(np.isfinite(state)):
+            raise ValueError(f"state {state.shape} is not {width} finite joint positions")
+        raw: dict[str, Any] = {name: float(v) for name, v in zip(self.joint_names, state)}
         for n in self.camera_names:
             raw[n] = images[n]
         raw["task"] = self.spec.task
@@ -282,10 +292,9 @@ class ServerEngine:
             v = v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
             rows.append(np.asarray(v, dtype=np.float32).reshape(-1))
         out = np.stack(rows)
-        if out.shape[1] != NUM_JOINTS or not np.all(np.isfinite(out)):
-            raise ValueError(
-                f"policy server actions have shape {out.shape} or non-finite values; need (n, {NUM_JOINTS})"
-            )
+        width = len(self.joint_names)
+        if out.shape[1] != width or not np.all(np.isfinite(out)):
+            raise ValueError(f"policy server actions have shape {out.shape} or non-finite values; need (n, {width})")
         return np.ascontiguousarray(out)
 
 

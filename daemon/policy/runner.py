@@ -109,6 +109,9 @@ class PolicyRunnerConfig:
     load_timeout_s: float = 120.0
     backend: str = "local"  # "lerobot-server": the worker asks LeRobot's policy server (lerobot_server.py)
     server: ServerSpec | None = None
+    # a bimanual rig's arms in the policy vector's order (LeRobot's: left, right): the state and
+    # action hold every arm's joints; () for one arm
+    arms: tuple[str, ...] = ()
 
 
 class _Samples:
@@ -163,14 +166,15 @@ class PolicySource:
             validate(config.server)
             self.info = remote_info(config.server)  # the checkpoint lives on the server
         elif config.backend == "local":
-            self.info = check_checkpoint(config.checkpoint, ExpectedIO(cameras=dict(config.cameras)))
+            self.info = check_checkpoint(config.checkpoint, ExpectedIO.for_arms(dict(config.cameras), config.arms))
         else:
             raise ValueError(f'policy.backend: {config.backend!r} must be "local" or "lerobot-server"')
         missing = [n for n in self.info.cameras if n not in self.cameras]
         if missing:
             raise ValueError(f"policy needs camera(s) {', '.join(missing)} but no frame source was given for them")
         # refill_below >= n_action_steps keeps the worker busy back to back (freshest chunks, most CPU)
-        self.queue = ActionQueue(config.queue, action_dim=NUM_JOINTS)
+        self.width = NUM_JOINTS * max(1, len(config.arms))  # joints in the state and in each action
+        self.queue = ActionQueue(config.queue, action_dim=self.width)
         # The next chunk is asked for when the queue's usable horizon falls to this (seconds):
         # measured latency (high percentile) + margin. 0 until the first chunk has been timed (the
         # empty queue asks at once anyway).
@@ -180,7 +184,7 @@ class PolicySource:
         self.state = "stopped"  # stopped | loading | ready | error
         self.error: str | None = None
         self.worker_info: dict[str, Any] = {}
-        self._layout = ObsLayout.make(NUM_JOINTS, {n: (c[1], c[2]) for n, c in self.info.cameras.items()})
+        self._layout = ObsLayout.make(self.width, {n: (c[1], c[2]) for n, c in self.info.cameras.items()})
         self._buf: ObsBuffer | None = None
         self._proc: mp.process.BaseProcess | None = None
         self._req_w: Any = None  # our end of daemon -> worker (a multiprocessing Connection)
@@ -528,7 +532,7 @@ class PolicySource:
         req = int(msg["req"])
         n, dim = int(msg["n"]), int(msg["dim"])
         raw = msg["actions"]
-        if dim != NUM_JOINTS or len(raw) != n * dim * 4:
+        if dim != self.width or len(raw) != n * dim * 4:
             self.last_error = f"malformed chunk from the worker ({n}x{dim}, {len(raw)} bytes)"
             return
         actions = np.frombuffer(raw, dtype=np.float32).reshape(n, dim).astype(np.float64)

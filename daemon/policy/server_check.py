@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calibration.conventions import NUM_JOINTS
 from daemon.policy.lerobot_server import EmptyReply, ServerEngine, ServerSpec, ServerUnavailable
 from daemon.policy.safe_unpickle import UnsafePickleError
 
@@ -48,7 +47,7 @@ class ServerCheckResult:
 
 def describe_observation(spec: ServerSpec) -> str:
     cams = ", ".join(f"{n} {w}x{h}" for n, (h, w) in sorted(spec.cameras.items())) or "no cameras"
-    return f"{NUM_JOINTS} joint positions, {cams}"
+    return f"{len(spec.joint_names)} joint positions, {cams}"
 
 
 def check_server_policy(spec: ServerSpec, repeats: int = 0) -> ServerCheckResult:
@@ -65,7 +64,7 @@ def check_server_policy(spec: ServerSpec, repeats: int = 0) -> ServerCheckResult
         except ServerUnavailable as exc:
             raise ServerCheckError(str(exc)) from None
         setup_s = time.perf_counter() - t0
-        state = np.zeros(NUM_JOINTS, dtype=np.float64)
+        state = np.zeros(len(spec.joint_names), dtype=np.float64)
         images = {n: np.zeros((int(h), int(w), 3), dtype=np.uint8) for n, (h, w) in spec.cameras.items()}
         round_trips: list[float] = []
         try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -151,3 +152,67 @@ class LeaderActuator:
 
     def write_goals(self, goals_units: np.ndarray) -> None:
         self.leader.write_goals(goals_units)
+
+
+class TakeoverSet:
+    """Several leaders brought over at once, each to its own follower (a bimanual rig's two pairs:
+    one task, so teleop resumes only when both are over). Its phase is the least advanced of its
+    parts' ("failed" once one fails: the others are stopped and their leaders let go, so no leader
+    is left stiff while the operator is told the take-over failed)."""
+
+    def __init__(self, parts: Mapping[str, Takeover]):
+        if not parts:
+            raise ValueError("a take-over of no leader")
+        self.parts = dict(parts)
+        self._after: str | None = None  # what went wrong once every leader was over (teleop refused)
+
+    @property
+    def finished(self) -> bool:
+        return all(t.finished for t in self.parts.values())
+
+    @property
+    def phase(self) -> str:
+        phases = [t.phase for t in self.parts.values()]
+        if "failed" in phases:
+            return "failed"
+        return min(phases, key=PHASES.index)
+
+    @property
+    def error(self) -> str | None:
+        errors = [f"{name}: {t.error}" for name, t in self.parts.items() if t.error]
+        if self._after:
+            errors.append(self._after)
+        return "; ".join(errors) or None
+
+    @error.setter
+    def error(self, why: str | None) -> None:
+        self._after = why
+
+    @property
+    def max_error(self) -> float | None:
+        done = [t.max_error for t in self.parts.values() if t.max_error is not None]
+        return max(done) if done else None
+
+    def step(self, now_s: float, follower_poses_units: Mapping[str, np.ndarray | None]) -> str:
+        for name, t in self.parts.items():
+            t.step(now_s, follower_poses_units.get(name))
+        failed = [name for name, t in self.parts.items() if t.phase == "failed"]
+        if failed:
+            for t in self.parts.values():
+                if not t.finished:
+                    t.phase = "failed"
+                    t.error = f"stopped: the {', '.join(failed)} take-over failed"
+                    try:
+                        t.leader.set_torque(False)
+                    except Exception as exc:
+                        t.error += f"; releasing this leader failed: {exc}"
+        return self.phase
+
+    def release(self) -> None:
+        """Ended mid-way (``policy stop``): every leader's torque off, for the hand."""
+        for name, t in self.parts.items():
+            if not t.finished:
+                try:
+                    t.leader.set_torque(False)
+                except Exception as exc:
+                    log.error("take-over of %s: releasing its leader failed: %s", name, exc)

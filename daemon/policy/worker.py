@@ -89,7 +89,9 @@ def worker_main(conn, spec_dict: dict[str, Any]) -> None:
             _serve_remote(conn, spec, buf, layout)
             buf.close()
             return
-        expected = ExpectedIO(cameras={n: (int(h), int(w)) for n, (h, w) in spec.cameras.items()})
+        width = layout.state_dim  # six joints per arm: the daemon checked the names (runner.py)
+        cams = {n: (int(h), int(w)) for n, (h, w) in spec.cameras.items()}
+        expected = ExpectedIO(cameras=cams, state_dim=width, action_dim=width)
         engine = PolicyEngine.from_checkpoint(spec.checkpoint, expected, spec.device, task=spec.task)
         engine.max_actions = spec.max_actions
         info = engine.info

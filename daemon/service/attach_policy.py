@@ -38,12 +38,14 @@ import numpy as np
 from daemon.api.server import RequestError
 from daemon.config.settings import PolicyConfig, keys_given
 from daemon.data.recorder import Rotation
+from daemon.data.schema import arm_joint_names
 from daemon.policy.action_queue import QueueConfig
+from daemon.policy.arm_split import ArmSplit
 from daemon.policy.checkpoint import CheckpointError, admit_checkpoint_path
 from daemon.policy.leader_drive import DrivableLeader
 from daemon.policy.lerobot_server import ServerSpec
 from daemon.policy.runner import FrameSource, PolicyRunnerConfig, PolicySource
-from daemon.policy.takeover import LeaderActuator, Takeover, TakeoverConfig
+from daemon.policy.takeover import LeaderActuator, Takeover, TakeoverConfig, TakeoverLeader, TakeoverSet
 from daemon.service.attach_recording import SimEpisodes, rotation_from_request
 from daemon.service.attach_replay import SOURCE_NAME as REPLAY_SOURCE
 from daemon.service.context import DaemonContext, EpisodeRecorder, HasContext, context_of
@@ -95,8 +97,11 @@ def queue_config_from(policy_cfg: Any) -> QueueConfig:
         raise PolicyError(str(exc)) from None
 
 
-def server_spec_from(policy_cfg: PolicyConfig, path: str, cameras: Mapping[str, tuple[int, int]]) -> ServerSpec | None:
-    """[policy] keys -> the lerobot-server backend's ServerSpec (None for the local backend)."""
+def server_spec_from(
+    policy_cfg: PolicyConfig, path: str, cameras: Mapping[str, tuple[int, int]], arms: tuple[str, ...] = ()
+) -> ServerSpec | None:
+    """[policy] keys -> the lerobot-server backend's ServerSpec (None for the local backend);
+    ``arms``: a bimanual rig's, whose joints the server gets named as LeRobot's BiSOFollower names them."""
     if policy_cfg.backend != "lerobot-server":
         return None
     if not policy_cfg.server:
@@ -110,6 +115,7 @@ def server_spec_from(policy_cfg: PolicyConfig, path: str, cameras: Mapping[str, 
         action_fps=float(policy_cfg.action_fps),
         cameras={n: [h, w] for n, (h, w) in cameras.items()},
         task=policy_cfg.task,
+        joint_names=arm_joint_names(arms if len(arms) > 1 else ()),
     )
 
 
@@ -133,7 +139,7 @@ class PolicyController:
         self.source: PolicySource | None = None
         self.episode_open = False
         self._lock = threading.Lock()
-        self.takeover_state: Takeover | None = None
+        self.takeover_state: Takeover | TakeoverSet | None = None
         self._takeover_thread: threading.Thread | None = None
         # the correction in progress (None: the policy drives, or no run); its transitions under
         # _corr_lock (the take-over's thread hands the arm to the leader, the verbs end it)
@@ -142,6 +148,13 @@ class PolicyController:
         self.corrections = 0  # corrections of this run (`policy start` to `stop`)
         self.correction_s = 0.0  # the operator's time in them, seconds
         self._task = ""
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        """The arms one policy drives together, in its vector's order (a bimanual rig's left and
+        right, LeRobot's order); () for one arm."""
+        arms = self.daemon.loop.arms
+        return tuple(a.name for a in arms) if len(arms) > 1 else ()
 
     # -- verbs -------------------------------------------------------------------------------
     def _camera_size(self, name: str, cfg: Any) -> tuple[int, int]:
@@ -178,6 +191,7 @@ class PolicyController:
             if self.correction is not None:
                 raise PolicyError("a correction of the running policy is in progress; `so101d policy stop` first")
             configured = {n: self._camera_size(n, c) for n, c in self.daemon.cfg.cameras.items()}
+            arms = self.arms
             try:
                 src = PolicySource(
                     PolicyRunnerConfig(
@@ -188,18 +202,21 @@ class PolicyController:
                         task=self.cfg.task,
                         backend=self.cfg.backend,
                         torch_threads=self.cfg.torch_threads or None,
-                        server=server_spec_from(self.cfg, path, configured),
+                        server=server_spec_from(self.cfg, path, configured, arms),
+                        arms=arms,
                     ),
                     self.cameras,
                 )
             except (CheckpointError, ValueError) as exc:
                 raise PolicyError(str(exc)) from None
             old, self.source = self.source, src
+            loop = self.daemon.loop
             if old is not None:
-                self.daemon.loop.policy_source = None
+                loop.policy_source = None
                 old.stop()
             src.start()
-            self.daemon.loop.policy_source = src
+            # two arms: one observation of both, one action split between them (arm_split.py)
+            loop.policy_source = ArmSplit(src, loop.arms) if arms else src
         if wait_s > 0:
             src.wait_ready(wait_s)
         where = f"on LeRobot's policy server {self.cfg.server}" if src.config.backend == "lerobot-server" else ""
@@ -334,17 +351,39 @@ class PolicyController:
         except Exception:
             return None
 
-    def takeover(self, config: TakeoverConfig | None = None) -> dict[str, Any]:
-        """Policy -> teleop without a jump: hold, bring the leader to the follower, release, teleop."""
+    def _leaders_to_bring(self) -> list[tuple[str, TakeoverLeader]]:
+        """Each driven arm's name and the leader that teleoperates it (a bimanual rig: both pairs),
+        every one connected; PolicyError naming the first that is missing or not connected."""
         loop = self.daemon.loop
-        leader = getattr(self.daemon, "leader", None)
-        if leader is None:
-            raise PolicyError("no leader arm: nothing to take over with")
+        if len(loop.arms) == 1:
+            leader = self.daemon.leader
+            if leader is None:
+                raise PolicyError("no leader arm: nothing to take over with")
+            if loop.leader_link is not None and not loop.leader_link.connected:
+                raise PolicyError("the leader is not connected")
+            if not isinstance(leader, DrivableLeader):
+                raise PolicyError("the leader's motors cannot be driven (a simulated leader): no take-over")
+            return [(loop.primary.name, leader)]
+        pairs: list[tuple[str, TakeoverLeader]] = []
+        for arm in loop.arms:
+            src = loop.leaders.get(arm.teleop_source)
+            if src is None:
+                raise PolicyError(f"the {arm.name} arm has no leader: nothing to take over with")
+            if not src.link.connected:
+                raise PolicyError(f"the {arm.teleop_source} is not connected")
+            if not isinstance(src.link.arm, DrivableLeader):
+                raise PolicyError(f"the {arm.teleop_source}'s motors cannot be driven: no take-over")
+            pairs.append((arm.name, src.link.arm))
+        return pairs
+
+    def takeover(self, config: TakeoverConfig | None = None) -> dict[str, Any]:
+        """Policy -> teleop without a jump: hold, bring the leader to the follower, release, teleop
+        (a bimanual rig: each leader to its own follower, teleop once both are over)."""
+        loop = self.daemon.loop
         if self._takeover_thread is not None and self._takeover_thread.is_alive():
             state = self.takeover_state
             raise PolicyError(f"take-over already running ({state.phase if state is not None else '?'})")
-        if loop.leader_link is not None and not loop.leader_link.connected:
-            raise PolicyError("the leader is not connected")
+        pairs = self._leaders_to_bring()
         if self.correction is not None:
             raise PolicyError(
                 "a correction is in progress: the leader is the operator's (so101d policy resume, or stop)"
@@ -360,14 +399,26 @@ class PolicyController:
         except BaseException:
             claim.give(_TAKEOVER)
             raise
-        t = Takeover(LeaderActuator(leader), config or TakeoverConfig())
+        cfg = config or TakeoverConfig()
+        t: Takeover | TakeoverSet
+        if len(pairs) == 1:
+            t = single = Takeover(LeaderActuator(pairs[0][1]), cfg)
+
+            def step(now: float) -> None:
+                pose = loop.measured
+                single.step(now, None if pose is None else np.array(pose, dtype=np.float64))
+        else:
+            t = both = TakeoverSet({name: Takeover(LeaderActuator(leader), cfg) for name, leader in pairs})
+
+            def step(now: float) -> None:
+                both.step(now, {a.name: None if a.measured is None else np.array(a.measured) for a in loop.arms})
+
         self.takeover_state = t
 
         def run() -> None:
             try:
                 while not t.finished:
-                    pose = loop.measured
-                    t.step(time.monotonic(), None if pose is None else np.array(pose, dtype=np.float64))
+                    step(time.monotonic())
                     time.sleep(0.02)
             finally:
                 claim.give(_TAKEOVER)
@@ -563,6 +614,8 @@ class PolicyController:
             return {"state": "none", "takeover": None}
         st = src.stats()
         st["driving"] = self.daemon.loop.intent == "policy"
+        st["arms"] = list(self.arms) or [self.daemon.loop.primary.name]
+        st["joints"] = src.width
         t = self.takeover_state
         st["takeover"] = None if t is None else {"phase": t.phase, "error": t.error, "max_error": t.max_error}
         st["episode_open"] = self.episode_open

@@ -56,14 +56,12 @@ class StartupError(RuntimeError):
 # What a bimanual daemon does not do yet, refused before any port opens rather than done for one
 # arm of the two (the verbs are answered with BIMANUAL_NOT_YET, see _attach_optional).
 BIMANUAL_NOT_YET = (
-    "not built for two arms yet: a bimanual daemon teleoperates and records both pairs; policies, "
-    "replay and the LeIsaac remote leader run on a single pair for now"
+    "not built for two arms yet: a bimanual daemon teleoperates and records both pairs and runs a "
+    "policy trained on both; replay and the LeIsaac remote leader run on a single pair for now"
 )
 
 
 def _refuse_unbuilt_bimanual(cfg: Config) -> None:
-    if cfg.policy.enabled:
-        raise StartupError(f"[policy] enabled with [arms.left] / [arms.right]: a policy is {BIMANUAL_NOT_YET}")
     if cfg.leisaac_remote_leader.enabled:
         raise StartupError(
             f"[leisaac_remote_leader] enabled with [arms.left] / [arms.right]: the remote leader is {BIMANUAL_NOT_YET}"
@@ -456,16 +454,16 @@ class Daemon:
                 attach_pedal(self.context)
             except PedalError as exc:
                 raise StartupError(str(exc)) from None
-        if self.cfg.bimanual:
-            for prefix in ("policy.", "replay."):
-                self.server.explain_missing(prefix, f"{prefix.rstrip('.')}: {BIMANUAL_NOT_YET}")
-            return
-        # the policy: policy.* verbs, `status.policy`, [policy] enabled loads at start
+        # the policy: policy.* verbs, `status.policy`, [policy] enabled loads at start (a bimanual
+        # rig's: one policy over both arms, daemon/policy/arm_split.py)
         from daemon.service.attach_policy import attach_policy
 
         if self.policy is None:  # tests may attach their own first
             self.policy = attach_policy(self.context, recorder=self.recorder)
         # --- end of the policy hook
+        if self.cfg.bimanual:
+            self.server.explain_missing("replay.", f"replay: {BIMANUAL_NOT_YET}")
+            return
         from daemon.service.attach_replay import attach_replay
 
         attach_replay(self.context)  # replay.start / stop / status

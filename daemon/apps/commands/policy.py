@@ -434,7 +434,7 @@ def _start_with_keys(args: argparse.Namespace, fields: dict[str, Any]) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from daemon.config.settings import ConfigError, load_config
+    from daemon.config.settings import ARM_SIDES, ConfigError, load_config
     from daemon.policy.checkpoint import CheckpointError, ExpectedIO, check_checkpoint
 
     try:
@@ -450,7 +450,7 @@ def _check(args: argparse.Namespace) -> int:
     if args.server or cfg.policy.backend == "lerobot-server":
         return _check_on_server(args, cfg, path, cams)
     try:
-        info = check_checkpoint(path, ExpectedIO(cameras=cams))
+        info = check_checkpoint(path, ExpectedIO.for_arms(cams, ARM_SIDES if cfg.bimanual else ()))
     except CheckpointError as exc:
         print(f"so101d: {exc}", file=sys.stderr)
         return 1
@@ -469,6 +469,7 @@ def _check_on_server(args: argparse.Namespace, cfg: Any, path: str, cams: dict[s
     import dataclasses
     import statistics
 
+    from daemon.config.settings import ARM_SIDES
     from daemon.policy.runner import keep_up_warning
     from daemon.policy.server_check import ServerCheckError, check_server_policy, describe_observation
     from daemon.service.attach_policy import PolicyError, queue_config_from, server_spec_from
@@ -480,7 +481,7 @@ def _check_on_server(args: argparse.Namespace, cfg: Any, path: str, cams: dict[s
         overrides["server_policy_type"] = args.policy_type
     policy_cfg = dataclasses.replace(cfg.policy, **overrides)
     try:
-        spec = server_spec_from(policy_cfg, path, cams)
+        spec = server_spec_from(policy_cfg, path, cams, ARM_SIDES if cfg.bimanual else ())
         qcfg = queue_config_from(policy_cfg)
     except PolicyError as exc:
         print(f"so101d: {exc}", file=sys.stderr)
@@ -526,6 +527,7 @@ def _check_timing(args: argparse.Namespace, cfg: Any, path: str, cams: dict[str,
 
     import numpy as np
 
+    from daemon.config.settings import ARM_SIDES
     from daemon.policy.checkpoint import CheckpointError, ExpectedIO
     from daemon.policy.engine import PolicyEngine
     from daemon.policy.runner import MARGIN_FRACTION, MIN_MARGIN_S, keep_up_warning
@@ -534,7 +536,10 @@ def _check_timing(args: argparse.Namespace, cfg: Any, path: str, cams: dict[str,
     try:
         qcfg = queue_config_from(cfg.policy)
         engine = PolicyEngine.from_checkpoint(
-            path, ExpectedIO(cameras=cams), device=cfg.policy.device or None, task=cfg.policy.task
+            path,
+            ExpectedIO.for_arms(cams, ARM_SIDES if cfg.bimanual else ()),
+            device=cfg.policy.device or None,
+            task=cfg.policy.task,
         )
     except (PolicyError, CheckpointError, ValueError) as exc:
         print(f"so101d: {exc}", file=sys.stderr)
