@@ -181,7 +181,8 @@ def test_two_episodes_of_both_arms_load_as_lerobots_bimanual_dataset(recorded, t
         err_own = np.median(np.abs(state[:, own] - teleop[:, own]))
         err_other = np.median(np.abs(state[:, own] - teleop[:, other]))
         assert err_own < 5.0 and err_own < err_other / 2, (own, err_own, err_other)
-        assert np.ptp(teleop[:, own], axis=0).max() > 5.0, "a leader that did not move proves nothing"
+        # (the handover is slow at some phases: degrees, not tens of them, in 1.5 s)
+        assert np.ptp(teleop[:, own], axis=0).max() > 2.0, "a leader that did not move proves nothing"
     # gripper per arm in LeRobot's 0 (closed) .. 100 (open)
     grippers = state[:, [FEATURE_NAMES.index("gripper.pos"), 6 + FEATURE_NAMES.index("gripper.pos")]]
     assert grippers.min() >= -1.0 and grippers.max() <= 101.0
@@ -408,7 +409,7 @@ def test_the_act_trained_on_both_arms_drives_both_followers_and_the_evaluation_i
     daemon = Daemon(load_config(_policy_toml(bench, tmp_path, 'task = "hand the cube over"', record=True)))
     daemon.start()
     try:
-        with ControlClient(daemon.socket_path, timeout_s=60) as c:
+        with ControlClient(daemon.socket_path, timeout_s=150) as c:
             wait_for(lambda: c.request("episode.status")["phase"] == "idle", 120, "the recorder ready")
             loaded = c.request("policy.load", path=str(trained), wait_s=120)
             assert loaded["state"] == "ready", loaded
@@ -486,7 +487,7 @@ def test_through_lerobots_policy_server_both_arms_are_driven_then_both_leaders_a
     daemon = Daemon(load_config(_policy_toml(bench, tmp_path, policy, record=False)))
     daemon.start()
     try:
-        with ControlClient(daemon.socket_path, timeout_s=60) as c:
+        with ControlClient(daemon.socket_path, timeout_s=150) as c:
             wait_for(lambda: all(a["mode"] == "teleop" for a in c.request("status")["arms"].values()), 30, "teleop")
             assert c.request("policy.load", wait_s=120)["state"] == "ready"
             c.request("policy.start", record=False)

@@ -226,23 +226,24 @@ def test_one_serial_port_for_two_arms_of_a_bimanual_rig_is_refused_naming_both_k
         config_from_dict(data)
 
 
-def test_so101d_run_refuses_a_policy_on_a_bimanual_rig_saying_it_is_not_built(tmp_path, capsys):
-    """Two pairs are driven and recorded (tests/test_bimanual_daemon.py, test_bimanual_recording.py);
-    a policy for them is not built yet: refused before any port opens, rather than driving one arm."""
+def test_so101d_run_refuses_the_remote_leader_on_a_bimanual_rig_saying_it_is_not_built(tmp_path, capsys):
+    """Two pairs are driven, recorded and run a policy (tests/test_bimanual_daemon.py,
+    test_bimanual_recording.py); the LeIsaac remote leader for them is not built yet: refused
+    before any port opens, rather than publishing one arm."""
     import argparse
 
     from daemon.apps.commands import run as run_command
 
     p = tmp_path / "bi.toml"
     p.write_text(
-        BIMANUAL_TOML
-        + f'\n[socket]\npath = "{tmp_path / "control.sock"}"\n[policy]\nenabled = true\npath = "/nowhere"\n'
+        BIMANUAL_TOML + f'\n[socket]\npath = "{tmp_path / "control.sock"}"\n[leisaac_remote_leader]\nenabled = true\n'
     )
     parser = argparse.ArgumentParser()
     run_command.add_arguments(parser)
     assert run_command.run(parser.parse_args(["--config", str(p)])) == 2
     err = capsys.readouterr().err
-    assert "cannot start" in err and "[policy] enabled with [arms.left]" in err and "two arms" in err, err
+    assert "cannot start" in err and "[leisaac_remote_leader] enabled with [arms.left]" in err, err
+    assert "two arms" in err, err
     assert not (tmp_path / "control.sock").exists()  # refused before anything was opened
 
 

@@ -175,7 +175,7 @@ def test_correct_resume_twice_inside_one_recorded_policy_episode(
     try:
         wait_for(lambda: loop.follower_link.connected and loop.measured is not None, 15, "follower connected")
         recorder.wait_ready(120)
-        with ControlClient(str(root / "c.sock"), timeout_s=60) as c:
+        with ControlClient(str(root / "c.sock"), timeout_s=100) as c:
             # refused, each with its reason, and nothing changed
             refused(c, "policy.correct", "no policy loaded")
             refused(c, "policy.resume", "no policy loaded")
@@ -236,7 +236,7 @@ def test_corrections_only_saves_each_correction_as_an_episode(virtual_bench: Vir
     try:
         wait_for(lambda: loop.follower_link.connected and loop.measured is not None, 15, "follower connected")
         recorder.wait_ready(120)
-        with ControlClient(str(root / "c.sock"), timeout_s=60) as c:
+        with ControlClient(str(root / "c.sock"), timeout_s=100) as c:
             assert c.request("policy.load", path=str(ckpt), wait_s=90)["state"] == "ready"
             r = c.request("policy.start", task="reach")
             assert r["episode"] is None, r  # the policy's own driving is not recorded
@@ -282,7 +282,7 @@ def test_the_operator_corrects_with_the_pedal_and_with_the_keys_of_policy_start(
     try:
         pedal.connect()
         wait_for(lambda: loop.follower_link.connected and loop.measured is not None, 15, "follower connected")
-        with ControlClient(sock, timeout_s=60) as c:
+        with ControlClient(sock, timeout_s=100) as c:
             assert c.request("policy.load", path=str(ckpt), wait_s=90)["state"] == "ready"
             cli = subprocess.Popen(
                 [sys.executable, "-m", "daemon.apps.cli", "policy", "start", "--keys", "--no-record", "--socket", sock],

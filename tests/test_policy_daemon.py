@@ -93,7 +93,7 @@ def test_policy_mode_drives_the_follower_through_safety(policy_bench, ckpt: Path
         15,
         "follower connected",
     )
-    with ControlClient(str(root / "c.sock"), timeout_s=30) as c:
+    with ControlClient(str(root / "c.sock"), timeout_s=100) as c:
         r = c.call("policy.start")
         assert r["ok"] is False and "no policy loaded" in r["error"]
         r = c.call("policy.load", path=str(ckpt), wait_s=90)
@@ -158,7 +158,7 @@ def test_takeover_hands_over_to_teleop_without_a_jump(policy_bench, ckpt: Path) 
     daemon, ctl, rows, la_emu, root = policy_bench
     loop = daemon.loop
     wait_for(lambda: loop.follower_link.connected and loop.measured is not None, 15, "follower connected")
-    with ControlClient(str(root / "c.sock"), timeout_s=30) as c:
+    with ControlClient(str(root / "c.sock"), timeout_s=100) as c:
         assert c.request("policy.load", path=str(ckpt), wait_s=90)["state"] == "ready"
         c.request("policy.start", record=False)
         wait_for(lambda: loop.state.mode == "policy", 20, "policy mode")
@@ -198,7 +198,7 @@ def test_policy_verbs_say_what_the_arm_does(policy_bench, ckpt: Path) -> None:
     loop = daemon.loop
     sock = str(root / "c.sock")
     wait_for(lambda: loop.follower_link.connected and loop.measured is not None, 15, "follower connected")
-    with ControlClient(sock, timeout_s=30) as c:
+    with ControlClient(sock, timeout_s=100) as c:
         c.request("teleop.start")
     wait_for(lambda: loop.state.mode == "teleop", 15, f"teleop (now {loop.state.mode}: {loop.state.reason})")
     # no policy loaded: stop and unload refuse, and the arm goes on following the leader

@@ -139,7 +139,7 @@ def test_remote_policy_holds_without_server_drives_with_it_and_survives_a_restar
         loop = daemon.loop
         try:
             wait_for(lambda: loop.state.mode in ("idle", "teleop", "hold"), 15, "follower connected")
-            with ControlClient(str(root / "c.sock"), timeout_s=60) as c:
+            with ControlClient(str(root / "c.sock"), timeout_s=100) as c:
                 # 1. server down at load: loaded, not crashed; status says why
                 r = c.call("policy.load", wait_s=60)
                 assert r["ok"] and r["state"] == "ready", r
@@ -217,7 +217,7 @@ def test_follower_moves_under_the_remote_policy_and_the_episode_is_tagged(ckpt: 
         loop.add_hook(Rec())
         try:
             wait_for(lambda: loop.state.mode in ("idle", "teleop", "hold"), 15, "follower connected")
-            with ControlClient(str(root / "c.sock"), timeout_s=60) as c:
+            with ControlClient(str(root / "c.sock"), timeout_s=100) as c:
                 r = c.call("policy.load", wait_s=90)
                 assert r["ok"] and r["state"] == "ready", r
                 assert c.request("policy.status")["server"]["connected"] is True
@@ -269,7 +269,7 @@ def test_a_server_slower_than_max_obs_age_leaves_the_follower_holding(ckpt: Path
         loop.add_hook(Rec())
         try:
             wait_for(lambda: loop.state.mode in ("idle", "teleop", "hold"), 15, "follower connected")
-            with ControlClient(str(root / "c.sock"), timeout_s=60) as c:
+            with ControlClient(str(root / "c.sock"), timeout_s=100) as c:
                 assert c.call("policy.load", wait_s=90)["ok"]
                 assert c.request("policy.start", record=False)["ok"]
                 n0 = len(modes)
@@ -366,7 +366,7 @@ def test_malicious_server_reply_runs_nothing_and_the_daemon_holds(ckpt: Path) ->
         loop = daemon.loop
         try:
             wait_for(lambda: loop.state.mode in ("idle", "teleop", "hold"), 15, "follower connected")
-            with ControlClient(str(root / "c.sock"), timeout_s=60) as c:
+            with ControlClient(str(root / "c.sock"), timeout_s=100) as c:
                 assert c.call("policy.load", wait_s=60)["ok"]
                 assert c.request("policy.start", record=False)["ok"]
                 wait_for(lambda: calls["get"] >= 3, 30, "the daemon asked the evil server a few times")

@@ -237,7 +237,8 @@ def test_a_running_policy_records_continuously_and_policy_stop_saves_the_last_pa
     d.start()
     root = data / "local" / "continuous"
     try:
-        with ControlClient(d.socket_path, timeout_s=10) as c:
+        # the client waits as long as the load may (a loaded machine takes its time)
+        with ControlClient(d.socket_path, timeout_s=150) as c:
             assert c.request("policy.load", path=str(ckpt), wait_s=120)["state"] == "ready"
             wait_for(lambda: c.request("episode.status")["phase"] == "idle", 120, "the recorder ready")
             for fields, field in (
