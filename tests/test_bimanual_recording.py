@@ -29,6 +29,7 @@ from support import wait_for
 
 from calibration.conventions import FEATURE_NAMES
 from daemon.api.client import ControlClient
+from daemon.apps.commands.policy import format_status
 from daemon.config.settings import load_config
 from daemon.data.recorder import Recorder, RecorderConfig
 from daemon.data.schema import (
@@ -418,6 +419,8 @@ def test_the_act_trained_on_both_arms_drives_both_followers_and_the_evaluation_i
             c.request("policy.start")
             wait_for(lambda: _arms_driven_by_policy(c), 30, "both arms driven by the policy")
             wait_for(lambda: c.request("policy.status")["results"] >= 3, 60, "three chunks from the policy")
+            text = format_status(c.request("policy.status"))  # what `so101d policy status` prints
+            assert "(driving the left and right arms, 12 joints)" in text, text
             wait_for(lambda: c.request("episode.status")["frames"] >= FRAMES, 30, f"{FRAMES} frames")
             stopped = c.request("policy.stop", success=True)
             assert stopped["mode"] == "hold", stopped

@@ -228,6 +228,13 @@ def format_server(srv: PolicyServerStatus) -> list[str]:
     return lines
 
 
+def _driven(st: PolicyStatus) -> str:
+    """What the policy drives, in words: "the follower", or a rig's arms and its vector's width."""
+    if len(st.arms) > 1:
+        return f"the {' and '.join(st.arms)} arms, {st.joints} joints"
+    return "the follower"
+
+
 def format_status(status: PolicyStatus | dict[str, Any]) -> str:
     """`so101d policy status`'s text (a dict: the daemon's JSON, read as the API declares it)."""
     st = status if isinstance(status, PolicyStatus) else decode_reply(status, PolicyStatus)
@@ -236,7 +243,7 @@ def format_status(status: PolicyStatus | dict[str, Any]) -> str:
     age = st.chunk_age_ms
     lines = [
         f"policy     {st.policy_type} from {st.checkpoint}",
-        f"state      {st.state}{' (driving the follower)' if st.driving else ''}"
+        f"state      {st.state}{' (driving ' + _driven(st) + ')' if st.driving else ''}"
         + (f"  error: {st.error}" if st.error else ""),
         f"latency    {_ms(st.inference_latency_ms)}  (observation -> chunk in the loop's queue)",
         f"overhead   {_ms(st.overhead_ms)}  (request -> chunk usable, minus the forward pass)",
